@@ -1,0 +1,215 @@
+/**
+ * The router's own block hash (REFERENCE section 1; the base case of NVIDIA Dynamo's router hash).
+ *
+ *   seed     = 1337 (+ xxh3(lora_name, 0)) (+ xxh3(cache_salt, 1))         wrapping at 2^64
+ *   local[i] = xxh3_64(LE u32 bytes of tokens[i*bs .. (i+1)*bs), seed)     full blocks only
+ *   seq[0]   = local[0];  seq[i] = xxh3_64(LE u64 seq[i-1] ‖ LE u64 local[i], 1337)
+ *
+ * seq[i] names the whole prefix up to block i, so two requests share block i of cache iff their seq[i] agree.
+ */
+import { xxh3 } from '@node-rs/xxhash';
+import { endianness } from 'node:os';
+
+export const BASE_SEED = 1337n;
+const U64 = (1n << 64n) - 1n;
+const LITTLE_ENDIAN_HOST = endianness() === 'LE';
+
+/** Hash seed for a request or event: adapters and tenants (cache_salt) never share blocks. Empty strings are absent. */
+export function hashSeed(loraName?: string | null, cacheSalt?: string | null): bigint {
+  let seed = BASE_SEED;
+  if (loraName) seed = (seed + xxh3.xxh64(Buffer.from(loraName, 'utf8'), 0n)) & U64;
+  if (cacheSalt) seed = (seed + xxh3.xxh64(Buffer.from(cacheSalt, 'utf8'), 1n)) & U64;
+  return seed;
+}
+
+/** Number of full blocks in a prompt: the most that can ever match. */
+export function fullBlocks(tokens: number, blockSize: number): number {
+  return Math.floor(tokens / blockSize);
+}
+
+/** ceil(tokens / blockSize): the denominator of the per-request hit rate (a trailing partial block counts). */
+export function islBlocks(tokens: number, blockSize: number): number {
+  return Math.ceil(tokens / blockSize);
+}
+
+/**
+ * Reusable scratch space for hashing. One per hasher keeps the hot path free of per-block allocation: tokens are
+ * written once into a Uint32Array and hashed through byte views of it.
+ */
+class Scratch {
+  u32: Uint32Array;
+  u8: Uint8Array;
+  readonly pair = new BigUint64Array(2);
+  readonly pairBytes = new Uint8Array(this.pair.buffer);
+
+  constructor(capacityTokens: number) {
+    this.u32 = new Uint32Array(Math.max(16, capacityTokens));
+    this.u8 = new Uint8Array(this.u32.buffer);
+  }
+
+  ensure(tokens: number): void {
+    if (this.u32.length >= tokens) return;
+    let cap = this.u32.length;
+    while (cap < tokens) cap *= 2;
+    this.u32 = new Uint32Array(cap);
+    this.u8 = new Uint8Array(this.u32.buffer);
+  }
+
+  /** Copies tokens (as unsigned 32-bit) into the scratch buffer, little-endian whatever the host. */
+  load(tokens: ArrayLike<number>, from: number, count: number): void {
+    this.ensure(count);
+    const u32 = this.u32;
+    if (LITTLE_ENDIAN_HOST) {
+      for (let i = 0; i < count; i++) u32[i] = tokens[from + i];
+    } else {
+      const view = new DataView(u32.buffer);
+      for (let i = 0; i < count; i++) view.setUint32(i * 4, tokens[from + i] >>> 0, true);
+    }
+  }
+}
+
+const shared = new Scratch(4096);
+
+/** seq[i] from seq[i-1] and local[i]. */
+function chain(prevSeq: bigint, local: bigint, scratch: Scratch): bigint {
+  scratch.pair[0] = prevSeq;
+  scratch.pair[1] = local;
+  if (!LITTLE_ENDIAN_HOST) {
+    const view = new DataView(scratch.pair.buffer);
+    view.setBigUint64(0, prevSeq, true);
+    view.setBigUint64(8, local, true);
+  }
+  return xxh3.xxh64(scratch.pairBytes, BASE_SEED);
+}
+
+export interface BlockHashes {
+  readonly local: BigUint64Array;
+  readonly seq: BigUint64Array;
+}
+
+/**
+ * Hashes the full blocks of `tokens[from .. from+count)`, chaining from `parentSeq` (null: the blocks start a
+ * sequence). Writes into `out` at `outOffset` when given. Returns the number of blocks hashed.
+ */
+export function hashBlocksInto(
+  tokens: ArrayLike<number>,
+  from: number,
+  count: number,
+  blockSize: number,
+  seed: bigint,
+  parentSeq: bigint | null,
+  outSeq: BigUint64Array,
+  outOffset: number,
+  outLocal?: BigUint64Array,
+): number {
+  const blocks = Math.floor(count / blockSize);
+  if (blocks === 0) return 0;
+  const scratch = shared;
+  scratch.load(tokens, from, blocks * blockSize);
+  const blockBytes = blockSize * 4;
+  let prev = parentSeq;
+  for (let b = 0; b < blocks; b++) {
+    const local = xxh3.xxh64(scratch.u8.subarray(b * blockBytes, (b + 1) * blockBytes), seed);
+    const seq = prev === null ? local : chain(prev, local, scratch);
+    outSeq[outOffset + b] = seq;
+    if (outLocal) outLocal[outOffset + b] = local;
+    prev = seq;
+  }
+  return blocks;
+}
+
+/** Local and sequence hashes of every full block of `tokens` (the contract of REFERENCE section 1). */
+export function computeBlockHashes(
+  tokens: ArrayLike<number>,
+  blockSize: number,
+  seed: bigint = BASE_SEED,
+): BlockHashes {
+  const n = fullBlocks(tokens.length, blockSize);
+  const local = new BigUint64Array(n);
+  const seq = new BigUint64Array(n);
+  hashBlocksInto(tokens, 0, tokens.length, blockSize, seed, null, seq, 0, local);
+  return { local, seq };
+}
+
+/** Sequence hashes only: what routing needs. */
+export function computeSeqHashes(tokens: ArrayLike<number>, blockSize: number, seed: bigint = BASE_SEED): BigUint64Array {
+  const seq = new BigUint64Array(fullBlocks(tokens.length, blockSize));
+  hashBlocksInto(tokens, 0, tokens.length, blockSize, seed, null, seq, 0);
+  return seq;
+}
+
+/**
+ * Incremental hasher for a growing sequence (decode growth, the next turn of a chat): `extend` hashes only blocks
+ * completed by the new tokens. The partial tail is kept until it fills.
+ */
+export class SeqHasher {
+  private seqBuf: BigUint64Array;
+  private blocks = 0;
+  private readonly tail: number[] = [];
+  private tokens = 0;
+
+  constructor(
+    readonly blockSize: number,
+    readonly seed: bigint = BASE_SEED,
+  ) {
+    this.seqBuf = new BigUint64Array(16);
+  }
+
+  /** Tokens seen so far (hashed blocks plus the partial tail). */
+  get tokenCount(): number {
+    return this.tokens;
+  }
+
+  get blockCount(): number {
+    return this.blocks;
+  }
+
+  /** Appends tokens; returns how many new full blocks were hashed. */
+  extend(newTokens: ArrayLike<number>): number {
+    const bs = this.blockSize;
+    this.tokens += newTokens.length;
+    let offset = 0;
+    const before = this.blocks;
+    // Complete the pending partial block first.
+    if (this.tail.length > 0) {
+      const need = bs - this.tail.length;
+      const take = Math.min(need, newTokens.length);
+      for (let i = 0; i < take; i++) this.tail.push(newTokens[i]);
+      offset = take;
+      if (this.tail.length === bs) {
+        this.reserve(this.blocks + 1);
+        hashBlocksInto(this.tail, 0, bs, bs, this.seed, this.last(), this.seqBuf, this.blocks);
+        this.blocks++;
+        this.tail.length = 0;
+      }
+    }
+    const remaining = newTokens.length - offset;
+    const full = Math.floor(remaining / bs);
+    if (full > 0) {
+      this.reserve(this.blocks + full);
+      hashBlocksInto(newTokens, offset, full * bs, bs, this.seed, this.last(), this.seqBuf, this.blocks);
+      this.blocks += full;
+      offset += full * bs;
+    }
+    for (let i = offset; i < newTokens.length; i++) this.tail.push(newTokens[i]);
+    return this.blocks - before;
+  }
+
+  /** The sequence hashes so far (a view; copy it to keep it past the next extend). */
+  seqHashes(): BigUint64Array {
+    return this.seqBuf.subarray(0, this.blocks);
+  }
+
+  private last(): bigint | null {
+    return this.blocks === 0 ? null : this.seqBuf[this.blocks - 1];
+  }
+
+  private reserve(blocks: number): void {
+    if (blocks <= this.seqBuf.length) return;
+    let cap = this.seqBuf.length;
+    while (cap < blocks) cap *= 2;
+    const next = new BigUint64Array(cap);
+    next.set(this.seqBuf.subarray(0, this.blocks));
+    this.seqBuf = next;
+  }
+}

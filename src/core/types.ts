@@ -1,0 +1,167 @@
+/**
+ * The protocol types every kvroute module shares. One concept, one type, defined here once.
+ *
+ * Hash representation: 64-bit hashes are `bigint` at the edges (events, CLI, JSON as decimal strings) and live in
+ * `BigUint64Array`s inside the core, whose `Uint32Array` view gives (lo, hi) pairs to the hot index without any bigint
+ * arithmetic.
+ */
+
+/** A routing target: one data-parallel rank of one worker (a DP-8 engine is 8 sources). */
+export interface SourceId {
+  readonly workerId: string;
+  readonly dpRank: number;
+}
+
+/** Stable string key of a source, used in maps, metrics labels and JSON. */
+export function sourceKey(source: SourceId): string {
+  return source.dpRank === 0 ? source.workerId : `${source.workerId}#${source.dpRank}`;
+}
+
+/** Inverse of {@link sourceKey}. A worker id containing '#' is only ambiguous when followed by digits alone. */
+export function parseSourceKey(key: string): SourceId {
+  const m = /^(.*)#(\d+)$/.exec(key);
+  return m ? { workerId: m[1], dpRank: Number(m[2]) } : { workerId: key, dpRank: 0 };
+}
+
+/**
+ * An engine's opaque block id, normalised at the edge to an unsigned 64-bit integer: vLLM's uint64 as is, SGLang's
+ * signed int64 reinterpreted (BigInt.asUintN), byte-string ids folded to 64 bits by the engine adapter.
+ */
+export type EngineBlockId = bigint;
+
+/** Storage tier of a block. Only "GPU" blocks carry tokens; lower tiers are tracked by engine id alone. */
+export type Medium = string;
+export const GPU_MEDIUM = 'GPU';
+
+/**
+ * Newly cached full blocks on one source, in order. The router computes its own hashes from `tokens`
+ * (`engineIds.length * blockSize` ids) chained from the parent's router hash. `seqHashes`, when present, are the
+ * router's own sequence hashes already computed (index dumps, relays); they replace `tokens`.
+ */
+export interface StoredEvent {
+  readonly kind: 'stored';
+  readonly parent: EngineBlockId | null;
+  readonly engineIds: readonly EngineBlockId[];
+  readonly tokens: ArrayLike<number> | null;
+  readonly blockSize: number;
+  readonly seqHashes?: BigUint64Array;
+  /** LoRA adapter name the blocks were computed under (feeds the hash seed, REFERENCE section 1). */
+  readonly loraName?: string | null;
+  /** cache_salt of the request that created the first block (feeds the hash seed). */
+  readonly cacheSalt?: string | null;
+  readonly medium?: Medium;
+  readonly groupIdx?: number;
+}
+
+export interface RemovedEvent {
+  readonly kind: 'removed';
+  readonly engineIds: readonly EngineBlockId[];
+  readonly medium?: Medium;
+  readonly groupIdx?: number;
+}
+
+export interface ClearedEvent {
+  readonly kind: 'cleared';
+}
+
+/** A KV-cache event, normalised from any engine's wire format. Nothing past the edge knows which engine sent it. */
+export type KvEvent = StoredEvent | RemovedEvent | ClearedEvent;
+
+/** Why an event (or part of one) was not applied. Counted per reason; nothing throws. */
+export type RejectReason =
+  | 'unknown_source'
+  | 'unknown_parent'
+  | 'unknown_block'
+  | 'duplicate_block'
+  | 'token_count_mismatch'
+  | 'block_size_mismatch'
+  | 'empty_event';
+
+/** Outcome of applying one event: blocks applied, and the first rejection reason if any part was rejected. */
+export interface ApplyResult {
+  readonly applied: number;
+  readonly rejected: number;
+  readonly reason?: RejectReason;
+}
+
+/** Per-source overlap of one request with the cache, as found by an index. */
+export interface OverlapScores {
+  /** Leading blocks (contiguous from block 0) each source holds, by source index; absent sources hold 0. */
+  readonly overlap: Map<number, number>;
+}
+
+/** Knobs of the kv cost policy that a request may override (REFERENCE section 5). */
+export interface KvKnobs {
+  /** Weight of prefill load against decode load. Default 1. */
+  readonly prefillLoadScale: number;
+  /** Blocks of prefill saved per overlapping block. Default 1. */
+  readonly overlapCredit: number;
+  /** 0 picks the minimum cost; T > 0 samples a softmax over min-max normalised costs. */
+  readonly temperature: number;
+}
+
+export interface RouteRequest {
+  /** Caller's id for the request; lifecycle calls (firstToken, finish) use it. */
+  readonly requestId: string;
+  /** Prompt token ids. Either these or `seqHashes` + `promptTokens`. */
+  readonly tokens?: ArrayLike<number>;
+  /** The request's router sequence hashes (full blocks only), already computed. */
+  readonly seqHashes?: BigUint64Array;
+  /** Prompt length in tokens; required with `seqHashes`, derived from `tokens` otherwise. */
+  readonly promptTokens?: number;
+  readonly loraName?: string | null;
+  readonly cacheSalt?: string | null;
+  /** Policy name and kv knob overrides for this request only. */
+  readonly policy?: string;
+  readonly knobs?: Partial<KvKnobs>;
+  /** Source keys this request may go to (for example the workers serving its model); all when absent. */
+  readonly allow?: ReadonlySet<string>;
+  /** Source keys this request must not go to (for example the worker a retry moves away from). */
+  readonly exclude?: ReadonlySet<string>;
+}
+
+/** One candidate's view at routing time, kept in the decision for debugging and for retries (next best). */
+export interface CandidateScore {
+  readonly source: string;
+  readonly overlapBlocks: number;
+  readonly cachedBlocks: number;
+  readonly activePrefillTokens: number;
+  readonly activeBlocks: number;
+  /** The policy's cost (lower is better); NaN for policies that do not score. */
+  readonly cost: number;
+}
+
+export interface RouteDecision {
+  readonly kind: 'routed';
+  readonly requestId: string;
+  readonly source: SourceId;
+  readonly sourceKey: string;
+  readonly policy: string;
+  readonly promptTokens: number;
+  /** ceil(promptTokens / blockSize): what the request-weighted hit rate divides by. */
+  readonly islBlocks: number;
+  /** Leading blocks the chosen source holds (chosen reuse). At most floor(promptTokens / blockSize). */
+  readonly overlapBlocks: number;
+  /** Best overlap over all eligible sources (reuse available in the fleet). */
+  readonly bestOverlapBlocks: number;
+  /** Candidates ordered best first by the policy's preference. */
+  readonly candidates: readonly CandidateScore[];
+  readonly seqHashes: BigUint64Array;
+}
+
+/** No source could take the request; the shell decides whether to queue or reject. */
+export interface RouteRefusal {
+  readonly kind: 'refused';
+  readonly requestId: string;
+  readonly reason: 'no_sources' | 'all_busy' | 'duplicate_request';
+  readonly busySources: readonly string[];
+}
+
+export type RouteResult = RouteDecision | RouteRefusal;
+
+/** What the engine reported when the request ended. */
+export interface FinishInfo {
+  /** usage.prompt_tokens_details.cached_tokens; undefined when the engine did not report it (unknown, not zero). */
+  readonly cachedTokens?: number;
+  readonly outcome?: 'ok' | 'cancelled' | 'error';
+}
