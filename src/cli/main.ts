@@ -1,0 +1,20 @@
+/**
+ * `kvroute` command line. Each subcommand lives in its own file and registers itself here.
+ */
+import { Command } from 'commander';
+import { registerHash } from './hash.ts';
+
+const program = new Command();
+program
+  .name('kvroute')
+  .description(
+    'KV-cache-aware router for LLM inference fleets (vLLM, SGLang): learns what every engine has cached from its ' +
+      'KV events, routes each request to the engine that already holds its prefix, and reports its hit rate honestly.',
+  )
+  .version('0.1.0')
+  .showHelpAfterError('(run with --help for usage)');
+
+// Commands are registered here, one line each.
+registerHash(program);
+
+await program.parseAsync(process.argv);
