@@ -147,6 +147,8 @@ export interface RouteDecision {
   /** Candidates ordered best first by the policy's preference. */
   readonly candidates: readonly CandidateScore[];
   readonly seqHashes: BigUint64Array;
+  /** Phase durations of route() in ms (hash, find matches, select), when the router was given a clock. */
+  readonly timingsMs?: { readonly hash: number; readonly find: number; readonly select: number };
 }
 
 /** No source could take the request; the shell decides whether to queue or reject. */

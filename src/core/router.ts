@@ -1,0 +1,444 @@
+/**
+ * KvRouter: the one object every shell drives (server, simulator, benchmarks). Pure and synchronous: time comes in as
+ * `now` (milliseconds), randomness from a seeded generator, so a decision replays exactly for a given seed and clock.
+ *
+ *   route(request, now)      hash -> overlap per source (event index, overlay, approx) -> active load -> policy
+ *                            -> record active load, overlay and ledger -> decision
+ *   firstToken(id, now)      prefill done: its tokens stop counting as prefill load
+ *   finish(id, info, now)    free the load; delivered cached tokens go to the ledger
+ *   applyEvents(source, ev)  engine KV events into the index
+ */
+import { ActiveLoad } from './active-load.ts';
+import { TtlIndex } from './approx.ts';
+import { computeSeqHashes, hashSeed, islBlocks as islBlocksOf } from './hashing.ts';
+import { KvIndex } from './index/kv-index.ts';
+import { predictedCachedTokens, ReuseLedger } from './ledger.ts';
+import { createRng, type Rng } from './rng.ts';
+import { createPolicy, POLICY_NAMES } from './scheduling/policies.ts';
+import type { Candidate, Policy } from './scheduling/policy.ts';
+import {
+  sourceKey,
+  type ApplyResult,
+  type CandidateScore,
+  type FinishInfo,
+  type KvEvent,
+  type KvKnobs,
+  type RouteRequest,
+  type RouteResult,
+  type SourceId,
+} from './types.ts';
+
+export const DEFAULT_KNOBS: KvKnobs = { prefillLoadScale: 1, overlapCredit: 1, temperature: 0 };
+
+export interface BusyThresholds {
+  /** Exclude a source whose active blocks exceed this fraction of its capacity (needs `capacityBlocks`). */
+  readonly activeBlockFraction?: number;
+  /** Exclude a source with more active prefill tokens than this. */
+  readonly activePrefillTokens?: number;
+}
+
+export interface KvRouterOptions {
+  readonly blockSize: number;
+  /** Default policy name (requests may override). */
+  readonly policy?: string;
+  readonly knobs?: Partial<KvKnobs>;
+  readonly seed?: number;
+  /**
+   * TTL of the predicted overlay for event-fed sources, in ms. Default 10 s: long enough to cover queueing plus the
+   * prefill of a long prompt under load (Stored events only follow the computed blocks), short enough that a failed or
+   * evicted prediction stops attracting traffic quickly. 0 disables it.
+   */
+  readonly overlayTtlMs?: number;
+  /** TTL of approximate-mode entries (sources without events), in ms. Default 120 s. */
+  readonly approxTtlMs?: number;
+  /** Per-source block capacity of approximate mode. */
+  readonly approxCapacityBlocks?: number;
+  /** Cap on distinct blocks in the event index. */
+  readonly maxIndexedBlocks?: number;
+  readonly busy?: BusyThresholds;
+  /** Requests older than this are force-freed by sweep(). Default 300 s. */
+  readonly staleRequestMs?: number;
+  /**
+   * Optional high-resolution clock (ms) used only to time route()'s phases for overhead metrics. Injected so the
+   * core stays free of ambient clocks; without it decisions carry no timings.
+   */
+  readonly clock?: () => number;
+}
+
+export interface SourceOptions {
+  /** 'events': the engine publishes KV events; 'approx': the router records its own decisions instead. */
+  readonly mode: 'events' | 'approx';
+  /** KV capacity in blocks (engine num_gpu_blocks), for the busy fraction. */
+  readonly capacityBlocks?: number;
+}
+
+interface SourceEntry {
+  readonly id: SourceId;
+  readonly key: string;
+  readonly index: number;
+  mode: 'events' | 'approx';
+  capacityBlocks?: number;
+}
+
+/** What finish() knows about a request: for metrics and the prediction-error histogram. */
+export interface FinishedRequest {
+  readonly requestId: string;
+  readonly sourceKey: string;
+  readonly promptTokens: number;
+  readonly islBlocks: number;
+  readonly overlapBlocks: number;
+  readonly predictedCachedTokens: number;
+  readonly cachedTokens?: number;
+  readonly outcome: 'ok' | 'cancelled' | 'error';
+  readonly routedAt: number;
+  readonly firstTokenAt?: number;
+  readonly finishedAt: number;
+}
+
+interface RequestRecord {
+  readonly sourceKey: string;
+  readonly promptTokens: number;
+  readonly islBlocks: number;
+  readonly overlapBlocks: number;
+  readonly routedAt: number;
+}
+
+export class KvRouter {
+  readonly blockSize: number;
+  readonly index: KvIndex;
+  readonly ledger = new ReuseLedger();
+  readonly active = new ActiveLoad();
+  private readonly overlay: TtlIndex;
+  private readonly approx: TtlIndex;
+  private readonly sources = new Map<string, SourceEntry>();
+  private readonly byIndex: (SourceEntry | undefined)[] = [];
+  private readonly freeIndices: number[] = [];
+  private readonly policies = new Map<string, Policy>();
+  private readonly defaultPolicy: string;
+  private readonly knobs: KvKnobs;
+  private readonly rng: Rng;
+  private readonly records = new Map<string, RequestRecord>();
+  private readonly busy: BusyThresholds;
+  private readonly staleMs: number;
+  private overlapScratch = new Int32Array(64);
+  private readonly clock?: () => number;
+
+  constructor(options: KvRouterOptions) {
+    this.blockSize = options.blockSize;
+    this.index = new KvIndex({ blockSize: options.blockSize, maxBlocks: options.maxIndexedBlocks });
+    this.overlay = new TtlIndex({ ttlMs: options.overlayTtlMs ?? 10_000 });
+    this.approx = new TtlIndex({ ttlMs: options.approxTtlMs ?? 120_000, capacityPerSource: options.approxCapacityBlocks });
+    this.defaultPolicy = options.policy ?? 'kv';
+    this.policy(this.defaultPolicy); // validate early
+    this.knobs = { ...DEFAULT_KNOBS, ...options.knobs };
+    this.rng = createRng(options.seed ?? 0);
+    this.busy = options.busy ?? {};
+    this.staleMs = options.staleRequestMs ?? 300_000;
+    this.clock = options.clock;
+  }
+
+  // ---------------------------------------------------------------- sources
+
+  addSource(id: SourceId, options: SourceOptions = { mode: 'events' }): string {
+    const key = sourceKey(id);
+    const existing = this.sources.get(key);
+    if (existing) {
+      existing.mode = options.mode;
+      existing.capacityBlocks = options.capacityBlocks;
+      return key;
+    }
+    const index = this.freeIndices.length > 0 ? this.freeIndices.pop()! : this.byIndex.length;
+    const entry: SourceEntry = { id, key, index, mode: options.mode, capacityBlocks: options.capacityBlocks };
+    this.sources.set(key, entry);
+    this.byIndex[index] = entry;
+    this.index.addSource(index);
+    return key;
+  }
+
+  /** Forgets a source: its blocks, its overlay and its in-flight load (those requests can no longer be tracked). */
+  removeSource(key: string): boolean {
+    const entry = this.sources.get(key);
+    if (!entry) return false;
+    for (const id of this.active.requestsOn(entry.index)) {
+      this.active.free(id);
+      this.records.delete(id);
+    }
+    this.index.removeSource(entry.index);
+    this.overlay.removeSource(entry.index);
+    this.approx.removeSource(entry.index);
+    this.sources.delete(key);
+    this.byIndex[entry.index] = undefined;
+    this.freeIndices.push(entry.index);
+    return true;
+  }
+
+  /** Removes every data-parallel rank of a worker. */
+  removeWorker(workerId: string): number {
+    let n = 0;
+    for (const entry of [...this.sources.values()]) if (entry.id.workerId === workerId && this.removeSource(entry.key)) n++;
+    return n;
+  }
+
+  hasSource(key: string): boolean {
+    return this.sources.has(key);
+  }
+
+  sourceKeys(): string[] {
+    return [...this.sources.keys()];
+  }
+
+  /** The engine restarted or its event stream broke beyond repair: it is cold as far as we know. */
+  resetSource(key: string): boolean {
+    const entry = this.sources.get(key);
+    if (!entry) return false;
+    this.index.apply(entry.index, { kind: 'cleared' });
+    return true;
+  }
+
+  // ---------------------------------------------------------------- events
+
+  applyEvents(key: string, events: readonly KvEvent[]): ApplyResult {
+    const entry = this.sources.get(key);
+    if (!entry) return { applied: 0, rejected: events.length, reason: 'unknown_source' };
+    let applied = 0;
+    let rejected = 0;
+    let reason: ApplyResult['reason'];
+    for (const ev of events) {
+      const r = this.index.apply(entry.index, ev);
+      applied += r.applied;
+      rejected += r.rejected;
+      reason ??= r.reason;
+    }
+    return reason ? { applied, rejected, reason } : { applied, rejected };
+  }
+
+  // ---------------------------------------------------------------- routing
+
+  private policy(name: string): Policy {
+    let p = this.policies.get(name);
+    if (!p) {
+      p = createPolicy(name);
+      this.policies.set(name, p);
+    }
+    return p;
+  }
+
+  /** Sequence hashes of a request, with its adapter and salt in the seed. */
+  hashRequest(tokens: ArrayLike<number>, loraName?: string | null, cacheSalt?: string | null): BigUint64Array {
+    return computeSeqHashes(tokens, this.blockSize, hashSeed(loraName, cacheSalt));
+  }
+
+  route(req: RouteRequest, now: number): RouteResult {
+    if (this.records.has(req.requestId)) {
+      return { kind: 'refused', requestId: req.requestId, reason: 'duplicate_request', busySources: [] };
+    }
+    const policyName = req.policy ?? this.defaultPolicy;
+    if (!(POLICY_NAMES as readonly string[]).includes(policyName)) {
+      throw new RangeError(`unknown policy "${policyName}"; known: ${POLICY_NAMES.join(', ')}`);
+    }
+    const t0 = this.clock?.() ?? 0;
+    const seqHashes = req.seqHashes ?? this.hashRequest(req.tokens ?? [], req.loraName, req.cacheSalt);
+    const t1 = this.clock?.() ?? 0;
+    const promptTokens = req.promptTokens ?? req.tokens?.length ?? seqHashes.length * this.blockSize;
+    const requestBlocks = islBlocksOf(promptTokens, this.blockSize);
+    const full = Math.min(seqHashes.length, Math.floor(promptTokens / this.blockSize));
+
+    // Overlap per source: the event index, raised by the overlay (event sources) or the approximate index.
+    if (this.overlapScratch.length < this.byIndex.length) this.overlapScratch = new Int32Array(this.byIndex.length * 2);
+    const overlap = this.overlapScratch;
+    overlap.fill(0);
+    const fromIndex = this.index.findMatches(seqHashes);
+    overlap.set(fromIndex.subarray(0, Math.min(fromIndex.length, overlap.length)));
+    this.overlay.raiseMatches(seqHashes, now, overlap);
+    this.approx.raiseMatches(seqHashes, now, overlap);
+
+    const t2 = this.clock?.() ?? 0;
+    const candidates: Candidate[] = [];
+    const busySources: string[] = [];
+    let bestOverlap = 0;
+    for (const entry of this.sources.values()) {
+      if (req.allow && !req.allow.has(entry.key)) continue;
+      if (req.exclude?.has(entry.key)) continue;
+      const s = entry.index;
+      const ov = Math.min(overlap[s], full);
+      if (ov > bestOverlap) bestOverlap = ov;
+      const activeBlocks = this.active.activeBlocks(s);
+      const activePrefillTokens = this.active.prefillTokens(s);
+      if (this.isBusy(entry, activeBlocks, activePrefillTokens)) {
+        busySources.push(entry.key);
+        continue;
+      }
+      candidates.push({
+        source: s,
+        key: entry.key,
+        overlapBlocks: ov,
+        cachedBlocks: this.index.cachedBlocks(s),
+        activePrefillTokens,
+        activeBlocks,
+        activePrefixBlocks: this.active.activePrefix(s, seqHashes),
+        activeRequests: this.active.activeRequests(s),
+      });
+    }
+    if (candidates.length === 0) {
+      return {
+        kind: 'refused',
+        requestId: req.requestId,
+        reason: busySources.length > 0 ? 'all_busy' : 'no_sources',
+        busySources,
+      };
+    }
+
+    const knobs: KvKnobs = { ...this.knobs, ...req.knobs };
+    const ranking = this.policy(policyName).rank({
+      candidates,
+      promptTokens,
+      requestBlocks,
+      blockSize: this.blockSize,
+      seqHashes,
+      knobs,
+      rng: this.rng,
+    });
+    const chosen = candidates[ranking.order[0]];
+    const entry = this.byIndex[chosen.source]!;
+    const t3 = this.clock?.() ?? 0;
+
+    this.active.add({
+      requestId: req.requestId,
+      source: chosen.source,
+      seqHashes,
+      requestBlocks,
+      prefillTokens: Math.max(0, promptTokens - chosen.overlapBlocks * this.blockSize),
+      startedAt: now,
+    });
+    if (entry.mode === 'approx') this.approx.record(chosen.source, seqHashes, now);
+    else this.overlay.record(chosen.source, seqHashes, now);
+    this.ledger.routed(entry.key, requestBlocks, chosen.overlapBlocks, bestOverlap);
+    this.records.set(req.requestId, {
+      sourceKey: entry.key,
+      promptTokens,
+      islBlocks: requestBlocks,
+      overlapBlocks: chosen.overlapBlocks,
+      routedAt: now,
+    });
+
+    const scored: CandidateScore[] = ranking.order.map((i) => {
+      const c = candidates[i];
+      return {
+        source: c.key,
+        overlapBlocks: c.overlapBlocks,
+        cachedBlocks: c.cachedBlocks,
+        activePrefillTokens: c.activePrefillTokens,
+        activeBlocks: c.activeBlocks,
+        cost: ranking.costs[i],
+      };
+    });
+    return {
+      kind: 'routed',
+      requestId: req.requestId,
+      source: entry.id,
+      sourceKey: entry.key,
+      policy: policyName,
+      promptTokens,
+      islBlocks: requestBlocks,
+      overlapBlocks: chosen.overlapBlocks,
+      bestOverlapBlocks: bestOverlap,
+      candidates: scored,
+      seqHashes,
+      timingsMs: this.clock ? { hash: t1 - t0, find: t2 - t1, select: t3 - t2 } : undefined,
+    };
+  }
+
+  private isBusy(entry: SourceEntry, activeBlocks: number, activePrefillTokens: number): boolean {
+    const { activeBlockFraction, activePrefillTokens: maxPrefill } = this.busy;
+    if (activeBlockFraction !== undefined && entry.capacityBlocks && activeBlocks > activeBlockFraction * entry.capacityBlocks) {
+      return true;
+    }
+    return maxPrefill !== undefined && activePrefillTokens > maxPrefill;
+  }
+
+  // ---------------------------------------------------------------- lifecycle
+
+  firstToken(requestId: string, now: number): boolean {
+    return this.active.firstToken(requestId, now) !== undefined;
+  }
+
+  /** Frees the request's load and records delivered reuse. Unknown ids (already finished) return undefined. */
+  finish(requestId: string, info: FinishInfo, now: number): FinishedRequest | undefined {
+    const record = this.records.get(requestId);
+    if (!record) return undefined;
+    this.records.delete(requestId);
+    const active = this.active.free(requestId);
+    const predicted = predictedCachedTokens(record.overlapBlocks, record.promptTokens, this.blockSize);
+    const cached = info.cachedTokens;
+    if (cached !== undefined && Number.isFinite(cached) && cached >= 0) {
+      this.ledger.delivered(record.sourceKey, record.promptTokens, cached, predicted);
+    }
+    return {
+      requestId,
+      sourceKey: record.sourceKey,
+      promptTokens: record.promptTokens,
+      islBlocks: record.islBlocks,
+      overlapBlocks: record.overlapBlocks,
+      predictedCachedTokens: predicted,
+      cachedTokens: cached,
+      outcome: info.outcome ?? 'ok',
+      routedAt: record.routedAt,
+      firstTokenAt: active?.firstTokenAt,
+      finishedAt: now,
+    };
+  }
+
+  /** Expires overlay entries and force-frees requests older than the stale limit. Returns the freed ids. */
+  sweep(now: number): string[] {
+    this.overlay.sweep(now);
+    this.approx.sweep(now);
+    const stale = this.active.sweep(now, this.staleMs);
+    for (const id of stale) this.records.delete(id);
+    return stale;
+  }
+
+  // ---------------------------------------------------------------- introspection
+
+  /** Plain JSON for /debug/state and tests. */
+  state(): {
+    blockSize: number;
+    policy: string;
+    knobs: KvKnobs;
+    inFlight: number;
+    index: ReturnType<KvIndex['stats']>;
+    overlayBlocks: number;
+    sources: Array<{
+      source: string;
+      workerId: string;
+      dpRank: number;
+      mode: 'events' | 'approx';
+      cachedBlocks: number;
+      approxBlocks: number;
+      activeRequests: number;
+      activeBlocks: number;
+      activePrefillTokens: number;
+      capacityBlocks?: number;
+    }>;
+  } {
+    return {
+      blockSize: this.blockSize,
+      policy: this.defaultPolicy,
+      knobs: this.knobs,
+      inFlight: this.records.size,
+      index: this.index.stats(),
+      overlayBlocks: this.overlay.size,
+      sources: [...this.sources.values()].map((e) => ({
+        source: e.key,
+        workerId: e.id.workerId,
+        dpRank: e.id.dpRank,
+        mode: e.mode,
+        cachedBlocks: this.index.cachedBlocks(e.index),
+        approxBlocks: this.approx.blocks(e.index),
+        activeRequests: this.active.activeRequests(e.index),
+        activeBlocks: this.active.activeBlocks(e.index),
+        activePrefillTokens: this.active.prefillTokens(e.index),
+        capacityBlocks: e.capacityBlocks,
+      })),
+    };
+  }
+}

@@ -1,0 +1,52 @@
+/**
+ * Routing policies are plug-ins: given the eligible candidates and the request, rank them best first.
+ * The first is the pick; the rest are the order for retries. Selected by name in configuration.
+ */
+import type { KvKnobs } from '../types.ts';
+import type { Rng } from '../rng.ts';
+
+/** One eligible source as a policy sees it. */
+export interface Candidate {
+  readonly source: number;
+  readonly key: string;
+  /** Leading request blocks this source holds (max of event index and overlay). */
+  readonly overlapBlocks: number;
+  /** All blocks the source holds (tie-breaker: fewer means more room). */
+  readonly cachedBlocks: number;
+  readonly activePrefillTokens: number;
+  readonly activeBlocks: number;
+  /** Leading request blocks already active on the source (shared with in-flight requests). */
+  readonly activePrefixBlocks: number;
+  readonly activeRequests: number;
+}
+
+export interface PolicyContext {
+  readonly candidates: readonly Candidate[];
+  readonly promptTokens: number;
+  /** ceil(promptTokens / blockSize). */
+  readonly requestBlocks: number;
+  readonly blockSize: number;
+  readonly seqHashes: BigUint64Array;
+  readonly knobs: KvKnobs;
+  readonly rng: Rng;
+}
+
+export interface Ranking {
+  /** Candidate indices, best first. */
+  readonly order: number[];
+  /** Cost per candidate index (lower is better); NaN where the policy does not score. */
+  readonly costs: number[];
+}
+
+export interface Policy {
+  readonly name: string;
+  rank(ctx: PolicyContext): Ranking;
+}
+
+/** Indices sorted by cost, ties broken by `tie` then by a seeded shuffle key. */
+export function orderByCost(costs: readonly number[], rng: Rng, tie?: (i: number) => number): number[] {
+  const jitter = costs.map(() => rng());
+  const order = costs.map((_, i) => i);
+  order.sort((a, b) => costs[a] - costs[b] || (tie ? tie(a) - tie(b) : 0) || jitter[a] - jitter[b]);
+  return order;
+}
