@@ -1,0 +1,478 @@
+/**
+ * vLLM KV-cache event wire codec (REFERENCE section 2): encode (for the mock engine and benchmarks) and decode into the
+ * core's normalised `KvEvent`s.
+ *
+ * Decoding accepts both layouts at both levels, decided by shape: a batch is `[ts, events, dp_rank?]` or
+ * `{ts, events, data_parallel_rank}`; an event is a positional array whose element 0 is the tag, or a map with `type`.
+ * Every positional index is guarded (trailing defaults are omitted on the wire), unknown map keys are ignored, unknown
+ * event types are counted. Decoding never throws: a payload that cannot be used at all comes back with `ok: false`.
+ *
+ * Engine block ids are normalised to unsigned 64-bit bigints:
+ * - msgpack uint64 / positive ints as is; signed int64 (SGLang) via `BigInt.asUintN(64, x)`;
+ * - byte strings (vLLM with `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`, 32-byte sha256) are folded with
+ *   `xxh3.xxh64(bytes, 0n)`. The fold is only an engine-id key (the router never reproduces engine hashes, REFERENCE
+ *   section 1), so a collision would at worst alias two blocks of one source: ~2^-64 per pair.
+ *
+ * Extra keys (one entry per block, vLLM order: lora name, multimodal keys, cache_salt (first block only), prompt-embeds
+ * digest): a string equal to the event's lora name is the LoRA, the last other string of the first block of a sequence
+ * (parent null) is the cache_salt; tuples, byte strings and any other strings are multimodal / embeddings identity the
+ * router cannot hash from tokens, so that block and the rest of its event are skipped and counted (a documented limit).
+ */
+import { xxh3 } from '@node-rs/xxhash';
+import { Packr, Unpackr } from 'msgpackr';
+import type { EngineBlockId, KvEvent, StoredEvent } from '../core/types.ts';
+
+export type WireFormat = 'array' | 'map';
+export type HashType = 'u64' | 'i64' | 'bytes';
+/** bigint for u64/i64 (always given as the unsigned u64 value), Uint8Array for bytes. */
+export type WireBlockId = bigint | Uint8Array;
+
+export interface WireBlockStored {
+  type: 'BlockStored';
+  blockHashes: WireBlockId[];
+  parentBlockHash: WireBlockId | null;
+  tokenIds: number[];
+  blockSize: number;
+  loraId?: number | null;
+  medium?: string | null;
+  loraName?: string | null;
+  extraKeys?: unknown[] | null;
+  groupIdx?: number;
+  kvCacheSpecKind?: string;
+}
+export interface WireBlockRemoved {
+  type: 'BlockRemoved';
+  blockHashes: WireBlockId[];
+  medium?: string | null;
+  groupIdx?: number;
+}
+export interface WireAllBlocksCleared {
+  type: 'AllBlocksCleared';
+}
+export type WireEvent = WireBlockStored | WireBlockRemoved | WireAllBlocksCleared;
+export interface WireBatch {
+  ts: number;
+  events: WireEvent[];
+  dataParallelRank: number | null;
+}
+
+export interface EncodeOptions {
+  format: WireFormat;
+  hashType: HashType;
+  /** Outer batch layout. vLLM 0.26 still sends an array batch with map events; a map batch is *unverified*. Default 'array'. */
+  batchLayout?: 'array' | 'map';
+}
+
+/** Counters of one decoded payload; the ingest layer sums them per source. */
+export interface DecodeCounts {
+  /** Events with a tag this decoder does not know (newer engines); skipped. */
+  unknownEventTypes: number;
+  /** Events whose shape or fields were unusable (wrong types, bad hashes, bad tokens); skipped. */
+  malformedEvents: number;
+  /** Blocks skipped because their extra keys carry multimodal / prompt-embeds identity. */
+  multimodalBlocks: number;
+  /** Stored events with a lora_id but no lora_name: isolated under a synthetic name `lora-id:<n>`. */
+  loraIdWithoutName: number;
+}
+
+export interface DecodedBatch {
+  /** False when the payload as a whole is unusable (not msgpack, not a batch); `error` says why. */
+  readonly ok: boolean;
+  readonly error?: string;
+  readonly ts: number;
+  readonly dataParallelRank: number | null;
+  readonly events: KvEvent[];
+  readonly counts: DecodeCounts;
+  /** Engine ids of blocks skipped as multimodal: their descendants cannot be hashed either. */
+  readonly skippedIds: EngineBlockId[];
+}
+
+export type EngineFlavor = 'vllm' | 'sglang';
+
+// ------------------------------------------------------------------------------------------------ encode
+
+// useRecords off: msgpackr's record extension is not msgpack any other reader understands.
+const packr = new Packr({ useRecords: false, variableMapSize: true });
+
+const U64_MAX = (1n << 64n) - 1n;
+
+function wireId(id: WireBlockId, hashType: HashType): bigint | Uint8Array {
+  if (id instanceof Uint8Array) return id;
+  const u = BigInt.asUintN(64, id);
+  if (hashType === 'i64') return BigInt.asIntN(64, u);
+  if (hashType === 'bytes') {
+    const b = Buffer.alloc(8);
+    b.writeBigUInt64BE(u);
+    return b;
+  }
+  // u64: msgpackr writes bigints >= 2^63 as uint64 (0xcf) and smaller ones as int64 (0xd3): same integer value for
+  // every msgpack reader (Python's msgpack/msgspec return the same int).
+  return u;
+}
+
+function encodeEvent(ev: WireEvent, format: WireFormat, hashType: HashType): unknown {
+  switch (ev.type) {
+    case 'BlockStored': {
+      const hashes = ev.blockHashes.map((h) => wireId(h, hashType));
+      const parent = ev.parentBlockHash === null ? null : wireId(ev.parentBlockHash, hashType);
+      if (format === 'map') {
+        const m: Record<string, unknown> = {
+          type: 'BlockStored',
+          block_hashes: hashes,
+          parent_block_hash: parent,
+          token_ids: ev.tokenIds,
+          block_size: ev.blockSize,
+        };
+        if (ev.loraId !== undefined) m.lora_id = ev.loraId;
+        if (ev.medium !== undefined) m.medium = ev.medium;
+        if (ev.loraName !== undefined) m.lora_name = ev.loraName;
+        if (ev.extraKeys !== undefined) m.extra_keys = ev.extraKeys;
+        if (ev.groupIdx !== undefined) m.group_idx = ev.groupIdx;
+        if (ev.kvCacheSpecKind !== undefined) m.kv_cache_spec_kind = ev.kvCacheSpecKind;
+        return m;
+      }
+      const a: unknown[] = [
+        'BlockStored',
+        hashes,
+        parent,
+        ev.tokenIds,
+        ev.blockSize,
+        ev.loraId ?? null,
+        ev.medium ?? null,
+        ev.loraName ?? null,
+        ev.extraKeys ?? null,
+        ev.groupIdx ?? 0,
+        ev.kvCacheSpecKind ?? 'full_attention',
+      ];
+      const defaults: unknown[] = [null, null, null, null, 0, 'full_attention'];
+      // Trailing defaults are omitted, as msgspec's omit_defaults does: arrays of varying length (5 fields minimum).
+      while (a.length > 5 && a[a.length - 1] === defaults[a.length - 6]) a.pop();
+      return a;
+    }
+    case 'BlockRemoved': {
+      const hashes = ev.blockHashes.map((h) => wireId(h, hashType));
+      if (format === 'map') {
+        const m: Record<string, unknown> = { type: 'BlockRemoved', block_hashes: hashes };
+        if (ev.medium !== undefined) m.medium = ev.medium;
+        if (ev.groupIdx !== undefined) m.group_idx = ev.groupIdx;
+        return m;
+      }
+      const a: unknown[] = ['BlockRemoved', hashes, ev.medium ?? null, ev.groupIdx ?? 0];
+      const defaults: unknown[] = [null, 0];
+      while (a.length > 2 && a[a.length - 1] === defaults[a.length - 3]) a.pop();
+      return a;
+    }
+    case 'AllBlocksCleared':
+      return format === 'map' ? { type: 'AllBlocksCleared' } : ['AllBlocksCleared'];
+  }
+}
+
+/** One msgpack payload (the third ZMQ frame) for a batch. */
+export function encodeVllmBatch(batch: WireBatch, opts: EncodeOptions): Buffer {
+  const events = batch.events.map((e) => encodeEvent(e, opts.format, opts.hashType));
+  if (opts.batchLayout === 'map') {
+    return packr.pack({ ts: batch.ts, events, data_parallel_rank: batch.dataParallelRank });
+  }
+  return packr.pack(batch.dataParallelRank === null ? [batch.ts, events] : [batch.ts, events, batch.dataParallelRank]);
+}
+
+/** The 3 ZMQ frames of one message: [topic utf-8, seq u64 big-endian, payload]. */
+export function vllmFrames(topic: string, seq: bigint, payload: Buffer): [Buffer, Buffer, Buffer] {
+  const s = Buffer.alloc(8);
+  s.writeBigUInt64BE(BigInt.asUintN(64, seq));
+  return [Buffer.from(topic, 'utf8'), s, payload];
+}
+
+/** The seq frame's value, or null when it is not exactly 8 bytes. */
+export function readSeqFrame(frame: Uint8Array): bigint | null {
+  if (frame.length !== 8) return null;
+  return new DataView(frame.buffer, frame.byteOffset, 8).getBigUint64(0, false);
+}
+
+/** Marker that ends a replay stream (REFERENCE section 2). */
+export const REPLAY_END_SEQ = U64_MAX;
+
+// ------------------------------------------------------------------------------------------------ decode
+
+// int64AsType bigint: uint64 >= 2^53 must not be rounded (the trap of @msgpack/msgpack). useRecords off: a
+// positive fixint 0x40..0x7f is a token id, never a record reference.
+const unpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, int64AsType: 'bigint' });
+
+/** Normalises a wire block id to an unsigned u64; undefined when unusable. */
+export function normaliseEngineId(v: unknown): EngineBlockId | undefined {
+  if (typeof v === 'bigint') return v >= 0n && v <= U64_MAX ? v : BigInt.asUintN(64, v);
+  if (typeof v === 'number') return Number.isSafeInteger(v) ? BigInt.asUintN(64, BigInt(v)) : undefined;
+  if (v instanceof Uint8Array) return v.length > 0 ? xxh3.xxh64(v, 0n) : undefined;
+  return undefined;
+}
+
+function isRecord(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v) && !(v instanceof Uint8Array);
+}
+
+function optString(v: unknown): string | null {
+  return typeof v === 'string' && v.length > 0 ? v : null;
+}
+
+function optInt(v: unknown): number | null {
+  if (typeof v === 'number' && Number.isSafeInteger(v)) return v;
+  if (typeof v === 'bigint' && v >= BigInt(Number.MIN_SAFE_INTEGER) && v <= BigInt(Number.MAX_SAFE_INTEGER)) return Number(v);
+  return null;
+}
+
+function idList(v: unknown): EngineBlockId[] | null {
+  if (!Array.isArray(v)) return null;
+  const out: EngineBlockId[] = new Array(v.length);
+  for (let i = 0; i < v.length; i++) {
+    const id = normaliseEngineId(v[i]);
+    if (id === undefined) return null;
+    out[i] = id;
+  }
+  return out;
+}
+
+/** Token ids must be u32; anything else would hash as garbage, so the event is malformed. */
+function tokenList(v: unknown): number[] | null {
+  if (!Array.isArray(v)) return null;
+  for (let i = 0; i < v.length; i++) {
+    const t = v[i];
+    if (t >>> 0 !== t) return null;
+  }
+  return v as number[];
+}
+
+interface StoredFields {
+  hashes: unknown;
+  parent: unknown;
+  tokens: unknown;
+  blockSize: unknown;
+  loraId: unknown;
+  medium: unknown;
+  loraName: unknown;
+  extraKeys: unknown;
+  metadata: unknown;
+  groupIdx: unknown;
+}
+
+interface Sink {
+  events: KvEvent[];
+  counts: DecodeCounts;
+  skippedIds: EngineBlockId[];
+}
+
+/** Where the extra keys put the identity: a cache_salt, and the first block that cannot be hashed from tokens. */
+function readExtraKeys(extra: unknown, loraName: string | null, firstOfSequence: boolean, blocks: number): { salt: string | null; firstUnhashable: number } {
+  let salt: string | null = null;
+  if (!Array.isArray(extra)) return { salt, firstUnhashable: blocks };
+  const n = Math.min(extra.length, blocks);
+  for (let j = 0; j < n; j++) {
+    const keys = extra[j];
+    if (keys === null || keys === undefined) continue;
+    const list = Array.isArray(keys) ? keys : [keys];
+    let strings = 0;
+    let last: string | null = null;
+    for (const k of list) {
+      if (typeof k === 'string') {
+        if (k === loraName) continue;
+        strings++;
+        last = k;
+      } else if (k === null || k === undefined) {
+        continue;
+      } else {
+        // (identifier, offset) tuples, prompt-embeds digests (bytes), anything else: not hashable from tokens.
+        return { salt, firstUnhashable: j };
+      }
+    }
+    if (strings === 0) continue;
+    if (j === 0 && firstOfSequence && strings === 1) {
+      salt = last;
+      continue;
+    }
+    return { salt, firstUnhashable: j };
+  }
+  return { salt, firstUnhashable: blocks };
+}
+
+function pushStored(f: StoredFields, flavor: EngineFlavor, sink: Sink): void {
+  const engineIds = idList(f.hashes);
+  const blockSize = optInt(f.blockSize);
+  const tokens = f.tokens === null || f.tokens === undefined ? [] : tokenList(f.tokens);
+  let parent: EngineBlockId | null = null;
+  if (f.parent !== null && f.parent !== undefined) {
+    const p = normaliseEngineId(f.parent);
+    if (p === undefined) {
+      sink.counts.malformedEvents++;
+      return;
+    }
+    parent = p;
+  }
+  if (!engineIds || tokens === null || blockSize === null) {
+    sink.counts.malformedEvents++;
+    return;
+  }
+  let loraName = optString(f.loraName);
+  const loraId = optInt(f.loraId);
+  if (loraName === null && loraId !== null && loraId > 0) {
+    // Without the name the request-side seed cannot be reproduced; a synthetic name keeps these blocks isolated
+    // from base-model requests instead of crediting them wrongly.
+    loraName = `lora-id:${loraId}`;
+    sink.counts.loraIdWithoutName++;
+  }
+  let cacheSalt: string | null = null;
+  if (flavor === 'sglang' && isRecord(f.metadata)) cacheSalt = optString(f.metadata.cache_salt);
+  const { salt, firstUnhashable } = readExtraKeys(f.extraKeys, loraName, parent === null, engineIds.length);
+  if (salt !== null) cacheSalt = salt;
+  const medium = optString(f.medium);
+  const groupIdx = optInt(f.groupIdx) ?? 0;
+  let ids = engineIds;
+  let toks: number[] = tokens;
+  if (firstUnhashable < engineIds.length) {
+    sink.counts.multimodalBlocks += engineIds.length - firstUnhashable;
+    for (let j = firstUnhashable; j < engineIds.length; j++) sink.skippedIds.push(engineIds[j]);
+    if (firstUnhashable === 0) return;
+    ids = engineIds.slice(0, firstUnhashable);
+    if (tokens.length === engineIds.length * blockSize) toks = tokens.slice(0, firstUnhashable * blockSize);
+  }
+  const ev: StoredEvent = {
+    kind: 'stored',
+    parent,
+    engineIds: ids,
+    tokens: toks,
+    blockSize,
+    loraName,
+    cacheSalt,
+    ...(medium !== null ? { medium } : {}),
+    groupIdx,
+  };
+  sink.events.push(ev);
+}
+
+function pushRemoved(hashes: unknown, medium: unknown, groupIdx: unknown, sink: Sink): void {
+  const engineIds = idList(hashes);
+  if (!engineIds) {
+    sink.counts.malformedEvents++;
+    return;
+  }
+  const m = optString(medium);
+  sink.events.push({ kind: 'removed', engineIds, ...(m !== null ? { medium: m } : {}), groupIdx: optInt(groupIdx) ?? 0 });
+}
+
+function decodeEvent(raw: unknown, flavor: EngineFlavor, sink: Sink): void {
+  if (Array.isArray(raw)) {
+    const tag = raw[0];
+    if (typeof tag !== 'string') {
+      sink.counts.malformedEvents++;
+      return;
+    }
+    switch (tag) {
+      case 'BlockStored':
+        // vLLM: [tag, hashes, parent, tokens, block_size, lora_id, medium, lora_name, extra_keys, group_idx, kind]
+        // SGLang: [tag, hashes, parent, tokens, block_size, lora_id, medium, metadata]
+        return pushStored(
+          {
+            hashes: raw[1],
+            parent: raw[2],
+            tokens: raw[3],
+            blockSize: raw[4],
+            loraId: raw[5],
+            medium: raw[6],
+            loraName: flavor === 'vllm' ? raw[7] : undefined,
+            metadata: flavor === 'sglang' ? raw[7] : undefined,
+            extraKeys: flavor === 'vllm' ? raw[8] : undefined,
+            groupIdx: flavor === 'vllm' ? raw[9] : undefined,
+          },
+          flavor,
+          sink,
+        );
+      case 'BlockRemoved':
+        return pushRemoved(raw[1], raw[2], raw[3], sink);
+      case 'AllBlocksCleared':
+        sink.events.push({ kind: 'cleared' });
+        return;
+      default:
+        sink.counts.unknownEventTypes++;
+        return;
+    }
+  }
+  if (isRecord(raw)) {
+    const tag = raw.type;
+    if (typeof tag !== 'string') {
+      sink.counts.malformedEvents++;
+      return;
+    }
+    switch (tag) {
+      case 'BlockStored':
+        return pushStored(
+          {
+            hashes: raw.block_hashes,
+            parent: raw.parent_block_hash,
+            tokens: raw.token_ids,
+            blockSize: raw.block_size,
+            loraId: raw.lora_id,
+            medium: raw.medium,
+            loraName: raw.lora_name,
+            metadata: raw.metadata,
+            extraKeys: raw.extra_keys,
+            groupIdx: raw.group_idx,
+          },
+          flavor,
+          sink,
+        );
+      case 'BlockRemoved':
+        return pushRemoved(raw.block_hashes, raw.medium, raw.group_idx, sink);
+      case 'AllBlocksCleared':
+        sink.events.push({ kind: 'cleared' });
+        return;
+      default:
+        sink.counts.unknownEventTypes++;
+        return;
+    }
+  }
+  sink.counts.malformedEvents++;
+}
+
+function emptyCounts(): DecodeCounts {
+  return { unknownEventTypes: 0, malformedEvents: 0, multimodalBlocks: 0, loraIdWithoutName: 0 };
+}
+
+function failed(error: string): DecodedBatch {
+  return { ok: false, error, ts: NaN, dataParallelRank: null, events: [], counts: emptyCounts(), skippedIds: [] };
+}
+
+/** Decodes one payload of either engine flavour (positional index 7 differs). Never throws. */
+export function decodeBatch(payload: Uint8Array, flavor: EngineFlavor): DecodedBatch {
+  let root: unknown;
+  try {
+    root = unpackr.unpack(payload);
+  } catch (err) {
+    return failed(`msgpack: ${(err as Error)?.message ?? String(err)}`);
+  }
+  let ts: unknown;
+  let rawEvents: unknown;
+  let rank: unknown;
+  if (Array.isArray(root)) {
+    [ts, rawEvents, rank] = root;
+  } else if (isRecord(root)) {
+    ts = root.ts;
+    rawEvents = root.events;
+    rank = root.data_parallel_rank ?? root.attn_dp_rank;
+  } else {
+    return failed('batch is neither an array nor a map');
+  }
+  if (!Array.isArray(rawEvents)) return failed('batch has no event list');
+  const sink: Sink = { events: [], counts: emptyCounts(), skippedIds: [] };
+  try {
+    for (const raw of rawEvents) decodeEvent(raw, flavor, sink);
+  } catch (err) {
+    // Defensive: exotic msgpack extension values (getters, proxies) must not escape; treat the batch as unusable.
+    return failed(`event: ${(err as Error)?.message ?? String(err)}`);
+  }
+  const tsNum = typeof ts === 'number' ? ts : typeof ts === 'bigint' ? Number(ts) : NaN;
+  const dp = optInt(rank);
+  return { ok: true, ts: tsNum, dataParallelRank: dp, events: sink.events, counts: sink.counts, skippedIds: sink.skippedIds };
+}
+
+/** Decodes one vLLM payload (either layout, any field generation, any hash type). Never throws. */
+export function decodeVllmBatch(payload: Uint8Array): DecodedBatch {
+  return decodeBatch(payload, 'vllm');
+}
