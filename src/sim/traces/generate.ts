@@ -1,0 +1,275 @@
+/**
+ * Synthetic traces in the Mooncake format, deterministic for a seed.
+ *
+ * Prompts are built as growing token contexts cut into 512-token blocks: a full block keeps its id for as long as a
+ * context only grows past it (so the next turn of a session reuses it), while a trailing partial block always gets
+ * a fresh id (the next turn extends it, which makes it a different block). Shared system prompts are shared ids.
+ */
+import { Rng } from '../rng.ts';
+import { TRACE_BLOCK_TOKENS, type TraceRequest } from './format.ts';
+import { sortByTimestamp } from './reader.ts';
+
+export type TraceKind = 'skewed' | 'shared-prefix' | 'multi-turn';
+export const TRACE_KINDS: readonly TraceKind[] = ['skewed', 'shared-prefix', 'multi-turn'];
+
+/** Hands out fresh block ids. */
+class IdAllocator {
+  private next = 0;
+  take(): number {
+    return this.next++;
+  }
+}
+
+/** A token context that only grows: full blocks keep their ids, the partial tail is re-identified per prompt. */
+class Context {
+  private readonly fullIds: number[];
+  private length: number;
+
+  constructor(
+    private readonly ids: IdAllocator,
+    base?: { fullIds: readonly number[]; length: number },
+  ) {
+    this.fullIds = base ? [...base.fullIds] : [];
+    this.length = base ? base.length : 0;
+  }
+
+  get tokens(): number {
+    return this.length;
+  }
+
+  append(tokens: number): void {
+    this.length += Math.max(0, Math.round(tokens));
+    const full = Math.floor(this.length / TRACE_BLOCK_TOKENS);
+    while (this.fullIds.length < full) this.fullIds.push(this.ids.take());
+  }
+
+  /** The hash ids of a prompt equal to the current context. */
+  promptIds(): number[] {
+    const out = this.fullIds.slice();
+    if (this.length % TRACE_BLOCK_TOKENS !== 0) out.push(this.ids.take());
+    return out;
+  }
+
+  snapshot(): { fullIds: readonly number[]; length: number } {
+    return { fullIds: this.fullIds.slice(), length: this.length };
+  }
+}
+
+function request(ts: number, ctx: Context, outputLength: number): TraceRequest {
+  return {
+    timestamp: Math.round(ts),
+    inputLength: ctx.tokens,
+    outputLength: Math.max(1, Math.round(outputLength)),
+    hashIds: ctx.promptIds(),
+  };
+}
+
+export interface SkewedOptions {
+  requests: number;
+  seed: number;
+  /** Mean arrival rate over all request classes, requests per second. */
+  rate: number;
+  /** Fraction of one-shot short requests (under 1,800 tokens), mostly cold. */
+  shortFraction: number;
+  /** Fraction of one-shot medium documents (1,800 to 12k tokens), cold. */
+  mediumFraction: number;
+  /** Mean turns per agentic session (geometric). */
+  meanTurns: number;
+  /** Agentic sessions end once their context passes this many tokens. */
+  maxContext: number;
+}
+
+export const SKEWED_DEFAULTS: SkewedOptions = {
+  requests: 10_000,
+  seed: 1,
+  rate: 1,
+  shortFraction: 0.42,
+  mediumFraction: 0.12,
+  meanTurns: 12,
+  maxContext: 160_000,
+};
+
+/**
+ * REFERENCE section 6's production shape: about 44% of requests under 1,800 tokens and mostly cold, a mean near 14k
+ * and a tail past 130k made of agentic sessions whose context grows turn by turn (tool output appended each turn), so
+ * a few long warm requests hold most of the blocks while many short cold ones hold most of the requests.
+ */
+export function generateSkewed(opts: Partial<SkewedOptions> = {}): TraceRequest[] {
+  const o = { ...SKEWED_DEFAULTS, ...opts };
+  const ids = new IdAllocator();
+  // One shared system-prompt block for some short requests; a few agent templates of 4 blocks for sessions.
+  const chatSystem = new Context(ids);
+  chatSystem.append(TRACE_BLOCK_TOKENS);
+  const chatBase = chatSystem.snapshot();
+  const agents = Array.from({ length: 6 }, () => {
+    const c = new Context(ids);
+    c.append(4 * TRACE_BLOCK_TOKENS);
+    return c.snapshot();
+  });
+
+  const sessionFraction = Math.max(0, 1 - o.shortFraction - o.mediumFraction);
+  let horizon = (1.5 * o.requests / o.rate) * 1000;
+  for (;;) {
+    const rng = new Rng(o.seed, 1);
+    const out: TraceRequest[] = [];
+    // One-shot classes: Poisson arrivals.
+    const oneShot = (fraction: number, make: (t: number) => TraceRequest) => {
+      if (fraction <= 0) return;
+      const meanGap = 1000 / (o.rate * fraction);
+      for (let t = rng.exp(meanGap); t < horizon; t += rng.exp(meanGap)) out.push(make(t));
+    };
+    oneShot(o.shortFraction, (t) => {
+      const len = Math.round(rng.logUniform(24, 1799));
+      const warm = len > TRACE_BLOCK_TOKENS + 16 && rng.chance(0.15);
+      const ctx = new Context(ids, warm ? chatBase : undefined);
+      ctx.append(len - ctx.tokens);
+      return request(t, ctx, rng.logNormal(120, 0.8));
+    });
+    oneShot(o.mediumFraction, (t) => {
+      const ctx = new Context(ids);
+      ctx.append(rng.logUniform(1800, 12_000));
+      return request(t, ctx, rng.logNormal(200, 0.7));
+    });
+    // Agentic sessions: Poisson session starts, each turn appends the previous answer and a tool result.
+    if (sessionFraction > 0) {
+      const meanGap = (1000 * o.meanTurns) / (o.rate * sessionFraction);
+      for (let start = rng.exp(meanGap); start < horizon; start += rng.exp(meanGap)) {
+        const ctx = new Context(ids, agents[rng.int(0, agents.length - 1)]);
+        ctx.append(rng.logNormal(4000, 0.6));
+        let t = start;
+        for (let turn = 0; t < horizon; turn++) {
+          const output = rng.logNormal(150, 0.8);
+          out.push(request(t, ctx, output));
+          if (rng.chance(1 / o.meanTurns)) break;
+          ctx.append(output + rng.logNormal(1600, 0.9));
+          if (ctx.tokens > o.maxContext) break;
+          // Think and tool time between turns.
+          t += 2000 + rng.exp(6000);
+        }
+      }
+    }
+    if (out.length >= o.requests || horizon > 1e12) {
+      sortByTimestamp(out);
+      return out.slice(0, o.requests);
+    }
+    horizon *= 1.5;
+  }
+}
+
+export interface SharedPrefixOptions {
+  requests?: number;
+  seed: number;
+  /** Requests per second (Poisson); Infinity sends everything at time 0, like SGLang's default request rate. */
+  rate: number;
+  groups: number;
+  promptsPerGroup: number;
+  systemPromptLen: number;
+  questionLen: number;
+  outputLen: number;
+}
+
+/** SGLang bench_serving's generated-shared-prefix defaults (`--gsp-*`). */
+export const SHARED_PREFIX_DEFAULTS: SharedPrefixOptions = {
+  seed: 1,
+  rate: 8,
+  groups: 64,
+  promptsPerGroup: 16,
+  systemPromptLen: 2048,
+  questionLen: 128,
+  outputLen: 256,
+};
+
+/**
+ * SGLang's generated-shared-prefix benchmark: `groups` system prompts of `systemPromptLen` tokens, each followed by
+ * `promptsPerGroup` distinct questions of `questionLen` tokens; all prompts shuffled, then sent at `rate`.
+ * `requests`, when set, sizes the number of groups to cover it and keeps the first N after shuffling.
+ */
+export function generateSharedPrefix(opts: Partial<SharedPrefixOptions> = {}): TraceRequest[] {
+  const o = { ...SHARED_PREFIX_DEFAULTS, ...opts };
+  const groups = o.requests !== undefined && opts.groups === undefined ? Math.ceil(o.requests / o.promptsPerGroup) : o.groups;
+  const ids = new IdAllocator();
+  const rng = new Rng(o.seed, 2);
+  const prompts: Array<{ ctx: Context }> = [];
+  for (let g = 0; g < groups; g++) {
+    const system = new Context(ids);
+    system.append(o.systemPromptLen);
+    const base = system.snapshot();
+    for (let p = 0; p < o.promptsPerGroup; p++) {
+      const ctx = new Context(ids, base);
+      ctx.append(o.questionLen);
+      prompts.push({ ctx });
+    }
+  }
+  // Fisher-Yates with the seeded generator (SGLang shuffles the prompts too).
+  for (let i = prompts.length - 1; i > 0; i--) {
+    const j = rng.int(0, i);
+    [prompts[i], prompts[j]] = [prompts[j], prompts[i]];
+  }
+  const n = Math.min(prompts.length, o.requests ?? prompts.length);
+  const out: TraceRequest[] = [];
+  let t = 0;
+  for (let i = 0; i < n; i++) {
+    out.push(request(t, prompts[i].ctx, o.outputLen));
+    if (Number.isFinite(o.rate) && o.rate > 0) t += rng.exp(1000 / o.rate);
+  }
+  return out;
+}
+
+export interface MultiTurnOptions {
+  requests: number;
+  seed: number;
+  /** Requests per second over all sessions. */
+  rate: number;
+  meanTurns: number;
+  /** Shared system prompt in tokens (a full first block is shared by every session when it is >= 512). */
+  systemPromptLen: number;
+  /** Median user message and answer lengths in tokens. */
+  userLen: number;
+  answerLen: number;
+  /** Mean user think time between turns, seconds. */
+  thinkTimeS: number;
+}
+
+export const MULTI_TURN_DEFAULTS: MultiTurnOptions = {
+  requests: 5_000,
+  seed: 1,
+  rate: 4,
+  meanTurns: 4,
+  systemPromptLen: 600,
+  userLen: 400,
+  answerLen: 350,
+  thinkTimeS: 30,
+};
+
+/** Plain chat sessions: a shared system prompt, then user message + answer appended per turn. */
+export function generateMultiTurn(opts: Partial<MultiTurnOptions> = {}): TraceRequest[] {
+  const o = { ...MULTI_TURN_DEFAULTS, ...opts };
+  const ids = new IdAllocator();
+  const system = new Context(ids);
+  system.append(o.systemPromptLen);
+  const base = system.snapshot();
+  let horizon = (1.5 * o.requests / o.rate) * 1000;
+  for (;;) {
+    const rng = new Rng(o.seed, 3);
+    const out: TraceRequest[] = [];
+    const meanGap = (1000 * o.meanTurns) / o.rate;
+    for (let start = rng.exp(meanGap); start < horizon; start += rng.exp(meanGap)) {
+      const ctx = new Context(ids, base);
+      // The first message is often a pasted document; later ones are short.
+      ctx.append(rng.logNormal(o.userLen * 3, 1.0));
+      let t = start;
+      for (;;) {
+        const answer = rng.logNormal(o.answerLen, 0.7);
+        out.push(request(t, ctx, answer));
+        if (rng.chance(1 / o.meanTurns) || t >= horizon) break;
+        ctx.append(answer + rng.logNormal(o.userLen, 0.9));
+        t += rng.exp(o.thinkTimeS * 1000);
+      }
+    }
+    if (out.length >= o.requests || horizon > 1e12) {
+      sortByTimestamp(out);
+      return out.slice(0, o.requests);
+    }
+    horizon *= 1.5;
+  }
+}
