@@ -1,0 +1,237 @@
+/**
+ * Index benchmark (issue 2, "Benchmarks"): KvIndex against a naive Map/Set baseline, side by side in one run, on the
+ * Mooncake conversation trace expanded to 16-token blocks, 64 sources with per-worker LRU caches.
+ *
+ *   npm run bench:index            (node --expose-gc --import tsx bench/index.bench.ts)
+ *   options: --trace PATH  --sources N  --capacity BLOCKS_PER_SOURCE  --no-baseline
+ *
+ * Phases per structure: build from the pre-generated event stream (timed chunk by chunk, event objects materialised
+ * untimed between chunks), heap delta, findMatches latency; GC pauses are attributed to the phase they start in.
+ */
+import { performance } from 'node:perf_hooks';
+import { cpus } from 'node:os';
+import { KvIndex } from '../src/core/index/kv-index.ts';
+import type { KvEvent } from '../src/core/types.ts';
+import { NaiveIndex } from './lib/naive-index.ts';
+import { GcLog, heapBytes, latency, type Latency } from './lib/measure.ts';
+import { BLOCK, buildWorkload, chunkBounds, loadTrace, materialize, requestSeqHashes, type Workload } from './lib/workload.ts';
+
+interface Target {
+  addSource(s: number): void;
+  apply(source: number, ev: KvEvent): { applied: number; rejected: number };
+  findMatches(seq: BigUint64Array): Int32Array;
+}
+
+function arg(name: string, fallback: string): string {
+  const i = process.argv.indexOf(`--${name}`);
+  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : fallback;
+}
+
+const TRACE = arg('trace', new URL('../../shared/data/mooncake_conversation_trace.jsonl', import.meta.url).pathname);
+const SOURCES = Number(arg('sources', '64'));
+const CAPACITY = Number(arg('capacity', '36000'));
+const BASELINE = !process.argv.includes('--no-baseline');
+const LONG_TOKENS = 131_072;
+const SHORT_TOKENS = 8_192;
+const CHUNK_BLOCKS = 250_000;
+
+const gcLog = new GcLog();
+const tick = () => new Promise<void>((r) => setImmediate(r));
+const t0 = performance.now();
+const log = (msg: string) => console.log(`[${((performance.now() - t0) / 1000).toFixed(1)}s] ${msg}`);
+
+interface BuildResult {
+  target: Target;
+  applyMs: number;
+  blockEvents: number;
+  rejected: number;
+  heapDelta: number;
+  windows: Array<[number, number]>;
+}
+
+async function build(w: Workload, make: () => Target, withTokens: boolean): Promise<BuildResult> {
+  const target = make();
+  for (let s = 0; s < w.sources; s++) target.addSource(s);
+  const before = heapBytes();
+  const bounds = chunkBounds(w, CHUNK_BLOCKS);
+  const windows: Array<[number, number]> = [];
+  let applyMs = 0;
+  let blockEvents = 0;
+  let rejected = 0;
+  for (let c = 0; c + 1 < bounds.length; c++) {
+    let events: ReturnType<typeof materialize> | null = materialize(w, bounds[c], bounds[c + 1], withTokens);
+    for (const { event } of events) if (event.kind !== 'cleared') blockEvents += event.engineIds.length;
+    await tick();
+    const start = performance.now();
+    for (let i = 0; i < events.length; i++) rejected += target.apply(events[i].source, events[i].event).rejected;
+    const end = performance.now();
+    applyMs += end - start;
+    windows.push([start, end]);
+    events = null;
+  }
+  const heapDelta = heapBytes() - before;
+  return { target, applyMs, blockEvents, rejected, heapDelta, windows };
+}
+
+interface FindResult {
+  short: Latency;
+  long: Latency;
+  window: [number, number];
+}
+
+function measureFind(target: Target, shortPrompts: BigUint64Array[], longPrompt: BigUint64Array, shortCalls: number, longCalls: number): FindResult {
+  const start = performance.now();
+  const short = latency(shortPrompts, shortCalls, (p) => target.findMatches(p));
+  const long = latency([longPrompt], longCalls, (p) => target.findMatches(p));
+  return { short, long, window: [start, performance.now()] };
+}
+
+function deepest(scores: Int32Array): number {
+  let d = 0;
+  for (let i = 0; i < scores.length; i++) if (scores[i] > d) d = scores[i];
+  return d;
+}
+
+const fmt = (n: number, digits = 0) => n.toLocaleString('en-US', { maximumFractionDigits: digits, minimumFractionDigits: digits });
+const mb = (b: number) => `${fmt(b / 2 ** 20, 1)} MiB`;
+
+async function main(): Promise<void> {
+  log(`node ${process.version}, ${cpus().length} cores (${cpus()[0]?.model ?? '?'})`);
+  const trace = loadTrace(TRACE);
+  const w = buildWorkload(trace, {
+    sources: SOURCES,
+    capacityPerSource: CAPACITY,
+    longProbeTokens: LONG_TOKENS,
+    longProbeSources: [0, Math.floor(SOURCES / 3), Math.floor((2 * SOURCES) / 3)],
+  });
+  const events = w.evKind.length;
+  log(
+    `workload: ${fmt(trace.length)} trace requests + ${w.probeRequests.length} x ${fmt(LONG_TOKENS)}-token probe, ` +
+      `${fmt(w.reqKeys.length)} router blocks (${BLOCK} tokens), round-robin over ${SOURCES} sources, LRU ${fmt(CAPACITY)} blocks/source`,
+  );
+  log(
+    `events: ${fmt(events)} (${fmt(w.storedBlocks)} stored + ${fmt(w.removedBlocks)} removed block events); ` +
+      `final (block, source) pairs ${fmt(w.finalPairs)}, distinct blocks ${fmt(w.distinctFinalBlocks)}`,
+  );
+
+  // Prompts for findMatches: recent trace prompts of >= 8k tokens, cut to 8k (still resident on the source they were
+  // routed to), and the 128k-token probe resident on three sources.
+  const shortPrompts: BigUint64Array[] = [];
+  const shortBlocks = SHORT_TOKENS / BLOCK;
+  for (let r = w.probeRequests[0] - 1; r >= 0 && shortPrompts.length < 64; r--) {
+    if (w.reqStart[r + 1] - w.reqStart[r] >= shortBlocks) shortPrompts.push(requestSeqHashes(w, r, shortBlocks));
+  }
+  const longPrompt = requestSeqHashes(w, w.probeRequests[0]);
+
+  const rows: Record<string, Record<string, string>> = {};
+  const expected: Int32Array[] = [];
+
+  // ---- KvIndex, tokens in events (the router hashes them).
+  let r = await build(w, () => new KvIndex({ blockSize: BLOCK }), true);
+  const idx = r.target as KvIndex;
+  const st = idx.stats();
+  log(`KvIndex (tokens): ${fmt(r.blockEvents / (r.applyMs / 1000))} block events/s, heap +${mb(r.heapDelta)}, rejected ${r.rejected}`);
+  for (const p of shortPrompts) expected.push(Int32Array.from(idx.findMatches(p)));
+  expected.push(Int32Array.from(idx.findMatches(longPrompt)));
+  const depth = shortPrompts.reduce((a, p) => a + deepest(idx.findMatches(p)), 0) / shortPrompts.length;
+  const longDepth = deepest(idx.findMatches(longPrompt));
+  const holders = Array.from(idx.findMatches(longPrompt)).filter((x) => x === longPrompt.length).length;
+  log(`probe depth: 8k prompts ${fmt(depth, 1)}/${shortBlocks} blocks (mean of best source), 128k prompt ${longDepth}/${longPrompt.length} on ${holders} sources`);
+  const fi = measureFind(idx, shortPrompts, longPrompt, 20_000, 2_000);
+  await gcLog.settle();
+  const idxGc = gcLog.longestIn([...r.windows, fi.window]);
+  rows['KvIndex'] = {
+    applyTok: fmt(r.blockEvents / (r.applyMs / 1000)),
+    memPair: fmt(r.heapDelta / w.finalPairs, 1),
+    memBlock: fmt(r.heapDelta / w.distinctFinalBlocks, 1),
+    heap: mb(r.heapDelta),
+    p99s: fmt(fi.short.p99, 1),
+    p50s: fmt(fi.short.p50, 1),
+    p99l: fmt(fi.long.p99, 1),
+    p50l: fmt(fi.long.p50, 1),
+    gc: idxGc ? `${fmt(idxGc.duration, 2)} (${idxGc.kind})` : '0',
+    pairs: fmt(st.pairs),
+    own: mb(st.bytes),
+  };
+  if (st.pairs !== w.finalPairs || r.rejected !== 0) console.log(`!! KvIndex pairs ${st.pairs} vs engines ${w.finalPairs}, rejected ${r.rejected}`);
+  r = null as unknown as BuildResult;
+
+  // ---- KvIndex, precomputed seqHashes (index cost alone).
+  r = await build(w, () => new KvIndex({ blockSize: BLOCK }), false);
+  await gcLog.settle();
+  rows['KvIndex'].applySeq = fmt(r.blockEvents / (r.applyMs / 1000));
+  const idxGc2 = gcLog.longestIn(r.windows);
+  if (idxGc2 && (!idxGc || idxGc2.duration > idxGc.duration)) rows['KvIndex'].gc = `${fmt(idxGc2.duration, 2)} (${idxGc2.kind})`;
+  log(`KvIndex (seqHashes): ${rows['KvIndex'].applySeq} block events/s, rejected ${r.rejected}`);
+  r = null as unknown as BuildResult;
+
+  if (BASELINE) {
+    r = await build(w, () => new NaiveIndex(BLOCK), true);
+    const naive = r.target as NaiveIndex;
+    log(`naive (tokens): ${fmt(r.blockEvents / (r.applyMs / 1000))} block events/s, heap +${mb(r.heapDelta)}, rejected ${r.rejected}`);
+    let agree = true;
+    shortPrompts.forEach((p, i) => {
+      const got = naive.findMatches(p);
+      for (let s = 0; s < SOURCES; s++) if (got[s] !== expected[i][s]) agree = false;
+    });
+    const gotLong = naive.findMatches(longPrompt);
+    for (let s = 0; s < SOURCES; s++) if (gotLong[s] !== expected[shortPrompts.length][s]) agree = false;
+    log(`findMatches results of KvIndex and baseline agree on every probe prompt: ${agree ? 'yes' : 'NO'}`);
+    const fn = measureFind(naive, shortPrompts, longPrompt, 5_000, 300);
+    await gcLog.settle();
+    const nGc = gcLog.longestIn([...r.windows, fn.window]);
+    rows['naive'] = {
+      applyTok: fmt(r.blockEvents / (r.applyMs / 1000)),
+      memPair: fmt(r.heapDelta / w.finalPairs, 1),
+      memBlock: fmt(r.heapDelta / w.distinctFinalBlocks, 1),
+      heap: mb(r.heapDelta),
+      p99s: fmt(fn.short.p99, 1),
+      p50s: fmt(fn.short.p50, 1),
+      p99l: fmt(fn.long.p99, 1),
+      p50l: fmt(fn.long.p50, 1),
+      gc: nGc ? `${fmt(nGc.duration, 2)} (${nGc.kind})` : '0',
+      pairs: fmt(naive.stats().pairs),
+      own: '-',
+    };
+    r = null as unknown as BuildResult;
+    r = await build(w, () => new NaiveIndex(BLOCK), false);
+    await gcLog.settle();
+    rows['naive'].applySeq = fmt(r.blockEvents / (r.applyMs / 1000));
+    const nGc2 = gcLog.longestIn(r.windows);
+    if (nGc2 && (!nGc || nGc2.duration > nGc.duration)) rows['naive'].gc = `${fmt(nGc2.duration, 2)} (${nGc2.kind})`;
+    log(`naive (seqHashes): ${rows['naive'].applySeq} block events/s, rejected ${r.rejected}`);
+    r = null as unknown as BuildResult;
+  }
+  await gcLog.settle();
+  const anyGc = gcLog.pauses.filter((p) => !p.forced).reduce((m, p) => Math.max(m, p.duration), 0);
+  gcLog.stop();
+
+  const metrics: Array<[string, string, string]> = [
+    ['apply, tokens in events (block events/s)', 'applyTok', '>= 2x baseline'],
+    ['apply, precomputed seqHashes (block events/s)', 'applySeq', '>= 2x baseline'],
+    ['memory per (block, source) pair (B)', 'memPair', '<= 64'],
+    ['memory per distinct block (B)', 'memBlock', '-'],
+    ['heap + arrayBuffers delta after build', 'heap', '-'],
+    ['findMatches 8k tokens p50 (us)', 'p50s', '-'],
+    ['findMatches 8k tokens p99 (us)', 'p99s', '<= 20'],
+    ['findMatches 128k tokens p50 (us)', 'p50l', '-'],
+    ['findMatches 128k tokens p99 (us)', 'p99l', '<= 200'],
+    ['longest GC pause in apply + find phases (ms)', 'gc', '<= 10'],
+    ['(block, source) pairs held at the end', 'pairs', '-'],
+  ];
+  console.log('');
+  console.log('| metric | KvIndex | naive baseline | target |');
+  console.log('|---|---:|---:|---|');
+  for (const [label, key, target] of metrics) {
+    console.log(`| ${label} | ${rows['KvIndex'][key]} | ${rows['naive']?.[key] ?? '-'} | ${target} |`);
+  }
+  if (rows['naive']) {
+    const ratio = (k: string) => (Number(rows['KvIndex'][k].replace(/,/g, '')) / Number(rows['naive'][k].replace(/,/g, ''))).toFixed(2);
+    console.log(`\napply speed-up vs baseline: ${ratio('applyTok')}x with hashing, ${ratio('applySeq')}x with precomputed hashes`);
+  }
+  console.log(`KvIndex own accounting of its arrays: ${rows['KvIndex'].own}`);
+  console.log(`longest GC pause anywhere in the run (incl. untimed event generation and the baseline): ${fmt(anyGc, 2)} ms`);
+  log('done');
+}
+
+await main();
