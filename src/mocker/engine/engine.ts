@@ -1,0 +1,602 @@
+/**
+ * The mock engine: a vLLM-v1-like continuous-batching scheduler over the paged prefix cache of cache.ts, with a step
+ * timing model. Pure and synchronous: time comes in as an argument; no timers, no I/O, no Math.random.
+ * See index.ts for the API contract.
+ */
+import { createHash } from 'node:crypto';
+import { SeqHasher, hashSeed } from '../../core/hashing.ts';
+import { GPU_MEDIUM } from '../../core/types.ts';
+import { BlockPool, type CachedBlockMeta } from './cache.ts';
+import { DEFAULT_POLYNOMIAL, stepDurationMs, type StepWork, type TimingModel } from './timing.ts';
+
+export interface EngineConfig {
+  /** Tokens per KV block (vLLM default 16). */
+  blockSize: number;
+  numGpuBlocks: number;
+  /** Max running requests (vLLM --max-num-seqs). */
+  maxNumSeqs: number;
+  /** Token budget per step (vLLM --max-num-batched-tokens); prefill is chunked to fit. */
+  maxNumBatchedTokens: number;
+  /** Prompt + output limit in tokens. */
+  maxModelLen: number;
+  enablePrefixCaching: boolean;
+  timing: TimingModel;
+  /** Output token ids are drawn from [0, vocabSize). */
+  vocabSize: number;
+  /** Mixed into every request's output seed. */
+  seed: number;
+}
+
+export const DEFAULT_ENGINE_CONFIG: EngineConfig = {
+  blockSize: 16,
+  numGpuBlocks: 16384,
+  maxNumSeqs: 256,
+  maxNumBatchedTokens: 8192,
+  maxModelLen: 32768,
+  enablePrefixCaching: true,
+  timing: DEFAULT_POLYNOMIAL,
+  vocabSize: 32000,
+  seed: 0,
+};
+
+export interface EngineRequest {
+  readonly requestId: string;
+  readonly promptTokens: readonly number[];
+  /** Output tokens to generate (the request finishes with reason "length" after this many). */
+  readonly maxTokens: number;
+  readonly loraName?: string | null;
+  readonly cacheSalt?: string | null;
+  /** Output seed; default derived from the prompt tokens, so the same prompt yields the same output. */
+  readonly seed?: number;
+}
+
+/** Newly cached full blocks of one request in one step (one vLLM BlockStored). Structurally a core StoredEvent. */
+export interface EngineStoredEvent {
+  readonly kind: 'stored';
+  readonly parent: bigint | null;
+  readonly parentDigest: Uint8Array | null;
+  readonly engineIds: bigint[];
+  readonly digests: Uint8Array[];
+  /** Tokens of the new blocks only: engineIds.length * blockSize. */
+  readonly tokens: number[];
+  readonly blockSize: number;
+  readonly loraName: string | null;
+  /** Stable small id per LoRA name in this engine (vLLM's lora_id), null without LoRA. */
+  readonly loraId: number | null;
+  readonly cacheSalt: string | null;
+  /** One entry per block as vLLM sends them: [lora_name?, cache_salt (first block only)?] or null. */
+  readonly extraKeys: (string[] | null)[];
+  readonly medium: string;
+  /** Router sequence hashes of the blocks (for tests; a real engine never sends these). */
+  readonly routerSeqHashes: bigint[];
+}
+
+export interface EngineRemovedEvent {
+  readonly kind: 'removed';
+  readonly engineIds: bigint[];
+  readonly digests: Uint8Array[];
+  readonly medium: string;
+}
+
+export type EngineEvent = EngineStoredEvent | EngineRemovedEvent;
+
+export interface RequestOutput {
+  readonly requestId: string;
+  /** Tokens produced by this step (0 or 1). */
+  readonly newTokens: number[];
+  /** True when `newTokens` holds the request's first output token. */
+  readonly firstToken: boolean;
+  readonly finished: boolean;
+  readonly finishReason: 'length' | null;
+  readonly promptTokens: number;
+  readonly completionTokens: number;
+  /** Prompt tokens served from the prefix cache at first scheduling (vLLM's num_cached_tokens). */
+  readonly cachedTokens: number;
+  /** Engine-clock times (ms): arrival, and the end of the step that produced the first token. */
+  readonly arrivalMs: number;
+  readonly firstTokenMs: number | null;
+}
+
+export interface StepResult {
+  /** Modelled duration; outputs and events become visible at now + durationMs. 0 when nothing was scheduled. */
+  readonly durationMs: number;
+  /** Events in the order they happened (evictions during scheduling, then blocks cached by the step). */
+  readonly events: EngineEvent[];
+  readonly outputs: RequestOutput[];
+  readonly scheduledRequests: number;
+  readonly scheduledTokens: number;
+  readonly preempted: string[];
+}
+
+export interface EngineCounters {
+  /** Prompt tokens queried against the prefix cache (first scheduling; recomputes after preemption excluded, as vLLM). */
+  prefixCacheQueries: number;
+  /** Of those, tokens served from the cache. */
+  prefixCacheHits: number;
+  promptTokens: number;
+  generationTokens: number;
+  preemptions: number;
+  requestsFinished: number;
+  requestsAborted: number;
+  steps: number;
+  blocksStored: number;
+  blocksEvicted: number;
+}
+
+export interface DumpBlock {
+  readonly engineId: bigint;
+  readonly parentEngineId: bigint | null;
+  readonly digest: Uint8Array;
+  /** Router-compatible sequence hash (src/core/hashing.ts with the request's lora/salt seed). */
+  readonly seqHash: bigint;
+  readonly tokens: readonly number[];
+  readonly loraName: string | null;
+  readonly cacheSalt: string | null;
+  readonly refCount: number;
+}
+
+export class EngineInputError extends Error {
+  constructor(
+    message: string,
+    readonly code: 'empty_prompt' | 'bad_max_tokens' | 'too_long' | 'too_many_blocks' | 'duplicate_request' | 'bad_token',
+  ) {
+    super(message);
+    this.name = 'EngineInputError';
+  }
+}
+
+type Status = 'waiting' | 'running';
+
+class Req {
+  readonly tokens: number[];
+  readonly promptLen: number;
+  numComputed = 0;
+  blocks: number[] = [];
+  /** Leading blocks of `blocks` that are registered in the cache. */
+  numCachedBlocks = 0;
+  cachedTokens = -1;
+  firstTokenMs: number | null = null;
+  numPreemptions = 0;
+  status: Status = 'waiting';
+  readonly hasher: SeqHasher;
+  readonly seed: number;
+
+  constructor(
+    readonly input: EngineRequest,
+    readonly arrivalMs: number,
+    blockSize: number,
+    engineSeed: number,
+  ) {
+    this.tokens = input.promptTokens.slice();
+    this.promptLen = this.tokens.length;
+    this.hasher = new SeqHasher(blockSize, hashSeed(input.loraName, input.cacheSalt));
+    this.hasher.extend(this.tokens);
+    this.seed = (input.seed ?? promptSeed(input.promptTokens)) ^ engineSeed;
+  }
+
+  get outputs(): number {
+    return this.tokens.length - this.promptLen;
+  }
+}
+
+/** FNV-1a over the prompt's token ids: the default output seed (same prompt, same output, like temperature 0). */
+function promptSeed(tokens: readonly number[]): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < tokens.length; i++) {
+    h = Math.imul(h ^ (tokens[i] & 0xffff), 0x01000193);
+    h = Math.imul(h ^ (tokens[i] >>> 16), 0x01000193);
+  }
+  return h >>> 0;
+}
+
+/** Output token `index` of a request with output seed `seed` (a stateless integer hash, so preemption cannot change it). */
+export function outputToken(seed: number, index: number, vocabSize: number): number {
+  let x = (seed ^ Math.imul(index + 1, 0x9e3779b9)) >>> 0;
+  x = Math.imul(x ^ (x >>> 16), 0x85ebca6b);
+  x = Math.imul(x ^ (x >>> 13), 0xc2b2ae35);
+  x = (x ^ (x >>> 16)) >>> 0;
+  return x % vocabSize;
+}
+
+/** The output tokens a request will get: for tests and clients that want to predict them. */
+export function expectedOutputTokens(req: Pick<EngineRequest, 'promptTokens' | 'seed'>, n: number, vocabSize: number, engineSeed = 0): number[] {
+  const seed = (req.seed ?? promptSeed(req.promptTokens)) ^ engineSeed;
+  return Array.from({ length: n }, (_, i) => outputToken(seed, i, vocabSize));
+}
+
+const ZERO_DIGEST = new Uint8Array(32);
+
+export class MockEngine {
+  readonly config: EngineConfig;
+  private pool: BlockPool;
+  private readonly requests = new Map<string, Req>();
+  private waiting: Req[] = [];
+  private running: Req[] = [];
+  private pendingEvents: EngineEvent[] = [];
+  private readonly loraIds = new Map<string, number>();
+  counters: EngineCounters = MockEngine.zeroCounters();
+
+  constructor(config: Partial<EngineConfig> = {}) {
+    this.config = { ...DEFAULT_ENGINE_CONFIG, ...config };
+    const c = this.config;
+    for (const k of ['blockSize', 'numGpuBlocks', 'maxNumSeqs', 'maxNumBatchedTokens', 'maxModelLen', 'vocabSize'] as const) {
+      if (!Number.isInteger(c[k]) || c[k] < 1) throw new RangeError(`${k} must be a positive integer, got ${c[k]}`);
+    }
+    this.pool = this.newPool();
+  }
+
+  private static zeroCounters(): EngineCounters {
+    return {
+      prefixCacheQueries: 0,
+      prefixCacheHits: 0,
+      promptTokens: 0,
+      generationTokens: 0,
+      preemptions: 0,
+      requestsFinished: 0,
+      requestsAborted: 0,
+      steps: 0,
+      blocksStored: 0,
+      blocksEvicted: 0,
+    };
+  }
+
+  private newPool(): BlockPool {
+    return new BlockPool(this.config.numGpuBlocks, (m) => {
+      this.counters.blocksEvicted++;
+      // vLLM emits one BlockRemoved per evicted block.
+      this.pendingEvents.push({ kind: 'removed', engineIds: [m.engineId], digests: [m.digest], medium: GPU_MEDIUM });
+    });
+  }
+
+  get numRunning(): number {
+    return this.running.length;
+  }
+
+  get numWaiting(): number {
+    return this.waiting.length;
+  }
+
+  /** Fraction of blocks in use (refCount > 0); cached-but-free blocks do not count, as vLLM's kv_cache_usage_perc. */
+  get kvUsage(): number {
+    return this.pool.usedBlocks / this.pool.numBlocks;
+  }
+
+  get cachedBlocks(): number {
+    return this.pool.cachedBlocks;
+  }
+
+  /** True when a step would schedule something. */
+  hasWork(): boolean {
+    return this.running.length > 0 || this.waiting.length > 0;
+  }
+
+  has(requestId: string): boolean {
+    return this.requests.has(requestId);
+  }
+
+  /** Validates and queues a request. Throws EngineInputError on input that could never be served. */
+  addRequest(req: EngineRequest, nowMs: number): void {
+    const c = this.config;
+    const n = req.promptTokens.length;
+    if (this.requests.has(req.requestId)) throw new EngineInputError(`request id ${req.requestId} is already in the engine`, 'duplicate_request');
+    if (n === 0) throw new EngineInputError('prompt must contain at least one token', 'empty_prompt');
+    for (const t of req.promptTokens) {
+      if (!Number.isInteger(t) || t < 0 || t > 0xffffffff) throw new EngineInputError(`token id ${t} is not an unsigned 32-bit integer`, 'bad_token');
+    }
+    if (!Number.isInteger(req.maxTokens) || req.maxTokens < 1) throw new EngineInputError(`max_tokens must be a positive integer, got ${req.maxTokens}`, 'bad_max_tokens');
+    if (n + req.maxTokens > c.maxModelLen) {
+      throw new EngineInputError(
+        `This model's maximum context length is ${c.maxModelLen} tokens. However, you requested ${n + req.maxTokens} tokens (${n} in the messages, ${req.maxTokens} in the completion).`,
+        'too_long',
+      );
+    }
+    // The KV of the last output token is never computed.
+    const needBlocks = Math.ceil((n + req.maxTokens - 1) / c.blockSize);
+    if (needBlocks > c.numGpuBlocks) {
+      throw new EngineInputError(`request needs ${needBlocks} KV blocks but the engine has ${c.numGpuBlocks}`, 'too_many_blocks');
+    }
+    const r = new Req(req, nowMs, c.blockSize, c.seed);
+    this.requests.set(req.requestId, r);
+    this.waiting.push(r);
+  }
+
+  /** Removes a request wherever it is (client went away); its cached blocks stay cached. */
+  abort(requestId: string): boolean {
+    const r = this.requests.get(requestId);
+    if (!r) return false;
+    this.requests.delete(requestId);
+    const q = r.status === 'running' ? this.running : this.waiting;
+    const i = q.indexOf(r);
+    if (i >= 0) q.splice(i, 1);
+    this.pool.release(r.blocks);
+    r.blocks = [];
+    this.counters.requestsAborted++;
+    return true;
+  }
+
+  /** A restart: every request dropped, the cache emptied, counters zeroed, no event emitted. Returns the dropped ids. */
+  reset(): string[] {
+    const ids = [...this.requests.keys()];
+    this.requests.clear();
+    this.waiting = [];
+    this.running = [];
+    this.pendingEvents = [];
+    this.loraIds.clear();
+    this.counters = MockEngine.zeroCounters();
+    this.pool = this.newPool();
+    return ids;
+  }
+
+  /** Runs one scheduler step starting at `nowMs`. */
+  step(nowMs: number): StepResult {
+    const c = this.config;
+    const bs = c.blockSize;
+    let budget = c.maxNumBatchedTokens;
+    const scheduled: { r: Req; numNew: number }[] = [];
+    const preempted: string[] = [];
+
+    // 1. Running requests first (decodes and unfinished prefill chunks), FCFS; preempt from the back when blocks run out.
+    let i = 0;
+    while (i < this.running.length && budget > 0) {
+      const r = this.running[i];
+      const numNew = Math.min(r.tokens.length - r.numComputed, budget);
+      let ok = false;
+      for (;;) {
+        if (this.allocateSlots(r, r.numComputed + numNew, null)) {
+          ok = true;
+          break;
+        }
+        const victim = this.running.pop()!;
+        this.preempt(victim);
+        preempted.push(victim.input.requestId);
+        if (victim === r) break;
+      }
+      if (!ok) break;
+      scheduled.push({ r, numNew });
+      budget -= numNew;
+      i++;
+    }
+
+    // 2. Waiting requests (new and preempted), only when nothing was preempted this step (as vLLM).
+    if (preempted.length === 0) {
+      while (this.waiting.length > 0 && budget > 0 && this.running.length < c.maxNumSeqs) {
+        const r = this.waiting[0];
+        const hit =
+          c.enablePrefixCaching && r.numComputed === 0
+            ? this.pool.matchPrefix(r.hasher.seqHashes(), Math.floor((r.tokens.length - 1) / bs))
+            : [];
+        const computed = hit.length * bs;
+        const numNew = Math.min(r.tokens.length - computed, budget);
+        if (!this.allocateSlots(r, computed + numNew, hit)) break;
+        this.waiting.shift();
+        this.running.push(r);
+        r.status = 'running';
+        r.numComputed = computed;
+        r.numCachedBlocks = hit.length;
+        if (r.cachedTokens < 0) {
+          r.cachedTokens = computed;
+          this.counters.promptTokens += r.promptLen;
+        }
+        if (r.numPreemptions === 0) {
+          this.counters.prefixCacheQueries += r.tokens.length;
+          this.counters.prefixCacheHits += computed;
+        }
+        scheduled.push({ r, numNew });
+        budget -= numNew;
+      }
+    }
+
+    if (scheduled.length === 0) {
+      const events = this.pendingEvents;
+      this.pendingEvents = [];
+      return { durationMs: 0, events, outputs: [], scheduledRequests: 0, scheduledTokens: 0, preempted };
+    }
+
+    // 3. Execute: account the work, cache newly full blocks, sample one token per request whose tokens are all computed.
+    const work: StepWork = { prefillTokens: 0, prefillAttnTokens2: 0, decodeRequests: 0, decodeContextTokens: 0, kvUsage: this.kvUsage };
+    for (const { r, numNew } of scheduled) {
+      const before = r.numComputed;
+      if (r.outputs > 0 && before === r.tokens.length - 1 && numNew === 1) {
+        work.decodeRequests++;
+        work.decodeContextTokens += before + 1;
+      } else {
+        work.prefillTokens += numNew;
+        work.prefillAttnTokens2 += numNew * (2 * before + numNew);
+      }
+      r.numComputed += numNew;
+      if (c.enablePrefixCaching) this.cacheFullBlocks(r);
+    }
+    const durationMs = stepDurationMs(c.timing, work);
+    const endMs = nowMs + durationMs;
+    const outputs: RequestOutput[] = [];
+    const finished: Req[] = [];
+    for (const { r } of scheduled) {
+      if (r.numComputed < r.tokens.length) continue; // a prefill chunk that did not reach the end
+      const tok = outputToken(r.seed, r.outputs, c.vocabSize);
+      r.tokens.push(tok);
+      r.hasher.extend([tok]);
+      this.counters.generationTokens++;
+      const first = r.firstTokenMs === null;
+      if (first) r.firstTokenMs = endMs;
+      const done = r.outputs >= r.input.maxTokens || r.tokens.length >= c.maxModelLen;
+      if (done) finished.push(r);
+      outputs.push({
+        requestId: r.input.requestId,
+        newTokens: [tok],
+        firstToken: first,
+        finished: done,
+        finishReason: done ? 'length' : null,
+        promptTokens: r.promptLen,
+        completionTokens: r.outputs,
+        cachedTokens: r.cachedTokens,
+        arrivalMs: r.arrivalMs,
+        firstTokenMs: r.firstTokenMs,
+      });
+    }
+    for (const r of finished) {
+      this.running.splice(this.running.indexOf(r), 1);
+      this.requests.delete(r.input.requestId);
+      this.pool.release(r.blocks);
+      r.blocks = [];
+      this.counters.requestsFinished++;
+    }
+    this.counters.steps++;
+    const events = this.pendingEvents;
+    this.pendingEvents = [];
+    let scheduledTokens = 0;
+    for (const s of scheduled) scheduledTokens += s.numNew;
+    return { durationMs, events, outputs, scheduledRequests: scheduled.length, scheduledTokens, preempted };
+  }
+
+  /**
+   * Makes `r` hold enough blocks for `totalTokens` tokens, first taking the prefix-hit blocks `hit` (new admissions).
+   * All or nothing: returns false without side effects when the free blocks do not suffice.
+   */
+  private allocateSlots(r: Req, totalTokens: number, hit: number[] | null): boolean {
+    const need = Math.ceil(totalTokens / this.config.blockSize);
+    const have = r.blocks.length + (hit ? hit.length : 0);
+    const fresh = Math.max(0, need - have);
+    let evictableHits = 0;
+    if (hit) for (const b of hit) if (this.pool.refCount(b) === 0) evictableHits++;
+    if (fresh > this.pool.freeBlocks - evictableHits) return false;
+    if (hit) {
+      for (const b of hit) {
+        this.pool.touch(b);
+        r.blocks.push(b);
+      }
+    }
+    for (let k = 0; k < fresh; k++) r.blocks.push(this.pool.allocate());
+    return true;
+  }
+
+  private preempt(r: Req): void {
+    this.pool.release(r.blocks);
+    r.blocks = [];
+    r.numComputed = 0;
+    r.numCachedBlocks = 0;
+    r.numPreemptions++;
+    r.status = 'waiting';
+    this.waiting.unshift(r);
+    this.counters.preemptions++;
+  }
+
+  /** Registers r's blocks that became full with this step's computed tokens, announcing them as one event per run. */
+  private cacheFullBlocks(r: Req): void {
+    const bs = this.config.blockSize;
+    const full = Math.floor(r.numComputed / bs);
+    if (full <= r.numCachedBlocks) return;
+    const seqs = r.hasher.seqHashes();
+    const loraName = r.input.loraName || null;
+    const cacheSalt = r.input.cacheSalt || null;
+    let run: EngineStoredEvent | null = null;
+    for (let j = r.numCachedBlocks; j < full; j++) {
+      const seqHash = seqs[j];
+      const existing = this.pool.lookup(seqHash);
+      if (existing >= 0 && existing !== r.blocks[j]) {
+        // Another request cached the same block meanwhile: share it and drop our copy (no duplicate announced).
+        this.pool.touch(existing);
+        this.pool.release([r.blocks[j]]);
+        r.blocks[j] = existing;
+        run = null;
+        continue;
+      }
+      const parent = j > 0 ? this.pool.metaOf(r.blocks[j - 1]) : null;
+      const tokens = r.tokens.slice(j * bs, (j + 1) * bs);
+      const extra: string[] = [];
+      if (loraName) extra.push(loraName);
+      if (j === 0 && cacheSalt) extra.push(cacheSalt);
+      const digest = engineDigest(parent ? parent.digest : ZERO_DIGEST, tokens, extra);
+      const engineId = Buffer.from(digest.buffer, digest.byteOffset, 32).readBigUInt64BE(24);
+      const meta: CachedBlockMeta = { seqHash, engineId, digest, parentEngineId: parent ? parent.engineId : null, tokens, loraName, cacheSalt };
+      this.pool.register(r.blocks[j], meta);
+      this.counters.blocksStored++;
+      if (run === null) {
+        run = {
+          kind: 'stored',
+          parent: meta.parentEngineId,
+          parentDigest: parent ? parent.digest : null,
+          engineIds: [],
+          digests: [],
+          tokens: [],
+          blockSize: bs,
+          loraName,
+          loraId: loraName ? this.loraId(loraName) : null,
+          cacheSalt,
+          extraKeys: [],
+          medium: GPU_MEDIUM,
+          routerSeqHashes: [],
+        };
+        this.pendingEvents.push(run);
+      }
+      run.engineIds.push(engineId);
+      run.digests.push(digest);
+      for (const t of tokens) run.tokens.push(t);
+      run.extraKeys.push(extra.length > 0 ? extra : null);
+      run.routerSeqHashes.push(seqHash);
+    }
+    r.numCachedBlocks = full;
+  }
+
+  private loraId(name: string): number {
+    let id = this.loraIds.get(name);
+    if (id === undefined) {
+      id = this.loraIds.size + 1;
+      this.loraIds.set(name, id);
+    }
+    return id;
+  }
+
+  /** The cached blocks (the truth the router's index should converge to). */
+  dump(): DumpBlock[] {
+    const out: DumpBlock[] = [];
+    for (const { meta, refCount } of this.pool.cached()) {
+      out.push({
+        engineId: meta.engineId,
+        parentEngineId: meta.parentEngineId,
+        digest: meta.digest,
+        seqHash: meta.seqHash,
+        tokens: meta.tokens,
+        loraName: meta.loraName,
+        cacheSalt: meta.cacheSalt,
+        refCount,
+      });
+    }
+    return out;
+  }
+
+  /** Router sequence hashes of every cached block. */
+  cachedSeqHashes(): Set<bigint> {
+    const s = new Set<bigint>();
+    for (const { meta } of this.pool.cached()) s.add(meta.seqHash);
+    return s;
+  }
+
+  /** Consistency checks for tests: throws on a broken invariant. */
+  checkInvariants(): void {
+    const refs = new Map<number, number>();
+    for (const r of [...this.running, ...this.waiting]) {
+      for (const b of r.blocks) refs.set(b, (refs.get(b) ?? 0) + 1);
+      if (r.status === 'waiting' && r.blocks.length > 0) throw new Error(`waiting request ${r.input.requestId} holds blocks`);
+      if (r.blocks.length * this.config.blockSize < r.numComputed) throw new Error(`request ${r.input.requestId} computed past its blocks`);
+    }
+    let used = 0;
+    for (let b = 0; b < this.pool.numBlocks; b++) {
+      const want = refs.get(b) ?? 0;
+      if (this.pool.refCount(b) !== want) throw new Error(`block ${b}: refCount ${this.pool.refCount(b)}, held by ${want}`);
+      if (want > 0) used++;
+    }
+    if (used !== this.pool.usedBlocks) throw new Error(`used ${this.pool.usedBlocks} != held ${used}`);
+    if (this.running.length > this.config.maxNumSeqs) throw new Error('running exceeds maxNumSeqs');
+  }
+}
+
+/** sha256(parent digest ‖ LE u32 tokens ‖ JSON extra keys): the engine's own block id chain, unrelated to the router's. */
+function engineDigest(parent: Uint8Array, tokens: readonly number[], extra: string[]): Uint8Array {
+  const h = createHash('sha256');
+  h.update(parent);
+  const buf = Buffer.allocUnsafe(tokens.length * 4);
+  for (let i = 0; i < tokens.length; i++) buf.writeUInt32LE(tokens[i] >>> 0, i * 4);
+  h.update(buf);
+  if (extra.length > 0) h.update(JSON.stringify(extra));
+  return new Uint8Array(h.digest());
+}
