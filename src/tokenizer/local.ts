@@ -1,0 +1,155 @@
+/**
+ * The router's local tokenizer: a model's tokenizer.json + tokenizer_config.json, with a segment cache so each turn of
+ * a long conversation only tokenizes what is new.
+ *
+ * Why segments: BPE is not prefix-stable at arbitrary cut points (a cut inside a word changes the merges on both
+ * sides), but HF tokenizers extract added tokens (<|im_start|>, <|im_end|>, <think>, ...) before normalising and
+ * pre-tokenizing, and tokenize the text between them independently. Splitting at exactly those tokens therefore gives
+ * the ids of a whole-text encode, and the text between two added tokens (a message body, a role header) is the unit
+ * cached. Tokenizers whose added tokens strip neighbouring whitespace or match after normalisation would break that
+ * independence; for them the cache is switched off and every prompt is encoded whole.
+ */
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { Tokenizer } from '@huggingface/tokenizers';
+import { ChatTemplate, type ChatPromptInput } from './chat.ts';
+import { WeightedLru } from './lru.ts';
+
+interface AddedTokenSpec {
+  id: number;
+  content: string;
+  single_word?: boolean;
+  lstrip?: boolean;
+  rstrip?: boolean;
+  normalized?: boolean;
+  special?: boolean;
+}
+
+export interface LocalTokenizerOptions {
+  /** Segment cache budget in characters of cached text. Default 64 M (a few hundred MB at most). */
+  readonly cacheChars?: number;
+  /** Segments shorter than this are encoded directly: the lookup would cost about as much. Default 32. */
+  readonly minCachedChars?: number;
+}
+
+export interface TokenizeStats {
+  readonly segments: number;
+  readonly cachedSegments: number;
+  readonly encodedChars: number;
+}
+
+function escapeRegExp(s: string): string {
+  return s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+}
+
+export class LocalTokenizer {
+  readonly chat: ChatTemplate;
+  /** Added token content -> id, for segments that are added tokens themselves. */
+  private readonly addedIds = new Map<string, number>();
+  private readonly splitter: RegExp | null;
+  private readonly cache: WeightedLru<string, readonly number[]>;
+  private readonly minCached: number;
+  /** False when the tokenizer's added tokens make segment-wise encoding unsafe (see the file comment). */
+  readonly segmentCaching: boolean;
+  private lastStats: TokenizeStats = { segments: 0, cachedSegments: 0, encodedChars: 0 };
+
+  constructor(
+    readonly tokenizer: Tokenizer,
+    tokenizerJson: { added_tokens?: AddedTokenSpec[] },
+    readonly config: Record<string, unknown>,
+    options: LocalTokenizerOptions = {},
+  ) {
+    this.chat = new ChatTemplate(config);
+    this.cache = new WeightedLru(options.cacheChars ?? 64 * 1024 * 1024);
+    this.minCached = options.minCachedChars ?? 32;
+    const added = tokenizerJson.added_tokens ?? [];
+    let safe = added.length > 0;
+    for (const t of added) {
+      if (t.lstrip || t.rstrip || t.single_word || t.normalized) safe = false;
+      this.addedIds.set(t.content, t.id);
+    }
+    this.segmentCaching = safe;
+    this.splitter = safe
+      ? new RegExp(
+          `(${[...this.addedIds.keys()]
+            .sort((a, b) => b.length - a.length) // longest first, as the tokenizer's trie does
+            .map(escapeRegExp)
+            .join('|')})`,
+        )
+      : null;
+  }
+
+  /** Loads `tokenizer.json` and `tokenizer_config.json` from a directory (a Hugging Face model snapshot). */
+  static async load(dir: string, options?: LocalTokenizerOptions): Promise<LocalTokenizer> {
+    const [tj, tc] = await Promise.all([
+      readFile(join(dir, 'tokenizer.json'), 'utf8'),
+      readFile(join(dir, 'tokenizer_config.json'), 'utf8').catch(() => '{}'),
+    ]);
+    const tokenizerJson = JSON.parse(tj);
+    const config = JSON.parse(tc);
+    return new LocalTokenizer(new Tokenizer(tokenizerJson, config), tokenizerJson, config, options);
+  }
+
+  /** Encodes the whole text in one go: the reference the cached path must equal. */
+  encodeCold(text: string, addSpecialTokens = false): number[] {
+    return this.tokenizer.encode(text, { add_special_tokens: addSpecialTokens }).ids;
+  }
+
+  /** Encodes text without special tokens, reusing cached segments. Equal to `encodeCold(text)`. */
+  encode(text: string): number[] {
+    if (!this.splitter) {
+      this.lastStats = { segments: 1, cachedSegments: 0, encodedChars: text.length };
+      return this.encodeCold(text);
+    }
+    const parts = text.split(this.splitter);
+    const out: number[] = [];
+    let cachedSegments = 0;
+    let encodedChars = 0;
+    // split() with one capture group alternates text, token, text, token, ...: odd indices are added tokens.
+    for (let i = 0; i < parts.length; i++) {
+      const part = parts[i];
+      if (i & 1) {
+        out.push(this.addedIds.get(part)!);
+        continue;
+      }
+      if (part.length === 0) continue;
+      if (part.length < this.minCached) {
+        const ids = this.encodeCold(part);
+        for (let k = 0; k < ids.length; k++) out.push(ids[k]);
+        continue;
+      }
+      let ids = this.cache.get(part);
+      if (ids) cachedSegments++;
+      else {
+        ids = this.encodeCold(part);
+        encodedChars += part.length;
+        this.cache.set(part, ids, part.length);
+      }
+      for (let k = 0; k < ids.length; k++) out.push(ids[k]);
+    }
+    this.lastStats = { segments: (parts.length + 1) >> 1, cachedSegments, encodedChars };
+    return out;
+  }
+
+  /** Prompt of a completion request: vLLM encodes completion prompts with the tokenizer's special tokens. */
+  encodePrompt(text: string): number[] {
+    // Tokenizers whose post-processor adds nothing (Qwen) can take the cached path; others (a BOS) encode whole.
+    this.addsSpecial ??= this.encodeCold('', true).length > 0;
+    return this.addsSpecial ? this.encodeCold(text, true) : this.encode(text);
+  }
+  private addsSpecial: boolean | undefined;
+
+  /** Renders a chat request with the model's template and encodes it without special tokens (as vLLM does). */
+  encodeChat(input: ChatPromptInput): number[] {
+    return this.encode(this.chat.render(input));
+  }
+
+  /** Segment statistics of the last encode() call, for benchmarks and tests. */
+  get stats(): TokenizeStats {
+    return this.lastStats;
+  }
+
+  get cacheInfo(): { entries: number; chars: number; hits: number; misses: number } {
+    return { entries: this.cache.size, chars: this.cache.weight, hits: this.cache.hits, misses: this.cache.misses };
+  }
+}
