@@ -1,0 +1,154 @@
+/**
+ * Per-source state that turns decoded events into events the core index can apply correctly. Pure (no I/O).
+ *
+ * - Block size: learned from Stored events. A size other than the router's is reported once (via `onMismatch`) and
+ *   counted; a multiple passes (KvIndex splits it), anything else is quarantined: dropped and counted, together with
+ *   every block chained under it (their router hashes cannot be computed either).
+ * - cache_salt: vLLM puts it in the extra keys of a sequence's first block only, but it seeds every block of the
+ *   sequence (REFERENCE section 1), so continuation events inherit it from their parent.
+ * - Multimodal blocks (skipped by the decoder) poison their descendants the same way: skipped and counted.
+ * - KV-cache groups: only group 0 is indexed (in hybrid models other groups repeat the same tokens with other ids,
+ *   e.g. sliding-window layers that evict on their own schedule); other groups are counted and dropped.
+ * - Offload tiers (medium other than GPU): tracked here by engine id per medium, and passed through unchanged (the
+ *   core index currently counts them as `unsupported_medium`).
+ */
+import { GPU_MEDIUM, type EngineBlockId, type KvEvent, type StoredEvent } from '../core/types.ts';
+import type { DecodedBatch } from '../engines/vllm.ts';
+
+export interface AnnotatorCounters {
+  blockSizeMismatchEvents: number;
+  quarantinedBlocks: number;
+  multimodalBlocks: number;
+  otherGroupEvents: number;
+  offloadEvents: number;
+}
+
+type SkipCause = 'multimodal' | 'quarantine';
+
+export class SourceAnnotator {
+  /** Engine block size last seen in a Stored event (null until one arrives). */
+  engineBlockSize: number | null = null;
+  readonly counters: AnnotatorCounters = {
+    blockSizeMismatchEvents: 0,
+    quarantinedBlocks: 0,
+    multimodalBlocks: 0,
+    otherGroupEvents: 0,
+    offloadEvents: 0,
+  };
+  private readonly skipped = new Map<EngineBlockId, SkipCause>();
+  private readonly salts = new Map<EngineBlockId, string>();
+  private readonly tiers = new Map<string, Set<EngineBlockId>>();
+  private mismatchReported = false;
+
+  constructor(
+    private readonly routerBlockSize: number,
+    private readonly onMismatch: (engineBlockSize: number, routerBlockSize: number, splittable: boolean) => void = () => {},
+  ) {}
+
+  /** Forgets everything known about the source's cache (reset or AllBlocksCleared). */
+  reset(): void {
+    this.skipped.clear();
+    this.salts.clear();
+    this.tiers.clear();
+  }
+
+  /** Blocks held per lower tier (by medium), as announced by the engine. */
+  tierBlocks(): Record<string, number> {
+    const out: Record<string, number> = {};
+    for (const [medium, ids] of this.tiers) if (ids.size > 0) out[medium] = ids.size;
+    return out;
+  }
+
+  /** Events of one decoded batch, ready for the index, in order. */
+  process(batch: DecodedBatch): KvEvent[] {
+    this.counters.multimodalBlocks += batch.counts.multimodalBlocks;
+    // Skipped ids of the batch: mark them before the events so later events in the batch see them.
+    for (const id of batch.skippedIds) this.skipped.set(id, 'multimodal');
+    const out: KvEvent[] = [];
+    for (const ev of batch.events) {
+      const r = this.one(ev);
+      if (r) out.push(r);
+    }
+    return out;
+  }
+
+  private one(ev: KvEvent): KvEvent | null {
+    switch (ev.kind) {
+      case 'cleared':
+        this.reset();
+        return ev;
+      case 'removed': {
+        if (ev.medium !== undefined && ev.medium !== GPU_MEDIUM) {
+          this.counters.offloadEvents++;
+          const tier = this.tiers.get(ev.medium);
+          if (tier) for (const id of ev.engineIds) tier.delete(id);
+          return ev;
+        }
+        if ((ev.groupIdx ?? 0) !== 0) {
+          this.counters.otherGroupEvents++;
+          return null;
+        }
+        let keep: EngineBlockId[] | null = null;
+        for (let i = 0; i < ev.engineIds.length; i++) {
+          const id = ev.engineIds[i];
+          this.salts.delete(id);
+          if (this.skipped.delete(id)) {
+            // The index never saw it: removing it there would only count an unknown block.
+            if (!keep) keep = ev.engineIds.slice(0, i);
+          } else if (keep) {
+            keep.push(id);
+          }
+        }
+        if (!keep) return ev;
+        return keep.length > 0 ? { ...ev, engineIds: keep } : null;
+      }
+      case 'stored':
+        return this.stored(ev);
+      default:
+        return null;
+    }
+  }
+
+  private stored(ev: StoredEvent): KvEvent | null {
+    if (ev.medium !== undefined && ev.medium !== GPU_MEDIUM) {
+      this.counters.offloadEvents++;
+      let tier = this.tiers.get(ev.medium);
+      if (!tier) this.tiers.set(ev.medium, (tier = new Set()));
+      for (const id of ev.engineIds) tier.add(id);
+      return ev;
+    }
+    if ((ev.groupIdx ?? 0) !== 0) {
+      this.counters.otherGroupEvents++;
+      return null;
+    }
+    const bs = ev.blockSize;
+    if (this.engineBlockSize !== bs) this.engineBlockSize = bs;
+    if (bs !== this.routerBlockSize) {
+      this.counters.blockSizeMismatchEvents++;
+      const splittable = Number.isInteger(bs) && bs > 0 && bs % this.routerBlockSize === 0;
+      if (!this.mismatchReported) {
+        this.mismatchReported = true;
+        this.onMismatch(bs, this.routerBlockSize, splittable);
+      }
+      if (!splittable) return this.skip(ev, 'quarantine');
+    }
+    if (ev.parent !== null) {
+      const cause = this.skipped.get(ev.parent);
+      if (cause !== undefined) return this.skip(ev, cause);
+    }
+    let salt = ev.cacheSalt ?? null;
+    if (salt === null && ev.parent !== null) salt = this.salts.get(ev.parent) ?? null;
+    if (salt !== null) {
+      for (const id of ev.engineIds) this.salts.set(id, salt);
+      if (salt !== ev.cacheSalt) return { ...ev, cacheSalt: salt };
+    }
+    return ev;
+  }
+
+  private skip(ev: StoredEvent, cause: SkipCause): null {
+    for (const id of ev.engineIds) this.skipped.set(id, cause);
+    if (cause === 'quarantine') this.counters.quarantinedBlocks += ev.engineIds.length;
+    else this.counters.multimodalBlocks += ev.engineIds.length;
+    return null;
+  }
+}

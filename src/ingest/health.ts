@@ -1,0 +1,104 @@
+/**
+ * Source health: is this engine's event stream alive, ordered and understood? Pure (time is passed in).
+ *
+ * `blind`: the source is configured for events, its worker keeps receiving routed requests, and no event batch has
+ * arrived for a while. Every request with a full prompt block (or a generated block) makes a vLLM engine announce a
+ * BlockStored within a step, so traffic without events means the router's view of that cache is frozen: KV routing to it
+ * has silently become guesswork (the most common failure of KV routers in the field).
+ */
+
+export interface BlindRule {
+  /** Routed requests since the last event batch before a silent source counts as blind. Default 3. */
+  readonly minRequests: number;
+  /** Silence (ms since the last batch, or since the source started) before it counts as blind. Default 10,000. */
+  readonly silenceMs: number;
+}
+
+export const DEFAULT_BLIND_RULE: BlindRule = { minRequests: 3, silenceMs: 10_000 };
+
+/** Plain, JSON-able health of one event source (bigints as decimal strings). */
+export interface SourceHealth {
+  readonly sourceKey: string;
+  readonly workerId: string;
+  readonly dpRank: number;
+  readonly endpoint: string | null;
+  readonly mode: 'connect' | 'bind' | 'manual';
+  readonly connected: boolean;
+  readonly startedAtMs: number;
+  readonly lastEventAtMs: number | null;
+  /** Last seq delivered in order (decimal), null before the first. */
+  readonly lastSeq: string | null;
+  /** Event batches and events delivered per second over the last 10 s. */
+  readonly batchesPerSec: number;
+  readonly eventsPerSec: number;
+  readonly batches: number;
+  readonly events: number;
+  readonly blocksStored: number;
+  readonly blocksRemoved: number;
+  readonly cleared: number;
+  readonly gaps: number;
+  readonly replays: number;
+  readonly replayedBatches: number;
+  readonly replayFailures: number;
+  readonly resets: number;
+  readonly resetsByReason: Record<string, number>;
+  /** Frames that could not be used at all: wrong frame count, seq not 8 bytes, payload not a batch. */
+  readonly badFrames: number;
+  readonly decodeErrors: number;
+  readonly unknownEventTypes: number;
+  readonly malformedEvents: number;
+  readonly multimodalBlocks: number;
+  readonly quarantinedBlocks: number;
+  readonly otherGroupEvents: number;
+  readonly offloadEvents: number;
+  readonly loraIdWithoutName: number;
+  readonly engineBlockSize: number | null;
+  readonly routerBlockSize: number;
+  readonly blockSizeMismatch: boolean;
+  /** Blocks per lower tier (medium other than GPU) the engine announced. */
+  readonly tierBlocks: Record<string, number>;
+  readonly heldBatches: number;
+  readonly replaying: boolean;
+  readonly requestsSinceLastEvent: number;
+  readonly blind: boolean;
+}
+
+export function isBlind(
+  lastEventAtMs: number | null,
+  startedAtMs: number,
+  requestsSinceLastEvent: number,
+  now: number,
+  rule: BlindRule = DEFAULT_BLIND_RULE,
+): boolean {
+  if (requestsSinceLastEvent < rule.minRequests) return false;
+  return now - (lastEventAtMs ?? startedAtMs) >= rule.silenceMs;
+}
+
+/** Counts over a sliding window of one-second buckets. */
+export class RateWindow {
+  private readonly counts: Float64Array;
+  private readonly stamps: Float64Array;
+
+  constructor(private readonly seconds = 10) {
+    this.counts = new Float64Array(seconds);
+    this.stamps = new Float64Array(seconds).fill(-1);
+  }
+
+  add(n: number, nowMs: number): void {
+    const sec = Math.floor(nowMs / 1000);
+    const i = sec % this.seconds;
+    if (this.stamps[i] !== sec) {
+      this.stamps[i] = sec;
+      this.counts[i] = 0;
+    }
+    this.counts[i] += n;
+  }
+
+  /** Per-second rate over the window (buckets older than the window ignored). */
+  rate(nowMs: number): number {
+    const sec = Math.floor(nowMs / 1000);
+    let sum = 0;
+    for (let i = 0; i < this.seconds; i++) if (this.stamps[i] > sec - this.seconds && this.stamps[i] <= sec) sum += this.counts[i];
+    return sum / this.seconds;
+  }
+}

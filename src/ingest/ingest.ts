@@ -1,0 +1,145 @@
+/**
+ * The event ingestion shell: per worker and dp rank a ZMQ subscription (zmq-source), a replay client (replay) and a
+ * `SourceIngest` (sequence tracking, annotation, health), delivering normalised `KvEvent[]` to a sink.
+ *
+ * Independent of the router: the server connects `sink` to `router.applyEvents(sourceKey, events, now)` and `onReset`
+ * to clearing that source (for example `router.applyEvents(sourceKey, [{ kind: 'cleared' }], now)`).
+ */
+import { sourceKey, type SourceId } from '../core/types.ts';
+import type { EngineFlavor } from '../engines/vllm.ts';
+import { replayClient } from '../transport/replay.ts';
+import { rankEndpoint, ZmqSource } from '../transport/zmq-source.ts';
+import type { BlindRule, SourceHealth } from './health.ts';
+import { consoleLogger, SourceIngest, type EventSink, type IngestLogger, type ResetSink } from './source-ingest.ts';
+
+export interface EventSourceConfig {
+  readonly workerId: string;
+  /** Rank 0's event endpoint (`tcp://host:5557`); rank r uses port + r. In bind mode, the address we bind. */
+  readonly endpoint: string;
+  /** Rank 0's replay endpoint (`tcp://host:5558`); rank r uses port + r. Absent: gaps reset the source. */
+  readonly replayEndpoint?: string | null;
+  /** Data-parallel ranks of the worker (default 1) or an explicit list of ranks. */
+  readonly dpRanks?: number | readonly number[];
+  readonly mode?: 'connect' | 'bind';
+  readonly topic?: string;
+  readonly flavor?: EngineFlavor;
+}
+
+export interface EventIngestOptions {
+  readonly routerBlockSize: number;
+  readonly sink: EventSink;
+  readonly onReset: ResetSink;
+  readonly log?: IngestLogger;
+  readonly replayTimeoutMs?: number;
+  readonly maxHeld?: number;
+  readonly catchUp?: boolean;
+  readonly blind?: BlindRule;
+  readonly reconnectIntervalMs?: number;
+  readonly reconnectMaxIntervalMs?: number;
+  readonly heartbeatMs?: number;
+  readonly now?: () => number;
+}
+
+interface Running {
+  readonly ingest: SourceIngest;
+  readonly zmq: ZmqSource;
+}
+
+function ranksOf(cfg: EventSourceConfig): number[] {
+  const r = cfg.dpRanks ?? 1;
+  return typeof r === 'number' ? Array.from({ length: r }, (_, i) => i) : [...r];
+}
+
+export class EventIngest {
+  private readonly sources = new Map<string, Running>();
+  private readonly log: IngestLogger;
+
+  constructor(private readonly opts: EventIngestOptions) {
+    this.log = opts.log ?? consoleLogger;
+  }
+
+  /** Starts the subscriptions of one worker (all its dp ranks). Returns the source keys. */
+  async addWorker(cfg: EventSourceConfig): Promise<string[]> {
+    const keys: string[] = [];
+    for (const dpRank of ranksOf(cfg)) {
+      const source: SourceId = { workerId: cfg.workerId, dpRank };
+      const key = sourceKey(source);
+      if (this.sources.has(key)) await this.removeSource(key);
+      const endpoint = rankEndpoint(cfg.endpoint, dpRank);
+      const replayEndpoint = cfg.replayEndpoint ? rankEndpoint(cfg.replayEndpoint, dpRank) : null;
+      const ingest = new SourceIngest({
+        source,
+        flavor: cfg.flavor,
+        routerBlockSize: this.opts.routerBlockSize,
+        sink: this.opts.sink,
+        onReset: this.opts.onReset,
+        replay: replayEndpoint ? replayClient(replayEndpoint, { timeoutMs: this.opts.replayTimeoutMs }) : null,
+        log: this.log,
+        maxHeld: this.opts.maxHeld,
+        catchUp: this.opts.catchUp,
+        blind: this.opts.blind,
+        endpoint,
+        mode: cfg.mode ?? 'connect',
+        now: this.opts.now,
+      });
+      const zmq = new ZmqSource(
+        {
+          source,
+          endpoint,
+          mode: cfg.mode,
+          topic: cfg.topic,
+          flavor: cfg.flavor,
+          reconnectIntervalMs: this.opts.reconnectIntervalMs,
+          reconnectMaxIntervalMs: this.opts.reconnectMaxIntervalMs,
+          heartbeatMs: this.opts.heartbeatMs,
+        },
+        {
+          onBatch: (seq, batch) => ingest.onBatch(seq, batch),
+          onBadFrame: (kind, detail) => ingest.onBadFrame(kind, detail),
+          onConnection: (connected) => {
+            ingest.connected = connected;
+          },
+        },
+      );
+      await zmq.start();
+      this.sources.set(key, { ingest, zmq });
+      this.log.info({ source: key, endpoint: zmq.endpoint, replayEndpoint }, `subscribed to KV events of ${key}`);
+      keys.push(key);
+    }
+    return keys;
+  }
+
+  /** The endpoint a source actually uses (bind mode with port `*` resolves here). */
+  endpointOf(key: string): string | undefined {
+    return this.sources.get(key)?.zmq.endpoint;
+  }
+
+  async removeSource(key: string): Promise<void> {
+    const r = this.sources.get(key);
+    if (!r) return;
+    this.sources.delete(key);
+    r.ingest.close();
+    await r.zmq.close();
+  }
+
+  /** Input of the blind rule: the router sent a request to this source. */
+  noteRequestRouted(key: string): void {
+    this.sources.get(key)?.ingest.noteRequestRouted();
+  }
+
+  health(): SourceHealth[] {
+    return [...this.sources.values()].map((r) => r.ingest.health());
+  }
+
+  /** Keys of sources currently blind (configured for events, silent while serving traffic). */
+  blindSources(): string[] {
+    return this.health()
+      .filter((h) => h.blind)
+      .map((h) => h.sourceKey);
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([...this.sources.keys()].map((k) => this.removeSource(k)));
+  }
+}
+

@@ -1,0 +1,283 @@
+/**
+ * One event source (a worker's dp rank): frames -> decode -> sequence tracker -> annotator -> sink, plus its health.
+ * Transport-free: the ZMQ shell (or a test, or the fuzzer) feeds it frames and gives it a replay function.
+ * Nothing here throws on bad input; every bad frame is counted.
+ */
+import { sourceKey, type KvEvent, type SourceId } from '../core/types.ts';
+import { decodeBatch, readSeqFrame, type DecodedBatch, type EngineFlavor } from '../engines/vllm.ts';
+import { SourceAnnotator } from './annotate.ts';
+import { DEFAULT_BLIND_RULE, isBlind, RateWindow, type BlindRule, type SourceHealth } from './health.ts';
+import { SequenceTracker, type ResetReason, type TrackerOutput } from './sequence-tracker.ts';
+
+export type EventSink = (sourceKey: string, events: KvEvent[]) => void;
+/** The source's cache state is unknown from now on: the receiver must clear everything it holds for the source. */
+export type ResetSink = (sourceKey: string, reason: string) => void;
+
+export interface ReplayOutcome {
+  readonly ok: boolean;
+  /** Why it failed ("replay unavailable: timeout after 1000 ms", ...). */
+  readonly reason?: string;
+}
+/** Streams every buffered batch with seq >= fromSeq to `onBatch`, resolving when the engine's end marker arrives. */
+export type ReplayFn = (fromSeq: bigint, onBatch: (seq: bigint, payload: Uint8Array) => void) => Promise<ReplayOutcome>;
+
+export interface IngestLogger {
+  info(obj: object, msg: string): void;
+  warn(obj: object, msg: string): void;
+  error(obj: object, msg: string): void;
+}
+
+export const quietLogger: IngestLogger = { info() {}, warn() {}, error() {} };
+export const consoleLogger: IngestLogger = {
+  info() {},
+  warn: (obj, msg) => console.warn(`[kvroute ingest] ${msg}`, JSON.stringify(obj, (_k, v) => (typeof v === 'bigint' ? v.toString() : v))),
+  error: (obj, msg) => console.error(`[kvroute ingest] ${msg}`, JSON.stringify(obj, (_k, v) => (typeof v === 'bigint' ? v.toString() : v))),
+};
+
+export type BadFrameKind = 'frame_count' | 'seq_length' | 'undecodable';
+
+export type ParsedFrames =
+  | { readonly ok: true; readonly seq: bigint; readonly batch: DecodedBatch }
+  | { readonly ok: false; readonly kind: 'frame_count' | 'seq_length'; readonly detail: string };
+
+/** Checks one ZMQ message ([topic, seq u64 BE, payload]) and decodes its payload. Never throws. */
+export function parseFrames(frames: readonly Uint8Array[], flavor: EngineFlavor): ParsedFrames {
+  if (frames.length !== 3) return { ok: false, kind: 'frame_count', detail: `expected 3 frames, got ${frames.length}` };
+  const seq = readSeqFrame(frames[1]);
+  if (seq === null) return { ok: false, kind: 'seq_length', detail: `seq frame of ${frames[1].length} bytes` };
+  return { ok: true, seq, batch: decodeBatch(frames[2], flavor) };
+}
+
+export interface SourceIngestOptions {
+  readonly source: SourceId;
+  readonly flavor?: EngineFlavor;
+  readonly routerBlockSize: number;
+  readonly sink: EventSink;
+  readonly onReset: ResetSink;
+  /** Null when the engine has no replay endpoint: every gap then resets the source. */
+  readonly replay?: ReplayFn | null;
+  readonly log?: IngestLogger;
+  readonly maxHeld?: number;
+  readonly catchUp?: boolean;
+  readonly blind?: BlindRule;
+  readonly endpoint?: string | null;
+  readonly mode?: 'connect' | 'bind' | 'manual';
+  /** Wall clock in ms (injected for tests). */
+  readonly now?: () => number;
+}
+
+export class SourceIngest {
+  readonly key: string;
+  readonly source: SourceId;
+  private readonly flavor: EngineFlavor;
+  private readonly tracker: SequenceTracker<DecodedBatch>;
+  private readonly annotator: SourceAnnotator;
+  private readonly log: IngestLogger;
+  private readonly now: () => number;
+  private readonly rates = { batches: new RateWindow(), events: new RateWindow() };
+  private readonly startedAtMs: number;
+  connected = false;
+  private lastEventAtMs: number | null = null;
+  private lastSeq: bigint | null = null;
+  private requestsSinceLastEvent = 0;
+  private readonly c = {
+    batches: 0,
+    events: 0,
+    blocksStored: 0,
+    blocksRemoved: 0,
+    cleared: 0,
+    replays: 0,
+    replayFailures: 0,
+    resets: 0,
+    badFrames: 0,
+    decodeErrors: 0,
+    unknownEventTypes: 0,
+    malformedEvents: 0,
+    loraIdWithoutName: 0,
+  };
+  private readonly resetsByReason: Record<string, number> = {};
+  private closed = false;
+
+  constructor(private readonly opts: SourceIngestOptions) {
+    this.source = opts.source;
+    this.key = sourceKey(opts.source);
+    this.flavor = opts.flavor ?? 'vllm';
+    this.log = opts.log ?? consoleLogger;
+    this.now = opts.now ?? Date.now;
+    this.startedAtMs = this.now();
+    this.tracker = new SequenceTracker({ replay: !!opts.replay, maxHeld: opts.maxHeld, catchUp: opts.catchUp });
+    this.annotator = new SourceAnnotator(opts.routerBlockSize, (engine, router, splittable) => {
+      this.log.error(
+        { source: this.key, engineBlockSize: engine, routerBlockSize: router, action: splittable ? 'split' : 'quarantine' },
+        `block size mismatch: engine ${engine}, router ${router} (source ${this.key}); ` +
+          (splittable ? 'engine blocks are split into router blocks' : 'events are quarantined (dropped): fix --block-size'),
+      );
+    });
+  }
+
+  /** One raw ZMQ message from the live subscription. */
+  onFrames(frames: readonly Uint8Array[]): void {
+    const parsed = parseFrames(frames, this.flavor);
+    if (!parsed.ok) {
+      this.onBadFrame(parsed.kind, parsed.detail);
+      return;
+    }
+    this.onBatch(parsed.seq, parsed.batch);
+  }
+
+  /** Counts a frame the transport could not use at all. */
+  onBadFrame(kind: BadFrameKind, detail: string): void {
+    this.c.badFrames++;
+    if (kind === 'undecodable') this.c.decodeErrors++;
+    if (this.c.badFrames === 1 || this.c.badFrames % 1000 === 0) {
+      this.log.warn({ source: this.key, kind, detail, badFrames: this.c.badFrames }, `bad event frame from ${this.key}`);
+    }
+  }
+
+  /** One decoded live batch with its seq (an undecodable payload still advances the seq: `batch.ok` false). */
+  onBatch(seq: bigint, batch: DecodedBatch): void {
+    if (this.closed) return;
+    if (!batch.ok) this.onBadFrame('undecodable', batch.error ?? 'undecodable');
+    this.run(this.tracker.live(seq, batch));
+  }
+
+  /** A request was routed to this source (input of the `blind` rule). */
+  noteRequestRouted(): void {
+    this.requestsSinceLastEvent++;
+  }
+
+  close(): void {
+    this.closed = true;
+  }
+
+  private run(outputs: TrackerOutput<DecodedBatch>[]): void {
+    for (const o of outputs) {
+      if (o.kind === 'deliver') this.deliver(o.seq, o.item);
+      else if (o.kind === 'reset') this.reset(o.reason);
+      else this.startReplay(o.fromSeq, o.untilSeq, o.ticket);
+    }
+  }
+
+  private deliver(seq: bigint, batch: DecodedBatch): void {
+    const now = this.now();
+    this.lastSeq = seq;
+    this.lastEventAtMs = now;
+    this.requestsSinceLastEvent = 0;
+    this.c.batches++;
+    this.rates.batches.add(1, now);
+    if (!batch.ok) {
+      // Its content is lost for good (a replay would return the same bytes): the source is cold from here.
+      this.reset('undecodable_batch');
+      return;
+    }
+    this.c.unknownEventTypes += batch.counts.unknownEventTypes;
+    this.c.malformedEvents += batch.counts.malformedEvents;
+    this.c.loraIdWithoutName += batch.counts.loraIdWithoutName;
+    const events = this.annotator.process(batch);
+    if (events.length === 0) return;
+    this.c.events += events.length;
+    this.rates.events.add(events.length, now);
+    for (const e of events) {
+      if (e.kind === 'stored') this.c.blocksStored += e.engineIds.length;
+      else if (e.kind === 'removed') this.c.blocksRemoved += e.engineIds.length;
+      else this.c.cleared++;
+    }
+    try {
+      this.opts.sink(this.key, events);
+    } catch (err) {
+      // A sink bug must not kill the subscription loop; it is loud, not silent.
+      this.log.error({ source: this.key, err: String(err) }, 'event sink threw');
+    }
+  }
+
+  private reset(reason: ResetReason): void {
+    this.annotator.reset();
+    this.c.resets++;
+    this.resetsByReason[reason] = (this.resetsByReason[reason] ?? 0) + 1;
+    this.log.warn({ source: this.key, reason }, `source ${this.key} reset (${reason}): its cache is treated as cold`);
+    try {
+      this.opts.onReset(this.key, reason);
+    } catch (err) {
+      this.log.error({ source: this.key, err: String(err) }, 'reset sink threw');
+    }
+  }
+
+  private startReplay(fromSeq: bigint, untilSeq: bigint, ticket: number): void {
+    const replay = this.opts.replay;
+    this.c.replays++;
+    if (!replay) {
+      this.run(this.tracker.replayEnded(ticket, false));
+      return;
+    }
+    this.log.info({ source: this.key, fromSeq, untilSeq }, `gap on ${this.key}: replaying from ${fromSeq}`);
+    const onBatch = (seq: bigint, payload: Uint8Array) => {
+      if (this.closed) return;
+      const batch = decodeBatch(payload, this.flavor);
+      if (!batch.ok) this.onBadFrame('undecodable', `replay: ${batch.error}`);
+      this.run(this.tracker.replayed(ticket, seq, batch));
+    };
+    // Deferred so that a replay function answering synchronously never re-enters the tracker mid-output.
+    Promise.resolve()
+      .then(() => replay(fromSeq, onBatch))
+      .then(
+        (outcome) => this.endReplay(ticket, outcome),
+        (err) => this.endReplay(ticket, { ok: false, reason: `replay unavailable: ${String(err)}` }),
+      );
+  }
+
+  private endReplay(ticket: number, outcome: ReplayOutcome): void {
+    if (this.closed) return;
+    if (!outcome.ok) {
+      this.c.replayFailures++;
+      this.log.warn({ source: this.key, reason: outcome.reason }, `replay failed on ${this.key}`);
+    }
+    this.run(this.tracker.replayEnded(ticket, outcome.ok));
+  }
+
+  health(): SourceHealth {
+    const now = this.now();
+    const a = this.annotator;
+    const t = this.tracker.counters;
+    return {
+      sourceKey: this.key,
+      workerId: this.source.workerId,
+      dpRank: this.source.dpRank,
+      endpoint: this.opts.endpoint ?? null,
+      mode: this.opts.mode ?? 'manual',
+      connected: this.connected,
+      startedAtMs: this.startedAtMs,
+      lastEventAtMs: this.lastEventAtMs,
+      lastSeq: this.lastSeq === null ? null : this.lastSeq.toString(),
+      batchesPerSec: this.rates.batches.rate(now),
+      eventsPerSec: this.rates.events.rate(now),
+      batches: this.c.batches,
+      events: this.c.events,
+      blocksStored: this.c.blocksStored,
+      blocksRemoved: this.c.blocksRemoved,
+      cleared: this.c.cleared,
+      gaps: t.gaps,
+      replays: this.c.replays,
+      replayedBatches: t.replayedBatches,
+      replayFailures: this.c.replayFailures,
+      resets: this.c.resets,
+      resetsByReason: { ...this.resetsByReason },
+      badFrames: this.c.badFrames,
+      decodeErrors: this.c.decodeErrors,
+      unknownEventTypes: this.c.unknownEventTypes,
+      malformedEvents: this.c.malformedEvents,
+      multimodalBlocks: a.counters.multimodalBlocks,
+      quarantinedBlocks: a.counters.quarantinedBlocks,
+      otherGroupEvents: a.counters.otherGroupEvents,
+      offloadEvents: a.counters.offloadEvents,
+      loraIdWithoutName: this.c.loraIdWithoutName,
+      engineBlockSize: a.engineBlockSize,
+      routerBlockSize: this.opts.routerBlockSize,
+      blockSizeMismatch: a.counters.blockSizeMismatchEvents > 0,
+      tierBlocks: a.tierBlocks(),
+      heldBatches: this.tracker.heldCount,
+      replaying: this.tracker.isReplaying,
+      requestsSinceLastEvent: this.requestsSinceLastEvent,
+      blind: isBlind(this.lastEventAtMs, this.startedAtMs, this.requestsSinceLastEvent, now, this.opts.blind ?? DEFAULT_BLIND_RULE),
+    };
+  }
+}
