@@ -16,5 +16,6 @@ program
 
 // Commands are registered here, one line each.
 registerHash(program);
+(await import('./hitrate.ts')).registerHitrate(program);
 
 await program.parseAsync(process.argv);
