@@ -2,6 +2,12 @@ import { describe, expect, it } from 'vitest';
 import fc from 'fast-check';
 import { SequenceTracker, type TrackerOutput } from '../../src/ingest/sequence-tracker.ts';
 
+const ticketOf = (out: TrackerOutput<string>[]): { ticket: number } => {
+  const r = out.find((o) => o.kind === 'replay');
+  if (!r || r.kind !== 'replay') throw new Error('expected a replay request');
+  return r;
+};
+
 const summary = (out: TrackerOutput<string>[]) =>
   out.map((o) => (o.kind === 'deliver' ? `d${o.seq}` : o.kind === 'reset' ? `reset:${o.reason}` : `replay:${o.fromSeq}-${o.untilSeq}`));
 
@@ -32,7 +38,7 @@ describe('SequenceTracker', () => {
   it('replay unavailable -> reset, then the held batches', () => {
     const t = new SequenceTracker<string>({ replay: true });
     t.live(0n, 'a');
-    const [r] = t.live(2n, 'c') as [{ ticket: number }];
+    const r = ticketOf(t.live(2n, 'c'));
     t.live(3n, 'd');
     expect(summary(t.replayEnded(r.ticket, false))).toEqual(['reset:replay_unavailable', 'd2', 'd3']);
     expect(summary(t.live(4n, 'e'))).toEqual(['d4']);
@@ -41,7 +47,7 @@ describe('SequenceTracker', () => {
   it('replay starting past the gap (buffer too old) -> reset before the first replayed batch', () => {
     const t = new SequenceTracker<string>({ replay: true });
     t.live(0n, 'a');
-    const [r] = t.live(5n, 'f') as [{ ticket: number }];
+    const r = ticketOf(t.live(5n, 'f'));
     expect(summary(t.replayed(r.ticket, 3n, 'd'))).toEqual(['reset:replay_too_old', 'd3']);
     expect(summary(t.replayed(r.ticket, 4n, 'e'))).toEqual(['d4', 'd5']);
     expect(summary(t.replayEnded(r.ticket, true))).toEqual([]);
@@ -50,7 +56,7 @@ describe('SequenceTracker', () => {
   it('replay that ends without covering the gap -> reset', () => {
     const t = new SequenceTracker<string>({ replay: true });
     t.live(0n, 'a');
-    const [r] = t.live(3n, 'd') as [{ ticket: number }];
+    const r = ticketOf(t.live(3n, 'd'));
     expect(summary(t.replayed(r.ticket, 1n, 'b'))).toEqual(['d1']);
     expect(summary(t.replayEnded(r.ticket, true))).toEqual(['reset:replay_incomplete', 'd3']);
   });
@@ -59,7 +65,7 @@ describe('SequenceTracker', () => {
     const t = new SequenceTracker<string>({ replay: true });
     t.live(0n, 'a');
     t.live(1n, 'b');
-    const [r] = t.live(5n, 'f') as [{ ticket: number }];
+    const r = ticketOf(t.live(5n, 'f'));
     expect(summary(t.live(0n, 'new-a'))).toEqual(['reset:restart', 'd0']);
     expect(summary(t.replayed(r.ticket, 2n, 'c'))).toEqual([]);
     expect(summary(t.replayEnded(r.ticket, false))).toEqual([]);
@@ -79,7 +85,7 @@ describe('SequenceTracker', () => {
   it('hold overflow abandons the replay and resets', () => {
     const t = new SequenceTracker<string>({ replay: true, maxHeld: 3 });
     t.live(0n, 'a');
-    const [r] = t.live(2n, 'c') as [{ ticket: number }];
+    const r = ticketOf(t.live(2n, 'c'));
     t.live(3n, 'd');
     t.live(4n, 'e');
     expect(summary(t.live(5n, 'f'))).toEqual(['reset:hold_overflow', 'd2', 'd3', 'd4', 'd5']);

@@ -1,0 +1,198 @@
+/**
+ * Real ZMQ: a Publisher and a ROUTER replay endpoint in the test (as a vLLM engine binds them), the ingestion shell
+ * subscribing and replaying with a DEALER, a real KvIndex as the sink.
+ */
+import { afterEach, describe, expect, it } from 'vitest';
+import { Publisher, Router } from 'zeromq';
+import { KvIndex } from '../../src/core/index/kv-index.ts';
+import type { KvEvent } from '../../src/core/types.ts';
+import { REPLAY_END_SEQ } from '../../src/engines/vllm.ts';
+import { EventIngest } from '../../src/ingest/ingest.ts';
+import { quietLogger } from '../../src/ingest/source-ingest.ts';
+import { requestReplay } from '../../src/transport/replay.ts';
+import { FakeEngine } from './fake-engine.ts';
+
+async function until(cond: () => boolean, ms = 4000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > end) throw new Error('timed out waiting');
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+/** The engine side: PUB for live events, ROUTER answering replay requests from the engine's history. */
+class EngineSockets {
+  pub!: Publisher;
+  router: Router | null = null;
+  pubEndpoint = '';
+  replayEndpoint = '';
+  replayRequests = 0;
+
+  constructor(readonly engine: FakeEngine) {}
+
+  async start(pubEndpoint = 'tcp://127.0.0.1:*', replay = true): Promise<void> {
+    this.pub = new Publisher({ linger: 0 });
+    for (let i = 0; ; i++) {
+      try {
+        await this.pub.bind(pubEndpoint);
+        break;
+      } catch (err) {
+        if (i > 50) throw err; // the old socket may hold the port for a moment after close
+        await new Promise((r) => setTimeout(r, 20));
+      }
+    }
+    this.pubEndpoint = this.pub.lastEndpoint!;
+    if (replay && !this.router) {
+      this.router = new Router({ linger: 0 });
+      await this.router.bind('tcp://127.0.0.1:*');
+      this.replayEndpoint = this.router.lastEndpoint!;
+      void this.serveReplay(this.router);
+    }
+  }
+
+  private async serveReplay(router: Router): Promise<void> {
+    try {
+      for await (const [identity, , start] of router) {
+        this.replayRequests++;
+        const from = start.readBigUInt64BE(0);
+        for (let s = from; s < this.engine.seq; s++) {
+          const p = this.engine.history.get(s);
+          if (!p) continue;
+          const seq = Buffer.alloc(8);
+          seq.writeBigUInt64BE(s);
+          await router.send([identity, Buffer.alloc(0), seq, p]);
+        }
+        const end = Buffer.alloc(8);
+        end.writeBigUInt64BE(REPLAY_END_SEQ);
+        await router.send([identity, Buffer.alloc(0), end, Buffer.alloc(0)]);
+      }
+    } catch {
+      // closed
+    }
+  }
+
+  async publish(n: number, drop: (i: number) => boolean = () => false): Promise<void> {
+    for (let i = 0; i < n; i++) {
+      const frames = this.engine.publish();
+      if (!drop(i)) await this.pub.send(frames);
+    }
+  }
+
+  close(): void {
+    this.pub.close();
+    this.router?.close();
+  }
+}
+
+function setup(engine: FakeEngine) {
+  const index = new KvIndex({ blockSize: engine.o.blockSize });
+  index.addSource(0);
+  const resets: string[] = [];
+  const ingest = new EventIngest({
+    routerBlockSize: engine.o.blockSize,
+    sink: (_key, events: KvEvent[]) => {
+      for (const e of events) index.apply(0, e);
+    },
+    onReset: (_key, reason) => {
+      resets.push(reason);
+      index.apply(0, { kind: 'cleared' });
+    },
+    log: quietLogger,
+    replayTimeoutMs: 300,
+    reconnectIntervalMs: 20,
+    reconnectMaxIntervalMs: 100,
+  });
+  return { index, ingest, resets };
+}
+
+const cleanups: Array<() => unknown> = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0)) await c();
+});
+
+describe('ZMQ ingestion', () => {
+  it('subscribes, recovers dropped batches by DEALER replay, and resets on an engine restart', async () => {
+    const engine = new FakeEngine({ blockSize: 4, capacity: 80, format: 'map', hashType: 'u64', seed: 11, salts: true });
+    const sockets = new EngineSockets(engine);
+    await sockets.start();
+    cleanups.push(() => sockets.close());
+    const { index, ingest, resets } = setup(engine);
+    cleanups.push(() => ingest.close());
+    const [key] = await ingest.addWorker({ workerId: 'w0', endpoint: sockets.pubEndpoint, replayEndpoint: sockets.replayEndpoint, topic: 'kv-events' });
+    await until(() => ingest.health()[0].connected);
+
+    // Batches published before the subscription settles, plus drops on the wire: all recovered by replay.
+    await sockets.publish(300, (i) => i % 41 === 3);
+    await until(() => ingest.health()[0].lastSeq === String(engine.seq - 1n));
+    let h = ingest.health()[0];
+    expect(h.sourceKey).toBe(key);
+    expect(h.replays).toBeGreaterThanOrEqual(1);
+    expect(sockets.replayRequests).toBe(h.replays);
+    expect(h.gaps).toBeGreaterThanOrEqual(1);
+    expect(resets).toEqual([]);
+    expect(index.blocksOf(0)).toEqual(engine.truth());
+
+    // Restart: a new publisher process on the same port, seq from 0, empty cache. The SUB reconnects by itself.
+    const port = sockets.pubEndpoint;
+    sockets.pub.close();
+    engine.restart();
+    await sockets.start(port);
+    await until(() => ingest.health()[0].connected);
+    await new Promise((r) => setTimeout(r, 100));
+    await sockets.publish(50);
+    await until(() => ingest.health()[0].lastSeq === String(engine.seq - 1n));
+    expect(resets[0]).toBe('restart');
+    h = ingest.health()[0];
+    expect(h.resetsByReason.restart).toBe(1);
+    expect(index.blocksOf(0)).toEqual(engine.truth());
+  });
+
+  it('replay unavailable (nobody answers) -> the source is reset and ingestion continues', async () => {
+    const engine = new FakeEngine({ blockSize: 4, capacity: 40, format: 'array', hashType: 'i64', seed: 5 });
+    const sockets = new EngineSockets(engine);
+    await sockets.start('tcp://127.0.0.1:*', false);
+    cleanups.push(() => sockets.close());
+    const { index, ingest, resets } = setup(engine);
+    cleanups.push(() => ingest.close());
+    // A replay endpoint with no ROUTER behind it: the DEALER's request times out.
+    await ingest.addWorker({ workerId: 'w1', endpoint: sockets.pubEndpoint, replayEndpoint: 'tcp://127.0.0.1:9', dpRanks: 1 });
+    await until(() => ingest.health()[0].connected);
+    await new Promise((r) => setTimeout(r, 50));
+    await sockets.publish(5);
+    await until(() => ingest.health()[0].batches + ingest.health()[0].heldBatches >= 1);
+    await sockets.publish(30, (i) => i === 10);
+    await until(() => ingest.health()[0].lastSeq === String(engine.seq - 1n));
+    const h = ingest.health()[0];
+    expect(h.replayFailures).toBeGreaterThanOrEqual(1);
+    expect(resets).toContain('replay_unavailable');
+    // Cold, never wrong: after the reset the index holds a subset of the engine's blocks.
+    for (const b of index.blocksOf(0)) expect(engine.truth().has(b)).toBe(true);
+  });
+
+  it('bind mode: the engine connects to the router; dp rank r uses port + r', async () => {
+    const engine = new FakeEngine({ blockSize: 4, capacity: 40, format: 'map', hashType: 'bytes', seed: 3 });
+    const { index, ingest } = setup(engine);
+    cleanups.push(() => ingest.close());
+    const [key] = await ingest.addWorker({ workerId: 'w2', endpoint: 'tcp://127.0.0.1:*', mode: 'bind' });
+    const endpoint = ingest.endpointOf(key)!;
+    expect(endpoint).toMatch(/^tcp:\/\/127\.0\.0\.1:\d+$/);
+    const pub = new Publisher({ linger: 0 });
+    cleanups.push(() => pub.close());
+    pub.connect(endpoint);
+    await until(() => ingest.health()[0].connected);
+    await new Promise((r) => setTimeout(r, 50));
+    for (let i = 0; i < 40; i++) await pub.send(engine.publish());
+    await until(() => ingest.health()[0].lastSeq === '39');
+    expect(index.blocksOf(0)).toEqual(engine.truth());
+    const { rankEndpoint } = await import('../../src/transport/zmq-source.ts');
+    expect(rankEndpoint('tcp://10.0.0.1:5557', 3)).toBe('tcp://10.0.0.1:5560');
+  });
+
+  it('requestReplay reports an unanswered endpoint as unavailable within the timeout', async () => {
+    const t0 = Date.now();
+    const r = await requestReplay('tcp://127.0.0.1:9', 0n, () => {}, { timeoutMs: 200 });
+    expect(r.ok).toBe(false);
+    expect(r.reason).toMatch(/replay unavailable: timeout/);
+    expect(Date.now() - t0).toBeLessThan(2000);
+  });
+});
