@@ -1,0 +1,141 @@
+/**
+ * Block hashing (REFERENCE section 1) in one WebAssembly call per prompt.
+ *
+ * The napi path costs two native calls per block (~300 ns, nearly all call overhead); here the tokens are copied
+ * once into wasm memory and every local and chained hash is computed inside the module (xxh3_blocks.c) with native
+ * i64 arithmetic. XXH3 inputs over 240 bytes are not implemented there, so blocks of more than 60 tokens must keep
+ * using the napi path (see WASM_MAX_BLOCK_TOKENS).
+ *
+ * Instantiated synchronously at import (the module is ~4 KB, embedded as base64 so no file I/O is needed).
+ */
+import { endianness } from 'node:os';
+import { XXH3_BLOCKS_WASM_BASE64 } from './xxh3-blocks.wasm.ts';
+
+/** Max bytes per block the WASM path handles (240): block sizes up to 60 tokens. */
+export const WASM_MAX_BLOCK_TOKENS = 60;
+
+// tsconfig's lib (ES2022, no DOM) lacks the WebAssembly JS API types, so the few parts used are declared here.
+interface WasmMemory {
+  readonly buffer: ArrayBuffer;
+  grow(pages: number): number;
+}
+interface WasmApi {
+  Module: new (bytes: Uint8Array) => object;
+  Instance: new (module: object, imports: object) => { exports: unknown };
+}
+const WA = (globalThis as unknown as { WebAssembly: WasmApi }).WebAssembly;
+
+interface Exports {
+  memory: WasmMemory;
+  __heap_base: { value: number };
+  xxh3_64(ptr: number, len: number, seed: bigint): bigint;
+  hash_blocks(
+    tokens: number,
+    nblocks: number,
+    bs: number,
+    seed: bigint,
+    hasParent: number,
+    parent: bigint,
+    outSeq: number,
+    outLocal: number,
+  ): number;
+}
+
+const PAGE = 65536;
+// WebAssembly memory is little-endian; typed-array views use the host's order, so big-endian hosts go through a DataView.
+const LITTLE_ENDIAN_HOST = endianness() === 'LE';
+
+const wasm = new WA.Instance(new WA.Module(Buffer.from(XXH3_BLOCKS_WASM_BASE64, 'base64')), {}).exports as Exports;
+const memory = wasm.memory;
+// Everything below __heap_base belongs to the module (its constants and stack); our scratch starts above it.
+const BASE = (Number(wasm.__heap_base.value) + 7) & ~7;
+
+let u32 = new Uint32Array(memory.buffer);
+let u64 = new BigUint64Array(memory.buffer);
+let view = new DataView(memory.buffer);
+
+/** Grows memory to at least `bytes` and re-creates the views (growth detaches the old buffer). */
+function ensureMemory(bytes: number): void {
+  if (memory.buffer.byteLength < bytes) memory.grow(Math.ceil((bytes - memory.buffer.byteLength) / PAGE));
+  if (u32.buffer !== memory.buffer) {
+    u32 = new Uint32Array(memory.buffer);
+    u64 = new BigUint64Array(memory.buffer);
+    view = new DataView(memory.buffer);
+  }
+}
+
+function checkBlockSize(blockSize: number): void {
+  if (!Number.isInteger(blockSize) || blockSize < 1 || blockSize > WASM_MAX_BLOCK_TOKENS) {
+    throw new RangeError(`hashBlocksWasm: block size must be an integer in 1..${WASM_MAX_BLOCK_TOKENS}, got ${blockSize}`);
+  }
+}
+
+function copyOut(src: number, blocks: number, out: BigUint64Array, outOffset: number): void {
+  if (LITTLE_ENDIAN_HOST) {
+    out.set(u64.subarray(src / 8, src / 8 + blocks), outOffset);
+  } else {
+    for (let b = 0; b < blocks; b++) out[outOffset + b] = view.getBigUint64(src + b * 8, true);
+  }
+}
+
+/**
+ * Same contract as `hashBlocksInto` (src/core/hashing.ts): hashes the full blocks of `tokens[from .. from+count)`
+ * with `seed`, chaining from `parentSeq` (null: the blocks start a sequence); writes seq hashes to
+ * `outSeq[outOffset..]` and local hashes to `outLocal[outOffset..]` when given. Returns floor(count / blockSize).
+ * Tokens are taken as unsigned 32-bit (ToUint32, as a Uint32Array store does). Throws RangeError for a block size
+ * outside 1..WASM_MAX_BLOCK_TOKENS or an output array too short.
+ */
+export function hashBlocksWasm(
+  tokens: ArrayLike<number>,
+  from: number,
+  count: number,
+  blockSize: number,
+  seed: bigint,
+  parentSeq: bigint | null,
+  outSeq: BigUint64Array,
+  outOffset: number,
+  outLocal?: BigUint64Array,
+): number {
+  checkBlockSize(blockSize);
+  const blocks = Math.floor(count / blockSize);
+  if (blocks <= 0) return 0;
+  if (outOffset + blocks > outSeq.length || (outLocal !== undefined && outOffset + blocks > outLocal.length)) {
+    throw new RangeError(`hashBlocksWasm: output arrays too short for ${blocks} blocks at offset ${outOffset}`);
+  }
+  const n = blocks * blockSize;
+  const tokPtr = BASE;
+  const seqPtr = tokPtr + ((n * 4 + 7) & ~7);
+  const localPtr = seqPtr + blocks * 8;
+  ensureMemory(localPtr + (outLocal ? blocks * 8 : 0));
+
+  if (!LITTLE_ENDIAN_HOST) {
+    for (let i = 0; i < n; i++) view.setUint32(tokPtr + i * 4, tokens[from + i] >>> 0, true);
+  } else if (tokens instanceof Uint32Array && from + n <= tokens.length) {
+    u32.set(tokens.subarray(from, from + n), tokPtr / 4);
+  } else {
+    const at = tokPtr / 4;
+    for (let i = 0; i < n; i++) u32[at + i] = tokens[from + i];
+  }
+
+  wasm.hash_blocks(
+    tokPtr,
+    blocks,
+    blockSize,
+    seed,
+    parentSeq === null ? 0 : 1,
+    parentSeq === null ? 0n : parentSeq,
+    seqPtr,
+    outLocal ? localPtr : 0,
+  );
+  copyOut(seqPtr, blocks, outSeq, outOffset);
+  if (outLocal) copyOut(localPtr, blocks, outLocal, outOffset);
+  return blocks;
+}
+
+/** XXH3-64 of `bytes` (at most 240) with `seed`, computed by the module: exposed to test every length path. */
+export function xxh3Wasm(bytes: Uint8Array, seed: bigint): bigint {
+  if (bytes.length > 240) throw new RangeError(`xxh3Wasm: at most 240 bytes, got ${bytes.length}`);
+  ensureMemory(BASE + 240);
+  new Uint8Array(memory.buffer, BASE, bytes.length).set(bytes);
+  return BigInt.asUintN(64, wasm.xxh3_64(BASE, bytes.length, seed));
+}

@@ -1,0 +1,203 @@
+import { describe, expect, it } from 'vitest';
+import fc from 'fast-check';
+import { xxh3 } from '@node-rs/xxhash';
+import { hashBlocksInto, hashSeed } from '../../src/core/hashing.ts';
+import { hashBlocksWasm, WASM_MAX_BLOCK_TOKENS, xxh3Wasm } from '../../src/core/wasm/blocks.ts';
+
+const range = (a: number, b: number) => Array.from({ length: b - a }, (_, i) => a + i);
+const dec = (xs: BigUint64Array) => Array.from(xs, (x) => x.toString());
+
+/** Runs the WASM hasher over a whole token list from a fresh chain, returning local and seq hashes. */
+function wasmHashes(tokens: ArrayLike<number>, bs: number, seed: bigint) {
+  const n = Math.floor(tokens.length / bs);
+  const seq = new BigUint64Array(n);
+  const local = new BigUint64Array(n);
+  expect(hashBlocksWasm(tokens, 0, tokens.length, bs, seed, null, seq, 0, local)).toBe(n);
+  return { local: dec(local), seq: dec(seq) };
+}
+
+describe('WASM block hasher: REFERENCE section 1 test vectors', () => {
+  it('tokens 0..35, bs 16, seed 1337', () => {
+    expect(wasmHashes(range(0, 36), 16, 1337n)).toEqual({
+      local: ['15310707395893867146', '15292316782987903195'],
+      seq: ['15310707395893867146', '13769157705258532664'],
+    });
+  });
+
+  it('lora_name sql-adapter', () => {
+    expect(hashSeed('sql-adapter')).toBe(9867606577583457700n);
+    expect(wasmHashes(range(0, 36), 16, 9867606577583457700n)).toEqual({
+      local: ['14536852851305923245', '7140174819136409355'],
+      seq: ['14536852851305923245', '8425625934314863947'],
+    });
+  });
+
+  it('cache_salt tenant-a', () => {
+    expect(hashSeed(null, 'tenant-a')).toBe(1948188790972764086n);
+    expect(wasmHashes(range(0, 36), 16, 1948188790972764086n)).toEqual({
+      local: ['2130915519417463704', '14342547135021016991'],
+      seq: ['2130915519417463704', '13676355973429745432'],
+    });
+  });
+
+  it('tokens 1000..1063, bs 32', () => {
+    expect(wasmHashes(range(1000, 1064), 32, 1337n)).toEqual({
+      local: ['9188553531300959059', '16310179652519145868'],
+      seq: ['9188553531300959059', '14908719570377643093'],
+    });
+  });
+
+  it('Qwen3 chat tokens, bs 4 (also from a Uint32Array)', () => {
+    const expected = { local: ['10749291513524092935'], seq: ['10749291513524092935'] };
+    expect(wasmHashes([151644, 872, 198, 4340], 4, 1337n)).toEqual(expected);
+    expect(wasmHashes(Uint32Array.of(151644, 872, 198, 4340), 4, 1337n)).toEqual(expected);
+  });
+});
+
+describe('WASM xxh3_64 matches @node-rs/xxhash on every length path (0..240 bytes)', () => {
+  it('every length, fixed and random seeds', () => {
+    const seeds = [0n, 1n, 1337n, 9867606577583457700n, (1n << 64n) - 1n, 1n << 63n];
+    for (let len = 0; len <= 240; len++) {
+      const bytes = Uint8Array.from({ length: len }, (_, i) => (i * 131 + len * 7 + 3) & 255);
+      for (const seed of seeds) expect(xxh3Wasm(bytes, seed)).toBe(xxh3.xxh64(bytes, seed));
+    }
+  });
+
+  it('random bytes and seeds', () => {
+    fc.assert(
+      fc.property(fc.uint8Array({ maxLength: 240, size: 'max' }), fc.bigInt({ min: 0n, max: (1n << 64n) - 1n }), (bytes, seed) => {
+        expect(xxh3Wasm(bytes, seed)).toBe(xxh3.xxh64(bytes, seed));
+      }),
+      { numRuns: 3000 },
+    );
+  });
+
+  it('refuses inputs over 240 bytes (the napi path handles them)', () => {
+    expect(() => xxh3Wasm(new Uint8Array(241), 0n)).toThrow(RangeError);
+  });
+});
+
+const u64Arb = fc.bigInt({ min: 0n, max: (1n << 64n) - 1n });
+// Seeds as the router makes them: the base seed, LoRA and salt seeds from random names, and arbitrary u64s.
+const seedArb = fc.oneof(
+  fc.constant(1337n),
+  fc.string({ minLength: 1, maxLength: 12 }).map((s) => hashSeed(s)),
+  fc.string({ minLength: 1, maxLength: 12 }).map((s) => hashSeed(null, s)),
+  fc.tuple(fc.string({ minLength: 1 }), fc.string({ minLength: 1 })).map(([a, b]) => hashSeed(a, b)),
+  u64Arb,
+);
+
+describe('WASM block hasher is bit-identical to the napi path (hashBlocksInto)', () => {
+  it('random tokens, every block size 1..60, random seeds, with and without parent, offsets', () => {
+    fc.assert(
+      fc.property(
+        // Lengths are drawn explicitly (fast-check's default size would give mostly sub-block arrays for big bs).
+        fc
+          .record({
+            bs: fc.integer({ min: 1, max: WASM_MAX_BLOCK_TOKENS }),
+            blocks: fc.integer({ min: 0, max: 8 }),
+            extra: fc.integer({ min: 0, max: 2 * WASM_MAX_BLOCK_TOKENS }),
+          })
+          .chain(({ bs, blocks, extra }) =>
+            fc.tuple(
+              fc.constant(bs),
+              fc.array(fc.integer({ min: 0, max: 0xffffffff }), {
+                minLength: blocks * bs + extra,
+                maxLength: blocks * bs + extra,
+              }),
+            ),
+          ),
+        fc.nat(),
+        seedArb,
+        fc.option(u64Arb, { nil: null }),
+        fc.nat({ max: 3 }),
+        fc.boolean(),
+        ([bs, tokens], fromPick, seed, parent, outOffset, typed) => {
+          // Mostly from 0 (whole prompt), sometimes from an arbitrary offset.
+          const from = tokens.length === 0 || fromPick % 3 !== 0 ? 0 : fromPick % (tokens.length + 1);
+          const count = tokens.length - from;
+          const blocks = Math.floor(count / bs);
+          const src = typed ? Uint32Array.from(tokens) : tokens;
+          const napiSeq = new BigUint64Array(outOffset + blocks);
+          const napiLocal = new BigUint64Array(outOffset + blocks);
+          const wasmSeq = new BigUint64Array(outOffset + blocks);
+          const wasmLocal = new BigUint64Array(outOffset + blocks);
+          const nb = hashBlocksInto(src, from, count, bs, seed, parent, napiSeq, outOffset, napiLocal);
+          const wb = hashBlocksWasm(src, from, count, bs, seed, parent, wasmSeq, outOffset, wasmLocal);
+          expect(wb).toBe(nb);
+          expect(wb).toBe(blocks);
+          expect(dec(wasmSeq)).toEqual(dec(napiSeq));
+          expect(dec(wasmLocal)).toEqual(dec(napiLocal));
+        },
+      ),
+      { numRuns: 3000 },
+    );
+  });
+
+  it('covers each block size 1..60 on a multi-block prompt with a parent (seq only)', () => {
+    const tokens = Uint32Array.from({ length: 60 * 9 + 7 }, (_, i) => (i * 2654435761) >>> 0);
+    for (let bs = 1; bs <= WASM_MAX_BLOCK_TOKENS; bs++) {
+      for (const parent of [null, 0n, 12345678901234567890n]) {
+        const blocks = Math.floor(tokens.length / bs);
+        const napi = new BigUint64Array(blocks);
+        const wasm = new BigUint64Array(blocks);
+        hashBlocksInto(tokens, 0, tokens.length, bs, 1337n, parent, napi, 0);
+        expect(hashBlocksWasm(tokens, 0, tokens.length, bs, 1337n, parent, wasm, 0)).toBe(blocks);
+        expect(dec(wasm)).toEqual(dec(napi));
+      }
+    }
+  });
+
+  it('chaining across calls equals one call (parent = last seq of the previous call)', () => {
+    const tokens = range(0, 16 * 50);
+    const whole = new BigUint64Array(50);
+    hashBlocksWasm(tokens, 0, tokens.length, 16, 1337n, null, whole, 0);
+    const parts = new BigUint64Array(50);
+    hashBlocksWasm(tokens, 0, 16 * 20, 16, 1337n, null, parts, 0);
+    hashBlocksWasm(tokens, 16 * 20, 16 * 30, 16, 1337n, parts[19], parts, 20);
+    expect(dec(parts)).toEqual(dec(whole));
+  });
+
+  it('a 32k-token prompt (memory growth) matches napi', () => {
+    const tokens = Uint32Array.from({ length: 32768 + 5 }, (_, i) => (i * 7919 + 13) % 151_000);
+    const blocks = Math.floor(tokens.length / 16);
+    const napi = new BigUint64Array(blocks);
+    const wasm = new BigUint64Array(blocks);
+    const wasmLocal = new BigUint64Array(blocks);
+    hashBlocksInto(tokens, 0, tokens.length, 16, 1337n, null, napi, 0);
+    expect(hashBlocksWasm(tokens, 0, tokens.length, 16, 1337n, null, wasm, 0, wasmLocal)).toBe(2048);
+    expect(dec(wasm)).toEqual(dec(napi));
+    // A smaller call after growth still sees fresh views.
+    const small = new BigUint64Array(2);
+    hashBlocksWasm(range(0, 36), 0, 36, 16, 1337n, null, small, 0);
+    expect(dec(small)).toEqual(['15310707395893867146', '13769157705258532664']);
+  });
+});
+
+describe('WASM block hasher: empty, partial and bad input', () => {
+  it('0 tokens and a partial block hash nothing and write nothing', () => {
+    const out = BigUint64Array.of(7n, 7n);
+    expect(hashBlocksWasm([], 0, 0, 16, 1337n, null, out, 0)).toBe(0);
+    expect(hashBlocksWasm(range(0, 15), 0, 15, 16, 1337n, 5n, out, 0)).toBe(0);
+    expect(hashBlocksWasm(range(0, 40), 30, 10, 16, 1337n, null, out, 0)).toBe(0);
+    expect(dec(out)).toEqual(['7', '7']);
+  });
+
+  it('a trailing partial block is ignored: 47 tokens at bs 16 hash exactly the first 32', () => {
+    const a = new BigUint64Array(2);
+    const b = new BigUint64Array(2);
+    expect(hashBlocksWasm(range(0, 47), 0, 47, 16, 1337n, null, a, 0)).toBe(2);
+    expect(hashBlocksWasm(range(0, 32), 0, 32, 16, 1337n, null, b, 0)).toBe(2);
+    expect(dec(a)).toEqual(dec(b));
+  });
+
+  it('rejects block sizes it cannot hash and outputs too short, with a RangeError', () => {
+    const out = new BigUint64Array(4);
+    for (const bs of [0, -1, 1.5, 61, 64, Number.NaN]) {
+      expect(() => hashBlocksWasm(range(0, 128), 0, 128, bs, 1337n, null, out, 0)).toThrow(RangeError);
+    }
+    expect(() => hashBlocksWasm(range(0, 80), 0, 80, 16, 1337n, null, out, 0)).toThrow(RangeError);
+    expect(() => hashBlocksWasm(range(0, 64), 0, 64, 16, 1337n, null, out, 1)).toThrow(RangeError);
+    expect(() => hashBlocksWasm(range(0, 64), 0, 64, 16, 1337n, null, out, 0, new BigUint64Array(3))).toThrow(RangeError);
+  });
+});
