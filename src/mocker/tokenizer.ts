@@ -1,0 +1,134 @@
+/**
+ * Tokenizers for the mock engine. Kept small on purpose: the router's tokenizer (src/tokenizer/) is built separately;
+ * the two could be merged once both settle.
+ *
+ * - `loadHfTokenizer(dir)`: the model's real tokenizer.json + tokenizer_config.json chat template (as vLLM does it:
+ *   render with add_generation_prompt true and chat_template_kwargs, then tokenize WITHOUT adding special tokens).
+ * - `SimpleTokenizer`: a documented deterministic stand-in when no tokenizer is given:
+ *     pieces = text split as /\s*\S+|\s+/ (each word with its leading whitespace),
+ *     id(piece) = 256 + fnv1a32(utf8(piece)) mod (vocabSize - 256).
+ *   Decoding maps ids seen by encode back to their piece; other ids (generated tokens) decode to a synthetic word
+ *   " w<base36 id>". Chat template (ChatML, as Qwen):
+ *     for each message: "<|im_start|>{role}\n{content}<|im_end|>\n"; then "<|im_start|>assistant\n".
+ */
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { Tokenizer } from '@huggingface/tokenizers';
+import { Template } from '@huggingface/jinja';
+
+export interface ChatMessage {
+  role: string;
+  content?: string | Array<{ type: string; text?: string }> | null;
+  [key: string]: unknown;
+}
+
+export interface ChatRenderOptions {
+  chatTemplateKwargs?: Record<string, unknown>;
+  tools?: unknown[];
+  addGenerationPrompt?: boolean;
+}
+
+export interface MockTokenizer {
+  readonly kind: 'hf' | 'simple';
+  /** Generated token ids are drawn below this (regular, non-special tokens). */
+  readonly vocabSize: number;
+  encode(text: string): number[];
+  decode(ids: readonly number[]): string;
+  renderChat(messages: ChatMessage[], opts?: ChatRenderOptions): string;
+}
+
+function fnv1a(s: string): number {
+  const b = Buffer.from(s, 'utf8');
+  let h = 0x811c9dc5;
+  for (let i = 0; i < b.length; i++) h = Math.imul(h ^ b[i], 0x01000193);
+  return h >>> 0;
+}
+
+function contentText(c: ChatMessage['content']): string {
+  if (c == null) return '';
+  if (typeof c === 'string') return c;
+  return c.map((p) => (p && typeof p.text === 'string' ? p.text : '')).join('');
+}
+
+export class SimpleTokenizer implements MockTokenizer {
+  readonly kind = 'simple' as const;
+  /** Pieces seen by encode, for decode; bounded so a long-running mocker does not grow without end. */
+  private readonly seen = new Map<number, string>();
+
+  constructor(readonly vocabSize = 32000) {}
+
+  encode(text: string): number[] {
+    const pieces = text.match(/\s*\S+|\s+/g) ?? [];
+    const out = new Array<number>(pieces.length);
+    for (let i = 0; i < pieces.length; i++) {
+      const id = 256 + (fnv1a(pieces[i]) % (this.vocabSize - 256));
+      out[i] = id;
+      if (this.seen.size >= 200_000) this.seen.clear();
+      this.seen.set(id, pieces[i]);
+    }
+    return out;
+  }
+
+  decode(ids: readonly number[]): string {
+    let s = '';
+    for (const id of ids) s += this.seen.get(id) ?? ` w${id.toString(36)}`;
+    return s;
+  }
+
+  renderChat(messages: ChatMessage[], opts: ChatRenderOptions = {}): string {
+    let s = '';
+    for (const m of messages) s += `<|im_start|>${m.role}\n${contentText(m.content)}<|im_end|>\n`;
+    if (opts.addGenerationPrompt !== false) s += '<|im_start|>assistant\n';
+    return s;
+  }
+}
+
+class HfTokenizer implements MockTokenizer {
+  readonly kind = 'hf' as const;
+  readonly vocabSize: number;
+  private readonly template: Template | null;
+  private readonly specials: Record<string, unknown>;
+
+  constructor(
+    private readonly tok: Tokenizer,
+    config: Record<string, unknown>,
+  ) {
+    this.vocabSize = tok.get_vocab(false).size;
+    let tpl = config.chat_template as unknown;
+    if (Array.isArray(tpl)) tpl = (tpl.find((t) => t?.name === 'default') ?? tpl[0])?.template;
+    this.template = typeof tpl === 'string' ? new Template(tpl) : null;
+    const tokenText = (v: unknown) => (typeof v === 'string' ? v : v && typeof v === 'object' ? (v as { content?: string }).content ?? '' : '');
+    this.specials = { bos_token: tokenText(config.bos_token), eos_token: tokenText(config.eos_token) };
+  }
+
+  encode(text: string): number[] {
+    return this.tok.encode(text, { add_special_tokens: false }).ids;
+  }
+
+  decode(ids: readonly number[]): string {
+    return this.tok.decode(ids as number[], { skip_special_tokens: false });
+  }
+
+  renderChat(messages: ChatMessage[], opts: ChatRenderOptions = {}): string {
+    if (!this.template) throw new Error('the tokenizer has no chat_template');
+    return this.template.render({
+      ...this.specials,
+      messages,
+      tools: opts.tools,
+      add_generation_prompt: opts.addGenerationPrompt !== false,
+      ...(opts.chatTemplateKwargs ?? {}),
+    });
+  }
+}
+
+/** Loads `dir/tokenizer.json` and `dir/tokenizer_config.json` (throws with the path when unreadable). */
+export function loadHfTokenizer(dir: string): MockTokenizer {
+  const json = JSON.parse(readFileSync(join(dir, 'tokenizer.json'), 'utf8'));
+  let config: Record<string, unknown> = {};
+  try {
+    config = JSON.parse(readFileSync(join(dir, 'tokenizer_config.json'), 'utf8'));
+  } catch {
+    // A tokenizer without a config still tokenizes; chat requests will fail with a clear error.
+  }
+  return new HfTokenizer(new Tokenizer(json, config), config);
+}
