@@ -1,9 +1,16 @@
 /**
  * In-flight load per source, from the router's own decisions (REFERENCE section 5):
  * - prefill tokens (prompt tokens not expected from cache) count from routing until the first output token;
- * - active blocks count from routing until finish, as refcounted sequence hashes, so requests sharing a prefix on the
- *   same source count the shared blocks once; the trailing partial block is unique to each request.
- * Requests that never finish (lost clients, crashed shells) are force-freed after `staleMs`.
+ * - active blocks count from routing until finish; requests sharing a prefix on one source count it once; the
+ *   trailing partial block is unique to each request.
+ * Requests that never finish (lost clients, crashed shells) are force-freed after a stale limit.
+ *
+ * No per-block work: a request's blocks form a prefix chain (seq[i] names the whole prefix), so the blocks of q
+ * already active on a source are the longest common prefix of q with that source's in-flight requests, and the LCP
+ * of two seq-hash arrays is a binary search (equal hashes at block i imply equal hashes at every j < i).
+ *
+ * The same structure is the predicted overlay: a sibling request sharing a prefix with an in-flight (or just
+ * finished) request on a source is credited that prefix before the engine's Stored events arrive.
  */
 export interface ActiveRequest {
   readonly requestId: string;
@@ -16,23 +23,74 @@ export interface ActiveRequest {
   firstTokenAt?: number;
 }
 
+interface Chain {
+  readonly view: Uint32Array;
+  readonly blocks: number;
+}
+
+interface RecentChain extends Chain {
+  readonly expiresAt: number;
+}
+
 interface SourceLoad {
   prefillTokens: number;
-  /** Sequence hash -> number of active requests holding it. */
-  readonly blocks: Map<bigint, number>;
-  /** Partial trailing blocks, one per request that has one. */
+  readonly inFlight: Array<ActiveRequest & Chain>;
+  /** Distinct full blocks over in-flight requests. */
+  distinctBlocks: number;
+  /** Trailing partial blocks, one per in-flight request that has one. */
   partialBlocks: number;
-  requests: number;
+  /** Recently finished chains (ring), for the overlay's grace period. */
+  readonly recent: RecentChain[];
+  recentNext: number;
+}
+
+/** Longest common prefix, in blocks, of two seq-hash chains given as (lo, hi) u32 views. */
+export function commonPrefix(a: Uint32Array, an: number, b: Uint32Array, bn: number): number {
+  let lo = 0;
+  let hi = Math.min(an, bn);
+  while (lo < hi) {
+    const mid = (lo + hi + 1) >>> 1;
+    const k = 2 * (mid - 1);
+    if (a[k] === b[k] && a[k + 1] === b[k + 1]) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+function maxPrefix(view: Uint32Array, n: number, chains: readonly Chain[], skip?: Chain): number {
+  let best = 0;
+  for (const c of chains) {
+    if (c === skip || best >= n) continue;
+    const l = commonPrefix(view, n, c.view, c.blocks);
+    if (l > best) best = l;
+  }
+  return best;
+}
+
+const u32 = (h: BigUint64Array) => new Uint32Array(h.buffer, h.byteOffset, h.length * 2);
+
+export interface ActiveLoadOptions {
+  /** How long a finished request still counts in the overlay (covers event delay after finish), ms. */
+  readonly graceMs?: number;
+  /** Finished chains remembered per source for the grace period. */
+  readonly recentPerSource?: number;
 }
 
 export class ActiveLoad {
-  private readonly requests = new Map<string, ActiveRequest>();
+  private readonly requests = new Map<string, ActiveRequest & Chain>();
   private readonly sources = new Map<number, SourceLoad>();
+  private readonly graceMs: number;
+  private readonly recentPerSource: number;
+
+  constructor(options: ActiveLoadOptions = {}) {
+    this.graceMs = options.graceMs ?? 0;
+    this.recentPerSource = options.recentPerSource ?? 32;
+  }
 
   private load(source: number): SourceLoad {
     let s = this.sources.get(source);
     if (!s) {
-      s = { prefillTokens: 0, blocks: new Map(), partialBlocks: 0, requests: 0 };
+      s = { prefillTokens: 0, inFlight: [], distinctBlocks: 0, partialBlocks: 0, recent: [], recentNext: 0 };
       this.sources.set(source, s);
     }
     return s;
@@ -46,15 +104,13 @@ export class ActiveLoad {
     return this.requests.get(requestId);
   }
 
-  add(req: ActiveRequest): void {
+  add(request: ActiveRequest): void {
+    const req = Object.assign(request, { view: u32(request.seqHashes), blocks: request.seqHashes.length });
     const s = this.load(req.source);
     s.prefillTokens += req.prefillTokens;
-    s.requests++;
-    for (let i = 0; i < req.seqHashes.length; i++) {
-      const h = req.seqHashes[i];
-      s.blocks.set(h, (s.blocks.get(h) ?? 0) + 1);
-    }
-    if (req.requestBlocks > req.seqHashes.length) s.partialBlocks++;
+    s.distinctBlocks += req.blocks - maxPrefix(req.view, req.blocks, s.inFlight);
+    if (req.requestBlocks > req.blocks) s.partialBlocks++;
+    s.inFlight.push(req);
     this.requests.set(req.requestId, req);
   }
 
@@ -68,20 +124,23 @@ export class ActiveLoad {
   }
 
   /** Frees everything the request holds. Returns it, or undefined when unknown (already freed). */
-  free(requestId: string): ActiveRequest | undefined {
+  free(requestId: string, now = -Infinity): ActiveRequest | undefined {
     const req = this.requests.get(requestId);
     if (!req) return undefined;
     this.requests.delete(requestId);
     const s = this.load(req.source);
     if (req.firstTokenAt === undefined) s.prefillTokens -= req.prefillTokens;
-    s.requests--;
-    for (let i = 0; i < req.seqHashes.length; i++) {
-      const h = req.seqHashes[i];
-      const c = s.blocks.get(h) ?? 0;
-      if (c <= 1) s.blocks.delete(h);
-      else s.blocks.set(h, c - 1);
+    const at = s.inFlight.indexOf(req);
+    s.inFlight[at] = s.inFlight[s.inFlight.length - 1];
+    s.inFlight.pop();
+    s.distinctBlocks -= req.blocks - maxPrefix(req.view, req.blocks, s.inFlight);
+    if (req.requestBlocks > req.blocks) s.partialBlocks--;
+    if (this.graceMs > 0 && req.blocks > 0 && now > -Infinity) {
+      const chain: RecentChain = { view: req.view, blocks: req.blocks, expiresAt: now + this.graceMs };
+      if (s.recent.length < this.recentPerSource) s.recent.push(chain);
+      else s.recent[s.recentNext] = chain;
+      s.recentNext = (s.recentNext + 1) % this.recentPerSource;
     }
-    if (req.requestBlocks > req.seqHashes.length) s.partialBlocks--;
     return req;
   }
 
@@ -90,14 +149,21 @@ export class ActiveLoad {
     const stale: string[] = [];
     for (const req of this.requests.values()) if (now - req.startedAt > staleMs) stale.push(req.requestId);
     for (const id of stale) this.free(id);
+    for (const s of this.sources.values()) {
+      for (let i = s.recent.length - 1; i >= 0; i--) if (s.recent[i].expiresAt <= now) s.recent.splice(i, 1);
+      s.recentNext = s.recent.length % this.recentPerSource;
+    }
     return stale;
   }
 
   /** All requests on a source (when it is removed). */
   requestsOn(source: number): string[] {
-    const ids: string[] = [];
-    for (const req of this.requests.values()) if (req.source === source) ids.push(req.requestId);
-    return ids;
+    return (this.sources.get(source)?.inFlight ?? []).map((r) => r.requestId);
+  }
+
+  removeSource(source: number): void {
+    for (const id of this.requestsOn(source)) this.free(id);
+    this.sources.delete(source);
   }
 
   prefillTokens(source: number): number {
@@ -106,20 +172,30 @@ export class ActiveLoad {
 
   activeBlocks(source: number): number {
     const s = this.sources.get(source);
-    return s ? s.blocks.size + s.partialBlocks : 0;
+    return s ? s.distinctBlocks + s.partialBlocks : 0;
   }
 
   activeRequests(source: number): number {
-    return this.sources.get(source)?.requests ?? 0;
+    return this.sources.get(source)?.inFlight.length ?? 0;
   }
 
   /** Leading blocks of `seqHashes` already active on `source` (they add no new decode blocks there). */
-  activePrefix(source: number, seqHashes: BigUint64Array): number {
+  activePrefix(source: number, seqHashes: BigUint64Array, view: Uint32Array = u32(seqHashes)): number {
     const s = this.sources.get(source);
-    if (!s || s.blocks.size === 0) return 0;
-    let i = 0;
-    while (i < seqHashes.length && s.blocks.has(seqHashes[i])) i++;
-    return i;
+    return s ? maxPrefix(view, seqHashes.length, s.inFlight) : 0;
+  }
+
+  /** Leading blocks shared with in-flight requests or requests finished less than the grace period ago. */
+  predictedPrefix(source: number, seqHashes: BigUint64Array, now: number, view: Uint32Array = u32(seqHashes)): number {
+    const s = this.sources.get(source);
+    if (!s) return 0;
+    let best = maxPrefix(view, seqHashes.length, s.inFlight);
+    for (const c of s.recent) {
+      if (c.expiresAt <= now || best >= seqHashes.length) continue;
+      const l = commonPrefix(view, seqHashes.length, c.view, c.blocks);
+      if (l > best) best = l;
+    }
+    return best;
   }
 
   get size(): number {

@@ -1,93 +1,140 @@
 /**
- * What the router believes a source holds because it sent requests there, not because the engine said so.
+ * Approximate mode, for engines without a KV event feed: the router records each routing decision (the request's
+ * sequence hashes on the chosen source) with a TTL (default 120 s) and an optional per-source capacity.
  *
- * Two uses, one structure:
- * - approximate mode, for engines without a KV event feed: every routing decision is recorded with a long TTL
- *   (default 120 s) and an optional per-source capacity (least recently routed blocks go first);
- * - the predicted overlay, for event-fed engines: a short TTL covers the burst of sibling requests that share a prefix
- *   before the engine's Stored events arrive, so they are routed together instead of scattered.
- *
- * Per source, a Map from sequence hash to expiry time. With one TTL per index, insertion order (refreshed on re-record)
- * is expiry order, so sweeping is a walk from the front that stops at the first live entry.
+ * One typed-array table keyed by (seq hash XOR a per-source salt), value = expiry, aux = source. Each source's set
+ * stays prefix-closed (a block is present only with all its ancestors: shared ancestors carry the latest expiry, and
+ * eviction removes whole expiry groups, oldest first), so "leading blocks of q present on s" is a binary search:
+ * O(log n) lookups per source instead of a walk.
  */
+import { U64Map, u32View } from './index/u64-map.ts';
+
 export interface TtlIndexOptions {
   readonly ttlMs: number;
-  /** Most blocks remembered per source; the oldest are forgotten first. Unbounded when absent. */
+  /** Most blocks remembered per source; the least recently recorded go first. Unbounded when absent. */
   readonly capacityPerSource?: number;
+}
+
+/** Two 32-bit salts per source, so one table holds every source without collisions in practice. */
+function saltLo(source: number): number {
+  return Math.imul(source + 1, 0x9e3779b1) >>> 0;
+}
+function saltHi(source: number): number {
+  return Math.imul(source + 1, 0x85ebca77) >>> 0;
 }
 
 export class TtlIndex {
   readonly ttlMs: number;
   readonly capacity: number;
-  private readonly bySource = new Map<number, Map<bigint, number>>();
+  private readonly table = new U64Map(1024, true);
+  private readonly counts = new Map<number, number>();
+  /** Expiries are stored as int32 ms relative to `base`, rebased when they would overflow. */
+  private base = NaN;
+  private lastSweep = -Infinity;
 
   constructor(options: TtlIndexOptions) {
     this.ttlMs = options.ttlMs;
     this.capacity = options.capacityPerSource ?? Infinity;
   }
 
+  private rel(now: number): number {
+    if (Number.isNaN(this.base)) this.base = now;
+    const r = Math.round(now - this.base);
+    if (r + this.ttlMs > 0x7fffffff) {
+      // ~24 days without a restart: forget everything rather than risk wrapped expiries (this is only a hint).
+      this.table.clear();
+      this.counts.clear();
+      this.base = now;
+      return 0;
+    }
+    return r;
+  }
+
   /** Records that `source` will hold the blocks `seqHashes` from `now` on. */
   record(source: number, seqHashes: BigUint64Array, now: number): void {
     if (seqHashes.length === 0 || this.ttlMs <= 0) return;
-    let entries = this.bySource.get(source);
-    if (!entries) {
-      entries = new Map();
-      this.bySource.set(source, entries);
-    }
-    const expiry = now + this.ttlMs;
+    const expiry = this.rel(now) + this.ttlMs;
+    const v = u32View(seqHashes);
+    const sl = saltLo(source);
+    const sh = saltHi(source);
+    let added = 0;
     for (let i = 0; i < seqHashes.length; i++) {
-      const h = seqHashes[i];
-      entries.delete(h);
-      entries.set(h, expiry);
+      const lo = (v[2 * i] ^ sl) >>> 0;
+      const hi = (v[2 * i + 1] ^ sh) >>> 0;
+      if (this.table.find(lo, hi) < 0) added++;
+      this.table.set(lo, hi, expiry, source);
     }
-    if (entries.size > this.capacity) {
-      let excess = entries.size - this.capacity;
-      for (const key of entries.keys()) {
-        if (excess-- <= 0) break;
-        entries.delete(key);
-      }
-    }
+    const count = (this.counts.get(source) ?? 0) + added;
+    this.counts.set(source, count);
+    // Evict with 10% hysteresis so a full source is not rescanned on every request.
+    if (count > this.capacity * 1.1) this.evictOldest(source, count - this.capacity, expiry);
   }
 
-  /**
-   * For each source with entries, leading blocks of `seqHashes` it holds unexpired; raises `out[source]` to that
-   * count (so callers can take the max with another index).
-   */
-  raiseMatches(seqHashes: BigUint64Array, now: number, out: Int32Array | number[]): void {
-    if (seqHashes.length === 0) return;
-    for (const [source, entries] of this.bySource) {
-      if (entries.size === 0 || source >= out.length) continue;
-      let i = 0;
-      while (i < seqHashes.length) {
-        const expiry = entries.get(seqHashes[i]);
-        if (expiry === undefined || expiry <= now) break;
-        i++;
-      }
-      if (i > out[source]) out[source] = i;
-    }
+  private present(lo: number, hi: number, nowRel: number): boolean {
+    const pos = this.table.find(lo, hi);
+    return pos >= 0 && this.table.valueAt(pos) > nowRel;
   }
 
-  /** Drops expired entries. */
+  /** Leading blocks of `seqHashes` that `source` holds unexpired. */
+  prefix(source: number, seqHashes: BigUint64Array, now: number, view: Uint32Array = u32View(seqHashes)): number {
+    if (!this.counts.get(source) || seqHashes.length === 0) return 0;
+    const nowRel = this.rel(now);
+    const sl = saltLo(source);
+    const sh = saltHi(source);
+    let lo = 0;
+    let hi = seqHashes.length;
+    while (lo < hi) {
+      const mid = (lo + hi + 1) >>> 1;
+      const k = 2 * (mid - 1);
+      if (this.present((view[k] ^ sl) >>> 0, (view[k + 1] ^ sh) >>> 0, nowRel)) lo = mid;
+      else hi = mid - 1;
+    }
+    return lo;
+  }
+
+  /** Drops expired entries; a full scan, so it runs at most every quarter TTL (lookups ignore expired ones anyway). */
   sweep(now: number): void {
-    for (const entries of this.bySource.values()) {
-      for (const [key, expiry] of entries) {
-        if (expiry > now) break;
-        entries.delete(key);
-      }
+    if (now - this.lastSweep < this.ttlMs / 4 || this.table.size === 0) return;
+    this.lastSweep = now;
+    const nowRel = this.rel(now);
+    this.removeWhere((_source, expiry) => expiry <= nowRel);
+  }
+
+  /** Evicts at least `excess` blocks of older expiry groups; the chain just recorded (expiry `keep`) always stays. */
+  private evictOldest(source: number, excess: number, keep: number): void {
+    const expiries: number[] = [];
+    this.table.forEach((_lo, _hi, expiry, s) => {
+      if (s === source) expiries.push(expiry);
+    });
+    expiries.sort((a, b) => a - b);
+    // Whole expiry groups go together, keeping the set prefix-closed.
+    const cut = Math.min(expiries[Math.min(excess, expiries.length) - 1], keep - 1);
+    this.removeWhere((s, expiry) => s === source && expiry <= cut);
+  }
+
+  private removeWhere(pred: (source: number, expiry: number) => boolean): void {
+    const doomed: number[] = [];
+    this.table.forEach((lo, hi, expiry, source) => {
+      if (pred(source, expiry)) doomed.push(lo, hi, source);
+    });
+    for (let i = 0; i < doomed.length; i += 3) {
+      this.table.delete(doomed[i], doomed[i + 1]);
+      const s = doomed[i + 2];
+      this.counts.set(s, (this.counts.get(s) ?? 1) - 1);
     }
   }
 
   removeSource(source: number): void {
-    this.bySource.delete(source);
+    if (!this.counts.get(source)) return;
+    this.removeWhere((s) => s === source);
+    this.counts.delete(source);
   }
 
   blocks(source: number): number {
-    return this.bySource.get(source)?.size ?? 0;
+    return this.counts.get(source) ?? 0;
   }
 
   get size(): number {
-    let n = 0;
-    for (const e of this.bySource.values()) n += e.size;
-    return n;
+    return this.table.size;
   }
 }

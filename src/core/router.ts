@@ -44,11 +44,17 @@ export interface KvRouterOptions {
   readonly knobs?: Partial<KvKnobs>;
   readonly seed?: number;
   /**
-   * TTL of the predicted overlay for event-fed sources, in ms. Default 10 s: long enough to cover queueing plus the
-   * prefill of a long prompt under load (Stored events only follow the computed blocks), short enough that a failed or
-   * evicted prediction stops attracting traffic quickly. 0 disables it.
+   * The predicted overlay for event-fed sources: a request sharing a prefix with a request in flight on a source (or
+   * finished there less than `overlayGraceMs` ago) is credited that prefix, so a burst of siblings is routed together
+   * before the engine's Stored events arrive. Default on.
    */
-  readonly overlayTtlMs?: number;
+  readonly overlay?: boolean;
+  /**
+   * How long a finished request still counts in the overlay, ms. Default 2 s: Stored events follow each computed
+   * step within milliseconds, so this only covers transport delay and short requests that finish before their
+   * events are applied; longer would keep crediting blocks the engine may already have evicted.
+   */
+  readonly overlayGraceMs?: number;
   /** TTL of approximate-mode entries (sources without events), in ms. Default 120 s. */
   readonly approxTtlMs?: number;
   /** Per-source block capacity of approximate mode. */
@@ -107,8 +113,8 @@ export class KvRouter {
   readonly blockSize: number;
   readonly index: KvIndex;
   readonly ledger = new ReuseLedger();
-  readonly active = new ActiveLoad();
-  private readonly overlay: TtlIndex;
+  readonly active: ActiveLoad;
+  private readonly overlay: boolean;
   private readonly approx: TtlIndex;
   private readonly sources = new Map<string, SourceEntry>();
   private readonly byIndex: (SourceEntry | undefined)[] = [];
@@ -120,13 +126,13 @@ export class KvRouter {
   private readonly records = new Map<string, RequestRecord>();
   private readonly busy: BusyThresholds;
   private readonly staleMs: number;
-  private overlapScratch = new Int32Array(64);
   private readonly clock?: () => number;
 
   constructor(options: KvRouterOptions) {
     this.blockSize = options.blockSize;
     this.index = new KvIndex({ blockSize: options.blockSize, maxBlocks: options.maxIndexedBlocks });
-    this.overlay = new TtlIndex({ ttlMs: options.overlayTtlMs ?? 10_000 });
+    this.overlay = options.overlay ?? true;
+    this.active = new ActiveLoad({ graceMs: this.overlay ? (options.overlayGraceMs ?? 2_000) : 0 });
     this.approx = new TtlIndex({ ttlMs: options.approxTtlMs ?? 120_000, capacityPerSource: options.approxCapacityBlocks });
     this.defaultPolicy = options.policy ?? 'kv';
     this.policy(this.defaultPolicy); // validate early
@@ -159,12 +165,9 @@ export class KvRouter {
   removeSource(key: string): boolean {
     const entry = this.sources.get(key);
     if (!entry) return false;
-    for (const id of this.active.requestsOn(entry.index)) {
-      this.active.free(id);
-      this.records.delete(id);
-    }
+    for (const id of this.active.requestsOn(entry.index)) this.records.delete(id);
+    this.active.removeSource(entry.index);
     this.index.removeSource(entry.index);
-    this.overlay.removeSource(entry.index);
     this.approx.removeSource(entry.index);
     this.sources.delete(key);
     this.byIndex[entry.index] = undefined;
@@ -244,15 +247,8 @@ export class KvRouter {
     const full = Math.min(seqHashes.length, Math.floor(promptTokens / this.blockSize));
 
     // Overlap per source: the event index, raised by the overlay (event sources) or the approximate index.
-    if (this.overlapScratch.length < this.byIndex.length) this.overlapScratch = new Int32Array(this.byIndex.length * 2);
-    const overlap = this.overlapScratch;
-    overlap.fill(0);
     const fromIndex = this.index.findMatches(seqHashes);
-    overlap.set(fromIndex.subarray(0, Math.min(fromIndex.length, overlap.length)));
-    this.overlay.raiseMatches(seqHashes, now, overlap);
-    this.approx.raiseMatches(seqHashes, now, overlap);
-
-    const t2 = this.clock?.() ?? 0;
+    const view = new Uint32Array(seqHashes.buffer, seqHashes.byteOffset, seqHashes.length * 2);
     const candidates: Candidate[] = [];
     const busySources: string[] = [];
     let bestOverlap = 0;
@@ -260,7 +256,10 @@ export class KvRouter {
       if (req.allow && !req.allow.has(entry.key)) continue;
       if (req.exclude?.has(entry.key)) continue;
       const s = entry.index;
-      const ov = Math.min(overlap[s], full);
+      let ov = s < fromIndex.length ? fromIndex[s] : 0;
+      if (entry.mode === 'approx') ov = Math.max(ov, this.approx.prefix(s, seqHashes, now, view));
+      else if (this.overlay && ov < full) ov = Math.max(ov, this.active.predictedPrefix(s, seqHashes, now, view));
+      ov = Math.min(ov, full);
       if (ov > bestOverlap) bestOverlap = ov;
       const activeBlocks = this.active.activeBlocks(s);
       const activePrefillTokens = this.active.prefillTokens(s);
@@ -275,10 +274,12 @@ export class KvRouter {
         cachedBlocks: this.index.cachedBlocks(s),
         activePrefillTokens,
         activeBlocks,
-        activePrefixBlocks: this.active.activePrefix(s, seqHashes),
+        activePrefixBlocks: this.active.activePrefix(s, seqHashes, view),
         activeRequests: this.active.activeRequests(s),
       });
     }
+    // "find" covers the event index plus overlay, approx and active-prefix lookups per candidate.
+    const t2 = this.clock?.() ?? 0;
     if (candidates.length === 0) {
       return {
         kind: 'refused',
@@ -311,7 +312,6 @@ export class KvRouter {
       startedAt: now,
     });
     if (entry.mode === 'approx') this.approx.record(chosen.source, seqHashes, now);
-    else this.overlay.record(chosen.source, seqHashes, now);
     this.ledger.routed(entry.key, requestBlocks, chosen.overlapBlocks, bestOverlap);
     this.records.set(req.requestId, {
       sourceKey: entry.key,
@@ -367,7 +367,7 @@ export class KvRouter {
     const record = this.records.get(requestId);
     if (!record) return undefined;
     this.records.delete(requestId);
-    const active = this.active.free(requestId);
+    const active = this.active.free(requestId, now);
     const predicted = predictedCachedTokens(record.overlapBlocks, record.promptTokens, this.blockSize);
     const cached = info.cachedTokens;
     if (cached !== undefined && Number.isFinite(cached) && cached >= 0) {
@@ -390,7 +390,6 @@ export class KvRouter {
 
   /** Expires overlay entries and force-frees requests older than the stale limit. Returns the freed ids. */
   sweep(now: number): string[] {
-    this.overlay.sweep(now);
     this.approx.sweep(now);
     const stale = this.active.sweep(now, this.staleMs);
     for (const id of stale) this.records.delete(id);
@@ -406,7 +405,6 @@ export class KvRouter {
     knobs: KvKnobs;
     inFlight: number;
     index: ReturnType<KvIndex['stats']>;
-    overlayBlocks: number;
     sources: Array<{
       source: string;
       workerId: string;
@@ -426,7 +424,6 @@ export class KvRouter {
       knobs: this.knobs,
       inFlight: this.records.size,
       index: this.index.stats(),
-      overlayBlocks: this.overlay.size,
       sources: [...this.sources.values()].map((e) => ({
         source: e.key,
         workerId: e.id.workerId,

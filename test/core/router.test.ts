@@ -27,7 +27,7 @@ function stored(tokens: number[], blocks: number, base: bigint): KvEvent {
 }
 
 function fleet(n: number, opts: Partial<ConstructorParameters<typeof KvRouter>[0]> = {}) {
-  const r = new KvRouter({ blockSize: BS, overlayTtlMs: 0, ...opts });
+  const r = new KvRouter({ blockSize: BS, overlay: false, ...opts });
   for (let i = 0; i < n; i++) r.addSource({ workerId: `w${i}`, dpRank: 0 });
   return r;
 }
@@ -159,7 +159,7 @@ describe('policies', () => {
     fc.assert(
       fc.property(fc.array(fc.tuple(fc.nat(5), fc.integer({ min: 1, max: 60 })), { maxLength: 40 }), fc.nat(), (reqs, seed) => {
         const run = () => {
-          const r = fleet(4, { seed, knobs: { temperature: 0.5 }, overlayTtlMs: 1000 });
+          const r = fleet(4, { seed, knobs: { temperature: 0.5 }, overlay: true });
           return reqs.map(([p, len], i) => routed(r.route({ requestId: `r${i}`, tokens: toks(len, p * 1000) }, i)).sourceKey);
         };
         expect(run()).toEqual(run());
@@ -232,7 +232,7 @@ describe('active load', () => {
 
 describe('overlay and approximate mode', () => {
   it('the overlay credits a sibling burst before any Stored event arrives, then expires', () => {
-    const r = new KvRouter({ blockSize: BS, overlayTtlMs: 1000 });
+    const r = new KvRouter({ blockSize: BS, overlayGraceMs: 1000 });
     for (let i = 0; i < 4; i++) r.addSource({ workerId: `w${i}`, dpRank: 0 });
     // Other workers busy with unrelated work, so the prefix credit decides.
     for (let i = 1; i < 4; i++) r.route({ requestId: `bg${i}`, tokens: toks(200, 10_000 * i), allow: new Set([`w${i}`]) }, 0);
@@ -250,25 +250,30 @@ describe('overlay and approximate mode', () => {
   });
 
   it('approximate sources remember routing decisions for their TTL and capacity', () => {
-    const idx = new TtlIndex({ ttlMs: 100, capacityPerSource: 3 });
+    const idx = new TtlIndex({ ttlMs: 100, capacityPerSource: 4 });
     const h = computeSeqHashes(toks(20), BS); // 5 blocks
-    idx.record(0, h, 0);
-    const out = new Int32Array(2);
-    idx.raiseMatches(h, 50, out);
-    // Capacity 3 keeps the last three recorded blocks, so no leading block remains: contiguity from block 0 matters.
-    expect(out[0]).toBe(0);
-    idx.record(1, h.subarray(0, 3), 0);
-    idx.raiseMatches(h, 50, out);
-    expect(out[1]).toBe(3);
-    const late = new Int32Array(2);
-    idx.raiseMatches(h, 100, late);
-    expect(late[1]).toBe(0);
-    idx.sweep(100);
+    const other = computeSeqHashes(toks(20, 7000), BS);
+    idx.record(0, h.subarray(0, 3), 0);
+    idx.record(1, h, 0);
+    expect(idx.prefix(0, h, 50)).toBe(3);
+    expect(idx.prefix(1, h, 50)).toBe(5);
+    expect(idx.prefix(1, other, 50)).toBe(0);
+    // Capacity: recording a newer chain on source 0 evicts the older one whole, never leaving a hole at block 0.
+    idx.record(0, other, 10);
+    expect(idx.prefix(0, h, 50)).toBe(0);
+    expect(idx.prefix(0, other, 50)).toBe(5);
+    expect(idx.blocks(0)).toBe(5);
+    // TTL
+    expect(idx.prefix(1, h, 100)).toBe(0);
+    idx.sweep(200);
     expect(idx.size).toBe(0);
+    idx.record(2, h, 300);
+    idx.removeSource(2);
+    expect(idx.prefix(2, h, 301)).toBe(0);
   });
 
   it('a router with approx sources learns affinity from its own decisions', () => {
-    const r = new KvRouter({ blockSize: BS, overlayTtlMs: 0 });
+    const r = new KvRouter({ blockSize: BS, overlay: false });
     for (let i = 0; i < 3; i++) r.addSource({ workerId: `w${i}`, dpRank: 0 }, { mode: 'approx' });
     const t = toks(40, 11);
     const a = routed(r.route({ requestId: 'a', tokens: t }, 0));

@@ -1,0 +1,78 @@
+/**
+ * bench:route — KvRouter.route() for a 32k-token prompt over 64 sources: hash + find matches + select, measured per
+ * call with the phases broken down (the router's injected clock). Target (issue 2): p99 <= 0.5 ms.
+ *
+ *   npm run bench:route [-- --iterations 2000 --tokens 32768 --sources 64]
+ */
+import { performance, PerformanceObserver } from 'node:perf_hooks';
+import { KvRouter } from '../src/core/router.ts';
+import { createRng } from '../src/core/rng.ts';
+import type { KvEvent } from '../src/core/types.ts';
+
+function arg(name: string, fallback: number): number {
+  const i = process.argv.indexOf(`--${name}`);
+  return i >= 0 ? Number(process.argv[i + 1]) : fallback;
+}
+
+const ITER = arg('iterations', 2000);
+const TOKENS = arg('tokens', 32768);
+const SOURCES = arg('sources', 64);
+const BS = 16;
+const rng = createRng(42);
+
+const pct = (xs: number[], p: number) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
+};
+
+let maxGcMs = 0;
+new PerformanceObserver((list) => {
+  for (const e of list.getEntries()) maxGcMs = Math.max(maxGcMs, e.duration);
+}).observe({ entryTypes: ['gc'] });
+
+const router = new KvRouter({ blockSize: BS, seed: 1, clock: () => performance.now() });
+for (let s = 0; s < SOURCES; s++) router.addSource({ workerId: `w${s}`, dpRank: 0 });
+
+// 16 conversation families, each a 32k-token prompt; each family cached (to a random depth) on 3 sources.
+const families = Array.from({ length: 16 }, (_, f) => Array.from({ length: TOKENS }, (_, i) => (f * 7_919 + i * 31) % 151_000));
+let engineId = 1n;
+for (const [f, tokens] of families.entries()) {
+  for (let k = 0; k < 3; k++) {
+    const source = `w${(f * 3 + k) % SOURCES}`;
+    const blocks = Math.floor((0.5 + 0.5 * rng()) * (TOKENS / BS));
+    const ids = Array.from({ length: blocks }, () => engineId++);
+    const ev: KvEvent = { kind: 'stored', parent: null, engineIds: ids, tokens: tokens.slice(0, blocks * BS), blockSize: BS };
+    router.applyEvents(source, [ev]);
+  }
+}
+
+const total: number[] = [];
+const hash: number[] = [];
+const find: number[] = [];
+const select: number[] = [];
+const WARMUP = Math.min(200, ITER / 4);
+for (let i = 0; i < ITER + WARMUP; i++) {
+  const fam = families[i % families.length];
+  // A new last turn: the family prefix plus a fresh tail of ~1k tokens, so the full prompt is ~32k.
+  const prompt = fam.slice(0, TOKENS - 1024).concat(Array.from({ length: 1024 }, (_, j) => (i * 1_003 + j) % 151_000));
+  const t0 = performance.now();
+  const d = router.route({ requestId: `r${i}`, tokens: prompt }, i);
+  const t1 = performance.now();
+  if (d.kind !== 'routed') throw new Error('refused');
+  // Keep in-flight load realistic: about 64 requests in flight.
+  if (i >= 64) router.finish(`r${i - 64}`, { cachedTokens: 0 }, i);
+  if (i < WARMUP) continue;
+  total.push(t1 - t0);
+  hash.push(d.timingsMs!.hash);
+  find.push(d.timingsMs!.find);
+  select.push(d.timingsMs!.select);
+}
+
+const fmt = (xs: number[]) => `p50 ${(pct(xs, 50) * 1000).toFixed(0)} us  p99 ${(pct(xs, 99) * 1000).toFixed(0)} us`;
+console.log(`bench:route  ${TOKENS}-token prompts (${TOKENS / BS} blocks of ${BS}), ${SOURCES} sources, ${ITER} calls, node ${process.version}`);
+console.log(`  route() total   ${fmt(total)}   (target p99 <= 500 us)`);
+console.log(`    hash          ${fmt(hash)}`);
+console.log(`    find matches  ${fmt(find)}`);
+console.log(`    select        ${fmt(select)}`);
+console.log(`  longest GC pause ${maxGcMs.toFixed(1)} ms`);
+console.log(`  verdict: ${pct(total, 99) <= 0.5 ? 'PASS' : 'MISS'} (p99 ${(pct(total, 99) * 1000).toFixed(0)} us)`);
