@@ -9,6 +9,7 @@
  */
 import { xxh3 } from '@node-rs/xxhash';
 import { endianness } from 'node:os';
+import { hashBlocksWasm, WASM_MAX_BLOCK_TOKENS } from './wasm/blocks.ts';
 
 export const BASE_SEED = 1337n;
 const U64 = (1n << 64n) - 1n;
@@ -89,9 +90,30 @@ export interface BlockHashes {
 
 /**
  * Hashes the full blocks of `tokens[from .. from+count)`, chaining from `parentSeq` (null: the blocks start a
- * sequence). Writes into `out` at `outOffset` when given. Returns the number of blocks hashed.
+ * sequence). Writes into `outSeq` (and `outLocal`) at `outOffset`. Returns the number of blocks hashed.
+ *
+ * Blocks of up to 60 tokens (240 bytes, every common engine block size) are hashed in one WebAssembly call for the
+ * whole run of blocks; larger blocks take the napi path, two native calls per block.
  */
 export function hashBlocksInto(
+  tokens: ArrayLike<number>,
+  from: number,
+  count: number,
+  blockSize: number,
+  seed: bigint,
+  parentSeq: bigint | null,
+  outSeq: BigUint64Array,
+  outOffset: number,
+  outLocal?: BigUint64Array,
+): number {
+  if (blockSize <= WASM_MAX_BLOCK_TOKENS) {
+    return hashBlocksWasm(tokens, from, count, blockSize, seed, parentSeq, outSeq, outOffset, outLocal);
+  }
+  return hashBlocksNapi(tokens, from, count, blockSize, seed, parentSeq, outSeq, outOffset, outLocal);
+}
+
+/** The reference path through @node-rs/xxhash, one call per hash: any block size. */
+export function hashBlocksNapi(
   tokens: ArrayLike<number>,
   from: number,
   count: number,

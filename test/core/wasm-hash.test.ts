@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import fc from 'fast-check';
 import { xxh3 } from '@node-rs/xxhash';
-import { hashBlocksInto, hashSeed } from '../../src/core/hashing.ts';
+import { hashBlocksNapi as hashBlocksInto, hashSeed } from '../../src/core/hashing.ts';
 import { hashBlocksWasm, WASM_MAX_BLOCK_TOKENS, xxh3Wasm } from '../../src/core/wasm/blocks.ts';
 
 const range = (a: number, b: number) => Array.from({ length: b - a }, (_, i) => a + i);
