@@ -102,6 +102,8 @@ export interface FinishedRequest {
 }
 
 interface RequestRecord {
+  /** Routed by another replica: counts in active load and the overlay, not in this replica's ledger. */
+  readonly remote?: boolean;
   readonly sourceKey: string;
   readonly promptTokens: number;
   readonly islBlocks: number;
@@ -348,6 +350,35 @@ export class KvRouter {
     };
   }
 
+  /**
+   * Load that another router replica routed (scale-out): it counts in this replica's active load and overlay so
+   * replicas decide as one router would, but not in this replica's ledger. Lifecycle via firstToken/finish as usual.
+   */
+  trackRemote(
+    remote: { requestId: string; sourceKey: string; seqHashes: BigUint64Array; promptTokens: number; overlapBlocks: number },
+    now: number,
+  ): boolean {
+    const entry = this.sources.get(remote.sourceKey);
+    if (!entry || this.records.has(remote.requestId)) return false;
+    this.active.add({
+      requestId: remote.requestId,
+      source: entry.index,
+      seqHashes: remote.seqHashes,
+      requestBlocks: islBlocksOf(remote.promptTokens, this.blockSize),
+      prefillTokens: Math.max(0, remote.promptTokens - remote.overlapBlocks * this.blockSize),
+      startedAt: now,
+    });
+    this.records.set(remote.requestId, {
+      remote: true,
+      sourceKey: entry.key,
+      promptTokens: remote.promptTokens,
+      islBlocks: islBlocksOf(remote.promptTokens, this.blockSize),
+      overlapBlocks: remote.overlapBlocks,
+      routedAt: now,
+    });
+    return true;
+  }
+
   private isBusy(entry: SourceEntry, activeBlocks: number, activePrefillTokens: number): boolean {
     const { activeBlockFraction, activePrefillTokens: maxPrefill } = this.busy;
     if (activeBlockFraction !== undefined && entry.capacityBlocks && activeBlocks > activeBlockFraction * entry.capacityBlocks) {
@@ -370,7 +401,7 @@ export class KvRouter {
     const active = this.active.free(requestId, now);
     const predicted = predictedCachedTokens(record.overlapBlocks, record.promptTokens, this.blockSize);
     const cached = info.cachedTokens;
-    if (cached !== undefined && Number.isFinite(cached) && cached >= 0) {
+    if (!record.remote && cached !== undefined && Number.isFinite(cached) && cached >= 0) {
       this.ledger.delivered(record.sourceKey, record.promptTokens, cached, predicted);
     }
     return {

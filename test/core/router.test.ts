@@ -374,3 +374,21 @@ describe('reuse ledger', () => {
     );
   });
 });
+
+describe('scale-out hook', () => {
+  it('remote requests count in active load and the overlay but not in the ledger', () => {
+    const r = fleet(2, { overlay: true });
+    const t = toks(40, 5);
+    const seq = r.hashRequest(t);
+    expect(r.trackRemote({ requestId: 'peer/1', sourceKey: 'w1', seqHashes: seq, promptTokens: 40, overlapBlocks: 0 }, 0)).toBe(true);
+    expect(r.trackRemote({ requestId: 'peer/1', sourceKey: 'w1', seqHashes: seq, promptTokens: 40, overlapBlocks: 0 }, 0)).toBe(false);
+    expect(r.trackRemote({ requestId: 'peer/2', sourceKey: 'nope', seqHashes: seq, promptTokens: 40, overlapBlocks: 0 }, 0)).toBe(false);
+    expect(r.state().sources[1]).toMatchObject({ activeRequests: 1, activeBlocks: 10, activePrefillTokens: 40 });
+    // A sibling is credited the remote request's prefix.
+    const d = routed(r.route({ requestId: 'local', tokens: [...t, 1, 2, 3] }, 1));
+    expect(d.candidates.find((c) => c.source === 'w1')?.overlapBlocks).toBe(10);
+    r.finish('peer/1', { cachedTokens: 0 }, 2);
+    expect(r.ledger.view().requests).toBe(1);
+    expect(r.ledger.view().delivered.requests).toBe(0);
+  });
+});
