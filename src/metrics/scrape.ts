@@ -270,9 +270,11 @@ export class EngineMirror {
     return this;
   }
 
-  stop(): void {
+  /** Stops the interval; resolves once a round still in flight has landed. */
+  async stop(): Promise<void> {
     if (this.timer) clearInterval(this.timer);
     this.timer = undefined;
+    await this.inFlight;
   }
 
   /** One round over all targets; concurrent calls share the round in flight. Never throws. */
