@@ -112,6 +112,9 @@ export function hashBlocksWasm(
     for (let i = 0; i < n; i++) view.setUint32(tokPtr + i * 4, tokens[from + i] >>> 0, true);
   } else if (tokens instanceof Uint32Array && from + n <= tokens.length) {
     u32.set(tokens.subarray(from, from + n), tokPtr / 4);
+  } else if (Array.isArray(tokens) && from + n <= tokens.length) {
+    // TypedArray#set from a plain array is a native bulk copy (same ToUint32 conversion), ~4x faster than a JS loop.
+    u32.set(from === 0 && n === tokens.length ? tokens : tokens.slice(from, from + n), tokPtr / 4);
   } else {
     const at = tokPtr / 4;
     for (let i = 0; i < n; i++) u32[at + i] = tokens[from + i];
