@@ -5,6 +5,7 @@
  *
  *   npm run bench:hash [-- --calls 1000 --tokens 32768]
  */
+import { loadavg } from 'node:os';
 import { hashBlocksNapi } from '../src/core/hashing.ts';
 import { hashBlocksWasm } from '../src/core/wasm/blocks.ts';
 import { latency, type Latency } from './lib/measure.ts';
@@ -64,10 +65,14 @@ const rows: Row[] = [
 ];
 
 const f = (x: number) => x.toFixed(x < 10 ? 2 : 1);
-console.log(`node ${process.version}, ${CALLS} calls per big case (latency in µs per call; ns/block = mean / blocks)`);
+// ns/block from the median: on a shared machine the mean and p99 carry other processes' scheduling noise.
+console.log(
+  `node ${process.version}, load average ${loadavg()[0].toFixed(1)}, ${CALLS} calls per 32k case ` +
+    '(latency in µs per call; ns/block = p50 / blocks)',
+);
 console.log('| case | impl | blocks | p50 µs | p99 µs | mean µs | ns/block |');
 console.log('|---|---|---|---|---|---|---|');
 for (const r of rows) {
-  const nsPerBlock = (r.lat.mean * 1000) / r.blocks;
+  const nsPerBlock = (r.lat.p50 * 1000) / r.blocks;
   console.log(`| ${r.case} | ${r.impl} | ${r.blocks} | ${f(r.lat.p50)} | ${f(r.lat.p99)} | ${f(r.lat.mean)} | ${nsPerBlock.toFixed(0)} |`);
 }

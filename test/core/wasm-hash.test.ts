@@ -201,3 +201,30 @@ describe('WASM block hasher: empty, partial and bad input', () => {
     expect(() => hashBlocksWasm(range(0, 64), 0, 64, 16, 1337n, null, out, 0, new BigUint64Array(3))).toThrow(RangeError);
   });
 });
+
+describe('WASM block hasher: token coercion matches the napi path', () => {
+  it('out-of-range and non-integer token values are taken mod 2^32 exactly as napi does', () => {
+    const odd = [-1, 2 ** 32, 2 ** 32 + 5, 1.9, -0.5, Number.NaN, 0xffffffff, 7];
+    const napi = new BigUint64Array(2);
+    const wasm = new BigUint64Array(2);
+    hashBlocksNapi(odd, 0, 8, 4, 1337n, null, napi, 0);
+    hashBlocksWasm(odd, 0, 8, 4, 1337n, null, wasm, 0);
+    expect(dec(wasm)).toEqual(dec(napi));
+    // -1 is 0xffffffff: same hash as the explicit value.
+    const a = new BigUint64Array(1);
+    const b = new BigUint64Array(1);
+    hashBlocksWasm([-1], 0, 1, 1, 1337n, null, a, 0);
+    hashBlocksWasm(Uint32Array.of(0xffffffff), 0, 1, 1, 1337n, null, b, 0);
+    expect(a[0]).toBe(b[0]);
+  });
+
+  it('a count reaching past the end reads missing tokens as 0, as napi does', () => {
+    const napi = new BigUint64Array(2);
+    const wasm = new BigUint64Array(2);
+    hashBlocksNapi([1, 2, 3], 1, 8, 4, 1337n, null, napi, 0);
+    hashBlocksWasm([1, 2, 3], 1, 8, 4, 1337n, null, wasm, 0);
+    expect(dec(wasm)).toEqual(dec(napi));
+    hashBlocksWasm(Uint32Array.of(1, 2, 3), 1, 8, 4, 1337n, null, wasm, 0);
+    expect(dec(wasm)).toEqual(dec(napi));
+  });
+});
