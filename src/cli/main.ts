@@ -18,5 +18,7 @@ program
 registerHash(program);
 (await import('./hitrate.ts')).registerHitrate(program);
 (await import('./mocker.ts')).registerMocker(program);
+(await import('./sim.ts')).registerSim(program);
+(await import('./trace.ts')).registerTrace(program);
 
 await program.parseAsync(process.argv);

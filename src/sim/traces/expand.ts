@@ -13,13 +13,25 @@ import { TRACE_BLOCK_TOKENS, type TraceRequest } from './format.ts';
 
 /** Pseudo-token ids stay inside a realistic vocabulary range (and clear of low special ids). */
 const TOKEN_BASE = 1000;
-const TOKEN_SPAN = 150_000;
+/** 2^17 ids above the base (a mask, not a modulo: this runs for every prompt token of a replay). */
+const TOKEN_MASK = 0x1ffff;
 
-/** Writes the first `count` pseudo-tokens of block `id` into `out` at `offset`. */
+/** Nonzero xorshift state per id. mix32 is a bijection, so distinct ids get distinct streams. */
+function blockSeed(id: number): number {
+  return mix32(id ^ 0x5bd1e995) || 0x2545f491;
+}
+
+/**
+ * Writes the first `count` pseudo-tokens of block `id` into `out` at `offset`: a xorshift32 stream seeded by a
+ * well-mixed function of the id (one multiply-free step per token: this runs for every prompt token of a replay).
+ */
 export function writeBlockTokens(id: number, out: Uint32Array | number[], offset: number, count: number): void {
-  const key = mix32(id ^ 0x5bd1e995);
+  let x = blockSeed(id);
   for (let j = 0; j < count; j++) {
-    out[offset + j] = TOKEN_BASE + (mix32((key + Math.imul(j, 0x632be5ab)) | 0) % TOKEN_SPAN);
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    out[offset + j] = TOKEN_BASE + (x & TOKEN_MASK);
   }
 }
 
@@ -102,4 +114,23 @@ export class TraceHasher {
     this.memo.set(id, { parent, hasParent, seq });
     this.memoHashes += seq.length;
   }
+}
+
+/** Same as {@link expandTokens} into a plain array (what the engine model takes). */
+export function expandTokensArray(req: TraceRequest): number[] {
+  const n = req.inputLength;
+  const tokens: number[] = new Array(n);
+  let k = 0;
+  const ids = req.hashIds;
+  for (let b = 0; b < ids.length; b++) {
+    const count = Math.min(TRACE_BLOCK_TOKENS, n - b * TRACE_BLOCK_TOKENS);
+    let x = blockSeed(ids[b]);
+    for (let j = 0; j < count; j++) {
+      x ^= x << 13;
+      x ^= x >>> 17;
+      x ^= x << 5;
+      tokens[k++] = TOKEN_BASE + (x & TOKEN_MASK);
+    }
+  }
+  return tokens;
 }

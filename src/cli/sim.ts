@@ -1,0 +1,227 @@
+/**
+ * `kvroute sim`: replays a trace through N engine models behind the real router on a virtual clock, for several
+ * policies side by side, and prints reuse (three kinds, both aggregations), TTFT, throughput and load balance.
+ */
+import { writeFileSync } from 'node:fs';
+import type { Command } from 'commander';
+import cliProgress from 'cli-progress';
+import { POLICY_NAMES } from '../core/scheduling/policies.ts';
+import { runFleet, type FleetOptions, type FleetResult } from '../sim/fleet.ts';
+import { computeOracle } from '../sim/oracle.ts';
+import { buildReport, formatReport, renderSvg } from '../sim/report.ts';
+import { scenario, SCENARIOS } from '../sim/scenarios.ts';
+import { TraceHasher } from '../sim/traces/expand.ts';
+import type { TraceRequest } from '../sim/traces/format.ts';
+import { loadTrace } from '../sim/traces/reader.ts';
+import { traceStats } from '../sim/traces/stats.ts';
+
+/** Default KV capacity per worker, in tokens: 8,192 blocks of 512 (the README's reference fleets). */
+export const DEFAULT_CAPACITY_TOKENS = 8192 * 512;
+
+interface SimCliOptions {
+  trace?: string;
+  scenario?: string;
+  limit?: number;
+  workers?: number;
+  policy?: string;
+  blockSize?: number;
+  gpuBlocks?: number;
+  rateScale: string;
+  eventDelayMs: number;
+  overlay: boolean;
+  overlayGraceMs?: number;
+  seed: number;
+  json?: string;
+  plot?: string;
+  progress: boolean;
+}
+
+function int(name: string, min: number) {
+  return (v: string) => {
+    const n = Number(v);
+    if (!Number.isInteger(n) || n < min) throw new Error(`${name} must be an integer >= ${min}, got "${v}"`);
+    return n;
+  };
+}
+
+function nonNeg(name: string) {
+  return (v: string) => {
+    const n = Number(v);
+    if (!(n >= 0) || !Number.isFinite(n)) throw new Error(`${name} must be a non-negative number, got "${v}"`);
+    return n;
+  };
+}
+
+/** "0.5,1,2" -> [0.5, 1, 2], or an error message. */
+export function parseRateScales(text: string): number[] | string {
+  const out: number[] = [];
+  for (const part of text.split(',')) {
+    const v = Number(part.trim());
+    if (!(v > 0) || !Number.isFinite(v)) return `--rate-scale values must be positive numbers, got "${part}"`;
+    out.push(v);
+  }
+  return out.length > 0 ? out : '--rate-scale needs at least one value';
+}
+
+export function parsePolicies(text: string): string[] | string {
+  const names = text.split(',').map((s) => s.trim()).filter(Boolean);
+  for (const n of names) {
+    if (!(POLICY_NAMES as readonly string[]).includes(n)) return `unknown policy "${n}"; known: ${POLICY_NAMES.join(', ')}`;
+  }
+  return names.length > 0 ? names : '--policy needs at least one name';
+}
+
+function fail(message: string, code = 2): void {
+  process.stderr.write(`kvroute sim: ${message}\n`);
+  process.exitCode = code;
+}
+
+export function registerSim(program: Command): void {
+  program
+    .command('sim')
+    .summary('replay a trace through simulated engines behind the real router and compare routing policies')
+    .description(
+      'Discrete-event fleet simulation on a virtual clock (no sleeps): each request of the trace is routed by the real ' +
+        'KvRouter to one of N engine models (the mock engine: paged prefix cache with LRU eviction, continuous batching, ' +
+        'step timing); KV events flow back to the router after --event-delay-ms, first-token and finish hooks fire at ' +
+        'their simulated times. Per policy: predicted hit (request- and block-weighted), available hit, engine-delivered ' +
+        'hit (token-weighted, engine counters), TTFT p50/p90/p99 overall and by prompt length, throughput, prefill-load ' +
+        'imbalance (max/mean), preemptions; plus the oracle (infinite shared cache) on the same trace.',
+    )
+    .option('--trace <file>', 'Mooncake-format JSONL trace (see `kvroute trace gen`)')
+    .option('--scenario <name>', `a built-in scenario instead of --trace: ${SCENARIOS.join(', ')} (seed: the 0.32-vs-0.77 case)`)
+    .option('--limit <n>', 'replay only the first N requests', int('--limit', 1))
+    .option('--workers <n>', 'engines in the fleet (default 8; scenario: its own)', int('--workers', 1))
+    .option('--policy <list>', `comma-separated policies: ${POLICY_NAMES.join(', ')} (default kv,round-robin)`)
+    .option('--block-size <n>', 'router and engine block size in tokens; must divide 512 for trace fidelity (default 16)', int('--block-size', 1))
+    .option('--gpu-blocks <n>', `KV blocks per engine (default ${DEFAULT_CAPACITY_TOKENS.toLocaleString('en-US')} tokens' worth)`, int('--gpu-blocks', 1))
+    .option('--rate-scale <list>', 'arrival-rate multipliers, comma-separated: 2 = twice the trace load', '1')
+    .option('--event-delay-ms <ms>', 'delay from an engine step to the router applying its KV events', nonNeg('--event-delay-ms'), 5)
+    .option('--no-overlay', "disable the router's predicted overlay (in-flight siblings credited before their KV events)")
+    .option('--overlay-grace-ms <ms>', 'how long a finished request still counts in the overlay', nonNeg('--overlay-grace-ms'))
+    .option('--seed <n>', 'seed for the router and the engines (and the scenario generator)', int('--seed', 0), 1)
+    .option('--json <file>', 'write the full results as JSON')
+    .option('--plot <file>', 'write an SVG chart of hit rates and TTFT per policy')
+    .option('--no-progress', 'no progress bar on stderr')
+    .addHelpText(
+      'after',
+      '\nExamples:\n' +
+        '  kvroute sim --trace ../shared/data/mooncake_conversation_trace.jsonl --workers 8 --block-size 512 --gpu-blocks 8192 \\\n' +
+        '      --policy kv,round-robin,random,least-loaded,prefix-hash --json out.json --plot out.svg\n' +
+        '  kvroute sim --trace t.jsonl --policy kv,round-robin --rate-scale 0.5,1,2,4\n' +
+        '  kvroute sim --scenario seed',
+    )
+    .action(async (o: SimCliOptions) => {
+      if (!o.trace === !o.scenario) return fail('give exactly one of --trace FILE or --scenario NAME');
+      const rates = parseRateScales(o.rateScale);
+      if (typeof rates === 'string') return fail(rates);
+      let requests: TraceRequest[];
+      let source: string;
+      let base: Omit<FleetOptions, 'policy' | 'onProgress'>;
+      let policies: string[] = ['kv', 'round-robin'];
+      if (o.scenario) {
+        let sc;
+        try {
+          sc = scenario(o.scenario, o.seed);
+        } catch (err) {
+          return fail((err as Error).message);
+        }
+        requests = sc.requests;
+        source = `scenario ${sc.name} (${sc.description})`;
+        base = sc.fleet;
+        policies = sc.policies;
+      } else {
+        try {
+          const loaded = await loadTrace(o.trace!, { limit: o.limit });
+          requests = loaded.requests;
+          if (loaded.stats.badLines > 0) {
+            process.stderr.write(`kvroute sim: skipped ${loaded.stats.badLines} bad lines of ${o.trace}: ${[...loaded.stats.bad].map(([k, v]) => `${k} ${v}`).join(', ')}\n`);
+          }
+        } catch (err) {
+          return fail(`cannot read trace ${o.trace}: ${(err as Error).message}`, 1);
+        }
+        source = o.trace!;
+        const bs = o.blockSize ?? 16;
+        base = { workers: 8, blockSize: bs, gpuBlocks: Math.max(1, Math.floor(DEFAULT_CAPACITY_TOKENS / bs)), seed: o.seed };
+      }
+      if (o.limit !== undefined) requests = requests.slice(0, o.limit);
+      if (requests.length === 0) return fail('the trace has no valid requests', 1);
+      if (o.policy !== undefined) {
+        const p = parsePolicies(o.policy);
+        if (typeof p === 'string') return fail(p);
+        policies = p;
+      }
+      const blockSize = o.blockSize ?? base.blockSize;
+      const fleet: Omit<FleetOptions, 'policy' | 'onProgress'> = {
+        ...base,
+        workers: o.workers ?? base.workers,
+        blockSize,
+        gpuBlocks: o.gpuBlocks ?? (o.blockSize !== undefined && o.scenario === undefined ? Math.floor(DEFAULT_CAPACITY_TOKENS / blockSize) : base.gpuBlocks),
+        eventDelayMs: o.eventDelayMs,
+        seed: o.seed,
+        router: {
+          ...(base.router ?? {}),
+          overlay: o.overlay,
+          ...(o.overlayGraceMs !== undefined && { overlayGraceMs: o.overlayGraceMs }),
+        },
+      };
+      if (512 % blockSize !== 0) {
+        process.stderr.write(`kvroute sim: note: block size ${blockSize} does not divide 512; trace blocks straddle router blocks\n`);
+      }
+
+      const runs = policies.length * rates.length;
+      const bar =
+        o.progress && process.stderr.isTTY
+          ? new cliProgress.SingleBar(
+              { format: 'sim [{bar}] {percentage}% | {run} | {value}/{total} requests | {duration_formatted}', stream: process.stderr, hideCursor: true },
+              cliProgress.Presets.shades_classic,
+            )
+          : null;
+      bar?.start(requests.length * runs, 0, { run: '' });
+      const hasher = new TraceHasher(blockSize);
+      const results: FleetResult[] = [];
+      let done = 0;
+      for (const policy of policies) {
+        for (const rateScale of rates) {
+          const label = `${policy} x${rateScale}`;
+          const r = runFleet(requests, {
+            ...fleet,
+            policy,
+            rateScale,
+            hasher,
+            onProgress: bar ? (k) => bar.update(done + k, { run: label }) : undefined,
+          });
+          done += requests.length;
+          bar?.update(done, { run: label });
+          results.push(r);
+        }
+      }
+      bar?.stop();
+      const stats = traceStats(requests);
+      const report = buildReport(
+        { ...stats, source },
+        { workers: fleet.workers, block_size: blockSize, gpu_blocks: fleet.gpuBlocks, event_delay_ms: fleet.eventDelayMs ?? 5, seed: o.seed },
+        computeOracle(requests),
+        results,
+      );
+      process.stdout.write(formatReport(report) + '\n');
+      if (o.scenario === 'seed') process.stdout.write(seedVerdict(results[0]) + '\n');
+      try {
+        if (o.json) writeFileSync(o.json, JSON.stringify(report, null, 2) + '\n');
+        if (o.plot) writeFileSync(o.plot, renderSvg(report));
+      } catch (err) {
+        return fail(`cannot write output: ${(err as Error).message}`, 1);
+      }
+    });
+}
+
+/** The one-paragraph reading of the seed scenario: the trap, reproduced. */
+export function seedVerdict(r: FleetResult): string {
+  const h = r.hit;
+  return (
+    `\nThe router's per-request view (a histogram's _sum/_count) reads ${h.predicted_request_weighted.toFixed(3)}, ` +
+    `while its block-weighted view reads ${h.predicted_block_weighted.toFixed(3)} and the engines' counters deliver ` +
+    `${h.engine_token_weighted.toFixed(3)} (gap ${(h.predicted_block_weighted - h.engine_token_weighted).toFixed(3)}): the router is accurate; ` +
+    'the mean of ratios is pulled down by many short cold requests (production: 0.320 vs 0.790 router block-weighted vs 0.767 engine).'
+  );
+}

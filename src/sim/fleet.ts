@@ -1,0 +1,381 @@
+/**
+ * The fleet simulator: a trace replayed on a virtual clock through N engine models (src/mocker/engine, unchanged)
+ * behind the real KvRouter. No sleeps, no timers: a heap of timed events drives everything.
+ *
+ *   arrival    router.route() -> engine.addRequest(); an idle engine starts a step at once
+ *   step end   outputs become visible: first token -> router.firstToken(), finish -> router.finish(cached tokens);
+ *              the step's KV events are queued for the router, delivered `eventDelayMs` later (as over ZMQ);
+ *              the engine starts its next step if it has work
+ *   delivery   router.applyEvents() with the engine's events, exactly as live mode feeds them
+ *
+ * Engine events are core-shaped already (Stored carries the new blocks' tokens; the router hashes them itself and maps
+ * the engine's sha256-chain ids to its own hashes), so no conversion is needed at this edge.
+ */
+import { KvRouter, type KvRouterOptions } from '../core/router.ts';
+import type { Policy } from '../core/scheduling/policy.ts';
+import type { KvEvent } from '../core/types.ts';
+import { EngineInputError, MockEngine, type EngineConfig, type EngineEvent, type StepResult } from '../mocker/engine/index.ts';
+import { EventHeap } from './heap.ts';
+import { expandTokensArray, TraceHasher } from './traces/expand.ts';
+import type { TraceRequest } from './traces/format.ts';
+import { percentileSorted } from './traces/stats.ts';
+
+export interface FleetOptions {
+  readonly workers: number;
+  /** Policy name as the router knows it. */
+  readonly policy: string;
+  /** Router and engine block size in tokens. */
+  readonly blockSize: number;
+  /** KV capacity per worker in blocks. */
+  readonly gpuBlocks: number;
+  /** Arrival times are divided by this: 2 = twice the trace's load. */
+  readonly rateScale?: number;
+  /** Delay between the end of an engine step and the router applying its KV events. */
+  readonly eventDelayMs?: number;
+  readonly seed?: number;
+  readonly engine?: Partial<EngineConfig>;
+  readonly router?: Partial<KvRouterOptions>;
+  /**
+   * A policy object to use under the router's name `policy` (prototyping a policy before it lands in
+   * src/core/scheduling). See installPolicy().
+   */
+  readonly customPolicy?: Policy;
+  /** Keep per-request records (tests, brute-force checks). */
+  readonly keepRequests?: boolean;
+  /** Window for the time-resolved imbalance, ms of simulated time. */
+  readonly imbalanceWindowMs?: number;
+  readonly onProgress?: (done: number, total: number) => void;
+  /** A hasher to share between runs at the same block size (its memo makes later runs cheaper). */
+  readonly hasher?: TraceHasher;
+}
+
+export interface LatencySummary {
+  readonly requests: number;
+  readonly p50: number;
+  readonly p90: number;
+  readonly p99: number;
+  readonly mean: number;
+}
+
+export interface BucketLatency extends LatencySummary {
+  readonly bucket: string;
+}
+
+export interface RequestRecord {
+  readonly index: number;
+  readonly worker: number;
+  readonly arrivalMs: number;
+  readonly promptTokens: number;
+  readonly islBlocks: number;
+  readonly overlapBlocks: number;
+  readonly bestOverlapBlocks: number;
+  firstTokenMs: number;
+  finishMs: number;
+  cachedTokens: number;
+}
+
+export interface FleetResult {
+  readonly name: string;
+  readonly rate_scale: number;
+  readonly hit: {
+    readonly predicted_request_weighted: number;
+    readonly predicted_block_weighted: number;
+    readonly available_request_weighted: number;
+    readonly available_block_weighted: number;
+    /** Σ prefix-cache hits / Σ queries over the engines' counters (token-weighted, vLLM's ratio of sums). */
+    readonly engine_token_weighted: number;
+    /** Mean over requests of cached/prompt tokens as engines reported them. */
+    readonly engine_request_weighted: number;
+    /** The router's prediction for the same requests, in tokens (last prompt token never cached). */
+    readonly predicted_token_weighted: number;
+  };
+  readonly ttft_ms: LatencySummary;
+  readonly ttft_by_bucket: readonly BucketLatency[];
+  /** Prompt + generated tokens per second of simulated time (first arrival to last finish). */
+  readonly throughput_tokens_per_s: number;
+  readonly output_tokens_per_s: number;
+  /** max/mean over workers of prefill tokens computed (uncached) over the whole run. */
+  readonly imbalance: number;
+  /** The same per window of simulated time, averaged with each window weighted by its prefill work. */
+  readonly imbalance_windowed: number;
+  readonly preemptions: number;
+  readonly requests: { readonly routed: number; readonly finished: number; readonly rejected: number };
+  readonly events: { readonly applied: number; readonly rejected: number };
+  readonly sim: { readonly simulated_s: number; readonly wall_s: number; readonly engine_steps: number };
+  readonly perRequest?: readonly RequestRecord[];
+}
+
+export const TTFT_BUCKETS: ReadonlyArray<{ name: string; max: number }> = [
+  { name: '<1.8k', max: 1800 },
+  { name: '1.8k-8k', max: 8000 },
+  { name: '8k-32k', max: 32_000 },
+  { name: '>=32k', max: Infinity },
+];
+
+const ARRIVAL = 0;
+const STEP_END = 1;
+const DELIVER = 2;
+
+interface WorkerState {
+  readonly engine: MockEngine;
+  readonly key: string;
+  busy: boolean;
+  pendingStep: StepResult | null;
+  /** Event batches in flight to the router, in delivery order. */
+  readonly inFlight: EngineEvent[][];
+  prefillTokens: number;
+  windowPrefill: Map<number, number>;
+}
+
+/**
+ * Replaces the router's implementation behind a policy name with `policy` (for prototypes living in src/sim).
+ * The router caches policy objects by name; seeding that cache is the only hook it offers today.
+ */
+export function installPolicy(router: KvRouter, name: string, policy: Policy): void {
+  const cache = (router as unknown as { policies: Map<string, Policy> }).policies;
+  if (!(cache instanceof Map)) throw new Error('KvRouter no longer caches policies by name; update installPolicy');
+  cache.set(name, policy);
+}
+
+function summarize(values: number[]): LatencySummary {
+  const sorted = Float64Array.from(values).sort();
+  let sum = 0;
+  for (const v of values) sum += v;
+  return {
+    requests: values.length,
+    p50: percentileSorted(sorted, 50),
+    p90: percentileSorted(sorted, 90),
+    p99: percentileSorted(sorted, 99),
+    mean: values.length ? sum / values.length : NaN,
+  };
+}
+
+/** Runs one policy over a trace. `requests` must be sorted by timestamp (loadTrace and the generators do that). */
+export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions): FleetResult {
+  const wall0 = performance.now();
+  const rateScale = opts.rateScale ?? 1;
+  const delay = opts.eventDelayMs ?? 5;
+  const windowMs = opts.imbalanceWindowMs ?? 60_000;
+  const bs = opts.blockSize;
+  if (!(rateScale > 0)) throw new RangeError(`rate scale must be positive, got ${rateScale}`);
+  if (!Number.isInteger(opts.workers) || opts.workers < 1) throw new RangeError(`workers must be a positive integer, got ${opts.workers}`);
+
+  let maxLen = 1;
+  for (const r of requests) maxLen = Math.max(maxLen, r.inputLength + Math.max(1, r.outputLength));
+  const router = new KvRouter({ blockSize: bs, policy: opts.policy, seed: opts.seed ?? 0, ...opts.router });
+  if (opts.customPolicy) installPolicy(router, opts.policy, opts.customPolicy);
+  const workers: WorkerState[] = [];
+  for (let w = 0; w < opts.workers; w++) {
+    const engine = new MockEngine({
+      blockSize: bs,
+      numGpuBlocks: opts.gpuBlocks,
+      maxModelLen: maxLen + 1,
+      seed: (opts.seed ?? 0) + w,
+      ...opts.engine,
+    });
+    const key = router.addSource({ workerId: `w${w}`, dpRank: 0 }, { mode: 'events', capacityBlocks: opts.gpuBlocks });
+    workers.push({ engine, key, busy: false, pendingStep: null, inFlight: [], prefillTokens: 0, windowPrefill: new Map() });
+  }
+  const workerOf = new Map<string, number>();
+  workers.forEach((w, i) => workerOf.set(w.key, i));
+
+  const hasher = opts.hasher && opts.hasher.blockSize === bs ? opts.hasher : new TraceHasher(bs);
+  const heap = new EventHeap();
+  const n = requests.length;
+  const arrival = new Float64Array(n);
+  const ttft: number[] = [];
+  const ttftBuckets: number[][] = TTFT_BUCKETS.map(() => []);
+  const records: (RequestRecord | undefined)[] = [];
+  const recordOf = new Map<string, RequestRecord>();
+  const t0 = n > 0 ? requests[0].timestamp / rateScale : 0;
+  for (let i = 0; i < n; i++) {
+    arrival[i] = requests[i].timestamp / rateScale - t0;
+    heap.push(arrival[i], ARRIVAL, i);
+  }
+
+  let routed = 0;
+  let finished = 0;
+  let rejected = 0;
+  let eventsApplied = 0;
+  let eventsRejected = 0;
+  let lastFinish = 0;
+  let outputTokens = 0;
+  let promptTokensTotal = 0;
+  let engineCachedSum = 0;
+  let engineRatioSum = 0;
+  let engineReports = 0;
+  let nextSweep = 5_000;
+  const progressEvery = Math.max(1, Math.floor(n / 200));
+
+  const startStep = (w: number, now: number) => {
+    const ws = workers[w];
+    const res = ws.engine.step(now);
+    if (res.events.length > 0) {
+      ws.inFlight.push(res.events);
+      heap.push(now + res.durationMs + delay, DELIVER, w);
+    }
+    if (res.durationMs === 0 && res.outputs.length === 0) {
+      // Nothing could be scheduled (nothing waiting, or nothing fits): idle until the next arrival.
+      ws.busy = false;
+      return;
+    }
+    ws.busy = true;
+    ws.pendingStep = res;
+    heap.push(now + res.durationMs, STEP_END, w);
+  };
+
+  const ev = { time: 0, kind: 0, arg: 0 };
+  while (heap.pop(ev)) {
+    const now = ev.time;
+    if (ev.kind === ARRIVAL) {
+      const i = ev.arg;
+      const req = requests[i];
+      if (now >= nextSweep) {
+        router.sweep(now);
+        nextSweep = now + 5_000;
+      }
+      const id = `r${i}`;
+      const seqHashes = hasher.seqHashes(req);
+      const decision = router.route({ requestId: id, seqHashes, promptTokens: req.inputLength }, now);
+      if (decision.kind !== 'routed') {
+        rejected++;
+        continue;
+      }
+      const w = workerOf.get(decision.sourceKey)!;
+      try {
+        workers[w].engine.addRequest(
+          { requestId: id, promptTokens: expandTokensArray(req), maxTokens: Math.max(1, req.outputLength) },
+          now,
+        );
+      } catch (err) {
+        if (!(err instanceof EngineInputError)) throw err;
+        router.finish(id, { outcome: 'error' }, now);
+        rejected++;
+        continue;
+      }
+      routed++;
+      const rec: RequestRecord = {
+        index: i,
+        worker: w,
+        arrivalMs: now,
+        promptTokens: req.inputLength,
+        islBlocks: decision.islBlocks,
+        overlapBlocks: decision.overlapBlocks,
+        bestOverlapBlocks: decision.bestOverlapBlocks,
+        firstTokenMs: NaN,
+        finishMs: NaN,
+        cachedTokens: -1,
+      };
+      recordOf.set(id, rec);
+      if (opts.keepRequests) records[i] = rec;
+      if (!workers[w].busy) startStep(w, now);
+      if (opts.onProgress && (routed % progressEvery === 0 || routed === n)) opts.onProgress(routed, n);
+    } else if (ev.kind === STEP_END) {
+      const w = ev.arg;
+      const ws = workers[w];
+      const res = ws.pendingStep!;
+      ws.pendingStep = null;
+      for (const out of res.outputs) {
+        const rec = recordOf.get(out.requestId);
+        if (!rec) continue;
+        outputTokens += out.newTokens.length;
+        if (out.firstToken) {
+          router.firstToken(out.requestId, now);
+          rec.firstTokenMs = now;
+          rec.cachedTokens = out.cachedTokens;
+          const t = now - rec.arrivalMs;
+          ttft.push(t);
+          let b = 0;
+          while (rec.promptTokens >= TTFT_BUCKETS[b].max) b++;
+          ttftBuckets[b].push(t);
+          const computed = out.promptTokens - out.cachedTokens;
+          ws.prefillTokens += computed;
+          const win = Math.floor(now / windowMs);
+          ws.windowPrefill.set(win, (ws.windowPrefill.get(win) ?? 0) + computed);
+        }
+        if (out.finished) {
+          router.finish(out.requestId, { cachedTokens: out.cachedTokens }, now);
+          rec.finishMs = now;
+          recordOf.delete(out.requestId);
+          finished++;
+          lastFinish = now;
+          promptTokensTotal += out.promptTokens;
+          engineCachedSum += out.cachedTokens;
+          engineRatioSum += out.cachedTokens / out.promptTokens;
+          engineReports++;
+        }
+      }
+      ws.busy = false;
+      if (ws.engine.hasWork()) startStep(w, now);
+    } else {
+      const ws = workers[ev.arg];
+      const batch = ws.inFlight.shift()!;
+      const r = router.applyEvents(ws.key, batch as readonly KvEvent[]);
+      eventsApplied += r.applied;
+      eventsRejected += r.rejected;
+    }
+  }
+
+  const view = router.ledger.view();
+  let queries = 0;
+  let hits = 0;
+  let preemptions = 0;
+  let steps = 0;
+  for (const ws of workers) {
+    queries += ws.engine.counters.prefixCacheQueries;
+    hits += ws.engine.counters.prefixCacheHits;
+    preemptions += ws.engine.counters.preemptions;
+    steps += ws.engine.counters.steps;
+  }
+  const span = Math.max(1e-9, lastFinish) / 1000;
+  return {
+    name: opts.policy,
+    rate_scale: rateScale,
+    hit: {
+      predicted_request_weighted: view.predicted.requestWeighted,
+      predicted_block_weighted: view.predicted.blockWeighted,
+      available_request_weighted: view.available.requestWeighted,
+      available_block_weighted: view.available.blockWeighted,
+      engine_token_weighted: queries > 0 ? hits / queries : NaN,
+      engine_request_weighted: engineReports > 0 ? engineRatioSum / engineReports : NaN,
+      predicted_token_weighted: view.delivered.predictedTokenWeighted,
+    },
+    ttft_ms: summarize(ttft),
+    ttft_by_bucket: TTFT_BUCKETS.map((b, k) => ({ bucket: b.name, ...summarize(ttftBuckets[k]) })),
+    throughput_tokens_per_s: (promptTokensTotal + outputTokens) / span,
+    output_tokens_per_s: outputTokens / span,
+    imbalance: imbalanceOf(workers.map((w) => w.prefillTokens)),
+    imbalance_windowed: windowedImbalance(workers.map((w) => w.windowPrefill)),
+    preemptions,
+    requests: { routed, finished, rejected },
+    events: { applied: eventsApplied, rejected: eventsRejected },
+    sim: { simulated_s: span, wall_s: (performance.now() - wall0) / 1000, engine_steps: steps },
+    perRequest: opts.keepRequests ? (records.filter(Boolean) as RequestRecord[]) : undefined,
+  };
+}
+
+/** max/mean of per-worker loads; 1 when there is no load. */
+export function imbalanceOf(loads: readonly number[]): number {
+  let max = 0;
+  let sum = 0;
+  for (const l of loads) {
+    max = Math.max(max, l);
+    sum += l;
+  }
+  return sum > 0 ? max / (sum / loads.length) : 1;
+}
+
+function windowedImbalance(perWorker: readonly Map<number, number>[]): number {
+  const windows = new Set<number>();
+  for (const m of perWorker) for (const k of m.keys()) windows.add(k);
+  let weighted = 0;
+  let total = 0;
+  for (const win of windows) {
+    const loads = perWorker.map((m) => m.get(win) ?? 0);
+    const sum = loads.reduce((a, b) => a + b, 0);
+    if (sum <= 0) continue;
+    weighted += imbalanceOf(loads) * sum;
+    total += sum;
+  }
+  return total > 0 ? weighted / total : 1;
+}
