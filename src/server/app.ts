@@ -1,0 +1,713 @@
+/**
+ * `kvroute serve`: the OpenAI-compatible front of the router.
+ *
+ *   body -> validate -> token ids (as given | local tokenizer with segment cache | worker /tokenize)
+ *        -> KvRouter.route (queue when all busy) -> proxy to the worker's undici Pool (retry next best before the
+ *        first byte) -> stream chunks through (first chunk: firstToken) -> usage: finish with delivered cached tokens
+ *
+ * The shell owns sockets, timers and configuration; every routing choice is the core's.
+ */
+import { randomBytes, timingSafeEqual } from 'node:crypto';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import pino, { type Logger } from 'pino';
+import type { Dispatcher } from 'undici';
+import { KvRouter } from '../core/router.ts';
+import { POLICY_NAMES } from '../core/scheduling/policies.ts';
+import type { KvEvent, RouteDecision, RouteRequest, RouteResult } from '../core/types.ts';
+import { EventIngest } from '../ingest/ingest.ts';
+import { RouterMetrics } from '../metrics/registry.ts';
+import { LocalTokenizer } from '../tokenizer/local.ts';
+import { RemoteTokenizer } from '../tokenizer/remote.ts';
+import { workerFromUnknown, type ServeConfig, type WorkerSpec } from './config.ts';
+import { badRequest, HttpError, sendError, sseErrorFrame } from './openai/errors.ts';
+import { parseRequest, upstreamBody, type Endpoint, type ParsedRequest } from './openai/validate.ts';
+import { RequestQueue } from './queue.ts';
+import { readUsage, SseRelay } from './sse.ts';
+import { Worker, WorkerSet } from './workers.ts';
+
+export interface RunningServer {
+  readonly url: string;
+  readonly port: number;
+  readonly server: Server;
+  readonly router: KvRouter;
+  readonly workers: WorkerSet;
+  readonly metrics: RouterMetrics;
+  readonly queue: RequestQueue;
+  readonly tokenizer: LocalTokenizer | null;
+  /** Requests accepted and not yet answered in full. */
+  inFlight(): number;
+  /** Stop accepting, let in-flight requests finish within the grace period, then close everything. */
+  close(graceMs?: number): Promise<void>;
+}
+
+export interface StartOptions {
+  readonly logger?: Logger;
+  /** Pre-loaded tokenizer (tests share one instead of loading per server). */
+  readonly tokenizer?: LocalTokenizer | null;
+}
+
+interface RecentDecision {
+  requestId: string;
+  at: number;
+  model: string;
+  worker: string;
+  policy: string;
+  promptTokens: number;
+  islBlocks: number;
+  overlapBlocks: number;
+  bestOverlapBlocks: number;
+  attempt: number;
+}
+
+const RECENT_MAX = 64;
+
+/** Reads the request body up to `limit` bytes; 413 beyond (checked on Content-Length first, then while reading). */
+function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
+  const declared = Number(req.headers['content-length']);
+  if (Number.isFinite(declared) && declared > limit) {
+    return Promise.reject(tooLarge(limit));
+  }
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    req.on('data', (c: Buffer) => {
+      size += c.length;
+      if (size > limit) {
+        req.removeAllListeners('data');
+        req.resume();
+        reject(tooLarge(limit));
+        return;
+      }
+      chunks.push(c);
+    });
+    req.on('end', () => resolve(Buffer.concat(chunks, size)));
+    req.on('error', reject);
+  });
+}
+
+function tooLarge(limit: number): HttpError {
+  return new HttpError(413, `request body exceeds the limit of ${limit} bytes`, 'invalid_request_error', 'request_too_large', null, {
+    connection: 'close',
+  });
+}
+
+function bearerMatches(header: string | undefined, token: string): boolean {
+  if (!header || !header.startsWith('Bearer ')) return false;
+  const a = Buffer.from(header.slice(7));
+  const b = Buffer.from(token);
+  return a.length === b.length && timingSafeEqual(a, b);
+}
+
+function sendJson(res: ServerResponse, status: number, value: unknown, headers: Record<string, string> = {}): void {
+  const body = JSON.stringify(value, (_k, v) => (typeof v === 'bigint' ? v.toString() : v));
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), ...headers });
+  res.end(body);
+}
+
+/** Hop-by-hop and length headers are the proxy's own business; everything else from the engine passes through. */
+const SKIP_RESPONSE_HEADERS = new Set(['connection', 'keep-alive', 'transfer-encoding', 'content-length', 'date', 'server']);
+
+function copyHeaders(upstream: Dispatcher.ResponseData['headers'], extra: Record<string, string>): Record<string, string | string[]> {
+  const out: Record<string, string | string[]> = {};
+  for (const [k, v] of Object.entries(upstream)) {
+    if (v === undefined || SKIP_RESPONSE_HEADERS.has(k)) continue;
+    out[k] = v;
+  }
+  return { ...out, ...extra };
+}
+
+export async function startServer(config: ServeConfig, options: StartOptions = {}): Promise<RunningServer> {
+  const log = options.logger ?? pino({ level: config.logLevel, base: undefined });
+  const router = new KvRouter({
+    blockSize: config.blockSize,
+    policy: config.policy,
+    knobs: { prefillLoadScale: config.prefillLoadScale, overlapCredit: config.overlapCredit, temperature: config.temperature },
+    seed: config.seed,
+    busy: { activeBlockFraction: config.busyKvFraction, activePrefillTokens: config.busyPrefillTokens },
+    clock: () => performance.now(),
+  });
+  const metrics = new RouterMetrics({ router, prefix: config.metricsPrefix });
+  const queue = new RequestQueue(config.queueLimit, config.queueTimeoutMs);
+  const remote = config.remoteTokenize ? new RemoteTokenizer() : null;
+  let tokenizer: LocalTokenizer | null = options.tokenizer ?? null;
+  if (!tokenizer && config.tokenizerDir) {
+    tokenizer = await LocalTokenizer.load(config.tokenizerDir);
+    log.info({ dir: config.tokenizerDir, segmentCache: tokenizer.segmentCaching }, 'loaded tokenizer');
+  }
+
+  // KV events: one subscription per worker rank, delivered into the router's index.
+  let ingest: EventIngest | null = null;
+  const ensureIngest = (): EventIngest => {
+    ingest ??= new EventIngest({
+      routerBlockSize: config.blockSize,
+      sink: (key: string, events: KvEvent[]) => {
+        const r = router.applyEvents(key, events);
+        metrics.eventsApplied(key, r);
+      },
+      onReset: (key: string, reason: string) => {
+        router.resetSource(key);
+        metrics.ingestCounters(key, { resets: 1 });
+        log.warn({ source: key, reason }, 'KV event stream reset: source treated as cold');
+      },
+      log: {
+        info: (o, m) => log.info(o, m),
+        warn: (o, m) => log.warn(o, m),
+        error: (o, m) => log.error(o, m),
+      },
+    });
+    return ingest;
+  };
+
+  const workers = new WorkerSet(
+    router,
+    {
+      intervalMs: config.healthIntervalMs,
+      timeoutMs: config.healthTimeoutMs,
+      ejectAfter: config.ejectAfter,
+      breakerThreshold: config.breakerThreshold,
+      breakerCooldownMs: config.breakerCooldownMs,
+    },
+    {
+      onAdded: async (w) => {
+        if (w.spec.events) {
+          await ensureIngest().addWorker({
+            workerId: w.id,
+            endpoint: w.spec.events,
+            replayEndpoint: w.spec.replay ?? null,
+            dpRanks: w.spec.dp ?? 1,
+          });
+        }
+      },
+      onRemoved: async (w) => {
+        if (ingest) for (const k of w.sourceKeys) await ingest.removeSource(k);
+      },
+      onHealthChange: (w, healthy) => {
+        for (const k of w.sourceKeys) metrics.setHealthy(k, healthy);
+        if (healthy) {
+          log.info({ worker: w.id }, 'worker healthy again: readmitted');
+          queue.kick();
+        } else log.warn({ worker: w.id, error: w.lastProbeError }, 'worker failed health checks: ejected');
+      },
+    },
+  );
+  for (const spec of config.workers) await workers.add(spec);
+  workers.startHealthChecks();
+
+  const recent: RecentDecision[] = [];
+  let inFlight = 0;
+  let closing = false;
+  let seq = 0;
+  const idPrefix = randomBytes(4).toString('hex');
+  const sweepTimer = setInterval(() => {
+    const freed = router.sweep(Date.now());
+    if (freed.length > 0) {
+      log.warn({ count: freed.length }, 'force-freed stale requests');
+      queue.kick();
+    }
+  }, 10_000);
+  sweepTimer.unref();
+
+  // ------------------------------------------------------------------ routing helpers
+
+  /** Allowed sources for a model now, the LoRA adapter name to hash with, or an error to answer. */
+  function eligible(model: string, now: number): { allow: Set<string>; lora: string | null } | HttpError {
+    const all = workers.list();
+    const serving = all.filter((w) => w.serves(model));
+    if (serving.length === 0) {
+      if (all.length === 0) return new HttpError(503, 'no workers configured', 'service_unavailable', 'no_workers');
+      return new HttpError(404, `the model "${model}" does not exist on any worker`, 'not_found_error', 'model_not_found', 'model');
+    }
+    const allow = new Set<string>();
+    let lora: string | null = null;
+    for (const w of serving) {
+      if (w.adapters.has(model)) lora = model;
+      if (!w.routable(now)) continue;
+      for (const k of w.sourceKeys) allow.add(k);
+    }
+    if (allow.size === 0) {
+      return new HttpError(503, `no healthy worker serves "${model}" right now`, 'service_unavailable', 'no_healthy_workers', null, {
+        'retry-after': String(Math.ceil(config.healthIntervalMs / 1000)),
+      });
+    }
+    return { allow, lora };
+  }
+
+  async function tokensFor(req: ParsedRequest, allow: Set<string>): Promise<readonly number[]> {
+    if (req.promptIds) return req.promptIds;
+    try {
+      if (tokenizer) {
+        if (req.promptText !== null) return tokenizer.encodePrompt(req.promptText);
+        if (req.chat) return tokenizer.encodeChat(req.chat);
+      }
+      if (remote) {
+        const worker = workers.list().find((w) => w.sourceKeys.some((k) => allow.has(k)));
+        if (worker) {
+          const ids =
+            req.promptText !== null
+              ? await remote.prompt(worker.url, req.model, req.promptText)
+              : req.chat
+                ? await remote.chat(worker.url, req.model, req.chat)
+                : null;
+          if (ids) return ids;
+        }
+      }
+    } catch (err) {
+      // A template that rejects these messages will be rejected by the engine too; route without affinity.
+      log.debug({ err: (err as Error).message }, 'tokenization failed: routing without prefix affinity');
+    }
+    return [];
+  }
+
+  function workerOf(decision: RouteDecision): Worker | undefined {
+    return workers.get(decision.source.workerId);
+  }
+
+  // ------------------------------------------------------------------ the proxied endpoints
+
+  async function handleInference(endpoint: Endpoint, req: IncomingMessage, res: ServerResponse, t0: number): Promise<void> {
+    const raw = await readBody(req, config.bodyLimitBytes);
+    let json: unknown;
+    try {
+      json = JSON.parse(raw.toString('utf8'));
+    } catch (err) {
+      throw badRequest(`request body is not valid JSON: ${(err as Error).message}`, null, 'invalid_json');
+    }
+    const parsed = parseRequest(endpoint, json);
+    if (parsed.policy && !(POLICY_NAMES as readonly string[]).includes(parsed.policy)) {
+      throw badRequest(`unknown policy "${parsed.policy}"; known: ${POLICY_NAMES.join(', ')}`, 'kvroute.policy');
+    }
+    const el = eligible(parsed.model, Date.now());
+    if (el instanceof HttpError) throw el;
+
+    const tTok = performance.now();
+    const tokens = await tokensFor(parsed, el.allow);
+    const tokenizeS = (performance.now() - tTok) / 1000;
+
+    const abort = new AbortController();
+    const onClose = () => {
+      if (!res.writableFinished) abort.abort();
+    };
+    res.on('close', onClose);
+
+    const requestId = `kvr-${idPrefix}-${++seq}`;
+    const body = upstreamBody(parsed);
+    const path = endpoint === 'chat' ? '/v1/chat/completions' : '/v1/completions';
+    const exclude = new Set<string>();
+    let lastError = 'no attempt made';
+
+    for (let attempt = 0; attempt <= config.retries; attempt++) {
+      if (abort.signal.aborted) return;
+      // Re-check eligibility on retries: a worker may have been ejected or its breaker opened meanwhile.
+      const el2 = attempt === 0 ? el : eligible(parsed.model, Date.now());
+      if (el2 instanceof HttpError) break;
+      const routeReq: RouteRequest = {
+        requestId,
+        tokens,
+        loraName: el2.lora,
+        cacheSalt: parsed.cacheSalt,
+        policy: parsed.policy,
+        knobs: parsed.knobs,
+        allow: el2.allow,
+        exclude,
+      };
+      let result: RouteResult = router.route(routeReq, Date.now());
+      if (result.kind === 'refused' && result.reason === 'all_busy') {
+        if (queue.full) {
+          metrics.refused('queue_full');
+          throw new HttpError(503, 'all workers are busy and the queue is full', 'service_unavailable', 'all_busy', null, {
+            'retry-after': '1',
+          });
+        }
+        const waited = await queue.wait(() => router.route(routeReq, Date.now()), abort.signal);
+        if (waited.kind === 'aborted') {
+          metrics.outcome('cancelled');
+          return;
+        }
+        if (waited.kind !== 'routed') {
+          metrics.refused('queue_timeout');
+          throw new HttpError(503, `all workers stayed busy for ${config.queueTimeoutMs} ms`, 'service_unavailable', 'all_busy', null, {
+            'retry-after': String(Math.max(1, Math.ceil(config.queueTimeoutMs / 1000))),
+          });
+        }
+        result = waited.decision;
+      }
+      if (result.kind === 'refused') {
+        metrics.refused(result.reason);
+        if (attempt > 0) break; // every candidate was tried
+        throw new HttpError(503, `no worker can take the request (${result.reason})`, 'service_unavailable', result.reason, null, {
+          'retry-after': '1',
+        });
+      }
+      const decision = result;
+      metrics.routed(decision, { tokenize: tokenizeS });
+      ingest?.noteRequestRouted(decision.sourceKey);
+      recent.push({
+        requestId,
+        at: Date.now(),
+        model: parsed.model,
+        worker: decision.sourceKey,
+        policy: decision.policy,
+        promptTokens: decision.promptTokens,
+        islBlocks: decision.islBlocks,
+        overlapBlocks: decision.overlapBlocks,
+        bestOverlapBlocks: decision.bestOverlapBlocks,
+        attempt,
+      });
+      if (recent.length > RECENT_MAX) recent.shift();
+
+      const worker = workerOf(decision);
+      if (!worker) {
+        router.finish(requestId, { outcome: 'error' }, Date.now());
+        exclude.add(decision.sourceKey);
+        continue;
+      }
+      const outcome = await proxyOnce(worker, decision, parsed, body, path, res, abort.signal, t0);
+      if (outcome.kind === 'done') return;
+      // Failed before the first byte: free this attempt, steer away from the worker, try the next best.
+      lastError = outcome.message;
+      for (const k of worker.sourceKeys) exclude.add(k);
+      log.warn({ requestId, worker: worker.id, attempt, error: outcome.message }, 'upstream failed before the first byte: retrying');
+    }
+    metrics.outcome('error');
+    throw new HttpError(502, `upstream failure: ${lastError}`, 'upstream_error', 'upstream_error');
+  }
+
+  type ProxyOutcome = { kind: 'done' } | { kind: 'retry'; message: string };
+
+  async function proxyOnce(
+    worker: Worker,
+    decision: RouteDecision,
+    parsed: ParsedRequest,
+    body: string,
+    path: string,
+    res: ServerResponse,
+    signal: AbortSignal,
+    t0: number,
+  ): Promise<ProxyOutcome> {
+    const requestId = decision.requestId;
+    const headers: Record<string, string> = { 'content-type': 'application/json', 'x-request-id': requestId };
+    if ((worker.spec.dp ?? 1) > 1) headers['x-data-parallel-rank'] = String(decision.source.dpRank);
+    const ours = {
+      'x-kvroute-worker': decision.sourceKey,
+      'x-kvroute-overlap-blocks': String(decision.overlapBlocks),
+      'x-kvroute-isl-blocks': String(decision.islBlocks),
+      'x-kvroute-request-id': requestId,
+    };
+    worker.dispatched();
+    let upstream: Dispatcher.ResponseData;
+    try {
+      upstream = await worker.pool.request({ method: 'POST', path, headers, body, signal });
+    } catch (err) {
+      const now = Date.now();
+      if (signal.aborted) {
+        worker.released();
+        finishAndCount(requestId, { outcome: 'cancelled' }, now);
+        return { kind: 'done' };
+      }
+      worker.completed(false, now);
+      router.finish(requestId, { outcome: 'error' }, now);
+      return { kind: 'retry', message: `${worker.id}: ${(err as Error).message}` };
+    }
+
+    if (upstream.statusCode >= 500) {
+      const text = await upstream.body.text().catch(() => '');
+      const now = Date.now();
+      worker.completed(false, now);
+      router.finish(requestId, { outcome: 'error' }, now);
+      return { kind: 'retry', message: `${worker.id} answered ${upstream.statusCode}: ${text.slice(0, 200)}` };
+    }
+
+    if (upstream.statusCode !== 200 || !parsed.stream) {
+      // Non-streaming (or an engine error like 400): the answer comes whole; pass it through as is.
+      let buf: Buffer;
+      try {
+        buf = Buffer.from(await upstream.body.arrayBuffer());
+      } catch (err) {
+        const now = Date.now();
+        if (signal.aborted) {
+          worker.released();
+          finishAndCount(requestId, { outcome: 'cancelled' }, now);
+          return { kind: 'done' };
+        }
+        worker.completed(false, now);
+        router.finish(requestId, { outcome: 'error' }, now);
+        return { kind: 'retry', message: `${worker.id}: body failed: ${(err as Error).message}` };
+      }
+      const now = Date.now();
+      let cachedTokens: number | undefined;
+      let outputTokens: number | undefined;
+      if (upstream.statusCode === 200) {
+        try {
+          const usage = readUsage((JSON.parse(buf.toString('utf8')) as { usage?: unknown }).usage);
+          cachedTokens = usage?.cachedTokens;
+          outputTokens = usage?.completionTokens;
+        } catch {
+          /* not JSON: nothing to learn, still forward it */
+        }
+        router.firstToken(requestId, now);
+        metrics.firstToken(decision.sourceKey, (performance.now() - t0) / 1000);
+      }
+      const ok = upstream.statusCode === 200;
+      worker.completed(true, now); // a 4xx is the request's fault, not the worker's
+      finishAndCount(requestId, { cachedTokens, outcome: ok ? 'ok' : 'error' }, now, outputTokens);
+      if (!res.destroyed) {
+        res.writeHead(upstream.statusCode, copyHeaders(upstream.headers, { ...ours, 'content-length': String(buf.length) }));
+        res.end(buf);
+      }
+      return { kind: 'done' };
+    }
+
+    // Streaming: headers go out now; from here on failures are reported in-band.
+    res.writeHead(200, copyHeaders(upstream.headers, { ...ours, 'cache-control': 'no-cache' }));
+    res.flushHeaders();
+    const relay = new SseRelay(!parsed.clientWantsUsage);
+    let first = true;
+    let last = 0;
+    let failure: string | null = null;
+    try {
+      for await (const chunk of upstream.body as AsyncIterable<Buffer>) {
+        const out = relay.push(chunk);
+        if (out.length === 0) continue;
+        const tNow = performance.now();
+        if (first) {
+          first = false;
+          router.firstToken(requestId, Date.now());
+          metrics.firstToken(decision.sourceKey, (tNow - t0) / 1000);
+          queue.kick(); // prefill load just dropped
+        } else {
+          metrics.token(decision.sourceKey, (tNow - last) / 1000);
+        }
+        last = tNow;
+        if (!res.write(out)) {
+          await new Promise<void>((resolve) => {
+            const done = () => {
+              res.off('drain', done);
+              res.off('close', done);
+              resolve();
+            };
+            res.on('drain', done);
+            res.on('close', done);
+          });
+        }
+      }
+      const rest = relay.flush();
+      if (rest.length > 0 && !res.destroyed) res.write(rest);
+      if (!relay.sawDone && !signal.aborted) failure = `${worker.id} closed the stream before [DONE]`;
+    } catch (err) {
+      if (!signal.aborted) failure = `${worker.id}: stream failed: ${(err as Error).message}`;
+    }
+    const now = Date.now();
+    if (signal.aborted || res.destroyed) {
+      // The client went away: the upstream was aborted with it; free the load.
+      if (!upstream.body.destroyed) upstream.body.destroy();
+      worker.released();
+      finishAndCount(requestId, { outcome: 'cancelled', cachedTokens: relay.usage?.cachedTokens }, now);
+      return { kind: 'done' };
+    }
+    if (failure) {
+      log.warn({ requestId, worker: worker.id, error: failure }, 'stream failed mid-way');
+      worker.completed(false, now);
+      finishAndCount(requestId, { outcome: 'error', cachedTokens: relay.usage?.cachedTokens }, now);
+      res.end(sseErrorFrame(failure));
+      return { kind: 'done' };
+    }
+    worker.completed(true, now);
+    finishAndCount(
+      requestId,
+      { outcome: relay.sawError ? 'error' : 'ok', cachedTokens: relay.usage?.cachedTokens },
+      now,
+      relay.usage?.completionTokens,
+    );
+    res.end();
+    return { kind: 'done' };
+  }
+
+  function finishAndCount(
+    requestId: string,
+    info: { cachedTokens?: number; outcome: 'ok' | 'cancelled' | 'error' },
+    now: number,
+    outputTokens?: number,
+  ): void {
+    const f = router.finish(requestId, info, now);
+    if (f) metrics.finished(f, { outputTokens });
+    metrics.outcome(info.outcome);
+    queue.kick();
+  }
+
+  // ------------------------------------------------------------------ admin
+
+  async function handleAdmin(req: IncomingMessage, res: ServerResponse, path: string): Promise<void> {
+    if (!config.adminToken) {
+      throw new HttpError(404, 'the admin API is disabled (start with --admin-token or KVROUTE_ADMIN_TOKEN)', 'not_found_error', 'not_found');
+    }
+    if (!bearerMatches(req.headers.authorization, config.adminToken)) {
+      throw new HttpError(401, 'missing or wrong bearer token', 'authentication_error', 'invalid_token', null, {
+        'www-authenticate': 'Bearer',
+      });
+    }
+    if (path === '/admin/workers' && req.method === 'GET') {
+      sendJson(res, 200, { workers: workers.list().map((w) => w.toJSON()) });
+      return;
+    }
+    if (path === '/admin/workers' && req.method === 'POST') {
+      const raw = await readBody(req, 64 * 1024);
+      let value: unknown;
+      try {
+        value = JSON.parse(raw.toString('utf8'));
+      } catch {
+        throw badRequest('body must be JSON: {"url": ..., "events"?, "replay"?, "dp"?, "model"?, "id"?} or {"spec": "URL,..."}');
+      }
+      let spec: WorkerSpec;
+      try {
+        const v = value as { spec?: unknown };
+        spec = workerFromUnknown(v && typeof v === 'object' && typeof v.spec === 'string' ? v.spec : value);
+      } catch (err) {
+        throw badRequest((err as Error).message);
+      }
+      let worker: Worker;
+      try {
+        worker = await workers.add(spec);
+      } catch (err) {
+        throw new HttpError(409, (err as Error).message, 'invalid_request_error', 'worker_exists');
+      }
+      log.info({ worker: worker.id, url: worker.url }, 'worker added through the admin API');
+      queue.kick();
+      sendJson(res, 201, worker.toJSON());
+      return;
+    }
+    const m = /^\/admin\/workers\/([^/]+)$/.exec(path);
+    if (m && req.method === 'DELETE') {
+      const id = decodeURIComponent(m[1]);
+      if (!(await workers.remove(id))) throw new HttpError(404, `no worker "${id}"`, 'not_found_error', 'worker_not_found');
+      log.info({ worker: id }, 'worker removed through the admin API');
+      sendJson(res, 200, { removed: id });
+      return;
+    }
+    throw new HttpError(404, `no admin route ${req.method} ${path}`, 'not_found_error', 'not_found');
+  }
+
+  // ------------------------------------------------------------------ dispatch
+
+  function debugState(): unknown {
+    return {
+      router: router.state(),
+      ledger: { total: router.ledger.total, bySource: Object.fromEntries(router.ledger.bySource) },
+      workers: workers.list().map((w) => w.toJSON()),
+      events: ingest ? ingest.health() : [],
+      queue: { length: queue.length, limit: queue.limit, timeoutMs: queue.timeoutMs },
+      inFlight,
+      tokenizer: tokenizer ? { local: true, segmentCaching: tokenizer.segmentCaching, cache: tokenizer.cacheInfo } : { local: false },
+      recentDecisions: recent,
+    };
+  }
+
+  async function dispatch(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const t0 = performance.now();
+    const url = req.url ?? '/';
+    const q = url.indexOf('?');
+    const path = q >= 0 ? url.slice(0, q) : url;
+    if (req.method === 'POST' && (path === '/v1/chat/completions' || path === '/v1/completions')) {
+      if (closing) {
+        throw new HttpError(503, 'the router is shutting down', 'service_unavailable', 'shutting_down', null, { 'retry-after': '1' });
+      }
+      return handleInference(path === '/v1/chat/completions' ? 'chat' : 'completions', req, res, t0);
+    }
+    if (req.method === 'GET') {
+      switch (path) {
+        case '/v1/models':
+          return sendJson(res, 200, { object: 'list', data: workers.models() });
+        case '/health': {
+          const healthy = workers.healthyCount();
+          return sendJson(res, healthy > 0 && !closing ? 200 : 503, {
+            status: healthy > 0 && !closing ? 'ok' : 'unavailable',
+            healthyWorkers: healthy,
+            workers: workers.list().length,
+          });
+        }
+        case '/metrics': {
+          const text = await metrics.render();
+          res.writeHead(200, { 'content-type': metrics.contentType });
+          res.end(text);
+          return;
+        }
+        case '/debug/state':
+          return sendJson(res, 200, debugState());
+      }
+    }
+    if (path.startsWith('/admin/')) return handleAdmin(req, res, path);
+    if (path === '/v1/chat/completions' || path === '/v1/completions' || path === '/v1/models') {
+      throw new HttpError(405, `method ${req.method} not allowed on ${path}`, 'invalid_request_error', 'method_not_allowed');
+    }
+    throw new HttpError(404, `no route ${req.method} ${path}`, 'not_found_error', 'not_found');
+  }
+
+  const server = createServer({ keepAliveTimeout: 65_000 }, (req, res) => {
+    inFlight++;
+    let counted = true;
+    const done = () => {
+      if (counted) {
+        counted = false;
+        inFlight--;
+      }
+    };
+    res.on('close', done);
+    res.on('finish', done);
+    dispatch(req, res).catch((err: unknown) => {
+      if (err instanceof HttpError) {
+        if (err.status >= 500) log.warn({ status: err.status, code: err.code }, err.message);
+        sendError(res, err);
+        if (err.status === 413) req.destroy();
+        return;
+      }
+      // Anything else is our bug; still answer in the OpenAI shape, and log it with its stack.
+      log.error({ err }, 'unhandled error in request');
+      sendError(res, new HttpError(500, 'internal router error', 'server_error', 'internal_error'));
+    });
+  });
+  // Long streams must not be cut by the server's own timeouts; the engine decides how long a generation takes.
+  server.requestTimeout = 0;
+  server.headersTimeout = 60_000;
+  server.maxRequestsPerSocket = 0;
+
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(config.port, config.host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  const port = (server.address() as AddressInfo).port;
+  const host = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host;
+  const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
+
+  let closed: Promise<void> | null = null;
+  const close = (graceMs = config.shutdownGraceMs): Promise<void> => {
+    closed ??= (async () => {
+      closing = true;
+      server.close();
+      server.closeIdleConnections();
+      queue.close();
+      const deadline = Date.now() + graceMs;
+      while (inFlight > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
+      server.closeAllConnections();
+      clearInterval(sweepTimer);
+      await workers.destroy();
+      if (ingest) await ingest.close();
+    })();
+    return closed;
+  };
+
+  return {
+    url,
+    port,
+    server,
+    router,
+    workers,
+    metrics,
+    queue,
+    tokenizer,
+    inFlight: () => inFlight,
+    close,
+  };
+}
