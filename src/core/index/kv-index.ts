@@ -2,17 +2,20 @@
  * The event-fed prefix index: which source holds which block, keyed by the router's own sequence hash.
  *
  * Layout (all typed arrays, grown by doubling):
- * - `table`: router seq hash -> block slot.
- * - per slot: its hash (lo/hi), parent slot, and a bitset of the sources holding it (`words` u32 per slot).
+ * - `table`: open addressing, cells of [low half of the seq hash, slot + 1] (8 bytes); the high half is checked in the
+ *   slot's record. Seq hashes are xxh3 outputs, so the low half alone places them well.
+ * - `rec`: one record per block slot, [hash lo, hash hi, parent slot + 1, membership bitset (`words` u32)], so that a
+ *   lookup costs two cache misses (table cell, record) rather than one per parallel array.
  * - per source: engine block id -> slot (the dual key: the engine's hash scheme never matters).
- * About 21 bytes per (block, source) pair plus ~40 per distinct block; see bench/RESULTS.md for the measured figure.
+ * Free slots are chained through their parent field. Measured on the Mooncake trace at 64 sources: see
+ * bench/RESULTS.md ("Index").
  *
  * Because a sequence hash names a whole prefix, "source s holds blocks 0..k of this request" is a walk down the
  * request's hashes ANDing bitsets, stopping when no source continues.
  */
 import { hashBlocksInto, hashSeed } from '../hashing.ts';
 import { GPU_MEDIUM, type ApplyResult, type KvEvent, type RejectReason, type StoredEvent } from '../types.ts';
-import { joinU64, splitU64, U64Map, u32View } from './u64-map.ts';
+import { joinU64, U64Map, u32View } from './u64-map.ts';
 
 export interface KvIndexOptions {
   /** The router's block size in tokens. Events with a multiple of it are split; anything else is rejected. */
@@ -26,7 +29,7 @@ export type IndexRejectReason = RejectReason | 'unsupported_medium';
 interface SourceState {
   engineIds: U64Map;
   cachedBlocks: number;
-  /** Router blocks per engine block (engine block size / router block size), learned from events. */
+  /** Router blocks per engine block (engine block size / router block size), learned from events; 0 until then. */
   split: number;
   /**
    * Extra engine ids naming a slot this source already held (rare: engines dedupe identical prefixes), so that
@@ -36,6 +39,20 @@ interface SourceState {
 }
 
 const NONE = -1;
+const MAX_LOAD = 0.75;
+/** Record fields. */
+const LO = 0;
+const HI = 1;
+const PARENT = 2;
+const MEMBERS = 3;
+
+// Engine ids are bigints at the edge; these split them into u32 halves without allocating.
+const idBuf = new BigUint64Array(1);
+const idHalves = new Uint32Array(idBuf.buffer);
+
+function homeOf(lo: number, shift: number): number {
+  return Math.imul(lo, 0x9e3779b1) >>> shift;
+}
 
 function ctz(x: number): number {
   return 31 - Math.clz32(x & -x);
@@ -44,14 +61,15 @@ function ctz(x: number): number {
 export class KvIndex {
   readonly blockSize: number;
   readonly maxBlocks: number;
-  private readonly table = new U64Map(1024);
-  private blockLo = new Uint32Array(1024);
-  private blockHi = new Uint32Array(1024);
-  private parent = new Int32Array(1024);
-  private members: Uint32Array;
+  private table = new Uint32Array(2 * 2048);
+  private tableShift = 32 - 11;
+  private rec: Uint32Array;
+  /** u32 per record: MEMBERS + words. */
+  private stride: number;
+  private slotCap = 1024;
   private words = 1;
   private nextSlot = 0;
-  private freeSlots: number[] = [];
+  private freeHead = NONE;
   private liveBlocks = 0;
   private readonly sources: (SourceState | undefined)[] = [];
   private readonly rejects = new Map<IndexRejectReason, number>();
@@ -77,7 +95,8 @@ export class KvIndex {
     this.blockSize = options.blockSize;
     this.maxBlocks = options.maxBlocks ?? Infinity;
     this.capped = Number.isFinite(this.maxBlocks);
-    this.members = new Uint32Array(1024 * this.words);
+    this.stride = MEMBERS + this.words;
+    this.rec = new Uint32Array(this.slotCap * this.stride);
     if (this.capped) {
       this.lruPrev = new Int32Array(1024);
       this.lruNext = new Int32Array(1024);
@@ -93,7 +112,7 @@ export class KvIndex {
     if (this.sources[source]) return;
     const needWords = Math.ceil((source + 1) / 32);
     if (needWords > this.words) this.widen(needWords);
-    this.sources[source] = { engineIds: new U64Map(64, this.capped), cachedBlocks: 0, split: 1, aliases: null };
+    this.sources[source] = { engineIds: new U64Map(64, this.capped), cachedBlocks: 0, split: 0, aliases: null };
     if (this.scores.length < this.words * 32) this.scores = new Int32Array(this.words * 32);
   }
 
@@ -152,6 +171,9 @@ export class KvIndex {
       return this.reject('block_size_mismatch', n);
     }
     const split = ev.blockSize / bs;
+    // An engine's block size is fixed: once learned, a different one is quarantined, never mixed (removals and
+    // clears walk `split` router blocks per engine block).
+    if (state.split !== 0 && state.split !== split) return this.reject('block_size_mismatch', n);
     const routerBlocks = n * split;
 
     let parentSlot = NONE;
@@ -159,7 +181,7 @@ export class KvIndex {
     if (ev.parent !== null && ev.parent !== undefined) {
       parentSlot = this.lookupEngine(state, ev.parent);
       if (parentSlot === NONE && !ev.seqHashes) return this.reject('unknown_parent', n);
-      if (parentSlot !== NONE) parentSeq = joinU64(this.blockLo[parentSlot], this.blockHi[parentSlot]);
+      if (parentSlot !== NONE) parentSeq = joinU64(this.rec[parentSlot * this.stride + LO], this.rec[parentSlot * this.stride + HI]);
     }
 
     let seqs: BigUint64Array;
@@ -175,8 +197,9 @@ export class KvIndex {
     state.split = split;
 
     const view = u32View(seqs);
-    const word = source >>> 5;
+    const memberAt = MEMBERS + (source >>> 5);
     const bit = 1 << (source & 31);
+    const engineIds = state.engineIds;
     let prev = parentSlot;
     let duplicates = 0;
     for (let j = 0; j < n; j++) {
@@ -185,30 +208,37 @@ export class KvIndex {
       for (let m = 0; m < split; m++) {
         const i = j * split + m;
         slot = this.slotFor(view[2 * i], view[2 * i + 1], prev);
-        const at = slot * this.words + word;
-        if ((this.members[at] & bit) === 0) {
-          this.members[at] |= bit;
+        // slotFor may have grown `rec`: read the field afterwards.
+        const at = slot * this.stride + memberAt;
+        const word = this.rec[at];
+        if ((word & bit) === 0) {
+          this.rec[at] = word | bit;
           state.cachedBlocks++;
           alreadyHeld = false;
         }
         prev = slot;
       }
-      const [lo, hi] = splitU64(ev.engineIds[j]);
-      const known = state.engineIds.find(lo, hi);
+      idBuf[0] = ev.engineIds[j];
+      const lo = idHalves[0];
+      const hi = idHalves[1];
+      const known = engineIds.find(lo, hi);
       if (known >= 0) {
         duplicates++;
-        if (state.engineIds.valueAt(known) === slot) continue;
-      } else if (alreadyHeld) {
+        if (engineIds.valueAt(known) === slot) continue;
+        engineIds.setAt(known, slot, this.gen ? this.gen[slot] : 0);
+        continue;
+      }
+      if (alreadyHeld) {
         // A second engine id for a prefix this source already holds.
         state.aliases ??= new Map();
         state.aliases.set(slot, (state.aliases.get(slot) ?? 0) + 1);
       }
-      state.engineIds.set(lo, hi, slot, this.gen ? this.gen[slot] : 0);
+      engineIds.set(lo, hi, slot, this.gen ? this.gen[slot] : 0);
     }
     if (this.capped) {
       // Touch deepest first so that, walking from the LRU tail, leaves come before their ancestors.
       for (let i = routerBlocks - 1; i >= 0; i--) {
-        const slot = this.table.get(view[2 * i], view[2 * i + 1]);
+        const slot = this.findSlot(view[2 * i], view[2 * i + 1]);
         if (slot !== NONE) this.touch(slot);
       }
       this.enforceCap();
@@ -221,18 +251,56 @@ export class KvIndex {
     return { applied: n, rejected: 0 };
   }
 
+  /** The slot holding a seq hash, or NONE. */
+  private findSlot(lo: number, hi: number): number {
+    const table = this.table;
+    const rec = this.rec;
+    const stride = this.stride;
+    const mask = (table.length >>> 1) - 1;
+    let i = homeOf(lo, this.tableShift);
+    for (;;) {
+      const v = table[2 * i + 1];
+      if (v === 0) return NONE;
+      if (table[2 * i] === lo && rec[(v - 1) * stride + HI] === hi) return v - 1;
+      i = (i + 1) & mask;
+    }
+  }
+
   /** Existing slot for a hash, or a new one (with its parent link). */
   private slotFor(lo: number, hi: number, parentSlot: number): number {
-    const existing = this.table.get(lo, hi);
-    if (existing !== NONE) return existing;
-    const slot = this.freeSlots.length > 0 ? this.freeSlots.pop()! : this.nextSlot++;
-    if (slot >= this.blockLo.length) this.growBlocks();
-    this.blockLo[slot] = lo;
-    this.blockHi[slot] = hi;
-    this.parent[slot] = parentSlot;
-    this.members.fill(0, slot * this.words, (slot + 1) * this.words);
-    this.table.set(lo, hi, slot);
+    const table = this.table;
+    const rec = this.rec;
+    const stride = this.stride;
+    const mask = (table.length >>> 1) - 1;
+    let i = homeOf(lo, this.tableShift);
+    for (;;) {
+      const v = table[2 * i + 1];
+      if (v === 0) break;
+      if (table[2 * i] === lo && rec[(v - 1) * stride + HI] === hi) return v - 1;
+      i = (i + 1) & mask;
+    }
+    let slot: number;
+    if (this.freeHead !== NONE) {
+      slot = this.freeHead;
+      this.freeHead = rec[slot * stride + PARENT] - 1;
+    } else {
+      slot = this.nextSlot++;
+      if (slot >= this.slotCap) this.growBlocks();
+    }
+    const r = this.rec;
+    const at = slot * stride;
+    r[at + LO] = lo;
+    r[at + HI] = hi;
+    r[at + PARENT] = parentSlot + 1;
+    for (let w = 0; w < this.words; w++) r[at + MEMBERS + w] = 0;
     this.liveBlocks++;
+    if (this.liveBlocks > (table.length >>> 1) * MAX_LOAD) {
+      this.growTable();
+      this.tableInsert(lo, slot);
+    } else {
+      table[2 * i] = lo;
+      table[2 * i + 1] = slot + 1;
+    }
     if (this.capped) {
       this.childCount![slot] = 0;
       if (parentSlot !== NONE) this.childCount![parentSlot]++;
@@ -243,24 +311,63 @@ export class KvIndex {
     return slot;
   }
 
+  /** Puts a slot known to be absent into the table. */
+  private tableInsert(lo: number, slot: number): void {
+    const table = this.table;
+    const mask = (table.length >>> 1) - 1;
+    let i = homeOf(lo, this.tableShift);
+    while (table[2 * i + 1] !== 0) i = (i + 1) & mask;
+    table[2 * i] = lo;
+    table[2 * i + 1] = slot + 1;
+  }
+
+  /** Removes a slot's cell; backward shift keeps every probe chain intact without tombstones. */
+  private tableDelete(slot: number): void {
+    const table = this.table;
+    const mask = (table.length >>> 1) - 1;
+    const shift = this.tableShift;
+    const lo = this.rec[slot * this.stride + LO];
+    let hole = homeOf(lo, shift);
+    while (table[2 * hole + 1] !== slot + 1) hole = (hole + 1) & mask;
+    let i = (hole + 1) & mask;
+    for (;;) {
+      const v = table[2 * i + 1];
+      if (v === 0) break;
+      const h = homeOf(table[2 * i], shift);
+      // Move cell i into the hole unless its home lies cyclically in (hole, i].
+      const inRange = hole <= i ? h > hole && h <= i : h > hole || h <= i;
+      if (!inRange) {
+        table[2 * hole] = table[2 * i];
+        table[2 * hole + 1] = v;
+        hole = i;
+      }
+      i = (i + 1) & mask;
+    }
+    table[2 * hole + 1] = 0;
+  }
+
   /** The slot an engine id of this source maps to, or NONE (unknown, or pruned by the cap since). */
   private lookupEngine(state: SourceState, id: bigint): number {
-    const [lo, hi] = splitU64(id);
-    const pos = state.engineIds.find(lo, hi);
+    idBuf[0] = id;
+    const pos = state.engineIds.find(idHalves[0], idHalves[1]);
     if (pos < 0) return NONE;
     const slot = state.engineIds.valueAt(pos);
     if (this.gen && this.gen[slot] !== state.engineIds.auxAt(pos)) {
-      state.engineIds.delete(lo, hi);
+      state.engineIds.deleteAt(pos);
       return NONE;
     }
     return slot;
   }
 
   private removeEngineBlock(source: number, state: SourceState, id: bigint): boolean {
-    const slot = this.lookupEngine(state, id);
-    if (slot === NONE) return false;
-    const [lo, hi] = splitU64(id);
-    state.engineIds.delete(lo, hi);
+    idBuf[0] = id;
+    const pos = state.engineIds.find(idHalves[0], idHalves[1]);
+    if (pos < 0) return false;
+    const slot = state.engineIds.valueAt(pos);
+    const generation = state.engineIds.auxAt(pos);
+    state.engineIds.deleteAt(pos);
+    // A mapping to a block the cap pruned since is stale: the block is already gone.
+    if (this.gen && this.gen[slot] !== generation) return false;
     const aliases = state.aliases?.get(slot) ?? 0;
     if (aliases > 0) {
       if (aliases === 1) state.aliases!.delete(slot);
@@ -273,14 +380,16 @@ export class KvIndex {
 
   /** Clears the source's bit on `slot` and up to `split - 1` ancestors (the router blocks of one engine block). */
   private dropChain(source: number, state: SourceState, slot: number, split: number): void {
-    const word = source >>> 5;
+    const memberAt = MEMBERS + (source >>> 5);
     const bit = 1 << (source & 31);
+    const rec = this.rec;
+    const stride = this.stride;
     let s = slot;
     for (let m = 0; m < split && s !== NONE; m++) {
-      const next = this.parent[s];
-      const at = s * this.words + word;
-      if (this.members[at] & bit) {
-        this.members[at] &= ~bit;
+      const next = rec[s * stride + PARENT] - 1;
+      const at = s * stride + memberAt;
+      if (rec[at] & bit) {
+        rec[at] &= ~bit;
         state.cachedBlocks--;
         if (this.isEmpty(s)) this.freeSlot(s);
       }
@@ -302,22 +411,24 @@ export class KvIndex {
   }
 
   private isEmpty(slot: number): boolean {
-    const base = slot * this.words;
-    for (let w = 0; w < this.words; w++) if (this.members[base + w] !== 0) return false;
+    const base = slot * this.stride + MEMBERS;
+    for (let w = 0; w < this.words; w++) if (this.rec[base + w] !== 0) return false;
     return true;
   }
 
   private freeSlot(slot: number): void {
-    this.table.delete(this.blockLo[slot], this.blockHi[slot]);
+    this.tableDelete(slot);
     this.liveBlocks--;
+    const at = slot * this.stride + PARENT;
     if (this.capped) {
       this.unlink(slot);
-      const p = this.parent[slot];
+      const p = this.rec[at] - 1;
       if (p !== NONE && this.childCount![p] > 0) this.childCount![p]--;
       this.gen![slot]++;
     }
-    this.parent[slot] = NONE;
-    this.freeSlots.push(slot);
+    // Free slots are chained through the parent field.
+    this.rec[at] = this.freeHead + 1;
+    this.freeHead = slot;
   }
 
   // ---------------------------------------------------------------- lookups
@@ -332,54 +443,98 @@ export class KvIndex {
     const n = seqHashes.length;
     if (n === 0 || this.liveBlocks === 0) return scores;
     const view = u32View(seqHashes);
+    if (this.words <= 2) this.walkNarrow(view, n, scores);
+    else this.walkWide(view, n, scores);
+    if (this.capped) this.touchMatched(view, scores);
+    return scores;
+  }
+
+  /**
+   * The walk for up to 64 sources (the router's hot path): the alive set in two locals, the table probe inlined.
+   * Per block: one table cell and one record, both usually one cache line.
+   */
+  private walkNarrow(view: Uint32Array, n: number, scores: Int32Array): void {
+    const rec = this.rec;
+    const table = this.table;
+    const stride = this.stride;
+    const wide = this.words === 2;
+    const shift = this.tableShift;
+    const mask = (table.length >>> 1) - 1;
+    let alive0 = 0;
+    let alive1 = 0;
+    let i = 0;
+    for (; i < n; i++) {
+      const lo = view[2 * i];
+      const hi = view[2 * i + 1];
+      let c = homeOf(lo, shift);
+      let at = -1;
+      for (;;) {
+        const v = table[2 * c + 1];
+        if (v === 0) break;
+        if (table[2 * c] === lo && rec[(v - 1) * stride + HI] === hi) {
+          at = (v - 1) * stride + MEMBERS;
+          break;
+        }
+        c = (c + 1) & mask;
+      }
+      if (at < 0) break;
+      const m0 = rec[at];
+      const m1 = wide ? rec[at + 1] : 0;
+      if (i === 0) {
+        alive0 = m0;
+        alive1 = m1;
+        continue;
+      }
+      const next0 = alive0 & m0;
+      const next1 = alive1 & m1;
+      if (next0 !== alive0 || next1 !== alive1) {
+        // Sources dropping out here hold exactly i leading blocks.
+        for (let d = alive0 & ~next0; d !== 0; d &= d - 1) scores[ctz(d)] = i;
+        for (let d = alive1 & ~next1; d !== 0; d &= d - 1) scores[32 + ctz(d)] = i;
+        alive0 = next0;
+        alive1 = next1;
+        if ((alive0 | alive1) === 0) return;
+      }
+    }
+    for (let d = alive0; d !== 0; d &= d - 1) scores[ctz(d)] = i;
+    for (let d = alive1; d !== 0; d &= d - 1) scores[32 + ctz(d)] = i;
+  }
+
+  /** The same walk for any number of membership words. */
+  private walkWide(view: Uint32Array, n: number, scores: Int32Array): void {
     const W = this.words;
     if (this.alive.length < W) this.alive = new Uint32Array(W);
     const alive = this.alive;
-    const members = this.members;
     let i = 0;
+    let any = 0;
     for (; i < n; i++) {
-      const slot = this.table.get(view[2 * i], view[2 * i + 1]);
+      const slot = this.findSlot(view[2 * i], view[2 * i + 1]);
       if (slot === NONE) break;
-      const base = slot * W;
-      let any = 0;
+      const base = slot * this.stride + MEMBERS;
+      any = 0;
       for (let w = 0; w < W; w++) {
-        const m = members[base + w];
+        const m = this.rec[base + w];
         if (i === 0) {
           alive[w] = m;
         } else {
           const next = alive[w] & m;
-          let dropped = alive[w] & ~next;
-          while (dropped !== 0) {
-            scores[w * 32 + ctz(dropped)] = i;
-            dropped &= dropped - 1;
-          }
+          for (let d = alive[w] & ~next; d !== 0; d &= d - 1) scores[w * 32 + ctz(d)] = i;
           alive[w] = next;
         }
         any |= alive[w];
       }
-      if (any === 0) {
-        i = -1;
-        break;
-      }
+      if (any === 0) return;
     }
-    if (i > 0) {
-      for (let w = 0; w < W; w++) {
-        let rest = alive[w];
-        while (rest !== 0) {
-          scores[w * 32 + ctz(rest)] = i;
-          rest &= rest - 1;
-        }
-      }
+    for (let w = 0; w < W && i > 0; w++) {
+      for (let d = alive[w]; d !== 0; d &= d - 1) scores[w * 32 + ctz(d)] = i;
     }
-    if (this.capped) this.touchMatched(view, scores);
-    return scores;
   }
 
   private touchMatched(view: Uint32Array, scores: Int32Array): void {
     let deepest = 0;
     for (let s = 0; s < scores.length; s++) if (scores[s] > deepest) deepest = scores[s];
     for (let i = deepest - 1; i >= 0; i--) {
-      const slot = this.table.get(view[2 * i], view[2 * i + 1]);
+      const slot = this.findSlot(view[2 * i], view[2 * i + 1]);
       if (slot !== NONE) this.touch(slot);
     }
   }
@@ -426,16 +581,16 @@ export class KvIndex {
 
   /** Removes a block from every source. Engine-id mappings to it go stale and are detected by generation. */
   private prune(slot: number): void {
-    const base = slot * this.words;
+    const base = slot * this.stride + MEMBERS;
     for (let w = 0; w < this.words; w++) {
-      let bits = this.members[base + w];
+      let bits = this.rec[base + w];
       while (bits !== 0) {
         const s = w * 32 + ctz(bits);
         const state = this.sources[s];
         if (state) state.cachedBlocks--;
         bits &= bits - 1;
       }
-      this.members[base + w] = 0;
+      this.rec[base + w] = 0;
     }
     this.prunedBlocks++;
     this.freeSlot(slot);
@@ -446,7 +601,7 @@ export class KvIndex {
   // ---------------------------------------------------------------- growth
 
   private growBlocks(): void {
-    const cap = this.blockLo.length * 2;
+    const cap = this.slotCap * 2;
     const grow32 = (a: Uint32Array) => {
       const b = new Uint32Array(cap);
       b.set(a);
@@ -457,12 +612,10 @@ export class KvIndex {
       b.set(a);
       return b;
     };
-    this.blockLo = grow32(this.blockLo);
-    this.blockHi = grow32(this.blockHi);
-    this.parent = growI32(this.parent);
-    const members = new Uint32Array(cap * this.words);
-    members.set(this.members);
-    this.members = members;
+    const rec = new Uint32Array(cap * this.stride);
+    rec.set(this.rec);
+    this.rec = rec;
+    this.slotCap = cap;
     if (this.capped) {
       this.lruPrev = growI32(this.lruPrev!);
       this.lruNext = growI32(this.lruNext!);
@@ -471,15 +624,23 @@ export class KvIndex {
     }
   }
 
-  /** More sources than the bitsets hold: re-lay the membership array with more words per block. */
+  private growTable(): void {
+    const old = this.table;
+    this.table = new Uint32Array(old.length * 2);
+    this.tableShift--;
+    for (let c = 0; c < old.length; c += 2) if (old[c + 1] !== 0) this.tableInsert(old[c], old[c + 1] - 1);
+  }
+
+  /** More sources than the bitsets hold: re-lay the records with more membership words. */
   private widen(words: number): void {
-    const cap = this.blockLo.length;
-    const members = new Uint32Array(cap * words);
+    const stride = MEMBERS + words;
+    const rec = new Uint32Array(this.slotCap * stride);
     for (let slot = 0; slot < this.nextSlot; slot++) {
-      for (let w = 0; w < this.words; w++) members[slot * words + w] = this.members[slot * this.words + w];
+      for (let f = 0; f < this.stride; f++) rec[slot * stride + f] = this.rec[slot * this.stride + f];
     }
-    this.members = members;
+    this.rec = rec;
     this.words = words;
+    this.stride = stride;
   }
 
   // ---------------------------------------------------------------- introspection
@@ -504,8 +665,8 @@ export class KvIndex {
   } {
     let pairs = 0;
     let sources = 0;
-    let bytes =
-      this.table.byteLength + this.blockLo.byteLength * 2 + this.parent.byteLength + this.members.byteLength;
+    let bytes = this.table.byteLength + this.rec.byteLength;
+    if (this.capped) bytes += this.lruPrev!.byteLength * 4;
     for (const s of this.sources) {
       if (!s) continue;
       sources++;
@@ -533,8 +694,8 @@ export class KvIndex {
         const chain: bigint[] = [];
         let s = slot;
         for (let m = 0; m < split && s !== NONE; m++) {
-          chain.push(joinU64(this.blockLo[s], this.blockHi[s]));
-          s = this.parent[s];
+          chain.push(joinU64(this.rec[s * this.stride + LO], this.rec[s * this.stride + HI]));
+          s = this.rec[s * this.stride + PARENT] - 1;
         }
         if (chain.length !== split) return;
         ids.push(joinU64(lo, hi));
@@ -559,11 +720,12 @@ export class KvIndex {
   /** Router hashes a source holds (for tests and debugging; not a hot path). */
   blocksOf(source: number): Set<bigint> {
     const out = new Set<bigint>();
-    const word = source >>> 5;
+    const memberAt = MEMBERS + (source >>> 5);
     const bit = 1 << (source & 31);
     if (!this.sources[source]) return out;
     for (let slot = 0; slot < this.nextSlot; slot++) {
-      if (this.members[slot * this.words + word] & bit) out.add(joinU64(this.blockLo[slot], this.blockHi[slot]));
+      const at = slot * this.stride;
+      if (this.rec[at + memberAt] & bit) out.add(joinU64(this.rec[at + LO], this.rec[at + HI]));
     }
     return out;
   }

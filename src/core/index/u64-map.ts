@@ -1,155 +1,167 @@
 /**
- * Open-addressing hash map from a u64 key (as lo/hi u32 halves) to an int32 value, on typed arrays.
+ * Open-addressing hash map from a u64 key (as lo/hi u32 halves) to a non-negative int32 value, on one typed array.
  *
  * Why not `Map<bigint, number>`: a JS Map costs ~80-200 bytes per entry, allocates a bigint per lookup and gives the
- * GC millions of objects to trace; this map costs 12 bytes per slot (16 with `aux`), never allocates on lookup and
- * lives off the GC's scanned heap. Linear probing with backward-shift deletion: no tombstones, so lookups stay short.
+ * GC millions of objects to trace; this map costs 12 bytes per cell (16 with `aux`), never allocates on lookup and
+ * lives off the GC's scanned heap. Key halves, value and aux are interleaved in one array so a probe touches one cache
+ * line, not three. Linear probing with backward-shift deletion: no tombstones, so lookups stay short.
  */
-const EMPTY = -1;
 const MAX_LOAD = 0.75;
 
-function mix(lo: number, hi: number): number {
-  // Keys are usually hashes already, but engine ids may be small or sequential: mix both halves.
-  let h = Math.imul(lo ^ Math.imul(hi, 0x85ebca6b), 0x9e3779b1);
-  h ^= h >>> 15;
-  h = Math.imul(h, 0xc2b2ae35);
-  return (h ^ (h >>> 13)) >>> 0;
+/** Fibonacci hashing of both halves: engine ids may be small or sequential, so the low bits alone would cluster. */
+function home(lo: number, hi: number, shift: number): number {
+  return Math.imul(lo ^ Math.imul(hi, 0x85ebca6b), 0x9e3779b1) >>> shift;
 }
 
 export class U64Map {
-  private keyLo: Uint32Array;
-  private keyHi: Uint32Array;
-  private vals: Int32Array;
-  private auxs: Uint32Array | null;
-  private mask: number;
+  /** Cells of `stride` u32: [lo, hi, value + 1, aux?]; value + 1 === 0 marks an empty cell. */
+  private cells: Uint32Array;
+  private readonly stride: number;
+  private cap: number;
+  private shift: number;
   private count = 0;
 
   constructor(
     initialCapacity = 16,
     private readonly withAux = false,
   ) {
-    let cap = 16;
-    while (cap < initialCapacity / MAX_LOAD) cap *= 2;
-    this.keyLo = new Uint32Array(cap);
-    this.keyHi = new Uint32Array(cap);
-    this.vals = new Int32Array(cap).fill(EMPTY);
-    this.auxs = withAux ? new Uint32Array(cap) : null;
-    this.mask = cap - 1;
+    let bits = 4;
+    while (1 << bits < initialCapacity / MAX_LOAD) bits++;
+    this.stride = withAux ? 4 : 3;
+    this.cap = 1 << bits;
+    this.shift = 32 - bits;
+    this.cells = new Uint32Array(this.cap * this.stride);
   }
 
   get size(): number {
     return this.count;
   }
 
-  /** Bytes held by the table's arrays. */
+  /** Bytes held by the table's array. */
   get byteLength(): number {
-    return this.keyLo.byteLength + this.keyHi.byteLength + this.vals.byteLength + (this.auxs?.byteLength ?? 0);
+    return this.cells.byteLength;
   }
 
-  /** Slot position of a key, or -1. The position is valid until the next insert or delete. */
+  /** Cell position of a key, or -1. The position is valid until the next insert or delete. */
   find(lo: number, hi: number): number {
-    const mask = this.mask;
-    const keyLo = this.keyLo;
-    const keyHi = this.keyHi;
-    const vals = this.vals;
-    let i = mix(lo, hi) & mask;
+    const cells = this.cells;
+    const stride = this.stride;
+    const mask = this.cap - 1;
+    lo >>>= 0;
+    hi >>>= 0;
+    let i = home(lo, hi, this.shift);
     for (;;) {
-      if (vals[i] === EMPTY) return -1;
-      if (keyLo[i] === lo && keyHi[i] === hi) return i;
+      const at = i * stride;
+      if (cells[at + 2] === 0) return -1;
+      if (cells[at] === lo && cells[at + 1] === hi) return i;
       i = (i + 1) & mask;
     }
   }
 
   get(lo: number, hi: number): number {
     const i = this.find(lo, hi);
-    return i < 0 ? EMPTY : this.vals[i];
+    return i < 0 ? -1 : this.cells[i * this.stride + 2] - 1;
   }
 
   /** Value at a position found by `find`. */
   valueAt(pos: number): number {
-    return this.vals[pos];
+    return this.cells[pos * this.stride + 2] - 1;
   }
 
   auxAt(pos: number): number {
-    return this.auxs ? this.auxs[pos] : 0;
+    return this.withAux ? this.cells[pos * this.stride + 3] : 0;
+  }
+
+  /** Overwrites the value (and aux) at a position found by `find`. */
+  setAt(pos: number, value: number, aux = 0): void {
+    this.cells[pos * this.stride + 2] = value + 1;
+    if (this.withAux) this.cells[pos * this.stride + 3] = aux;
   }
 
   /** Inserts or overwrites. `value` must be >= 0. */
   set(lo: number, hi: number, value: number, aux = 0): void {
-    if ((this.count + 1) > (this.mask + 1) * MAX_LOAD) this.grow();
-    const mask = this.mask;
-    let i = mix(lo, hi) & mask;
+    if (this.count + 1 > this.cap * MAX_LOAD) this.grow();
+    const cells = this.cells;
+    const stride = this.stride;
+    const mask = this.cap - 1;
+    lo >>>= 0;
+    hi >>>= 0;
+    let i = home(lo, hi, this.shift);
     for (;;) {
-      if (this.vals[i] === EMPTY) {
-        this.keyLo[i] = lo;
-        this.keyHi[i] = hi;
+      const at = i * stride;
+      if (cells[at + 2] === 0) {
+        cells[at] = lo;
+        cells[at + 1] = hi;
         this.count++;
         break;
       }
-      if (this.keyLo[i] === lo && this.keyHi[i] === hi) break;
+      if (cells[at] === lo && cells[at + 1] === hi) break;
       i = (i + 1) & mask;
     }
-    this.vals[i] = value;
-    if (this.auxs) this.auxs[i] = aux;
+    const at = i * stride;
+    cells[at + 2] = value + 1;
+    if (this.withAux) cells[at + 3] = aux;
   }
 
   /** Removes a key; returns its value or -1. */
   delete(lo: number, hi: number): number {
     const pos = this.find(lo, hi);
-    if (pos < 0) return EMPTY;
-    const value = this.vals[pos];
+    if (pos < 0) return -1;
+    const value = this.valueAt(pos);
     this.deleteAt(pos);
     return value;
   }
 
-  /** Backward-shift deletion keeps every probe chain intact without tombstones. */
-  private deleteAt(pos: number): void {
-    const mask = this.mask;
-    const { keyLo, keyHi, vals, auxs } = this;
+  /** Removes the entry at a position found by `find`. Backward shift keeps every probe chain intact. */
+  deleteAt(pos: number): void {
+    const cells = this.cells;
+    const stride = this.stride;
+    const mask = this.cap - 1;
+    const shift = this.shift;
     let hole = pos;
     let i = (pos + 1) & mask;
     for (;;) {
-      if (vals[i] === EMPTY) break;
-      const home = mix(keyLo[i], keyHi[i]) & mask;
+      const at = i * stride;
+      if (cells[at + 2] === 0) break;
+      const h = home(cells[at], cells[at + 1], shift);
       // Move entry i into the hole if its home does not lie cyclically in (hole, i].
-      const inRange = hole <= i ? home > hole && home <= i : home > hole || home <= i;
+      const inRange = hole <= i ? h > hole && h <= i : h > hole || h <= i;
       if (!inRange) {
-        keyLo[hole] = keyLo[i];
-        keyHi[hole] = keyHi[i];
-        vals[hole] = vals[i];
-        if (auxs) auxs[hole] = auxs[i];
+        cells.copyWithin(hole * stride, at, at + stride);
         hole = i;
       }
       i = (i + 1) & mask;
     }
-    vals[hole] = EMPTY;
+    cells[hole * stride + 2] = 0;
     this.count--;
   }
 
   clear(): void {
-    this.vals.fill(EMPTY);
+    this.cells.fill(0);
     this.count = 0;
   }
 
   /** Calls fn for every entry. The map must not be modified during the walk. */
   forEach(fn: (lo: number, hi: number, value: number, aux: number) => void): void {
-    const { keyLo, keyHi, vals, auxs } = this;
-    for (let i = 0; i < vals.length; i++) {
-      if (vals[i] !== EMPTY) fn(keyLo[i], keyHi[i], vals[i], auxs ? auxs[i] : 0);
+    const { cells, stride, withAux } = this;
+    for (let at = 0; at < cells.length; at += stride) {
+      if (cells[at + 2] !== 0) fn(cells[at], cells[at + 1], cells[at + 2] - 1, withAux ? cells[at + 3] : 0);
     }
   }
 
   private grow(): void {
-    const { keyLo, keyHi, vals, auxs } = this;
-    const cap = (this.mask + 1) * 2;
-    this.keyLo = new Uint32Array(cap);
-    this.keyHi = new Uint32Array(cap);
-    this.vals = new Int32Array(cap).fill(EMPTY);
-    this.auxs = this.withAux ? new Uint32Array(cap) : null;
-    this.mask = cap - 1;
-    this.count = 0;
-    for (let i = 0; i < vals.length; i++) {
-      if (vals[i] !== EMPTY) this.set(keyLo[i], keyHi[i], vals[i], auxs ? auxs[i] : 0);
+    const old = this.cells;
+    const stride = this.stride;
+    this.cap *= 2;
+    this.shift--;
+    this.cells = new Uint32Array(this.cap * stride);
+    const cells = this.cells;
+    const mask = this.cap - 1;
+    for (let at = 0; at < old.length; at += stride) {
+      if (old[at + 2] === 0) continue;
+      let i = home(old[at], old[at + 1], this.shift);
+      while (cells[i * stride + 2] !== 0) i = (i + 1) & mask;
+      cells.set(old.subarray(at, at + stride), i * stride);
     }
   }
 }
