@@ -1,7 +1,7 @@
 /**
  * Per-source state that turns decoded events into events the core index can apply correctly. Pure (no I/O).
  *
- * - Block size: learned from Stored events. A size other than the router's is reported once (via `onMismatch`) and
+ * - Block size: learned from Stored events (a change clears the source: the index keeps one split factor per source). A size other than the router's is reported once (via `onMismatch`) and
  *   counted; a multiple passes (KvIndex splits it), anything else is quarantined: dropped and counted, together with
  *   every block chained under it (their router hashes cannot be computed either).
  * - cache_salt: vLLM puts it in the extra keys of a sequence's first block only, but it seeds every block of the
@@ -17,6 +17,8 @@ import type { DecodedBatch } from '../engines/vllm.ts';
 
 export interface AnnotatorCounters {
   blockSizeMismatchEvents: number;
+  /** Times the engine's block size changed without a restart; each clears the source. */
+  blockSizeChanges: number;
   quarantinedBlocks: number;
   multimodalBlocks: number;
   otherGroupEvents: number;
@@ -25,11 +27,14 @@ export interface AnnotatorCounters {
 
 type SkipCause = 'multimodal' | 'quarantine';
 
+const CLEARED: KvEvent = { kind: 'cleared' };
+
 export class SourceAnnotator {
   /** Engine block size last seen in a Stored event (null until one arrives). */
   engineBlockSize: number | null = null;
   readonly counters: AnnotatorCounters = {
     blockSizeMismatchEvents: 0,
+    blockSizeChanges: 0,
     quarantinedBlocks: 0,
     multimodalBlocks: 0,
     otherGroupEvents: 0,
@@ -67,12 +72,13 @@ export class SourceAnnotator {
     const out: KvEvent[] = [];
     for (const ev of batch.events) {
       const r = this.one(ev);
-      if (r) out.push(r);
+      if (Array.isArray(r)) out.push(...r);
+      else if (r) out.push(r);
     }
     return out;
   }
 
-  private one(ev: KvEvent): KvEvent | null {
+  private one(ev: KvEvent): KvEvent | KvEvent[] | null {
     switch (ev.kind) {
       case 'cleared':
         this.reset();
@@ -109,7 +115,7 @@ export class SourceAnnotator {
     }
   }
 
-  private stored(ev: StoredEvent): KvEvent | null {
+  private stored(ev: StoredEvent): KvEvent | KvEvent[] | null {
     if (ev.medium !== undefined && ev.medium !== GPU_MEDIUM) {
       this.counters.offloadEvents++;
       let tier = this.tiers.get(ev.medium);
@@ -122,7 +128,17 @@ export class SourceAnnotator {
       return null;
     }
     const bs = ev.blockSize;
-    if (this.engineBlockSize !== bs) this.engineBlockSize = bs;
+    let changed = false;
+    if (this.engineBlockSize !== bs) {
+      // An engine's block size is fixed for its life; a change means another configuration. The index keeps one
+      // split factor per source, so blocks of the old size must go before blocks of the new size arrive.
+      changed = this.engineBlockSize !== null;
+      if (changed) {
+        this.counters.blockSizeChanges++;
+        this.reset();
+      }
+      this.engineBlockSize = bs;
+    }
     if (bs !== this.routerBlockSize) {
       this.counters.blockSizeMismatchEvents++;
       const splittable = Number.isInteger(bs) && bs > 0 && bs % this.routerBlockSize === 0;
@@ -130,7 +146,10 @@ export class SourceAnnotator {
         this.mismatchReported = true;
         this.onMismatch(bs, this.routerBlockSize, splittable);
       }
-      if (!splittable) return this.skip(ev, 'quarantine');
+      if (!splittable) {
+        this.skip(ev, 'quarantine');
+        return changed ? CLEARED : null;
+      }
     }
     if (ev.parent !== null) {
       const cause = this.skipped.get(ev.parent);
@@ -138,11 +157,12 @@ export class SourceAnnotator {
     }
     let salt = ev.cacheSalt ?? null;
     if (salt === null && ev.parent !== null) salt = this.salts.get(ev.parent) ?? null;
+    let out: StoredEvent = ev;
     if (salt !== null) {
       for (const id of ev.engineIds) this.salts.set(id, salt);
-      if (salt !== ev.cacheSalt) return { ...ev, cacheSalt: salt };
+      if (salt !== ev.cacheSalt) out = { ...ev, cacheSalt: salt };
     }
-    return ev;
+    return changed ? [CLEARED, out] : out;
   }
 
   private skip(ev: StoredEvent, cause: SkipCause): null {

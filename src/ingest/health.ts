@@ -55,6 +55,8 @@ export interface SourceHealth {
   readonly engineBlockSize: number | null;
   readonly routerBlockSize: number;
   readonly blockSizeMismatch: boolean;
+  /** Block size changes within one engine life (each cleared the source). */
+  readonly blockSizeChanges: number;
   /** Blocks per lower tier (medium other than GPU) the engine announced. */
   readonly tierBlocks: Record<string, number>;
   readonly heldBatches: number;

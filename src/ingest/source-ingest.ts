@@ -273,6 +273,7 @@ export class SourceIngest {
       engineBlockSize: a.engineBlockSize,
       routerBlockSize: this.opts.routerBlockSize,
       blockSizeMismatch: a.counters.blockSizeMismatchEvents > 0,
+      blockSizeChanges: a.counters.blockSizeChanges,
       tierBlocks: a.tierBlocks(),
       heldBatches: this.tracker.heldCount,
       replaying: this.tracker.isReplaying,
