@@ -78,21 +78,38 @@ export interface Latency {
   readonly p99: number;
   readonly max: number;
   readonly mean: number;
+  /** p99 of each round, ascending; the median round is robust to a burst of load from other processes. */
+  readonly roundP99: readonly number[];
 }
 
-/** Times `calls` individual calls (microseconds), cycling through inputs, after an untimed warm-up. */
-export function latency<T>(inputs: readonly T[], calls: number, fn: (input: T) => void, warmup = Math.ceil(calls / 10)): Latency {
-  for (let i = 0; i < warmup; i++) fn(inputs[i % inputs.length]);
+/**
+ * Times individual calls (microseconds) in `rounds` rounds of `callsPerRound`, cycling through inputs, after an
+ * untimed warm-up.
+ */
+export function latencyRounds<T>(inputs: readonly T[], rounds: number, callsPerRound: number, fn: (input: T) => void): Latency {
+  const calls = rounds * callsPerRound;
+  for (let i = 0; i < Math.ceil(calls / 10); i++) fn(inputs[i % inputs.length]);
   const times = new Float64Array(calls);
+  const roundP99: number[] = [];
   let sum = 0;
-  for (let i = 0; i < calls; i++) {
-    const input = inputs[i % inputs.length];
-    const t = performance.now();
-    fn(input);
-    const dt = (performance.now() - t) * 1000;
-    times[i] = dt;
-    sum += dt;
+  for (let r = 0; r < rounds; r++) {
+    for (let k = 0; k < callsPerRound; k++) {
+      const i = r * callsPerRound + k;
+      const input = inputs[i % inputs.length];
+      const t = performance.now();
+      fn(input);
+      const dt = (performance.now() - t) * 1000;
+      times[i] = dt;
+      sum += dt;
+    }
+    roundP99.push(percentile(times.slice(r * callsPerRound, (r + 1) * callsPerRound).sort(), 0.99));
   }
   times.sort();
-  return { calls, p50: percentile(times, 0.5), p99: percentile(times, 0.99), max: times[calls - 1], mean: sum / calls };
+  roundP99.sort((a, b) => a - b);
+  return { calls, p50: percentile(times, 0.5), p99: percentile(times, 0.99), max: times[calls - 1], mean: sum / calls, roundP99 };
+}
+
+/** Times `calls` individual calls (microseconds) in one round (used by other benches: keep this signature). */
+export function latency<T>(inputs: readonly T[], calls: number, fn: (input: T) => void): Latency {
+  return latencyRounds(inputs, 1, calls, fn);
 }
