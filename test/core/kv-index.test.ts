@@ -215,3 +215,36 @@ describe('KvIndex aliases', () => {
     expect(idx.stats().blocks).toBe(0);
   });
 });
+
+describe('KvIndex consistency under engine misbehaviour', () => {
+  const holds = (idx: KvIndex, s: number) => {
+    expect(idx.cachedBlocks(s)).toBe(idx.blocksOf(s).size);
+  };
+
+  it('an engine id re-announced for other content replaces the old block (nothing left unreachable)', () => {
+    const idx = new KvIndex({ blockSize: BS });
+    idx.addSource(0);
+    const a = [1, 2, 3, 4];
+    const b = [5, 6, 7, 8];
+    idx.apply(0, { kind: 'stored', parent: null, engineIds: [9n], tokens: a, blockSize: BS });
+    idx.apply(0, { kind: 'stored', parent: null, engineIds: [9n], tokens: b, blockSize: BS });
+    expect(idx.findMatches(computeSeqHashes(a, BS))[0]).toBe(0);
+    expect(idx.findMatches(computeSeqHashes(b, BS))[0]).toBe(1);
+    expect(idx.stats().rejected.engine_id_reused).toBe(1);
+    holds(idx, 0);
+    idx.apply(0, { kind: 'cleared' });
+    holds(idx, 0);
+    expect(idx.stats().blocks).toBe(0);
+  });
+
+  it('a block size different from the one learned for the source is quarantined', () => {
+    const idx = new KvIndex({ blockSize: BS });
+    idx.addSource(0);
+    const t = Array.from({ length: 16 }, (_, i) => i);
+    expect(idx.apply(0, { kind: 'stored', parent: null, engineIds: [1n, 2n], tokens: t.slice(0, 8), blockSize: BS }).rejected).toBe(0);
+    expect(idx.apply(0, { kind: 'stored', parent: 2n, engineIds: [3n], tokens: t.slice(8, 16), blockSize: 2 * BS }).reason).toBe('block_size_mismatch');
+    idx.apply(0, { kind: 'removed', engineIds: [2n] });
+    holds(idx, 0);
+    expect(idx.findMatches(computeSeqHashes(t, BS))[0]).toBe(1);
+  });
+});
