@@ -24,7 +24,8 @@ export interface KvIndexOptions {
   readonly maxBlocks?: number;
 }
 
-export type IndexRejectReason = RejectReason | 'unsupported_medium';
+/** Index-level reasons besides the shared ones; 'engine_id_reused' counts re-announced ids (applied, old block dropped). */
+export type IndexRejectReason = RejectReason | 'unsupported_medium' | 'engine_id_reused';
 
 interface SourceState {
   engineIds: U64Map;
@@ -203,6 +204,24 @@ export class KvIndex {
     let prev = parentSlot;
     let duplicates = 0;
     for (let j = 0; j < n; j++) {
+      idBuf[0] = ev.engineIds[j];
+      const lo = idHalves[0];
+      const hi = idHalves[1];
+      const knownSlot = engineIds.find(lo, hi) >= 0 ? this.lookupEngine(state, ev.engineIds[j]) : NONE;
+      if (knownSlot !== NONE) {
+        const last = j * split + split - 1;
+        if (this.findSlot(view[2 * last], view[2 * last + 1]) === knownSlot) {
+          // The same block announced again: nothing changes.
+          duplicates++;
+          prev = knownSlot;
+          continue;
+        }
+        // The id now names other content: the engine dropped the old block without a Removed we saw. Drop it too,
+        // so no bit is left unreachable from an engine id.
+        this.removeEngineBlock(source, state, ev.engineIds[j]);
+        this.count('engine_id_reused', 1);
+        if (prev !== NONE && this.isEmpty(prev)) prev = NONE;
+      }
       let slot = NONE;
       let alreadyHeld = true;
       for (let m = 0; m < split; m++) {
@@ -217,16 +236,6 @@ export class KvIndex {
           alreadyHeld = false;
         }
         prev = slot;
-      }
-      idBuf[0] = ev.engineIds[j];
-      const lo = idHalves[0];
-      const hi = idHalves[1];
-      const known = engineIds.find(lo, hi);
-      if (known >= 0) {
-        duplicates++;
-        if (engineIds.valueAt(known) === slot) continue;
-        engineIds.setAt(known, slot, this.gen ? this.gen[slot] : 0);
-        continue;
       }
       if (alreadyHeld) {
         // A second engine id for a prefix this source already holds.
