@@ -195,25 +195,26 @@ describe('live dashboard in headless chromium', () => {
       page.on('requestfailed', (r) => problems.push(`requestfailed: ${r.url()}`));
 
       await page.goto(`${base}/dashboard?interval=200&window=5`);
-      await page.waitForFunction(() => (window as any).__kvrouteDashboard?.polls >= 1, null, { timeout: 5_000 });
+      await page.waitForFunction(() => (globalThis as any).__kvrouteDashboard?.polls >= 1, null, { timeout: 5_000 });
       for (let round = 0; round < 4; round++) {
         await traffic(round);
         await page.waitForTimeout(100);
       }
-      await page.waitForFunction(() => (window as any).__kvrouteDashboard.polls >= 6, null, { timeout: 5_000 });
+      await page.waitForFunction(() => (globalThis as any).__kvrouteDashboard.polls >= 6, null, { timeout: 5_000 });
 
       await mkdir(ARTIFACTS, { recursive: true });
       await page.screenshot({ path: join(ARTIFACTS, 'dashboard.png'), fullPage: true });
       expect(existsSync(join(ARTIFACTS, 'dashboard.png'))).toBe(true);
 
-      const points = (await page.evaluate(() => (window as any).__kvrouteDashboard.pointsDrawn)) as Record<string, number>;
+      const points = (await page.evaluate(() => (globalThis as any).__kvrouteDashboard.pointsDrawn)) as Record<string, number>;
       for (const chart of ['hitrate', 'prefill', 'active', 'cache', 'events', 'overhead', 'rps']) {
         expect(points[chart], chart).toBeGreaterThan(0);
       }
       // The hit-rate chart really has a line in the first series' colour (#4fc3f7), not just axes.
       const lit = await page.evaluate(() => {
-        const c = document.getElementById('chart-hitrate') as HTMLCanvasElement;
-        const px = c.getContext('2d')!.getImageData(0, 0, c.width, c.height).data;
+        // Runs in the page; the test's tsconfig has no DOM types, hence the casts.
+        const c = (globalThis as any).document.getElementById('chart-hitrate');
+        const px: Uint8ClampedArray = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
         let n = 0;
         for (let i = 0; i < px.length; i += 4) {
           if (Math.abs(px[i] - 0x4f) < 12 && Math.abs(px[i + 1] - 0xc3) < 12 && Math.abs(px[i + 2] - 0xf7) < 12) n++;
