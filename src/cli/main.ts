@@ -20,5 +20,6 @@ registerHash(program);
 (await import('./mocker.ts')).registerMocker(program);
 (await import('./sim.ts')).registerSim(program);
 (await import('./trace.ts')).registerTrace(program);
+(await import('./serve.ts')).registerServe(program);
 
 await program.parseAsync(process.argv);

@@ -51,3 +51,9 @@ export function randomTokens(n: number, seed: number): number[] {
   }
   return out;
 }
+
+/** Response JSON as `any`: tests assert on its shape. */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export async function json(r: Response): Promise<any> {
+  return r.json();
+}

