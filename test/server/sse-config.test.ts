@@ -1,0 +1,113 @@
+import { mkdtemp, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import fc from 'fast-check';
+import { describe, expect, it } from 'vitest';
+import { loadConfigFile, parseWorkerSpec } from '../../src/server/config.ts';
+import { SseRelay } from '../../src/server/sse.ts';
+
+const chunk = (i: number) => `data: {"id":"c","choices":[{"index":0,"delta":{"content":"t${i}"}}]}\n\n`;
+const usage = 'data: {"id":"c","choices":[],"usage":{"prompt_tokens":100,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":64}}}\n\n';
+const done = 'data: [DONE]\n\n';
+
+function relayAll(relay: SseRelay, pieces: string[]): string {
+  let out = '';
+  for (const p of pieces) out += relay.push(Buffer.from(p)).toString();
+  return out + relay.flush().toString();
+}
+
+describe('SseRelay', () => {
+  it('strips the usage chunk it asked for and still reads cached tokens', () => {
+    const r = new SseRelay(true);
+    const out = relayAll(r, [chunk(0), chunk(1), usage, done]);
+    expect(out).toBe(chunk(0) + chunk(1) + done);
+    expect(r.usage).toEqual({ promptTokens: 100, completionTokens: 3, cachedTokens: 64 });
+    expect(r.sawDone).toBe(true);
+    expect(r.events).toBe(2);
+  });
+
+  it('keeps the usage chunk when the client asked for it', () => {
+    const r = new SseRelay(false);
+    expect(relayAll(r, [chunk(0), usage, done])).toBe(chunk(0) + usage + done);
+    expect(r.usage?.cachedTokens).toBe(64);
+  });
+
+  it('property: any split of the byte stream forwards the same events', () => {
+    const stream = chunk(0) + chunk(1) + chunk(2) + usage + done;
+    const expected = chunk(0) + chunk(1) + chunk(2) + done;
+    fc.assert(
+      fc.property(fc.uniqueArray(fc.integer({ min: 1, max: stream.length - 1 }), { maxLength: 12 }), (cuts) => {
+        const at = [0, ...cuts.sort((a, b) => a - b), stream.length];
+        const pieces = at.slice(1).map((end, i) => stream.slice(at[i], end));
+        const r = new SseRelay(true);
+        expect(relayAll(r, pieces)).toBe(expected);
+        expect(r.usage?.cachedTokens).toBe(64);
+      }),
+      { numRuns: 200 },
+    );
+  });
+
+  it('handles CRLF framing and leaves usage:null chunks alone', () => {
+    const r = new SseRelay(true);
+    const withNull = 'data: {"choices":[{"delta":{"content":"a"}}],"usage":null}\r\n\r\n';
+    const out = relayAll(r, [withNull, 'data: [DONE]\r\n\r\n']);
+    expect(out).toContain('"content":"a"');
+    expect(out).toContain('[DONE]');
+    expect(r.usage).toBeUndefined();
+  });
+
+  it('removes a usage field riding on a content chunk (continuous usage) when stripping', () => {
+    const r = new SseRelay(true);
+    const out = relayAll(r, ['data: {"choices":[{"delta":{"content":"a"}}],"usage":{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens":0}}}\n\n']);
+    expect(JSON.parse(out.slice(6))).toEqual({ choices: [{ delta: { content: 'a' } }] });
+    expect(r.usage?.cachedTokens).toBe(0);
+  });
+
+  it('notices an in-band error event from the engine', () => {
+    const r = new SseRelay(true);
+    relayAll(r, [chunk(0), 'data: {"error":{"message":"boom"}}\n\n']);
+    expect(r.sawError).toBe(true);
+    expect(r.sawDone).toBe(false);
+  });
+});
+
+describe('worker specs and config files', () => {
+  it('parses every worker option', () => {
+    expect(parseWorkerSpec('http://gpu1:8000/,events=tcp://gpu1:5557,replay=tcp://gpu1:5558,dp=4,model=qwen,model=lora-a,id=g1,blocks=9000')).toEqual({
+      url: 'http://gpu1:8000',
+      events: 'tcp://gpu1:5557',
+      replay: 'tcp://gpu1:5558',
+      dp: 4,
+      models: ['qwen', 'lora-a'],
+      id: 'g1',
+      blocks: 9000,
+    });
+  });
+
+  it('rejects bad specs with actionable messages', () => {
+    expect(() => parseWorkerSpec('gpu1:8000')).toThrow(/http/);
+    expect(() => parseWorkerSpec('http://a:1,events=gpu1:5557')).toThrow(/ZMQ endpoint/);
+    expect(() => parseWorkerSpec('http://a:1,dp=0')).toThrow(/positive integer/);
+    expect(() => parseWorkerSpec('http://a:1,colour=blue')).toThrow(/unknown worker option "colour"/);
+    expect(() => parseWorkerSpec('http://a:1,dp')).toThrow(/key=value/);
+  });
+
+  it('loads YAML and JSON config files, rejecting unknown keys', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'kvroute-cfg-'));
+    const yml = join(dir, 'kvroute.yaml');
+    await writeFile(
+      yml,
+      'policy: round-robin\nblockSize: 32\nworkers:\n  - http://a:8000,events=tcp://a:5557\n  - url: http://b:8000\n    dp: 2\n    model: qwen\n',
+    );
+    const cfg = await loadConfigFile(yml);
+    expect(cfg.policy).toBe('round-robin');
+    expect(cfg.blockSize).toBe(32);
+    expect(cfg.workers).toEqual([
+      { url: 'http://a:8000', events: 'tcp://a:5557' },
+      { url: 'http://b:8000', dp: 2, models: ['qwen'] },
+    ]);
+    const json = join(dir, 'bad.json');
+    await writeFile(json, JSON.stringify({ polcy: 'kv' }));
+    await expect(loadConfigFile(json)).rejects.toThrow(/unknown key "polcy"/);
+  });
+});
