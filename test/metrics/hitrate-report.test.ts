@@ -7,6 +7,8 @@ import { promisify } from 'node:util';
 import { afterEach, describe, expect, it } from 'vitest';
 import { buildReport, formatReport, reportJson, ScrapeError } from '../../src/metrics/hitrate-report.ts';
 import { parseDuration, parseEngineArg } from '../../src/cli/hitrate.ts';
+import fc from 'fast-check';
+import { ReuseLedger } from '../../src/core/ledger.ts';
 
 const fixture = (name: string) => fileURLToPath(new URL(`./fixtures/${name}`, import.meta.url));
 const read = (name: string) => readFileSync(fixture(name), 'utf8');
@@ -167,5 +169,43 @@ describe('kvroute hitrate (the command)', () => {
     const wrong = await cli(['--router', engineOnly, '--window', '10ms']);
     expect(wrong.code).toBe(2);
     expect(wrong.stderr).toContain('no router_kv_* metrics');
+  });
+});
+
+describe('the identity the docs rely on: ratio_of_sums = mean_of_ratios + Cov(n, h) / mean(n)', () => {
+  it('worked example: 1 block with 0 hits, 100 blocks with 99 hits', () => {
+    const n = [1, 100];
+    const h = [0, 0.99];
+    const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
+    const cov = mean(n.map((x, i) => x * h[i])) - mean(n) * mean(h);
+    expect(mean(h)).toBeCloseTo(0.495, 12);
+    expect(cov).toBeCloseTo(24.5025, 12);
+    expect(cov / mean(n)).toBeCloseTo(0.485198, 6);
+    expect(mean(h) + cov / mean(n)).toBeCloseTo(99 / 101, 12);
+  });
+
+  it('holds for the ledger on any traffic (property)', () => {
+    fc.assert(
+      fc.property(
+        fc.array(fc.tuple(fc.integer({ min: 1, max: 10_000 }), fc.double({ min: 0, max: 1, noNaN: true })), { minLength: 1, maxLength: 200 }),
+        (reqs) => {
+          const ledger = new ReuseLedger();
+          const n: number[] = [];
+          const h: number[] = [];
+          for (const [blocks, frac] of reqs) {
+            const overlap = Math.floor(blocks * frac);
+            ledger.routed('w', blocks, overlap, overlap);
+            n.push(blocks);
+            h.push(overlap / blocks);
+          }
+          const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
+          const cov = mean(n.map((x, i) => x * h[i])) - mean(n) * mean(h);
+          const v = ledger.view();
+          expect(v.predicted.requestWeighted).toBeCloseTo(mean(h), 9);
+          expect(v.predicted.blockWeighted).toBeCloseTo(mean(h) + cov / mean(n), 9);
+        },
+      ),
+      { numRuns: 200 },
+    );
   });
 });
