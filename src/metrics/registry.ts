@@ -81,6 +81,7 @@ export class RouterMetrics {
   private mirror?: EngineMirror;
   private readonly health = new Map<string, boolean>();
   private readonly blind = new Map<string, boolean>();
+  private readonly lastIngestTotals = new Map<string, IngestCounts>();
 
   // Plain totals for the dashboard (prom-client's async get() is too heavy for a 2 s poll, and these are exact).
   private readonly overhead = new Map<OverheadPhase, SumCount>(OVERHEAD_PHASES.map((p) => [p, { sum: 0, count: 0 }]));
@@ -483,6 +484,25 @@ export class RouterMetrics {
     add(this.resets, counts.resets, 'resets');
     add(this.decodeErrors, counts.decodeErrors, 'decodeErrors');
     if (counts.blind !== undefined) this.blind.set(sourceKey, counts.blind);
+  }
+
+  /**
+   * Same counters from cumulative totals (e.g. the ingest layer's per-source health, synced before each scrape): the
+   * increase since the last call is added. A total that went down (the source's ingest was recreated) counts from 0.
+   * Use either this or ingestCounters() for a given counter, not both.
+   */
+  ingestTotals(sourceKey: string, totals: IngestCounts & { blind?: boolean }): void {
+    let last = this.lastIngestTotals.get(sourceKey);
+    if (!last) this.lastIngestTotals.set(sourceKey, (last = {}));
+    const inc: IngestCounts & { blind?: boolean } = { blind: totals.blind };
+    for (const k of ['gaps', 'replays', 'resets', 'decodeErrors'] as const) {
+      const now = totals[k];
+      if (now === undefined || !Number.isFinite(now)) continue;
+      const prev = last[k] ?? 0;
+      inc[k] = now >= prev ? now - prev : now;
+      last[k] = now;
+    }
+    this.ingestCounters(sourceKey, inc);
   }
 
   /** Health as the shell's prober sees it; workers never marked are reported healthy. */

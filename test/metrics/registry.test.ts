@@ -179,6 +179,19 @@ describe('RouterMetrics: exact values after scripted requests through a real KvR
     expect(d.overhead.total.count).toBe(2);
   });
 
+  it('ingestTotals turns cumulative ingest health into counter increments (and survives a recreated ingest)', async () => {
+    const { metrics } = setup();
+    metrics.ingestTotals('w0', { gaps: 3, replays: 2, decodeErrors: 1, blind: false });
+    metrics.ingestTotals('w0', { gaps: 5, replays: 2, decodeErrors: 1, blind: true });
+    metrics.ingestTotals('w0', { gaps: 1, replays: 0, decodeErrors: 1 }); // recreated: counts from zero
+    const s = await samples(metrics);
+    expect(sumOf(s, 'router_kv_event_gaps_total', { worker: 'w0' })).toBe(6);
+    expect(sumOf(s, 'router_kv_event_replays_total', { worker: 'w0' })).toBe(2);
+    expect(sumOf(s, 'router_kv_event_decode_errors_total', { worker: 'w0' })).toBe(1);
+    expect(sumOf(s, 'router_kv_event_source_blind', { worker: 'w0' })).toBe(1);
+    expect(metrics.dashboardState().events.gaps).toBe(6);
+  });
+
   it('workers get zeroed series as soon as they are known; cardinality is bounded', async () => {
     const router = new KvRouter({ blockSize: BS });
     for (let i = 0; i < 4; i++) router.addSource({ workerId: `w${i}`, dpRank: 0 });
