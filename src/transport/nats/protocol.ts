@@ -1,0 +1,388 @@
+/**
+ * kvroute's NATS event plane: names, subjects and the msgpack codecs shared by relays and replicas.
+ *
+ *   stream  KVROUTE_EVENTS   subjects kvroute.events.<worker>.<dp>   one message = ordered items of one source:
+ *                                                                    engine batches (seq + events) and reset markers
+ *   KV      kvroute-workers  key <worker>                            registry entry (URL, model, block size, ranks, heartbeat)
+ *   KV      kvroute-lease    key snapshot                            who writes snapshots, until when
+ *   object  kvroute-snapshots name index                             latest index snapshot + the stream seq it covers
+ *   core    kvroute.load                                             request lifecycle of every replica (not persisted)
+ *
+ * Encoding is msgpack (msgpackr, which keeps bigints); 64-bit ids and hashes travel as little-endian byte strings of
+ * BigUint64Array (8 bytes each, no per-element tags), token ids as Uint32Array bytes. Every decoder returns null
+ * for input it cannot use instead of throwing.
+ */
+import { Packr, Unpackr } from 'msgpackr';
+import type { KvEvent, StoredEvent } from '../../core/types.ts';
+
+export const STREAM = 'KVROUTE_EVENTS';
+export const SUBJECT_PREFIX = 'kvroute.events';
+export const REGISTRY_BUCKET = 'kvroute-workers';
+export const LEASE_BUCKET = 'kvroute-lease';
+export const LEASE_KEY = 'snapshot';
+export const SNAPSHOT_BUCKET = 'kvroute-snapshots';
+export const SNAPSHOT_NAME = 'index';
+export const LOAD_SUBJECT = 'kvroute.load';
+
+/** Worker ids become subject tokens and KV keys: keep them to a safe alphabet. */
+const WORKER_ID = /^[A-Za-z0-9_-]{1,128}$/;
+
+export function checkWorkerId(id: string): string | null {
+  return WORKER_ID.test(id) ? null : `worker id "${id}" must match ${WORKER_ID} (it names a NATS subject token and a KV key)`;
+}
+
+export function eventSubject(workerId: string, dpRank: number): string {
+  return `${SUBJECT_PREFIX}.${workerId}.${dpRank}`;
+}
+
+/** Source key of an event subject (kvroute.events.<worker>.<dp>), or null. */
+export function subjectSource(subject: string): { workerId: string; dpRank: number } | null {
+  const parts = subject.split('.');
+  if (parts.length !== 4 || `${parts[0]}.${parts[1]}` !== SUBJECT_PREFIX) return null;
+  const dp = Number(parts[3]);
+  if (!Number.isInteger(dp) || dp < 0) return null;
+  return { workerId: parts[2], dpRank: dp };
+}
+
+// useRecords off: plain msgpack that other readers understand. Bigints (engine seqs, parent ids) as 64-bit ints.
+const packr = new Packr({ useRecords: false });
+const unpackr = new Unpackr({ useRecords: false, int64AsType: 'bigint' } as ConstructorParameters<typeof Unpackr>[0]);
+
+export function u64Bytes(a: BigUint64Array | readonly bigint[]): Uint8Array {
+  const arr = a instanceof BigUint64Array ? a : BigUint64Array.from(a);
+  return new Uint8Array(arr.buffer, arr.byteOffset, arr.byteLength);
+}
+
+/** Copies (msgpack bins are not 8-byte aligned) into a fresh BigUint64Array; null when the length is not a multiple of 8. */
+export function bytesU64(b: unknown): BigUint64Array | null {
+  if (!(b instanceof Uint8Array) || b.byteLength % 8 !== 0) return null;
+  const out = new BigUint64Array(b.byteLength / 8);
+  new Uint8Array(out.buffer).set(b);
+  return out;
+}
+
+function bytesU32(b: unknown): Uint32Array | null {
+  if (!(b instanceof Uint8Array) || b.byteLength % 4 !== 0) return null;
+  const out = new Uint32Array(b.byteLength / 4);
+  new Uint8Array(out.buffer).set(b);
+  return out;
+}
+
+function tokenBytes(tokens: ArrayLike<number>): Uint8Array {
+  const t = tokens instanceof Uint32Array ? tokens : Uint32Array.from(tokens as ArrayLike<number>);
+  return new Uint8Array(t.buffer, t.byteOffset, t.byteLength);
+}
+
+// ------------------------------------------------------------------------------------------ event messages
+
+/** One item of an event message: an engine batch (its seq, fingerprint and normalised events) or a reset marker. */
+export type EventItem =
+  | { readonly kind: 'batch'; readonly seq: bigint; readonly fp: number; readonly events: readonly KvEvent[] }
+  | { readonly kind: 'reset'; readonly reason: string };
+
+type WireEvent = unknown[];
+
+function encodeEvent(e: KvEvent): WireEvent {
+  switch (e.kind) {
+    case 'stored':
+      return [
+        0,
+        e.parent,
+        u64Bytes(e.engineIds as readonly bigint[]),
+        e.tokens ? tokenBytes(e.tokens) : null,
+        e.blockSize,
+        e.seqHashes ? u64Bytes(e.seqHashes) : null,
+        e.loraName ?? null,
+        e.cacheSalt ?? null,
+        e.medium ?? null,
+        e.groupIdx ?? null,
+      ];
+    case 'removed':
+      return [1, u64Bytes(e.engineIds as readonly bigint[]), e.medium ?? null, e.groupIdx ?? null];
+    default:
+      return [2];
+  }
+}
+
+function optStr(v: unknown): string | undefined | false {
+  if (v === null || v === undefined) return undefined;
+  return typeof v === 'string' ? v : false;
+}
+
+function optInt(v: unknown): number | undefined | false {
+  if (v === null || v === undefined) return undefined;
+  return typeof v === 'number' && Number.isInteger(v) ? v : false;
+}
+
+function decodeEvent(w: unknown): KvEvent | null {
+  if (!Array.isArray(w)) return null;
+  if (w[0] === 2) return { kind: 'cleared' };
+  if (w[0] === 1) {
+    const ids = bytesU64(w[1]);
+    const medium = optStr(w[2]);
+    const groupIdx = optInt(w[3]);
+    if (!ids || medium === false || groupIdx === false) return null;
+    const ev: { kind: 'removed'; engineIds: bigint[]; medium?: string; groupIdx?: number } = { kind: 'removed', engineIds: Array.from(ids) };
+    if (medium !== undefined) ev.medium = medium;
+    if (groupIdx !== undefined) ev.groupIdx = groupIdx;
+    return ev;
+  }
+  if (w[0] !== 0) return null;
+  const parent = w[1] === null ? null : typeof w[1] === 'bigint' ? BigInt.asUintN(64, w[1]) : typeof w[1] === 'number' && Number.isSafeInteger(w[1]) && w[1] >= 0 ? BigInt(w[1]) : undefined;
+  const ids = bytesU64(w[2]);
+  const tokens = w[3] === null ? null : bytesU32(w[3]);
+  const blockSize = w[4];
+  const seqHashes = w[5] === null ? undefined : bytesU64(w[5]);
+  const loraName = optStr(w[6]);
+  const cacheSalt = optStr(w[7]);
+  const medium = optStr(w[8]);
+  const groupIdx = optInt(w[9]);
+  if (parent === undefined || !ids || (w[3] !== null && !tokens) || seqHashes === null) return null;
+  if (typeof blockSize !== 'number' || !Number.isInteger(blockSize) || blockSize <= 0) return null;
+  if (loraName === false || cacheSalt === false || medium === false || groupIdx === false) return null;
+  const ev: { -readonly [K in keyof StoredEvent]: StoredEvent[K] } = {
+    kind: 'stored',
+    parent,
+    engineIds: Array.from(ids),
+    tokens,
+    blockSize,
+  };
+  if (seqHashes) ev.seqHashes = seqHashes;
+  if (loraName !== undefined) ev.loraName = loraName;
+  if (cacheSalt !== undefined) ev.cacheSalt = cacheSalt;
+  if (medium !== undefined) ev.medium = medium;
+  if (groupIdx !== undefined) ev.groupIdx = groupIdx;
+  return ev;
+}
+
+/** Wire: [1, [[0, seq, fp, [events...]] | [1, reason], ...]]. */
+export function encodeEventMessage(items: readonly EventItem[]): Uint8Array {
+  return packr.pack([1, items.map((it) => (it.kind === 'batch' ? [0, it.seq, it.fp, it.events.map(encodeEvent)] : [1, it.reason]))]);
+}
+
+export interface DecodedEventMessage {
+  readonly items: EventItem[];
+  /** Events that could not be decoded (dropped, counted by the caller). */
+  readonly badEvents: number;
+}
+
+export function decodeEventMessage(data: Uint8Array): DecodedEventMessage | null {
+  let w: unknown;
+  try {
+    w = unpackr.unpack(data);
+  } catch {
+    return null;
+  }
+  if (!Array.isArray(w) || w[0] !== 1 || !Array.isArray(w[1])) return null;
+  const items: EventItem[] = [];
+  let badEvents = 0;
+  for (const it of w[1] as unknown[]) {
+    if (!Array.isArray(it)) return null;
+    if (it[0] === 1 && typeof it[1] === 'string') {
+      items.push({ kind: 'reset', reason: it[1] });
+      continue;
+    }
+    if (it[0] !== 0 || !Array.isArray(it[3])) return null;
+    const seq = typeof it[1] === 'bigint' ? it[1] : typeof it[1] === 'number' && Number.isSafeInteger(it[1]) ? BigInt(it[1]) : null;
+    if (seq === null || typeof it[2] !== 'number') return null;
+    const events: KvEvent[] = [];
+    for (const e of it[3] as unknown[]) {
+      const ev = decodeEvent(e);
+      if (ev) events.push(ev);
+      else badEvents++;
+    }
+    items.push({ kind: 'batch', seq, fp: it[2], events });
+  }
+  return { items, badEvents };
+}
+
+/**
+ * Fingerprint of an engine batch's decoded events (kinds and engine ids, FNV-1a over 32-bit halves). A restarted
+ * relay compares the batch the engine replays at its last published seq with this, to tell "same engine process,
+ * resume after it" from "the engine restarted meanwhile and reused the seq".
+ */
+export function batchFingerprint(events: readonly KvEvent[]): number {
+  let h = 0x811c9dc5;
+  const mix = (x: number) => {
+    h = Math.imul(h ^ (x >>> 0), 0x01000193);
+  };
+  for (const e of events) {
+    mix(e.kind === 'stored' ? 1 : e.kind === 'removed' ? 2 : 3);
+    if (e.kind === 'cleared') continue;
+    for (const id of e.engineIds) {
+      mix(Number(id & 0xffffffffn));
+      mix(Number(id >> 32n));
+    }
+  }
+  return h >>> 0;
+}
+
+// ------------------------------------------------------------------------------------------ registry
+
+export interface WorkerEntry {
+  readonly workerId: string;
+  /** Engine's OpenAI base URL (for the server's proxy), or null when unknown. */
+  readonly url: string | null;
+  readonly model: string | null;
+  readonly blockSize: number;
+  readonly dpRanks: readonly number[];
+  readonly relayId: string;
+  /** Wall-clock ms of the relay's last heartbeat. */
+  readonly heartbeatAt: number;
+  /** Per dp rank, the last engine batch the relay published (seq as a decimal string, fingerprint). */
+  readonly resume?: Readonly<Record<string, { readonly seq: string; readonly fp: number }>>;
+}
+
+function parseResume(v: unknown): Record<string, { seq: string; fp: number }> | undefined {
+  if (typeof v !== 'object' || v === null) return undefined;
+  const out: Record<string, { seq: string; fp: number }> = {};
+  for (const [k, r] of Object.entries(v as Record<string, unknown>)) {
+    const x = r as { seq?: unknown; fp?: unknown } | null;
+    if (x && typeof x.seq === 'string' && /^\d+$/.test(x.seq) && typeof x.fp === 'number') out[k] = { seq: x.seq, fp: x.fp };
+  }
+  return out;
+}
+
+export function encodeWorkerEntry(e: WorkerEntry): Uint8Array {
+  return new TextEncoder().encode(JSON.stringify(e));
+}
+
+export function decodeWorkerEntry(data: Uint8Array): WorkerEntry | null {
+  let v: unknown;
+  try {
+    v = JSON.parse(new TextDecoder().decode(data));
+  } catch {
+    return null;
+  }
+  if (typeof v !== 'object' || v === null) return null;
+  const o = v as Record<string, unknown>;
+  if (typeof o.workerId !== 'string' || checkWorkerId(o.workerId) !== null) return null;
+  if (typeof o.blockSize !== 'number' || !Number.isInteger(o.blockSize) || o.blockSize <= 0) return null;
+  if (!Array.isArray(o.dpRanks) || !o.dpRanks.every((r) => Number.isInteger(r) && r >= 0)) return null;
+  if (typeof o.heartbeatAt !== 'number') return null;
+  return {
+    workerId: o.workerId,
+    url: typeof o.url === 'string' ? o.url : null,
+    model: typeof o.model === 'string' ? o.model : null,
+    blockSize: o.blockSize,
+    dpRanks: o.dpRanks as number[],
+    relayId: typeof o.relayId === 'string' ? o.relayId : '',
+    heartbeatAt: o.heartbeatAt,
+    resume: parseResume(o.resume),
+  };
+}
+
+// ------------------------------------------------------------------------------------------ lifecycle
+
+export type LoadMessage =
+  | {
+      readonly kind: 'added';
+      readonly replica: string;
+      readonly requestId: string;
+      readonly sourceKey: string;
+      readonly seqHashes: BigUint64Array;
+      readonly promptTokens: number;
+      readonly overlapBlocks: number;
+    }
+  | { readonly kind: 'first_token' | 'finished'; readonly replica: string; readonly requestId: string }
+  /** Liveness; `hello` also asks peers to re-announce their requests in flight (a replica just started). */
+  | { readonly kind: 'heartbeat' | 'hello' | 'bye'; readonly replica: string };
+
+export function encodeLoad(m: LoadMessage): Uint8Array {
+  switch (m.kind) {
+    case 'added':
+      return packr.pack(['a', m.replica, m.requestId, m.sourceKey, u64Bytes(m.seqHashes), m.promptTokens, m.overlapBlocks]);
+    case 'first_token':
+      return packr.pack(['t', m.replica, m.requestId]);
+    case 'finished':
+      return packr.pack(['f', m.replica, m.requestId]);
+    default:
+      return packr.pack([m.kind === 'heartbeat' ? 'h' : m.kind === 'hello' ? 'hi' : 'bye', m.replica]);
+  }
+}
+
+export function decodeLoad(data: Uint8Array): LoadMessage | null {
+  let w: unknown;
+  try {
+    w = unpackr.unpack(data);
+  } catch {
+    return null;
+  }
+  if (!Array.isArray(w) || typeof w[1] !== 'string') return null;
+  const replica = w[1];
+  switch (w[0]) {
+    case 'a': {
+      const seqHashes = bytesU64(w[4]);
+      if (typeof w[2] !== 'string' || typeof w[3] !== 'string' || !seqHashes) return null;
+      if (typeof w[5] !== 'number' || typeof w[6] !== 'number' || !(w[5] >= 0) || !(w[6] >= 0)) return null;
+      return { kind: 'added', replica, requestId: w[2], sourceKey: w[3], seqHashes, promptTokens: w[5], overlapBlocks: w[6] };
+    }
+    case 't':
+    case 'f':
+      return typeof w[2] === 'string' ? { kind: w[0] === 't' ? 'first_token' : 'finished', replica, requestId: w[2] } : null;
+    case 'h':
+      return { kind: 'heartbeat', replica };
+    case 'hi':
+      return { kind: 'hello', replica };
+    case 'bye':
+      return { kind: 'bye', replica };
+    default:
+      return null;
+  }
+}
+
+// ------------------------------------------------------------------------------------------ snapshots
+
+export interface SnapshotSource {
+  readonly sourceKey: string;
+  /** Engine block size of the source's blocks (a multiple of the router's). */
+  readonly blockSize: number;
+  readonly engineIds: BigUint64Array;
+  /** Router sequence hashes, `blockSize / routerBlockSize` per engine id, in order. */
+  readonly seqHashes: BigUint64Array;
+}
+
+export interface Snapshot {
+  /** Last stream sequence applied to the index this snapshot was taken from. */
+  readonly streamSeq: number;
+  readonly routerBlockSize: number;
+  readonly takenAt: number;
+  readonly replica: string;
+  readonly sources: readonly SnapshotSource[];
+}
+
+export function encodeSnapshot(s: Snapshot): Uint8Array {
+  return packr.pack([
+    1,
+    s.streamSeq,
+    s.routerBlockSize,
+    s.takenAt,
+    s.replica,
+    s.sources.map((x) => [x.sourceKey, x.blockSize, u64Bytes(x.engineIds), u64Bytes(x.seqHashes)]),
+  ]);
+}
+
+export function decodeSnapshot(data: Uint8Array): Snapshot | null {
+  let w: unknown;
+  try {
+    w = unpackr.unpack(data);
+  } catch {
+    return null;
+  }
+  if (!Array.isArray(w) || w[0] !== 1 || typeof w[1] !== 'number' || typeof w[2] !== 'number' || !Array.isArray(w[5])) return null;
+  const sources: SnapshotSource[] = [];
+  for (const x of w[5] as unknown[]) {
+    if (!Array.isArray(x) || typeof x[0] !== 'string' || typeof x[1] !== 'number') return null;
+    const engineIds = bytesU64(x[2]);
+    const seqHashes = bytesU64(x[3]);
+    if (!engineIds || !seqHashes) return null;
+    sources.push({ sourceKey: x[0], blockSize: x[1], engineIds, seqHashes });
+  }
+  return {
+    streamSeq: w[1],
+    routerBlockSize: w[2],
+    takenAt: typeof w[3] === 'number' ? w[3] : 0,
+    replica: typeof w[4] === 'string' ? w[4] : '',
+    sources,
+  };
+}

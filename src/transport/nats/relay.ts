@@ -1,0 +1,512 @@
+/**
+ * The relay (`kvroute relay`): one engine's KV events -> JetStream, so router replicas need no ZMQ connection to each
+ * engine. Per data-parallel rank it runs the router's own ingestion (decode, sequence tracking with gap replay and
+ * restart detection, annotation) and publishes the normalised events to `kvroute.events.<worker>.<dp>`.
+ *
+ * Ordering and loss: one source's messages are published one at a time, each expecting the subject's previous stream
+ * sequence (so nothing lands out of order, even across a NATS reconnect) and carrying a message id (so a retry of a
+ * message that landed but whose ack was lost is dropped as a duplicate). Items that arrive while a publish is in flight
+ * are batched into the next message. While NATS is unreachable items queue (bounded); on overflow the queue is
+ * replaced by a reset marker: replicas then clear that source (cold, not wrong).
+ *
+ * Restart: the last message on the subject tells the engine seq L last published and its fingerprint. The relay asks
+ * the engine to replay from L; if the engine still holds batch L with the same fingerprint, it is the same engine
+ * process and the relay resumes at L + 1 (no reset). Otherwise it publishes a reset and rebuilds the source from the
+ * engine's replay buffer (as far as it reaches) and the live stream.
+ */
+import { connect, type NatsConnection } from '@nats-io/transport-node';
+import { jetstream, JetStreamApiCodes, JetStreamApiError, type JetStreamClient } from '@nats-io/jetstream';
+import { randomBytes } from 'node:crypto';
+import { sourceKey, type KvEvent } from '../../core/types.ts';
+import { decodeBatch, type DecodedBatch, type EngineFlavor } from '../../engines/vllm.ts';
+import { consoleLogger, SourceIngest, type IngestLogger } from '../../ingest/source-ingest.ts';
+import type { SourceHealth } from '../../ingest/health.ts';
+import { replayClient, requestReplay } from '../replay.ts';
+import { rankEndpoint, ZmqSource } from '../zmq-source.ts';
+import {
+  batchFingerprint,
+  checkWorkerId,
+  decodeEventMessage,
+  decodeWorkerEntry,
+  encodeEventMessage,
+  encodeWorkerEntry,
+  eventSubject,
+  REGISTRY_BUCKET,
+  STREAM,
+  type EventItem,
+  type WorkerEntry,
+} from './protocol.ts';
+import { ensureEventPlane, type EventPlane, type StreamLimits } from './setup.ts';
+
+export interface RelayOptions {
+  /** NATS server URL(s), or an open connection (the relay then does not close it). */
+  readonly servers?: string | string[];
+  readonly nc?: NatsConnection;
+  readonly workerId: string;
+  /** Rank 0's KV event endpoint (tcp://host:5557); rank r uses port + r. */
+  readonly events: string;
+  /** Rank 0's replay endpoint (tcp://host:5558); absent: gaps and relay restarts reset the source. */
+  readonly replay?: string | null;
+  readonly dpRanks?: number;
+  readonly model?: string | null;
+  /** The engine's OpenAI base URL, published in the registry for the router's proxy. */
+  readonly url?: string | null;
+  /** The router's block size (events of a multiple are split, others quarantined, as in the router). */
+  readonly blockSize?: number;
+  readonly flavor?: EngineFlavor;
+  readonly topic?: string;
+  readonly relayId?: string;
+  /** Registry heartbeat period. Default 2 s. */
+  readonly heartbeatMs?: number;
+  /** Items (engine batches + resets) queued per source while NATS is slow or down. Default 200,000. */
+  readonly maxPendingItems?: number;
+  /** Upper bound of one message's encoded size (NATS max_payload is 1 MiB by default). Default 512 KiB. */
+  readonly maxMessageBytes?: number;
+  readonly publishTimeoutMs?: number;
+  readonly replayTimeoutMs?: number;
+  readonly limits?: StreamLimits;
+  readonly log?: IngestLogger;
+}
+
+export interface RelayRankStats {
+  readonly sourceKey: string;
+  readonly subject: string;
+  messages: number;
+  batches: number;
+  blocks: number;
+  resets: number;
+  retries: number;
+  duplicates: number;
+  overflows: number;
+  /** Publishes rejected because another writer had published on the subject meanwhile. */
+  conflicts: number;
+  pending: number;
+  lastStreamSeq: number;
+  /** How the relay started: resumed after a verified seq, or reset. */
+  start: 'resumed' | 'reset' | 'starting';
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** SourceIngest sets this before calling its sink; read here so the message can carry the engine seq. */
+function deliveredSeq(ingest: SourceIngest): bigint | null {
+  return (ingest as unknown as { lastSeq: bigint | null }).lastSeq;
+}
+
+class RankPipe {
+  readonly subject: string;
+  readonly key: string;
+  readonly stats: RelayRankStats;
+  ingest!: SourceIngest;
+  zmq!: ZmqSource;
+  private outbox: EventItem[] = [];
+  private inflight: { items: EventItem[]; data: Uint8Array; msgId: string; blocks: number; batches: number } | null = null;
+  private pumping = false;
+  private closed = false;
+  private msgCounter = 0;
+  private readonly fps = new Map<bigint, number>();
+  private priming: Array<{ seq: bigint; batch: DecodedBatch }> | null = [];
+  /** Last engine batch published and acknowledged: the resume point a restarted relay verifies. */
+  lastPublished: { seq: bigint; fp: number } | null = null;
+
+  constructor(
+    private readonly relay: NatsRelay,
+    readonly dpRank: number,
+  ) {
+    this.subject = eventSubject(relay.workerId, dpRank);
+    this.key = sourceKey({ workerId: relay.workerId, dpRank });
+    this.stats = {
+      sourceKey: this.key,
+      subject: this.subject,
+      messages: 0,
+      batches: 0,
+      blocks: 0,
+      resets: 0,
+      retries: 0,
+      duplicates: 0,
+      overflows: 0,
+      conflicts: 0,
+      pending: 0,
+      lastStreamSeq: 0,
+      start: 'starting',
+    };
+  }
+
+  private push(item: EventItem): void {
+    if (this.outbox.length >= this.relay.maxPendingItems) {
+      // The replicas cannot be told what was dropped; a reset makes them treat the source as cold instead.
+      this.stats.overflows++;
+      this.relay.log.error({ source: this.key, pending: this.outbox.length }, `relay backlog of ${this.key} overflowed: publishing a reset`);
+      this.outbox = [{ kind: 'reset', reason: 'relay_backlog_overflow' }];
+    }
+    this.outbox.push(item);
+    this.stats.pending = this.outbox.length;
+    if (!this.pumping) void this.pump();
+  }
+
+  private onEvents(events: KvEvent[]): void {
+    const seq = deliveredSeq(this.ingest) ?? -1n;
+    const fp = this.fps.get(seq) ?? 0;
+    this.fps.delete(seq);
+    this.push({ kind: 'batch', seq, fp, events });
+  }
+
+  private onReset(reason: string): void {
+    this.push({ kind: 'reset', reason });
+  }
+
+  private remember(seq: bigint, batch: DecodedBatch): void {
+    if (this.fps.size > 50_000) this.fps.clear(); // batches that were never delivered (reset away): forget them
+    this.fps.set(seq, batchFingerprint(batch.events));
+  }
+
+  async start(): Promise<void> {
+    const r = this.relay;
+    const events = rankEndpoint(r.events, this.dpRank);
+    const replayEp = r.replay ? rankEndpoint(r.replay, this.dpRank) : null;
+    const inner = replayEp ? replayClient(replayEp, { timeoutMs: r.replayTimeoutMs }) : null;
+    this.ingest = new SourceIngest({
+      source: { workerId: r.workerId, dpRank: this.dpRank },
+      flavor: r.flavor,
+      routerBlockSize: r.blockSize,
+      sink: (_key, evs) => this.onEvents(evs),
+      onReset: (_key, reason) => this.onReset(reason),
+      replay: inner ? (from, onBatch) => inner(from, (seq, payload) => {
+        const b = decodeBatch(payload, r.flavor);
+        if (b.ok) this.remember(seq, b);
+        onBatch(seq, payload);
+      }) : null,
+      log: r.log,
+      // The relay primes the tracker itself (resume after the last published seq, or reset + replay from 0).
+      catchUp: false,
+      endpoint: events,
+      mode: 'connect',
+    });
+    this.zmq = new ZmqSource(
+      { source: { workerId: r.workerId, dpRank: this.dpRank }, endpoint: events, topic: r.topic, flavor: r.flavor },
+      {
+        onBatch: (seq, batch) => {
+          if (batch.ok) this.remember(seq, batch);
+          if (this.priming) this.priming.push({ seq, batch });
+          else this.ingest.onBatch(seq, batch);
+        },
+        onBadFrame: (kind, detail) => this.ingest.onBadFrame(kind, detail),
+        onConnection: (c) => {
+          this.ingest.connected = c;
+        },
+      },
+    );
+
+    // Where did the previous relay of this source stop?
+    // The stream's last message on the subject, or (when snapshots purged it) the registry's resume point.
+    let last: { seq: bigint; fp: number } | null = r.previousResume.get(this.dpRank) ?? null;
+    const stored = await r.plane.jsm.streams.getMessage(STREAM, { last_by_subj: this.subject }).catch(() => null);
+    if (stored) {
+      this.stats.lastStreamSeq = stored.seq;
+      const msg = decodeEventMessage(stored.data);
+      last = null;
+      for (const it of msg?.items ?? []) {
+        // A reset after the last batch leaves nothing to resume.
+        last = it.kind === 'batch' ? { seq: it.seq, fp: it.fp } : null;
+      }
+    }
+    const known = stored !== null || last !== null;
+    await this.zmq.start();
+
+    const collected: Array<{ seq: bigint; batch: DecodedBatch }> = [];
+    const collect = (seq: bigint, payload: Uint8Array) => {
+      const b = decodeBatch(payload, r.flavor);
+      if (b.ok) this.remember(seq, b);
+      collected.push({ seq, batch: b });
+    };
+    let resumed = false;
+    if (replayEp && last && last.seq >= 0n) {
+      const res = await requestReplay(replayEp, last.seq, collect, { timeoutMs: r.replayTimeoutMs });
+      const first = collected[0];
+      resumed = res.ok && first !== undefined && first.seq === last.seq && first.batch.ok && batchFingerprint(first.batch.events) === last.fp;
+      if (!resumed) collected.length = 0;
+    }
+    let lastFed: bigint | null = null;
+    const feed = (seq: bigint, batch: DecodedBatch) => {
+      if (lastFed !== null && seq <= lastFed) return;
+      lastFed = seq;
+      this.ingest.onBatch(seq, batch);
+    };
+    if (resumed) {
+      this.stats.start = 'resumed';
+      r.log.info({ source: this.key, seq: last!.seq }, `relay resumes ${this.key} after engine seq ${last!.seq}`);
+      lastFed = last!.seq;
+      for (const c of collected) feed(c.seq, c.batch);
+    } else {
+      // Unknown what replicas hold for this source versus what the engine holds: clear, then rebuild from seq 0.
+      this.stats.start = 'reset';
+      this.onReset(known ? 'relay_restart' : 'relay_start');
+      if (replayEp) {
+        const res = await requestReplay(replayEp, 0n, collect, { timeoutMs: r.replayTimeoutMs });
+        if (!res.ok) r.log.warn({ source: this.key, reason: res.reason }, `catch-up replay of ${this.key} failed: starting from live events`);
+      }
+      for (const c of collected) feed(c.seq, c.batch);
+    }
+    const early = this.priming ?? [];
+    this.priming = null;
+    for (const e of early) feed(e.seq, e.batch);
+  }
+
+  /** Publishes the outbox in order, one message in flight per source, retrying until acknowledged. */
+  private async pump(): Promise<void> {
+    this.pumping = true;
+    const r = this.relay;
+    let backoff = 50;
+    try {
+      while (!this.closed && (this.inflight || this.outbox.length > 0)) {
+        if (!this.inflight) this.inflight = this.take();
+        const m = this.inflight;
+        try {
+          const ack = await r.js.publish(this.subject, m.data, {
+            msgID: m.msgId,
+            expect: { lastSubjectSequence: this.stats.lastStreamSeq },
+            timeout: r.publishTimeoutMs,
+          });
+          if (ack.duplicate) this.stats.duplicates++;
+          this.acked(ack.seq);
+          backoff = 50;
+        } catch (err) {
+          if (this.closed) break;
+          if (err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamWrongLastSequence) {
+            // Either our previous attempt landed and its ack was lost, or another writer published on the subject.
+            const lastMsg = await r.plane.jsm.streams.getMessage(STREAM, { last_by_subj: this.subject }).catch(() => null);
+            if (lastMsg && lastMsg.header.get('Nats-Msg-Id') === m.msgId) {
+              this.acked(lastMsg.seq);
+              continue;
+            }
+            this.stats.conflicts++;
+            r.log.error({ source: this.key, subject: this.subject }, `another writer published on ${this.subject}: is a second relay running for ${r.workerId}?`);
+            this.stats.lastStreamSeq = lastMsg?.seq ?? 0;
+            continue;
+          }
+          this.stats.retries++;
+          if (this.stats.retries === 1 || this.stats.retries % 100 === 0) {
+            r.log.warn({ source: this.key, err: String(err), retries: this.stats.retries, pending: this.outbox.length }, `publish to ${this.subject} failed: retrying`);
+          }
+          await sleep(backoff);
+          backoff = Math.min(backoff * 2, 2000);
+        }
+      }
+    } finally {
+      this.pumping = false;
+    }
+  }
+
+  private acked(seq: number): void {
+    const m = this.inflight!;
+    this.inflight = null;
+    this.stats.lastStreamSeq = seq;
+    this.stats.messages++;
+    this.stats.batches += m.batches;
+    this.stats.blocks += m.blocks;
+    for (const it of m.items) {
+      if (it.kind === 'reset') this.stats.resets++;
+      this.lastPublished = it.kind === 'batch' ? { seq: it.seq, fp: it.fp } : null;
+    }
+  }
+
+  private take(): { items: EventItem[]; data: Uint8Array; msgId: string; blocks: number; batches: number } {
+    const r = this.relay;
+    let bytes = 0;
+    let n = 0;
+    let blocks = 0;
+    let batches = 0;
+    while (n < this.outbox.length) {
+      const it = this.outbox[n];
+      let size = 16;
+      if (it.kind === 'batch') {
+        for (const e of it.events) {
+          if (e.kind === 'stored') {
+            size += 40 + e.engineIds.length * 8 + (e.tokens?.length ?? 0) * 4 + (e.seqHashes?.length ?? 0) * 8;
+            blocks += e.engineIds.length;
+          } else if (e.kind === 'removed') {
+            size += 16 + e.engineIds.length * 8;
+            blocks += e.engineIds.length;
+          } else size += 4;
+        }
+        batches++;
+      }
+      if (n > 0 && bytes + size > r.maxMessageBytes) break;
+      bytes += size;
+      n++;
+    }
+    const items = this.outbox.splice(0, n);
+    this.stats.pending = this.outbox.length;
+    const seqs = items.filter((i) => i.kind === 'batch').map((i) => (i as { seq: bigint }).seq);
+    const span = seqs.length > 0 ? `${seqs[0]}-${seqs[seqs.length - 1]}` : 'reset';
+    return {
+      items,
+      data: encodeEventMessage(items),
+      // <worker>:<dp>:<engine seqs>, made unique per relay process (resets carry no engine seq).
+      msgId: `${r.workerId}:${this.dpRank}:${span}:${r.relayId}.${this.msgCounter++}`,
+      blocks,
+      batches,
+    };
+  }
+
+  /** Resolves when everything queued so far has been acknowledged (or the timeout passes). */
+  async drain(timeoutMs: number): Promise<boolean> {
+    const end = Date.now() + timeoutMs;
+    while (this.inflight || this.outbox.length > 0) {
+      if (Date.now() > end) return false;
+      await sleep(5);
+    }
+    return true;
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    this.ingest?.close();
+    await this.zmq?.close();
+  }
+
+  health(): SourceHealth | null {
+    return this.ingest ? this.ingest.health() : null;
+  }
+}
+
+export class NatsRelay {
+  readonly workerId: string;
+  readonly relayId: string;
+  readonly events: string;
+  readonly replay: string | null;
+  readonly blockSize: number;
+  readonly flavor: EngineFlavor;
+  readonly topic: string | undefined;
+  readonly maxPendingItems: number;
+  readonly maxMessageBytes: number;
+  readonly publishTimeoutMs: number;
+  readonly replayTimeoutMs: number;
+  readonly log: IngestLogger;
+  nc!: NatsConnection;
+  js!: JetStreamClient;
+  plane!: EventPlane;
+  private ownsConnection = false;
+  private readonly pipes: RankPipe[] = [];
+  private heartbeat: NodeJS.Timeout | null = null;
+  private closed = false;
+  /** NATS connection state, for health and logs. */
+  connected = false;
+  disconnects = 0;
+
+  constructor(private readonly opts: RelayOptions) {
+    const bad = checkWorkerId(opts.workerId);
+    if (bad) throw new RangeError(bad);
+    const dp = opts.dpRanks ?? 1;
+    if (!Number.isInteger(dp) || dp < 1) throw new RangeError(`dpRanks must be a positive integer, got ${dp}`);
+    this.workerId = opts.workerId;
+    this.relayId = opts.relayId ?? randomBytes(4).toString('hex');
+    this.events = opts.events;
+    this.replay = opts.replay ?? null;
+    this.blockSize = opts.blockSize ?? 16;
+    this.flavor = opts.flavor ?? 'vllm';
+    this.topic = opts.topic;
+    this.maxPendingItems = opts.maxPendingItems ?? 200_000;
+    this.maxMessageBytes = opts.maxMessageBytes ?? 512 * 1024;
+    this.publishTimeoutMs = opts.publishTimeoutMs ?? 5000;
+    this.replayTimeoutMs = opts.replayTimeoutMs ?? 1000;
+    this.log = opts.log ?? consoleLogger;
+    for (let r = 0; r < dp; r++) this.pipes.push(new RankPipe(this, r));
+  }
+
+  /** Resume points read from the registry entry of a previous relay of this worker (by dp rank). */
+  readonly previousResume = new Map<number, { seq: bigint; fp: number }>();
+
+  entry(): WorkerEntry {
+    const resume: Record<string, { seq: string; fp: number }> = {};
+    for (const p of this.pipes) if (p.lastPublished) resume[p.dpRank] = { seq: p.lastPublished.seq.toString(), fp: p.lastPublished.fp };
+    for (const [dp, r] of this.previousResume) if (!(dp in resume)) resume[dp] = { seq: r.seq.toString(), fp: r.fp };
+    return {
+      resume,
+      workerId: this.workerId,
+      url: this.opts.url ?? null,
+      model: this.opts.model ?? null,
+      blockSize: this.blockSize,
+      dpRanks: this.pipes.map((p) => p.dpRank),
+      relayId: this.relayId,
+      heartbeatAt: Date.now(),
+    };
+  }
+
+  async start(): Promise<void> {
+    if (this.opts.nc) this.nc = this.opts.nc;
+    else {
+      this.nc = await connect({ servers: this.opts.servers ?? '127.0.0.1:4222', maxReconnectAttempts: -1, reconnectTimeWait: 250, name: `kvroute-relay-${this.workerId}` });
+      this.ownsConnection = true;
+    }
+    this.connected = true;
+    void this.watchStatus();
+    this.js = jetstream(this.nc);
+    this.plane = await ensureEventPlane(this.nc, this.opts.limits);
+    const prev = await this.plane.registry.get(this.workerId).catch(() => null);
+    const prevEntry = prev && prev.operation === 'PUT' ? decodeWorkerEntry(prev.value) : null;
+    for (const [dp, r] of Object.entries(prevEntry?.resume ?? {})) {
+      try {
+        this.previousResume.set(Number(dp), { seq: BigInt(r.seq), fp: r.fp });
+      } catch {
+        // A malformed resume point only costs a reset.
+      }
+    }
+    // Registered before the first event so replicas know the worker's metadata when its events arrive.
+    await this.plane.registry.put(this.workerId, encodeWorkerEntry(this.entry()));
+    for (const p of this.pipes) await p.start();
+    const hb = this.opts.heartbeatMs ?? 2000;
+    this.heartbeat = setInterval(() => {
+      this.plane.registry.put(this.workerId, encodeWorkerEntry(this.entry())).catch((err) => {
+        this.log.warn({ worker: this.workerId, err: String(err) }, 'registry heartbeat failed');
+      });
+    }, hb);
+    this.heartbeat.unref();
+    this.log.info({ worker: this.workerId, relay: this.relayId, ranks: this.pipes.length }, `relay for ${this.workerId} started`);
+  }
+
+  private async watchStatus(): Promise<void> {
+    for await (const s of this.nc.status()) {
+      if (s.type === 'disconnect') {
+        this.connected = false;
+        this.disconnects++;
+        this.log.warn({ worker: this.workerId }, 'relay lost NATS: queueing events until it is back');
+      } else if (s.type === 'reconnect') {
+        this.connected = true;
+        this.log.info({ worker: this.workerId }, 'relay reconnected to NATS');
+      }
+    }
+  }
+
+  stats(): RelayRankStats[] {
+    return this.pipes.map((p) => ({ ...p.stats }));
+  }
+
+  health(): SourceHealth[] {
+    return this.pipes.map((p) => p.health()).filter((h): h is SourceHealth => h !== null);
+  }
+
+  /** Waits until every queued item is acknowledged by JetStream. */
+  async drain(timeoutMs = 5000): Promise<boolean> {
+    const r = await Promise.all(this.pipes.map((p) => p.drain(timeoutMs)));
+    return r.every(Boolean);
+  }
+
+  /**
+   * Stops the relay. The registry entry stays (a restarted relay keeps the worker's blocks on the replicas; the
+   * entry expires with its heartbeat otherwise) unless `deregister` is set: then replicas drop the worker.
+   */
+  async close(options: { deregister?: boolean; drainMs?: number } = {}): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    if (this.heartbeat) clearInterval(this.heartbeat);
+    if (options.drainMs) await this.drain(options.drainMs);
+    await Promise.all(this.pipes.map((p) => p.close()));
+    // Final resume points, so the next relay of this worker can resume without a reset.
+    if (!options.deregister && this.plane) await this.plane.registry.put(this.workerId, encodeWorkerEntry(this.entry())).catch(() => {});
+    if (options.deregister) await this.plane?.registry.delete(this.workerId).catch(() => {});
+    if (this.ownsConnection) await this.nc.close().catch(() => {});
+  }
+}
+
+export { REGISTRY_BUCKET };
