@@ -64,6 +64,8 @@ const emptyCounters = (): HitCounters => ({
   deliveredRatioSum: 0,
 });
 
+export const UNLABELLED = '(no worker label)';
+
 /** Finds the metrics prefix (e.g. `dynamo_component_`) from the names in a scrape; undefined when none are kvroute's. */
 export function detectPrefix(samples: readonly Sample[]): string | undefined {
   for (const s of samples) {
@@ -118,7 +120,11 @@ export function snapshotOf(samples: readonly Sample[], prefix?: string): Snapsho
     if (!field) continue;
     for (const c of [overall, workerOf(worker)]) c[field] = (c[field] ?? 0) + s.value;
   }
+  // Series without a worker label (another producer, or a router without per-worker labels) still count overall;
+  // they get a row of their own only when labelled workers exist beside them.
+  const unlabelled = workers.get('');
   workers.delete('');
+  if (unlabelled && workers.size > 0) workers.set(UNLABELLED, unlabelled);
   return { prefix: p, overall, workers };
 }
 

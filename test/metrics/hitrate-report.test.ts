@@ -96,6 +96,21 @@ describe('hit-rate report on saved scrapes', () => {
     expect(r.verdict).toMatch(/^no engine truth in the window .* block-weighted 0\.790; the histogram's 0\.320/);
   });
 
+  it('reads scrapes without worker labels (overall only) and keeps unlabelled series beside labelled ones', () => {
+    const unlabel = (t: string) => t.replace(/,?worker="w[01]"/g, '').replace(/\{\}/g, '');
+    // without labels, w0 and w1 collapse into duplicate series that still sum to the overall figures
+    const r = buildReport({ from: unlabel(A), to: unlabel(B), windowS: 60 });
+    expect(r.workers).toEqual([]);
+    expect(r.overall.predicted.blockWeighted).toBeCloseTo(0.79, 12);
+    expect(r.overall.engine.ratio).toBeCloseTo(0.767, 12);
+    const extra = 'dynamo_component_router_kv_isl_blocks_total 0\n';
+    const extraB = 'dynamo_component_router_kv_isl_blocks_total 100\ndynamo_component_router_kv_overlap_blocks_total 50\n';
+    const m = buildReport({ from: A + extra, to: B + extraB, windowS: 60 });
+    expect(m.workers.map((w) => w.name)).toEqual(['(no worker label)', 'w0', 'w1']);
+    expect(m.overall.islBlocks).toBe(100_100);
+    expect(m.overall.predicted.blockWeighted).toBeCloseTo(79_050 / 100_100, 12);
+  });
+
   it('rejects a scrape that is not a router', () => {
     expect(() => buildReport({ from: 'vllm:foo 1\n', to: 'vllm:foo 2\n', windowS: 1 })).toThrow(ScrapeError);
   });
