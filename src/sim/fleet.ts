@@ -99,6 +99,8 @@ export interface FleetResult {
   /** The same per window of simulated time, averaged with each window weighted by its prefill work. */
   readonly imbalance_windowed: number;
   readonly preemptions: number;
+  /** Cached blocks the engines evicted to make room. */
+  readonly blocks_evicted: number;
   readonly requests: { readonly routed: number; readonly finished: number; readonly rejected: number };
   readonly events: { readonly applied: number; readonly rejected: number };
   readonly sim: { readonly simulated_s: number; readonly wall_s: number; readonly engine_steps: number };
@@ -320,11 +322,13 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
   let queries = 0;
   let hits = 0;
   let preemptions = 0;
+  let evicted = 0;
   let steps = 0;
   for (const ws of workers) {
     queries += ws.engine.counters.prefixCacheQueries;
     hits += ws.engine.counters.prefixCacheHits;
     preemptions += ws.engine.counters.preemptions;
+    evicted += ws.engine.counters.blocksEvicted;
     steps += ws.engine.counters.steps;
   }
   const span = Math.max(1e-9, lastFinish) / 1000;
@@ -347,6 +351,7 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
     imbalance: imbalanceOf(workers.map((w) => w.prefillTokens)),
     imbalance_windowed: windowedImbalance(workers.map((w) => w.windowPrefill)),
     preemptions,
+    blocks_evicted: evicted,
     requests: { routed, finished, rejected },
     events: { applied: eventsApplied, rejected: eventsRejected },
     sim: { simulated_s: span, wall_s: (performance.now() - wall0) / 1000, engine_steps: steps },

@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { computeSeqHashes } from '../../src/core/hashing.ts';
 import { parseTraceText, formatTraceLine, type TraceRequest } from '../../src/sim/traces/format.ts';
 import { loadTrace } from '../../src/sim/traces/reader.ts';
-import { expandTokens, TraceHasher } from '../../src/sim/traces/expand.ts';
+import { expandTokens, expandTokensArray, TraceHasher } from '../../src/sim/traces/expand.ts';
 import { generateMultiTurn, generateSharedPrefix, generateSkewed } from '../../src/sim/traces/generate.ts';
 import { traceStats } from '../../src/sim/traces/stats.ts';
 import { computeOracle } from '../../src/sim/oracle.ts';
@@ -65,6 +65,10 @@ describe('expansion into pseudo-tokens', () => {
       while (k < hc.length && hc[k] === ha[k]) k++;
       expect(k).toBe(512 / bs);
     }
+  });
+
+  it('the plain-array expansion equals the typed one', () => {
+    for (const r of [a, b, c]) expect(Uint32Array.from(expandTokensArray(r))).toEqual(expandTokens(r));
   });
 
   it('memoised hasher equals hashing the expanded prompt, at every block size', () => {
