@@ -1,0 +1,100 @@
+/**
+ * Failures, in turn, with traffic before, during and after each: a replica killed and restarted, a relay killed and
+ * restarted (engine replay covers its gap; an engine that restarted meanwhile gets a reset), and the NATS server
+ * killed and restarted (replicas route on their current view, relays queue, everyone catches up). After each, every
+ * replica's index equals every engine's true cache: no event the index needs was lost.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { KvRouter } from '../../src/core/router.ts';
+import type { NatsReplica } from '../../src/transport/nats/replica.ts';
+import { NatsServer, until } from './nats-server.ts';
+import { complete, converged, describeDiff, PromptGen, startEngine, startRelay, startReplica, traffic, type Engine } from './fleet.ts';
+
+const nats = new NatsServer();
+const engines: Engine[] = [];
+let replicas: Array<{ router: KvRouter; replica: NatsReplica }> = [];
+const gen = new PromptGen(99);
+
+async function expectConverged(what: string): Promise<void> {
+  await until(() => converged(replicas, engines), 15_000, what).catch((err) => {
+    throw new Error(`${err.message}\n${describeDiff(replicas, engines)}`);
+  });
+}
+
+beforeAll(async () => {
+  await nats.start();
+  for (let i = 0; i < 3; i++) engines.push(await startEngine(`eng${i}`));
+  for (let i = 0; i < 2; i++) replicas.push(await startReplica(nats, `rep${i}`));
+  for (const e of engines) await startRelay(nats, e);
+  await traffic(replicas, engines, gen, 60);
+  await expectConverged('initial convergence');
+});
+
+afterAll(async () => {
+  for (const r of replicas) await r.replica.close();
+  for (const e of engines) {
+    await e.relay?.close();
+    await e.mocker.close();
+  }
+  await nats.dispose();
+});
+
+describe('failure behaviour', () => {
+  it('replica killed and restarted: ready only after snapshot load and catch-up, same view', async () => {
+    await replicas[0].replica.writeSnapshot();
+    const dead = replicas.pop()!;
+    await dead.replica.close();
+    await traffic(replicas, engines, gen, 40);
+    const t0 = performance.now();
+    const back = await startReplica(nats, 'rep1-again');
+    const readyMs = performance.now() - t0;
+    // start() resolves on ready: the snapshot is loaded and the stream consumed up to its end at start.
+    expect(back.replica.stats().ready).toBe(true);
+    expect(back.replica.stats().snapshotBlocks).toBeGreaterThan(0);
+    expect(back.replica.stats().messages).toBeGreaterThan(0); // the messages after the snapshot were replayed
+    expect(readyMs).toBeLessThan(5000);
+    replicas.push(back);
+    await expectConverged('restarted replica convergence');
+  });
+
+  it('relay killed and restarted: the gap is replayed from the engine, no reset', async () => {
+    const e = engines[1];
+    await e.relay!.close();
+    // Traffic on that engine while its relay is down: events only the engine's replay buffer still has.
+    for (let i = 0; i < 15; i++) await complete(e.mocker.url, gen.next());
+    const relay = await startRelay(nats, e);
+    expect(relay.stats()[0].start).toBe('resumed');
+    await traffic(replicas, engines, gen, 30);
+    await expectConverged('convergence after relay restart');
+    expect(relay.stats()[0].resets).toBe(0);
+    for (const r of replicas) expect(r.replica.stats().streamGaps).toBe(0);
+  });
+
+  it('relay restarted after its engine restarted: the worker is reset, then rebuilt', async () => {
+    const e = engines[2];
+    await e.relay!.close();
+    await e.mocker.restart(); // new engine process: empty cache, seq from 0, no AllBlocksCleared
+    for (let i = 0; i < 5; i++) await complete(e.mocker.url, gen.next());
+    const relay = await startRelay(nats, e);
+    expect(relay.stats()[0].start).toBe('reset');
+    await traffic(replicas, engines, gen, 30);
+    await expectConverged('convergence after engine + relay restart');
+    expect(relay.stats()[0].resets).toBeGreaterThanOrEqual(1);
+  });
+
+  it('NATS killed: replicas keep routing (degraded), relays queue; after restart everyone catches up', async () => {
+    await nats.stop();
+    await until(() => replicas.every((r) => r.replica.degraded), 5000, 'replicas notice NATS is down');
+    // Routing goes on against the current view; engines keep producing events that the relays queue.
+    await traffic(replicas, engines, gen, 40);
+    expect(engines.some((e) => e.relay!.stats()[0].pending > 0 || e.relay!.stats()[0].retries > 0)).toBe(true);
+    await nats.start();
+    await until(() => replicas.every((r) => !r.replica.degraded), 10_000, 'replicas reconnect');
+    await expectConverged('convergence after NATS restart');
+    for (const r of replicas) {
+      expect(r.replica.stats().disconnects).toBeGreaterThanOrEqual(1);
+      expect(r.replica.stats().streamGaps).toBe(0);
+    }
+    expect(engines.every((e) => e.relay!.stats()[0].overflows === 0)).toBe(true);
+  });
+});
