@@ -333,17 +333,11 @@ function pushStored(f: StoredFields, flavor: EngineFlavor, sink: Sink): void {
     ids = engineIds.slice(0, firstUnhashable);
     if (tokens.length === engineIds.length * blockSize) toks = tokens.slice(0, firstUnhashable * blockSize);
   }
-  const ev: StoredEvent = {
-    kind: 'stored',
-    parent,
-    engineIds: ids,
-    tokens: toks,
-    blockSize,
-    loraName,
-    cacheSalt,
-    ...(medium !== null ? { medium } : {}),
-    groupIdx,
-  };
+  // Built in one shape (no spreads): these objects are made per event on the hot path.
+  const ev: StoredEvent =
+    medium !== null
+      ? { kind: 'stored', parent, engineIds: ids, tokens: toks, blockSize, loraName, cacheSalt, medium, groupIdx }
+      : { kind: 'stored', parent, engineIds: ids, tokens: toks, blockSize, loraName, cacheSalt, groupIdx };
   sink.events.push(ev);
 }
 
@@ -354,7 +348,8 @@ function pushRemoved(hashes: unknown, medium: unknown, groupIdx: unknown, sink: 
     return;
   }
   const m = optString(medium);
-  sink.events.push({ kind: 'removed', engineIds, ...(m !== null ? { medium: m } : {}), groupIdx: optInt(groupIdx) ?? 0 });
+  const g = optInt(groupIdx) ?? 0;
+  sink.events.push(m !== null ? { kind: 'removed', engineIds, medium: m, groupIdx: g } : { kind: 'removed', engineIds, groupIdx: g });
 }
 
 function decodeEvent(raw: unknown, flavor: EngineFlavor, sink: Sink): void {

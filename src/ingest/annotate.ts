@@ -94,6 +94,8 @@ export class SourceAnnotator {
           this.counters.otherGroupEvents++;
           return null;
         }
+        // Common case first: nothing skipped or salted on this source, nothing to look up (bigint Map ops cost).
+        if (this.skipped.size === 0 && this.salts.size === 0) return ev;
         let keep: EngineBlockId[] | null = null;
         for (let i = 0; i < ev.engineIds.length; i++) {
           const id = ev.engineIds[i];
@@ -151,12 +153,12 @@ export class SourceAnnotator {
         return changed ? CLEARED : null;
       }
     }
-    if (ev.parent !== null) {
+    if (ev.parent !== null && this.skipped.size > 0) {
       const cause = this.skipped.get(ev.parent);
       if (cause !== undefined) return this.skip(ev, cause);
     }
     let salt = ev.cacheSalt ?? null;
-    if (salt === null && ev.parent !== null) salt = this.salts.get(ev.parent) ?? null;
+    if (salt === null && ev.parent !== null && this.salts.size > 0) salt = this.salts.get(ev.parent) ?? null;
     let out: StoredEvent = ev;
     if (salt !== null) {
       for (const id of ev.engineIds) this.salts.set(id, salt);
