@@ -21,5 +21,6 @@ registerHash(program);
 (await import('./sim.ts')).registerSim(program);
 (await import('./trace.ts')).registerTrace(program);
 (await import('./serve.ts')).registerServe(program);
+(await import('./relay.ts')).registerRelay(program);
 
 await program.parseAsync(process.argv);

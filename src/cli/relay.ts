@@ -1,0 +1,123 @@
+/**
+ * `kvroute relay`: one engine's KV events (ZMQ) -> the JetStream event stream that router replicas consume.
+ */
+import type { Command } from 'commander';
+import pino from 'pino';
+import { NatsRelay } from '../transport/nats/relay.ts';
+import { checkWorkerId } from '../transport/nats/protocol.ts';
+
+function positiveInt(name: string) {
+  return (v: string): number => {
+    const n = Number(v);
+    if (!Number.isInteger(n) || n <= 0) throw new Error(`${name} must be a positive integer, got "${v}"`);
+    return n;
+  };
+}
+
+function endpoint(name: string) {
+  return (v: string): string => {
+    if (!/^tcp:\/\/[^:/]+:\d+$/.test(v)) throw new Error(`${name} must look like tcp://host:port, got "${v}"`);
+    return v;
+  };
+}
+
+interface RelayCliOptions {
+  nats: string;
+  worker: string;
+  events: string;
+  replay?: string;
+  dp: number;
+  model?: string;
+  url?: string;
+  blockSize: number;
+  flavor: 'vllm' | 'sglang';
+  topic: string;
+  heartbeatMs: number;
+  maxAgeS: number;
+  maxBytes: number;
+  replicas: number;
+  statsEveryS: number;
+  logLevel: string;
+}
+
+export function registerRelay(program: Command): void {
+  program
+    .command('relay')
+    .summary("publish one engine's KV events to NATS JetStream for router replicas")
+    .description(
+      "Subscribes to one engine's KV events over ZMQ with the router's own decoding, gap replay and restart detection, " +
+        'and publishes the normalised events to the JetStream stream KVROUTE_EVENTS (subject kvroute.events.<worker>.<dp>), ' +
+        'keeping a registry entry for the worker (URL, model, block size, dp ranks, heartbeat) in the KV bucket ' +
+        'kvroute-workers. Router replicas (kvroute serve --nats URL) discover workers there and consume the stream. ' +
+        'A restarted relay resumes after the last published engine seq when the engine can replay it, and otherwise ' +
+        "resets the worker's blocks on the replicas.",
+    )
+    .requiredOption('--nats <url>', 'NATS server URL(s), comma-separated (nats://host:4222)')
+    .requiredOption('--worker <id>', 'worker id, as the router names it ([A-Za-z0-9_-], no dots)')
+    .requiredOption('--events <endpoint>', "rank 0's KV event endpoint (vLLM kv-events-config endpoint, connectable form)", endpoint('--events'))
+    .option('--replay <endpoint>', "rank 0's replay endpoint (vLLM replay_endpoint); without it gaps reset the worker", endpoint('--replay'))
+    .option('--dp <n>', 'data-parallel ranks (rank r uses the ports + r)', positiveInt('--dp'), 1)
+    .option('--model <name>', 'served model name, published in the registry')
+    .option('--url <url>', "the engine's OpenAI base URL (http://host:8000), published for the router's proxy")
+    .option('--block-size <n>', "the router's block size in tokens (the engine's must be a multiple)", positiveInt('--block-size'), 16)
+    .option('--flavor <name>', 'event wire flavour: vllm or sglang', 'vllm')
+    .option('--topic <topic>', 'ZMQ topic prefix to subscribe to', '')
+    .option('--heartbeat-ms <n>', 'registry heartbeat period', positiveInt('--heartbeat-ms'), 2000)
+    .option('--max-age-s <n>', 'stream retention by age (when the stream is created)', positiveInt('--max-age-s'), 3600)
+    .option('--max-bytes <n>', 'stream retention by size (when the stream is created)', positiveInt('--max-bytes'), 1024 ** 3)
+    .option('--replicas <n>', 'JetStream replicas of the stream and buckets (when created)', positiveInt('--replicas'), 1)
+    .option('--stats-every-s <n>', 'log publishing counters this often', positiveInt('--stats-every-s'), 60)
+    .option('--log-level <level>', 'pino log level', 'info')
+    .addHelpText(
+      'after',
+      '\nExample:\n  kvroute relay --nats nats://nats:4222 --worker vllm-0 --events tcp://vllm-0:5557 --replay tcp://vllm-0:5558 \\\n' +
+        '    --model Qwen/Qwen3-8B --url http://vllm-0:8000',
+    )
+    .action(async (opts: RelayCliOptions) => {
+      const bad = checkWorkerId(opts.worker);
+      if (bad) {
+        process.stderr.write(`kvroute relay: ${bad}\n`);
+        process.exitCode = 2;
+        return;
+      }
+      if (opts.flavor !== 'vllm' && opts.flavor !== 'sglang') {
+        process.stderr.write(`kvroute relay: --flavor must be vllm or sglang, got "${opts.flavor}"\n`);
+        process.exitCode = 2;
+        return;
+      }
+      const log = pino({ level: opts.logLevel, base: undefined });
+      const relay = new NatsRelay({
+        servers: opts.nats.split(','),
+        workerId: opts.worker,
+        events: opts.events,
+        replay: opts.replay ?? null,
+        dpRanks: opts.dp,
+        model: opts.model ?? null,
+        url: opts.url ?? null,
+        blockSize: opts.blockSize,
+        flavor: opts.flavor,
+        topic: opts.topic,
+        heartbeatMs: opts.heartbeatMs,
+        limits: { maxAgeMs: opts.maxAgeS * 1000, maxBytes: opts.maxBytes, replicas: opts.replicas },
+        log,
+      });
+      try {
+        await relay.start();
+      } catch (err) {
+        log.error({ err: String(err) }, 'relay could not start');
+        process.exitCode = 1;
+        await relay.close().catch(() => {});
+        return;
+      }
+      const stats = setInterval(() => log.info({ ranks: relay.stats() }, 'relay counters'), opts.statsEveryS * 1000);
+      await new Promise<void>((resolve) => {
+        const stop = () => resolve();
+        process.once('SIGINT', stop);
+        process.once('SIGTERM', stop);
+      });
+      clearInterval(stats);
+      // Publish what is queued (briefly), keep the registry entry: a restarted relay resumes without a reset.
+      await relay.close({ drainMs: 2000 });
+      log.info({ ranks: relay.stats() }, 'relay stopped');
+    });
+}
