@@ -1,12 +1,12 @@
 /** `kvroute mocker`: a mock vLLM engine (OpenAI API, prefix cache, vLLM KV events over ZMQ, vLLM metrics) without a GPU. */
-import { Command, Option } from 'commander';
+import { Command, InvalidArgumentError, Option } from 'commander';
 import { startMocker, type MockerOptions } from '../mocker/server.ts';
 import { DEFAULT_FIRST_PRINCIPLES, DEFAULT_POLYNOMIAL, type TimingModel } from '../mocker/engine/index.ts';
 
 function int(name: string, min = 1) {
   return (v: string): number => {
     const n = Number(v);
-    if (!Number.isInteger(n) || n < min) throw new Error(`${name} must be an integer >= ${min}, got "${v}"`);
+    if (!Number.isInteger(n) || n < min) throw new InvalidArgumentError(`${name} must be an integer >= ${min}, got "${v}"`);
     return n;
   };
 }
@@ -14,7 +14,7 @@ function int(name: string, min = 1) {
 function num(name: string, min = 0, max = Infinity) {
   return (v: string): number => {
     const n = Number(v);
-    if (!Number.isFinite(n) || n < min || n > max) throw new Error(`${name} must be a number in [${min}, ${max}], got "${v}"`);
+    if (!Number.isFinite(n) || n < min || n > max) throw new InvalidArgumentError(`${name} must be a number in [${min}, ${max}], got "${v}"`);
     return n;
   };
 }
@@ -22,7 +22,7 @@ function num(name: string, min = 0, max = Infinity) {
 function triple(name: string) {
   return (v: string): [number, number, number] => {
     const xs = v.split(',').map(Number);
-    if (xs.length !== 3 || xs.some((x) => !Number.isFinite(x))) throw new Error(`${name} takes three comma-separated numbers (x2,x1,x0), got "${v}"`);
+    if (xs.length !== 3 || xs.some((x) => !Number.isFinite(x))) throw new InvalidArgumentError(`${name} takes three comma-separated numbers (x2,x1,x0), got "${v}"`);
     return xs as [number, number, number];
   };
 }
@@ -30,7 +30,7 @@ function triple(name: string) {
 function endpoint(name: string) {
   return (v: string): string => {
     if (v === 'none') return v;
-    if (!/^(tcp|ipc|inproc):\/\//.test(v)) throw new Error(`${name} must be a zmq endpoint like tcp://*:5557 (or "none"), got "${v}"`);
+    if (!/^(tcp|ipc|inproc):\/\//.test(v)) throw new InvalidArgumentError(`${name} must be a zmq endpoint like tcp://*:5557 (or "none"), got "${v}"`);
     return v;
   };
 }

@@ -20,7 +20,7 @@
  * - events: EngineStoredEvent / EngineRemovedEvent in order. Stored events are structurally core `StoredEvent`s
  *   (kind, parent, engineIds, tokens, blockSize, loraName, cacheSalt, medium) and can be fed to KvIndex.apply as they are;
  *   they also carry the sha256 digests (hash type "bytes"), vLLM's extraKeys/loraId, and routerSeqHashes for tests.
- *   toWire in ../events.ts is the shell's mapping to vLLM's wire events.
+ *   toWireEvents in ../events.ts is the shell's mapping to vLLM's wire events.
  * - Engine block ids come from a sha256 chain over (parent digest, tokens, extra keys), low 64 bits as u64: they are NOT
  *   the router's hash, so a router must map engine id -> own hash as with real vLLM.
  *
