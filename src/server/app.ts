@@ -465,10 +465,12 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     let first = true;
     let last = 0;
     let failure: string | null = null;
-    try {
-      for await (const chunk of upstream.body as AsyncIterable<Buffer>) {
+    // 'data' events rather than an async iterator: one promise less per chunk on the hottest path of the proxy.
+    await new Promise<void>((resolve) => {
+      const body = upstream.body;
+      body.on('data', (chunk: Buffer) => {
         const out = relay.push(chunk);
-        if (out.length === 0) continue;
+        if (out.length === 0) return;
         const tNow = performance.now();
         if (first) {
           first = false;
@@ -480,23 +482,22 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
         }
         last = tNow;
         if (!res.write(out)) {
-          await new Promise<void>((resolve) => {
-            const done = () => {
-              res.off('drain', done);
-              res.off('close', done);
-              resolve();
-            };
-            res.on('drain', done);
-            res.on('close', done);
-          });
+          // Backpressure: a slow client slows the upstream read instead of growing a buffer here.
+          body.pause();
+          res.once('drain', () => body.resume());
         }
-      }
-      const rest = relay.flush();
-      if (rest.length > 0 && !res.destroyed) res.write(rest);
-      if (!relay.sawDone && !signal.aborted) failure = `${worker.id} closed the stream before [DONE]`;
-    } catch (err) {
-      if (!signal.aborted) failure = `${worker.id}: stream failed: ${(err as Error).message}`;
-    }
+      });
+      body.once('end', () => {
+        const rest = relay.flush();
+        if (rest.length > 0 && !res.destroyed) res.write(rest);
+        if (!relay.sawDone && !signal.aborted) failure = `${worker.id} closed the stream before [DONE]`;
+        resolve();
+      });
+      body.once('error', (err: Error) => {
+        if (!signal.aborted) failure = `${worker.id}: stream failed: ${err.message}`;
+        resolve();
+      });
+    });
     const now = Date.now();
     if (signal.aborted || res.destroyed) {
       // The client went away: the upstream was aborted with it; free the load.
