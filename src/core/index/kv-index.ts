@@ -197,7 +197,7 @@ export class KvIndex {
     }
     state.split = split;
 
-    const view = u32View(seqs);
+    const view = this.viewOf(seqs);
     const memberAt = MEMBERS + (source >>> 5);
     const bit = 1 << (source & 31);
     const engineIds = state.engineIds;
@@ -451,12 +451,27 @@ export class KvIndex {
     scores.fill(0);
     const n = seqHashes.length;
     if (n === 0 || this.liveBlocks === 0) return scores;
-    const view = u32View(seqHashes);
+    const view = this.viewOf(seqHashes);
     if (this.words <= 2) this.walkNarrow(view, n, scores);
     else this.walkWide(view, n, scores);
     if (this.capped) this.touchMatched(view, scores);
     return scores;
   }
+
+  /**
+   * A (lo, hi) u32 view of a hash array. The last one is reused: repeated lookups of one prompt and the hashing
+   * scratch then allocate nothing (fewer scavenges on the hot path).
+   */
+  private viewOf(hashes: BigUint64Array): Uint32Array {
+    if (hashes !== this.lastHashes || this.lastView.length !== hashes.length * 2) {
+      this.lastHashes = hashes;
+      this.lastView = u32View(hashes);
+    }
+    return this.lastView;
+  }
+
+  private lastHashes: BigUint64Array | null = null;
+  private lastView: Uint32Array = new Uint32Array(0);
 
   /**
    * The walk for up to 64 sources (the router's hot path): the alive set in two locals, the table probe inlined.
