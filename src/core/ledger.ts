@@ -9,7 +9,7 @@
  * ratio_of_sums = mean_of_ratios + Cov(n, h) / mean(n): on skewed lengths they differ by tens of points.
  */
 export interface ReuseTotals {
-  /** Requests routed. */
+  /** Requests routed with a non-empty prompt. */
   requests: number;
   /** Σ isl blocks (ceil(prompt/bs)). */
   islBlocks: number;
@@ -102,17 +102,16 @@ export class ReuseLedger {
     return t;
   }
 
-  /** At routing time. */
+  /** At routing time. An empty prompt has no hit ratio: it stays out of both views (as out of the histogram). */
   routed(source: string, islBlocks: number, overlapBlocks: number, bestOverlapBlocks: number): void {
+    if (islBlocks <= 0) return;
     for (const t of [this.total, this.of(source)]) {
       t.requests++;
       t.islBlocks += islBlocks;
       t.overlapBlocks += overlapBlocks;
       t.bestOverlapBlocks += bestOverlapBlocks;
-      if (islBlocks > 0) {
-        t.chosenRatioSum += overlapBlocks / islBlocks;
-        t.bestRatioSum += bestOverlapBlocks / islBlocks;
-      }
+      t.chosenRatioSum += overlapBlocks / islBlocks;
+      t.bestRatioSum += bestOverlapBlocks / islBlocks;
     }
   }
 

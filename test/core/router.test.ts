@@ -332,6 +332,10 @@ describe('reuse ledger', () => {
     expect(v.available.blockWeighted).toBeCloseTo(100 / 101, 10);
     expect(l.view('a').predicted.blockWeighted).toBe(0);
     expect(Number.isNaN(v.delivered.tokenWeighted)).toBe(true);
+    // An empty prompt has no ratio and changes neither view.
+    l.routed('a', 0, 0, 0);
+    expect(l.view().requests).toBe(2);
+    expect(l.view().predicted.requestWeighted).toBeCloseTo(0.495, 10);
   });
 
   it('delivered reuse covers only requests with an engine report, beside the prediction for the same requests', () => {
