@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import * as zmq from 'zeromq';
 import { startMocker, type MockerHandle, type MockerOptions } from '../../src/mocker/server.ts';
-import { expectedOutputTokens } from '../../src/mocker/engine/index.ts';
+import { engineIdBytes, expectedOutputTokens } from '../../src/mocker/engine/index.ts';
 import { computeSeqHashes } from '../../src/core/hashing.ts';
 import { asBig, decodeMsgpack, type Msg } from './independent-msgpack.ts';
 
@@ -177,8 +177,10 @@ describe('mocker KV events over real ZMQ, decoded independently', () => {
         expect(s.hashes).toHaveLength(2);
         const truth = dumpAfter1.sort((a, b) => (a.parentEngineId === null ? -1 : b.parentEngineId === null ? 1 : 0));
         if (hashType === 'bytes') {
-          expect(s.hashes.map((h) => Buffer.from(h as Uint8Array).toString('hex'))).toEqual(truth.map((t) => Buffer.from(t.digest).toString('hex')));
+          expect(s.hashes.map((h) => Buffer.from(h as Uint8Array).toString('hex'))).toEqual(truth.map((t) => Buffer.from(engineIdBytes(t.engineId)).toString('hex')));
           expect((s.hashes[0] as Uint8Array).length).toBe(32);
+          // Like vLLM, the u64 id is the low 64 bits of the bytes form.
+          expect(Buffer.from(s.hashes[0] as Uint8Array).readBigUInt64BE(24)).toBe(truth[0].engineId);
         } else {
           // u64: unsigned on the wire (uint64 when >= 2^63); i64: the same bits as a signed int64 (SGLang style).
           const wire = s.hashes.map(asBig);

@@ -11,17 +11,15 @@
  * - At most one physical block per hash: the engine swaps a duplicate for the cached block (see engine.ts).
  *
  * Keys are the router's sequence hashes (src/core/hashing.ts) so the cache and the router agree on identity; the engine
- * ids announced in events come from a separate sha256 chain stored in the block's metadata.
+ * ids announced in events come from a separate chain (engine.ts) stored in the block's metadata.
  */
 
 /** What a cached block carries; kept until the block is evicted. */
 export interface CachedBlockMeta {
   /** Router-compatible sequence hash (core hashing, seed from lora name and cache salt). The cache key. */
   readonly seqHash: bigint;
-  /** Engine id as announced with hash type u64/i64: the low 64 bits (last 8 bytes, big-endian) of `digest`. */
+  /** Engine id (see engineBlockId in engine.ts); announced as is (u64/i64) or as engineIdBytes(id) (bytes). */
   readonly engineId: bigint;
-  /** sha256 over (parent digest, tokens, extra keys): announced with hash type bytes. */
-  readonly digest: Uint8Array;
   readonly parentEngineId: bigint | null;
   readonly tokens: readonly number[];
   readonly loraName: string | null;

@@ -4,6 +4,7 @@
  * See index.ts for the API contract.
  */
 import { createHash } from 'node:crypto';
+import { xxh3 } from '@node-rs/xxhash';
 import { SeqHasher, hashSeed } from '../../core/hashing.ts';
 import { GPU_MEDIUM } from '../../core/types.ts';
 import { BlockPool, type CachedBlockMeta } from './cache.ts';
@@ -54,9 +55,7 @@ export interface EngineRequest {
 export interface EngineStoredEvent {
   readonly kind: 'stored';
   readonly parent: bigint | null;
-  readonly parentDigest: Uint8Array | null;
   readonly engineIds: bigint[];
-  readonly digests: Uint8Array[];
   /** Tokens of the new blocks only: engineIds.length * blockSize. */
   readonly tokens: number[];
   readonly blockSize: number;
@@ -74,7 +73,6 @@ export interface EngineStoredEvent {
 export interface EngineRemovedEvent {
   readonly kind: 'removed';
   readonly engineIds: bigint[];
-  readonly digests: Uint8Array[];
   readonly medium: string;
 }
 
@@ -126,7 +124,6 @@ export interface EngineCounters {
 export interface DumpBlock {
   readonly engineId: bigint;
   readonly parentEngineId: bigint | null;
-  readonly digest: Uint8Array;
   /** Router-compatible sequence hash (src/core/hashing.ts with the request's lora/salt seed). */
   readonly seqHash: bigint;
   readonly tokens: readonly number[];
@@ -204,8 +201,6 @@ export function expectedOutputTokens(req: Pick<EngineRequest, 'promptTokens' | '
   return Array.from({ length: n }, (_, i) => outputToken(seed, i, vocabSize));
 }
 
-const ZERO_DIGEST = new Uint8Array(32);
-
 export class MockEngine {
   readonly config: EngineConfig;
   private pool: BlockPool;
@@ -244,7 +239,7 @@ export class MockEngine {
     return new BlockPool(this.config.numGpuBlocks, (m) => {
       this.counters.blocksEvicted++;
       // vLLM emits one BlockRemoved per evicted block.
-      this.pendingEvents.push({ kind: 'removed', engineIds: [m.engineId], digests: [m.digest], medium: GPU_MEDIUM });
+      this.pendingEvents.push({ kind: 'removed', engineIds: [m.engineId], medium: GPU_MEDIUM });
     });
   }
 
@@ -505,18 +500,15 @@ export class MockEngine {
       const extra: string[] = [];
       if (loraName) extra.push(loraName);
       if (j === 0 && cacheSalt) extra.push(cacheSalt);
-      const digest = engineDigest(parent ? parent.digest : ZERO_DIGEST, tokens, extra);
-      const engineId = Buffer.from(digest.buffer, digest.byteOffset, 32).readBigUInt64BE(24);
-      const meta: CachedBlockMeta = { seqHash, engineId, digest, parentEngineId: parent ? parent.engineId : null, tokens, loraName, cacheSalt };
+      const engineId = engineBlockId(parent ? parent.engineId : null, tokens, extra);
+      const meta: CachedBlockMeta = { seqHash, engineId, parentEngineId: parent ? parent.engineId : null, tokens, loraName, cacheSalt };
       this.pool.register(r.blocks[j], meta);
       this.counters.blocksStored++;
       if (run === null) {
         run = {
           kind: 'stored',
           parent: meta.parentEngineId,
-          parentDigest: parent ? parent.digest : null,
           engineIds: [],
-          digests: [],
           tokens: [],
           blockSize: bs,
           loraName,
@@ -529,7 +521,6 @@ export class MockEngine {
         this.pendingEvents.push(run);
       }
       run.engineIds.push(engineId);
-      run.digests.push(digest);
       for (const t of tokens) run.tokens.push(t);
       run.extraKeys.push(extra.length > 0 ? extra : null);
       run.routerSeqHashes.push(seqHash);
@@ -553,7 +544,6 @@ export class MockEngine {
       out.push({
         engineId: meta.engineId,
         parentEngineId: meta.parentEngineId,
-        digest: meta.digest,
         seqHash: meta.seqHash,
         tokens: meta.tokens,
         loraName: meta.loraName,
@@ -590,13 +580,36 @@ export class MockEngine {
   }
 }
 
-/** sha256(parent digest ‖ LE u32 tokens ‖ JSON extra keys): the engine's own block id chain, unrelated to the router's. */
-function engineDigest(parent: Uint8Array, tokens: readonly number[], extra: string[]): Uint8Array {
-  const h = createHash('sha256');
-  h.update(parent);
-  const buf = Buffer.allocUnsafe(tokens.length * 4);
-  for (let i = 0; i < tokens.length; i++) buf.writeUInt32LE(tokens[i] >>> 0, i * 4);
-  h.update(buf);
-  if (extra.length > 0) h.update(JSON.stringify(extra));
-  return new Uint8Array(h.digest());
+const ENGINE_ID_SEED = 0x6d6f636b2d766c6cn; // "mock-vll": any seed unlike the router's 1337
+let idScratch = Buffer.alloc(9 + 4 * 64);
+
+/**
+ * The engine's own block id: xxh3_64(LE u64 parent id ‖ has-parent byte ‖ LE u32 tokens ‖ JSON extra keys, seed
+ * ENGINE_ID_SEED). A chain like vLLM's (parent + tokens + extra keys) but unrelated to the router's hash, so a router
+ * must learn the engine id -> own hash mapping from events, as with real vLLM. (xxh3 rather than sha256: 10x cheaper
+ * for the simulator, and the value is opaque anyway.)
+ */
+export function engineBlockId(parent: bigint | null, tokens: readonly number[], extra: readonly string[]): bigint {
+  const extraBytes = extra.length > 0 ? Buffer.from(JSON.stringify(extra), 'utf8') : null;
+  const len = 9 + 4 * tokens.length + (extraBytes ? extraBytes.length : 0);
+  if (idScratch.length < len) idScratch = Buffer.alloc(len * 2);
+  const b = idScratch;
+  b.writeBigUInt64LE(parent ?? 0n, 0);
+  b[8] = parent === null ? 0 : 1;
+  for (let i = 0; i < tokens.length; i++) b.writeUInt32LE(tokens[i] >>> 0, 9 + 4 * i);
+  if (extraBytes) extraBytes.copy(b, 9 + 4 * tokens.length);
+  return xxh3.xxh64(b.subarray(0, len), ENGINE_ID_SEED);
+}
+
+/**
+ * The 32-byte form of an engine id (hash type "bytes", like vLLM's sha256 digests): 24 bytes of sha256(LE u64 id)
+ * then the id big-endian, so the u64 form is the low 64 bits of the bytes form, as in vLLM.
+ */
+export function engineIdBytes(id: bigint): Uint8Array {
+  const le = Buffer.alloc(8);
+  le.writeBigUInt64LE(id);
+  const out = Buffer.alloc(32);
+  createHash('sha256').update(le).digest().copy(out, 0, 0, 24);
+  out.writeBigUInt64BE(id, 24);
+  return new Uint8Array(out.buffer, out.byteOffset, 32);
 }

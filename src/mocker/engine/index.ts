@@ -19,10 +19,11 @@
  *   scheduling, vLLM's num_cached_tokens), arrivalMs, firstTokenMs (= end of the step that produced it).
  * - events: EngineStoredEvent / EngineRemovedEvent in order. Stored events are structurally core `StoredEvent`s
  *   (kind, parent, engineIds, tokens, blockSize, loraName, cacheSalt, medium) and can be fed to KvIndex.apply as they are;
- *   they also carry the sha256 digests (hash type "bytes"), vLLM's extraKeys/loraId, and routerSeqHashes for tests.
+ *   they also carry vLLM's extraKeys/loraId, and routerSeqHashes for tests.
  *   toWireEvents in ../events.ts is the shell's mapping to vLLM's wire events.
- * - Engine block ids come from a sha256 chain over (parent digest, tokens, extra keys), low 64 bits as u64: they are NOT
- *   the router's hash, so a router must map engine id -> own hash as with real vLLM.
+ * - Engine block ids come from their own chain (engineBlockId: xxh3 over parent id, tokens, extra keys, another seed):
+ *   they are NOT the router's hash, so a router must map engine id -> own hash as with real vLLM. engineIdBytes(id) is
+ *   the 32-byte form announced with hash type "bytes" (its low 64 bits are the id).
  *
  * Model (vLLM v1): paged KV blocks with refcounts; freed blocks stay cached in an LRU free queue and are evicted only when
  * a new block is needed; a request's prefix hit is its longest cached prefix of full blocks, at most floor((n-1)/bs)
@@ -35,7 +36,7 @@
  * Counters (engine.counters): prefixCacheQueries / prefixCacheHits in tokens (first scheduling only, recomputes after
  * preemption excluded, so they equal the sums of promptTokens / cachedTokens reported per request), promptTokens,
  * generationTokens, preemptions, requestsFinished, ... ; gauges numRunning, numWaiting, kvUsage, cachedBlocks.
- * dump() lists every cached block with engineId, parentEngineId, digest, router seqHash, tokens, lora/salt, refCount.
+ * dump() lists every cached block with engineId, parentEngineId, router seqHash, tokens, lora/salt, refCount.
  * abort(id) frees a request; reset() is a silent restart (no AllBlocksCleared).
  */
 export {
@@ -44,6 +45,8 @@ export {
   DEFAULT_ENGINE_CONFIG,
   expectedOutputTokens,
   outputToken,
+  engineBlockId,
+  engineIdBytes,
   type EngineConfig,
   type EngineRequest,
   type EngineEvent,
