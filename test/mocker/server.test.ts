@@ -480,6 +480,36 @@ describe('mocker faults', () => {
     expect(m.engine.counters.prefixCacheQueries).toBe(0);
   });
 
+  it('a client that goes away frees its request; a restart drops in-flight streams', async () => {
+    const m = await mocker({ speedup: 1 });
+    const ac = new AbortController();
+    const res = await fetch(m.url + '/v1/completions', {
+      method: 'POST',
+      body: JSON.stringify({ prompt: range(20, 1), max_tokens: 5000, stream: true }),
+      signal: ac.signal,
+    });
+    const reader = res.body!.getReader();
+    await reader.read();
+    expect(m.engine.numRunning).toBe(1);
+    ac.abort();
+    for (let i = 0; i < 100 && m.engine.numRunning > 0; i++) await sleep(10);
+    expect(m.engine.numRunning).toBe(0);
+    expect(m.engine.counters.requestsAborted).toBe(1);
+    expect(m.engine.kvUsage).toBe(0);
+
+    const res2 = await fetch(m.url + '/v1/completions', { method: 'POST', body: JSON.stringify({ prompt: range(20, 1), max_tokens: 5000, stream: true }) });
+    const reader2 = res2.body!.getReader();
+    await reader2.read();
+    await m.restart();
+    await expect(
+      (async () => {
+        for (;;) if ((await reader2.read()).done) return;
+      })(),
+    ).rejects.toThrow();
+    expect(m.engine.numRunning).toBe(0);
+    expect((await post(m, '/v1/completions', { prompt: 'after restart', max_tokens: 1 })).status).toBe(200);
+  });
+
   it('slows down by a factor (modelled TTFT and wall time)', async () => {
     const m = await mocker({ speedup: 1 });
     const run = async () => {
