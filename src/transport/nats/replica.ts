@@ -113,9 +113,36 @@ export function dumpRouter(router: KvRouter): SnapshotSource[] {
   for (const { source, event } of router.index.dump()) {
     const key = keys.get(source);
     if (key === undefined || !event.seqHashes) continue;
-    out.push({ sourceKey: key, blockSize: event.blockSize, engineIds: BigUint64Array.from(event.engineIds), seqHashes: event.seqHashes });
+    out.push(shuffled({ sourceKey: key, blockSize: event.blockSize, engineIds: BigUint64Array.from(event.engineIds), seqHashes: event.seqHashes }));
   }
   return out;
+}
+
+/**
+ * The dump lists engine ids in the index's hash-table order; inserting keys into an open-addressing table in another
+ * table's order clusters them (loading 200k blocks took 38 s instead of 0.1 s). A seeded shuffle breaks the pattern.
+ */
+function shuffled(s: SnapshotSource): SnapshotSource {
+  const n = s.engineIds.length;
+  const split = n === 0 ? 1 : s.seqHashes.length / n;
+  const ids = s.engineIds.slice();
+  const hs = s.seqHashes.slice();
+  let x = 0x9e3779b9;
+  for (let i = n - 1; i > 0; i--) {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    const j = (x >>> 0) % (i + 1);
+    const t = ids[i];
+    ids[i] = ids[j];
+    ids[j] = t;
+    for (let m = 0; m < split; m++) {
+      const u = hs[i * split + m];
+      hs[i * split + m] = hs[j * split + m];
+      hs[j * split + m] = u;
+    }
+  }
+  return { ...s, engineIds: ids, seqHashes: hs };
 }
 
 /** Replaces the blocks of each snapshot source in `router` (sources are added as event sources when missing). */

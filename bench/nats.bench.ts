@@ -1,0 +1,154 @@
+/**
+ * bench:nats — the scale-out event plane on loopback, with a real nats-server (JetStream, file store):
+ *
+ *   1. throughput: an engine emulator (ZMQ PUB, vLLM wire format) and a relay in a child process -> JetStream ->
+ *      a replica in this process; block events per second from the first engine send to the last block applied;
+ *   2. snapshot write of the resulting index (default 1 million blocks) to the object store;
+ *   3. restart: a new replica loads the snapshot and replays what was published after it (default 100,000 blocks
+ *      from a second engine) until ready; its index must equal the first replica's.
+ *
+ *   npm run bench:nats [-- --blocks 1000000 --after 100000 --per-batch 32]
+ */
+import { spawn } from 'node:child_process';
+import { createInterface } from 'node:readline';
+import { loadavg } from 'node:os';
+import { Publisher } from 'zeromq';
+import { KvRouter } from '../src/core/router.ts';
+import { encodeVllmBatch, vllmFrames, type WireEvent } from '../src/engines/vllm.ts';
+import { quietLogger } from '../src/ingest/source-ingest.ts';
+import { NatsRelay } from '../src/transport/nats/relay.ts';
+import { NatsReplica } from '../src/transport/nats/replica.ts';
+import { NatsServer } from '../test/nats/nats-server.ts';
+
+function arg(name: string, fallback: string): string {
+  const i = process.argv.indexOf(`--${name}`);
+  return i >= 0 ? process.argv[i + 1] : fallback;
+}
+
+const BS = 16;
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+// ------------------------------------------------------------------------------------------ child: engine + relay
+
+async function relaySide(): Promise<void> {
+  const url = arg('nats', '');
+  const worker = arg('worker', 'bench0');
+  const blocks = Number(arg('blocks', '1000000'));
+  const perBatch = Number(arg('per-batch', '32'));
+  const idBase = BigInt(arg('id-base', '1'));
+  const pub = new Publisher({ linger: 0, sendHighWaterMark: 1_000_000 });
+  await pub.bind('tcp://127.0.0.1:*');
+  const relay = new NatsRelay({ servers: url, workerId: worker, events: pub.lastEndpoint!, replay: null, blockSize: BS, log: quietLogger });
+  await relay.start();
+  while (!relay.health()[0]?.connected) await sleep(10);
+  await sleep(300); // ZMQ slow joiner: the subscription must be in place before the first event
+  const start = Date.now();
+  process.stdout.write(`START ${start}\n`);
+  let seq = 0n;
+  let id = idBase;
+  let sent = 0;
+  // Sequences of 4 batches: each batch continues the previous one (parent = its last block).
+  let parent: bigint | null = null;
+  let tok = Number(idBase % 1_000_000n) * 7;
+  while (sent < blocks) {
+    const n = Math.min(perBatch, blocks - sent);
+    const hashes: bigint[] = [];
+    const tokens: number[] = new Array(n * BS);
+    for (let i = 0; i < n; i++) hashes.push(id++);
+    for (let i = 0; i < n * BS; i++) tokens[i] = (tok++ % 150_000) + 1;
+    const ev: WireEvent = { type: 'BlockStored', blockHashes: hashes, parentBlockHash: parent, tokenIds: tokens, blockSize: BS };
+    const payload = encodeVllmBatch({ ts: Date.now() / 1000, events: [ev], dataParallelRank: 0 }, { format: 'array', hashType: 'u64' });
+    await pub.send(vllmFrames('', seq++, payload));
+    parent = seq % 4n === 0n ? null : hashes[hashes.length - 1];
+    sent += n;
+    // Yield now and then so the relay (same process) gets the CPU to keep up; ZMQ buffers the rest.
+    if (seq % 64n === 0n) await sleep(0);
+  }
+  await relay.drain(120_000);
+  process.stdout.write(`DONE ${JSON.stringify({ sendMs: Date.now() - start, stats: relay.stats() })}\n`);
+  await relay.close();
+  pub.close();
+}
+
+async function runRelay(url: string, worker: string, blocks: number, perBatch: number, idBase: bigint): Promise<{ start: number; done: Promise<string> }> {
+  const child = spawn(
+    process.execPath,
+    ['--import', 'tsx', 'bench/nats.bench.ts', '--role', 'relay', '--nats', url, '--worker', worker, '--blocks', String(blocks), '--per-batch', String(perBatch), '--id-base', String(idBase)],
+    { stdio: ['ignore', 'pipe', 'inherit'] },
+  );
+  const lines = createInterface({ input: child.stdout! });
+  let resolveStart!: (n: number) => void;
+  let resolveDone!: (s: string) => void;
+  const started = new Promise<number>((r) => (resolveStart = r));
+  const done = new Promise<string>((r) => (resolveDone = r));
+  lines.on('line', (l) => {
+    if (l.startsWith('START ')) resolveStart(Number(l.slice(6)));
+    if (l.startsWith('DONE ')) resolveDone(l.slice(5));
+  });
+  child.on('exit', (code) => {
+    if (code !== 0) {
+      console.error(`relay side exited with ${code}`);
+      process.exit(1);
+    }
+  });
+  return { start: await started, done };
+}
+
+// ------------------------------------------------------------------------------------------ main: NATS + replicas
+
+async function main(): Promise<void> {
+  const blocks = Number(arg('blocks', '1000000'));
+  const after = Number(arg('after', '100000'));
+  const perBatch = Number(arg('per-batch', '32'));
+  const nats = new NatsServer();
+  await nats.start();
+  try {
+    const router = new KvRouter({ blockSize: BS, overlay: false });
+    const rep = new NatsReplica({ servers: nats.url, replicaId: 'bench-a', snapshotIntervalMs: 0, log: quietLogger });
+    await rep.start(router);
+
+    // 1. Throughput.
+    const r1 = await runRelay(nats.url, 'bench0', blocks, perBatch, 1n);
+    while (rep.stats().blocksApplied < blocks) {
+      if (Date.now() - r1.start > 120_000) throw new Error(`only ${rep.stats().blocksApplied} of ${blocks} blocks after 120 s`);
+      await sleep(2);
+    }
+    const e2eMs = Date.now() - r1.start;
+    const relayDone = JSON.parse(await r1.done) as { sendMs: number; stats: Array<{ messages: number; resets: number }> };
+    const s = rep.stats();
+    const rate = blocks / (e2eMs / 1000);
+    console.log(`\nrelay -> JetStream -> replica (${blocks.toLocaleString()} stored blocks, ${perBatch} per engine batch, tokens hashed on the replica)`);
+    console.log(`  end to end ${e2eMs} ms = ${Math.round(rate).toLocaleString()} block events/s; relay side done (all sent and acknowledged) after ${relayDone.sendMs} ms`);
+    console.log(`  ${relayDone.stats[0].messages} JetStream messages (${(blocks / relayDone.stats[0].messages).toFixed(0)} blocks each), resets ${relayDone.stats[0].resets} (1 = the relay's start marker), rejected ${s.blocksRejected}`);
+    console.log(`  index: ${router.index.stats().blocks.toLocaleString()} blocks, ${(router.index.stats().bytes / 2 ** 20).toFixed(0)} MiB`);
+
+    // 2. Snapshot write.
+    const w = await rep.writeSnapshot();
+    console.log(`\nsnapshot write at ${router.index.stats().blocks.toLocaleString()} blocks: ${w.ms.toFixed(0)} ms, ${(w.bytes / 2 ** 20).toFixed(1)} MiB (dump + encode + object store put)`);
+
+    // 3. More events after the snapshot, then a replica restart.
+    const r2 = await runRelay(nats.url, 'bench1', after, perBatch, 1n << 40n);
+    await r2.done;
+    while (rep.stats().blocksApplied < blocks + after) await sleep(5);
+    const router2 = new KvRouter({ blockSize: BS, overlay: false });
+    const rep2 = new NatsReplica({ servers: nats.url, replicaId: 'bench-b', snapshotIntervalMs: 0, log: quietLogger });
+    const t0 = performance.now();
+    await rep2.start(router2);
+    const readyMs = performance.now() - t0;
+    const s2 = rep2.stats();
+    const same = router2.index.stats().blocks === router.index.stats().blocks && router2.index.stats().pairs === router.index.stats().pairs;
+    console.log(`\nreplica restart: ready in ${readyMs.toFixed(0)} ms = snapshot load ${s2.snapshotLoadMs.toFixed(0)} ms (${s2.snapshotBlocks.toLocaleString()} blocks) + replay of ${s2.messages} messages (${after.toLocaleString()} blocks) + connect`);
+    const a = router.index.stats();
+    const b = router2.index.stats();
+    console.log(`  restarted index ${same ? 'equals' : 'DIFFERS FROM'} the running replica's (${b.blocks.toLocaleString()} blocks / ${b.pairs.toLocaleString()} pairs vs ${a.blocks.toLocaleString()} / ${a.pairs.toLocaleString()})`);
+    console.log(`\nmachine: ${process.version}, load average ${loadavg().map((x) => x.toFixed(2)).join(' ')}`);
+    await rep2.close();
+    await rep.close();
+    if (!same || rate < 200_000 || readyMs > 5000) process.exitCode = 1;
+  } finally {
+    await nats.dispose();
+  }
+}
+
+if (arg('role', 'main') === 'relay') await relaySide();
+else await main();
