@@ -219,3 +219,26 @@ describe('server timeouts', () => {
     expect(() => httpServerTimeouts({ headersTimeoutMs: 5000, requestTimeoutMs: 1000 })).toThrow(/must be >=/);
   });
 });
+
+describe('JSON nesting depth (before JSON.parse)', () => {
+  it('counts arrays and objects, ignores brackets in strings and escaped quotes', async () => {
+    const { jsonDepth, checkJsonDepth } = await import('../../src/server/security/index.ts');
+    const b = (s: string) => Buffer.from(s);
+    expect(jsonDepth(b('{"a":[1,{"b":2}]}'))).toBe(3);
+    expect(jsonDepth(b('"[[[[["'))).toBe(0);
+    expect(jsonDepth(b('{"a":"x\\"[[[[","b":[]}'))).toBe(2);
+    expect(jsonDepth(b('[[[[[[[[[['), 3)).toBe(4); // stops early
+    expect(checkJsonDepth(b('['.repeat(65) + ']'.repeat(65)))?.status).toBe(400);
+    expect(checkJsonDepth(b('['.repeat(64) + ']'.repeat(64)))).toBeNull();
+    // Agrees with JSON.parse on generated JSON values.
+    const fc = (await import('fast-check')).default;
+    fc.assert(
+      fc.property(fc.jsonValue({ maxDepth: 6 }), (v) => {
+        const depthOf = (x: unknown): number =>
+          x !== null && typeof x === 'object' ? 1 + Math.max(0, ...Object.values(x as object).map(depthOf)) : 0;
+        return jsonDepth(Buffer.from(JSON.stringify(v))) === depthOf(v);
+      }),
+      { numRuns: 300, seed: 7 },
+    );
+  });
+});

@@ -125,3 +125,5 @@ export const LOG_REDACT_PATHS = [
   'config.adminToken',
   'config.apiKeys',
 ];
+
+export { checkJsonDepth, DEFAULT_MAX_JSON_DEPTH, jsonDepth } from './json-depth.ts';
