@@ -1,0 +1,68 @@
+/**
+ * Glue between a NatsReplica and the shells that drive a KvRouter, without changing them:
+ *
+ * - `shareLifecycle(router, replica)` wraps the router instance's route / firstToken / finish so every local request
+ *   is announced to the peer replicas (remote requests, tracked under `<peer>/<id>`, are never re-announced);
+ * - `attachToServer(running, options)` makes a running `kvroute serve` a replica: lifecycle sharing, and workers from
+ *   the NATS registry added to / removed from its WorkerSet (their sources kept in events mode: their events come
+ *   from the stream, not from a ZMQ subscription of the server).
+ */
+import type { KvRouter } from '../../core/router.ts';
+import type { RunningServer } from '../../server/app.ts';
+import { NatsReplica, type ReplicaOptions } from './replica.ts';
+import type { WorkerEntry } from './protocol.ts';
+
+export function shareLifecycle(router: KvRouter, replica: NatsReplica): () => void {
+  const route = router.route;
+  const firstToken = router.firstToken;
+  const finish = router.finish;
+  router.route = function (req, now) {
+    const r = route.call(this, req, now);
+    if (r.kind === 'routed') replica.routed(r);
+    return r;
+  };
+  router.firstToken = function (id, now) {
+    const ok = firstToken.call(this, id, now);
+    replica.firstToken(id);
+    return ok;
+  };
+  router.finish = function (id, info, now) {
+    const r = finish.call(this, id, info, now);
+    replica.finished(id);
+    return r;
+  };
+  return () => {
+    router.route = route;
+    router.firstToken = firstToken;
+    router.finish = finish;
+  };
+}
+
+/** Starts a replica for a running server; resolves when it is ready (snapshot loaded, stream caught up). */
+export async function attachToServer(running: RunningServer, options: ReplicaOptions): Promise<NatsReplica> {
+  const { router, workers } = running;
+  let chain = Promise.resolve();
+  const apply = async (id: string, entry: WorkerEntry | null) => {
+    if (!entry) {
+      await workers.remove(id);
+      return;
+    }
+    if (!entry.url) return; // no HTTP endpoint to proxy to: its blocks are indexed, requests cannot go there
+    if (workers.get(id)) await workers.remove(id); // URL, model or ranks changed
+    await workers.add({ id, url: entry.url, dp: entry.dpRanks.length, models: entry.model ? [entry.model] : undefined });
+    // WorkerSet adds sources without events as approximate; these are fed by the stream.
+    for (const dp of entry.dpRanks) router.addSource({ workerId: id, dpRank: dp }, { mode: 'events' });
+  };
+  const replica = new NatsReplica({
+    ...options,
+    onWorker: (id, entry) => {
+      // Serialised: WorkerSet.add/remove are async and must not interleave for one worker.
+      chain = chain.then(() => apply(id, entry)).catch(() => {});
+      options.onWorker?.(id, entry);
+    },
+  });
+  shareLifecycle(router, replica);
+  await replica.start(router);
+  await chain;
+  return replica;
+}
