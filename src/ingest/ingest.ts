@@ -37,6 +37,8 @@ export interface EventIngestOptions {
   readonly reconnectIntervalMs?: number;
   readonly reconnectMaxIntervalMs?: number;
   readonly heartbeatMs?: number;
+  /** How often blind transitions are checked and logged (ms); 0 disables the timer. Default 5000. */
+  readonly blindCheckMs?: number;
   readonly now?: () => number;
 }
 
@@ -53,9 +55,38 @@ function ranksOf(cfg: EventSourceConfig): number[] {
 export class EventIngest {
   private readonly sources = new Map<string, Running>();
   private readonly log: IngestLogger;
+  private readonly blindNow = new Set<string>();
+  private blindTimer: NodeJS.Timeout | null = null;
 
   constructor(private readonly opts: EventIngestOptions) {
     this.log = opts.log ?? consoleLogger;
+    const every = opts.blindCheckMs ?? 5000;
+    if (every > 0) {
+      this.blindTimer = setInterval(() => this.checkBlind(), every);
+      this.blindTimer.unref();
+    }
+  }
+
+  /** Logs sources that became blind (loudly) or recovered. Returns the keys blind now. */
+  checkBlind(): string[] {
+    const now: string[] = [];
+    for (const h of this.health()) {
+      if (h.blind) {
+        now.push(h.sourceKey);
+        if (!this.blindNow.has(h.sourceKey)) {
+          this.blindNow.add(h.sourceKey);
+          const silentS = ((this.opts.now ?? Date.now)() - (h.lastEventAtMs ?? h.startedAtMs)) / 1000;
+          this.log.error(
+            { source: h.sourceKey, endpoint: h.endpoint, requestsSinceLastEvent: h.requestsSinceLastEvent, silentSeconds: silentS, connected: h.connected },
+            `source ${h.sourceKey} is blind: ${h.requestsSinceLastEvent} requests routed to it and no KV event for ${silentS.toFixed(0)} s ` +
+              `(check --kv-events-config, the endpoint ${h.endpoint}, and the topic); KV routing to it is guesswork until events resume`,
+          );
+        }
+      } else if (this.blindNow.delete(h.sourceKey)) {
+        this.log.info({ source: h.sourceKey }, `source ${h.sourceKey} is no longer blind`);
+      }
+    }
+    return now;
   }
 
   /** Starts the subscriptions of one worker (all its dp ranks). Returns the source keys. */
@@ -139,6 +170,7 @@ export class EventIngest {
   }
 
   async close(): Promise<void> {
+    if (this.blindTimer) clearInterval(this.blindTimer);
     await Promise.all([...this.sources.keys()].map((k) => this.removeSource(k)));
   }
 }

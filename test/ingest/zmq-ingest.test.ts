@@ -188,6 +188,41 @@ describe('ZMQ ingestion', () => {
     expect(rankEndpoint('tcp://10.0.0.1:5557', 3)).toBe('tcp://10.0.0.1:5560');
   });
 
+  it('logs a source that serves traffic without events as blind, once, and its recovery', async () => {
+    let now = 5_000_000;
+    const errors: string[] = [];
+    const infos: string[] = [];
+    const blindIngest = new EventIngest({
+      routerBlockSize: 4,
+      sink: () => {},
+      onReset: () => {},
+      now: () => now,
+      blindCheckMs: 0,
+      log: { info: (_o, m) => infos.push(m), warn() {}, error: (_o, m) => errors.push(m) },
+    });
+    cleanups.push(() => blindIngest.close());
+    const [key] = await blindIngest.addWorker({ workerId: 'quiet', endpoint: 'tcp://127.0.0.1:*', mode: 'bind' });
+    for (let i = 0; i < 4; i++) blindIngest.noteRequestRouted(key);
+    expect(blindIngest.checkBlind()).toEqual([]);
+    now += 30_000;
+    expect(blindIngest.checkBlind()).toEqual([key]);
+    expect(blindIngest.checkBlind()).toEqual([key]);
+    expect(errors).toHaveLength(1);
+    expect(errors[0]).toMatch(/source quiet is blind: 4 requests routed to it and no KV event for 30 s/);
+    expect(blindIngest.health()[0]).toMatchObject({ blind: true, requestsSinceLastEvent: 4, mode: 'bind' });
+    // Events resume: an engine connects and publishes.
+    const pub = new Publisher({ linger: 0 });
+    cleanups.push(() => pub.close());
+    pub.connect(blindIngest.endpointOf(key)!);
+    await until(() => blindIngest.health()[0].connected);
+    await new Promise((r) => setTimeout(r, 50));
+    const engine = new FakeEngine({ blockSize: 4, capacity: 10, format: 'array', hashType: 'u64', seed: 1 });
+    await pub.send(engine.publish());
+    await until(() => blindIngest.health()[0].batches === 1);
+    expect(blindIngest.checkBlind()).toEqual([]);
+    expect(infos.some((m) => /no longer blind/.test(m))).toBe(true);
+  });
+
   it('requestReplay reports an unanswered endpoint as unavailable within the timeout', async () => {
     const t0 = Date.now();
     const r = await requestReplay('tcp://127.0.0.1:9', 0n, () => {}, { timeoutMs: 200 });
