@@ -13,8 +13,8 @@
  *   `xxh3.xxh64(bytes, 0n)`. The fold is only an engine-id key (the router never reproduces engine hashes, REFERENCE
  *   section 1), so a collision would at worst alias two blocks of one source: ~2^-64 per pair.
  *
- * Extra keys (one entry per block, vLLM order: lora name, multimodal keys, cache_salt (first block only), prompt-embeds
- * digest): a string equal to the event's lora name is the LoRA, the last other string of the first block of a sequence
+ * Extra keys (one entry per block, vLLM order: lora name (an integer id in older releases), multimodal keys, cache_salt
+ * (first block only), prompt-embeds digest): a string equal to the event's lora name, or an integer, is the LoRA, the last other string of the first block of a sequence
  * (parent null) is the cache_salt; tuples, byte strings and any other strings are multimodal / embeddings identity the
  * router cannot hash from tokens, so that block and the rest of its event are skipped and counted (a documented limit).
  */
@@ -276,7 +276,8 @@ function readExtraKeys(extra: unknown, loraName: string | null, firstOfSequence:
         if (k === loraName) continue;
         strings++;
         last = k;
-      } else if (k === null || k === undefined) {
+      } else if (k === null || k === undefined || typeof k === 'number' || typeof k === 'bigint') {
+        // Older vLLM put the LoRA's integer id here (lora_int_id); the adapter is already in lora_id / lora_name.
         continue;
       } else {
         // (identifier, offset) tuples, prompt-embeds digests (bytes), anything else: not hashable from tokens.

@@ -181,11 +181,14 @@ describe('vLLM codec', () => {
           ['BlockStored', [1n, 2n, 3n], null, t, 4, 7, 'GPU', 'sql', [['sql', 'tenant-a'], ['sql'], null]],
           ['BlockStored', [4n, 5n, 6n], null, t, 4, null, 'GPU', null, [null, [['mmhash', 0]], null]],
           ['BlockStored', [7n], null, t.slice(0, 4), 4, 3],
+          ['BlockStored', [8n], null, t.slice(0, 4), 4, 3, 'GPU', 'old-lora', [[3]]],
         ],
       ]),
     );
-    expect(d.events).toHaveLength(3);
+    expect(d.events).toHaveLength(4);
     expect(d.events[0]).toMatchObject({ engineIds: [1n, 2n, 3n], loraName: 'sql', cacheSalt: 'tenant-a' });
+    // An integer extra key is an older release's LoRA id, not multimodal identity.
+    expect(d.events[3]).toMatchObject({ engineIds: [8n], loraName: 'old-lora', cacheSalt: null });
     expect(d.events[1]).toMatchObject({ engineIds: [4n], tokens: t.slice(0, 4) });
     expect(d.skippedIds).toEqual([5n, 6n]);
     expect(d.counts.multimodalBlocks).toBe(2);
