@@ -11,6 +11,7 @@
  * ~6 ms modelled decode steps), so the engines run CPU-bound: the figure shows the loop stays responsive at saturation.
  */
 import { fork } from 'node:child_process';
+import { loadavg } from 'node:os';
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import { fileURLToPath } from 'node:url';
@@ -141,15 +142,21 @@ async function main(): Promise<void> {
     mockers.push(await startMocker({ speedup: SPEEDUP, engine: { numGpuBlocks: 16384, maxNumSeqs: 256 }, replayEndpoint: null }));
   }
   const h = monitorEventLoopDelay({ resolution: 1 });
+  let cpu0 = process.cpuUsage();
+  const load0 = loadavg()[0];
   const child = fork(fileURLToPath(import.meta.url), [...process.argv.slice(2), '--client'], {
     execArgv: ['--import', 'tsx'],
     env: { ...process.env, MOCKER_BENCH: JSON.stringify({ urls: mockers.map((m) => m.url), zmq: mockers.map((m) => m.zmqEndpoint) }) },
   });
   const result = await new Promise<ClientResult>((resolve, reject) => {
     child.on('message', (m: { phase: string; result?: ClientResult }) => {
-      if (m.phase === 'start') h.enable();
+      if (m.phase === 'start') {
+        cpu0 = process.cpuUsage();
+        h.enable();
+      }
       if (m.phase === 'done') {
         h.disable();
+        cpu0 = process.cpuUsage(cpu0);
         resolve(m.result!);
       }
     });
@@ -159,11 +166,15 @@ async function main(): Promise<void> {
   const out = {
     command: `npm run bench:mocker -- --engines ${ENGINES} --concurrency ${CONC} --speedup ${SPEEDUP} --prompt ${PROMPT} --max-tokens ${MAX_TOKENS}`,
     node: process.version,
+    loadAverage1mAtStart: +load0.toFixed(1),
     requests: result.requests,
     badRequests: result.badRequests,
     wallSeconds: +result.wallSeconds.toFixed(2),
     sseChunks: result.sseChunks,
     outputTokensPerSecond: Math.round((result.requests * MAX_TOKENS) / result.wallSeconds),
+    // CPU of the engines' process (all threads, libzmq included) during the load: stable under other processes' noise.
+    engineProcessCpuSeconds: +((cpu0.user + cpu0.system) / 1e6).toFixed(2),
+    outputTokensPerEngineCpuSecond: Math.round((result.requests * MAX_TOKENS) / ((cpu0.user + cpu0.system) / 1e6)),
     eventBatchesPublished: mockers.reduce((a, m) => a + m.stats.publishedBatches, 0),
     eventMessagesReceived: result.eventMessages,
     engineStepsPerEngine: Math.round(mockers.reduce((a, m) => a + m.engine.counters.steps, 0) / mockers.length),

@@ -118,6 +118,39 @@ interface Sink {
 
 const MAX_STEPS_PER_WAKE = 4;
 
+/**
+ * Process-wide wake pump shared by every mocker instance in the process: ranks whose step is due are served in FIFO
+ * order within a CPU budget per event-loop turn; the rest wait for the next turn. Without it, N engines that are all due
+ * run in the same turn, and at high speedup (CPU-bound) one turn grows with the fleet size, which is exactly the
+ * event-loop delay a many-engine process must avoid. Engine state stays per instance; only the turn is shared.
+ */
+const TURN_BUDGET_MS = 4;
+const dueWakes: (() => void)[] = [];
+let pumpScheduled = false;
+
+function enqueueWake(fn: () => void): void {
+  dueWakes.push(fn);
+  if (!pumpScheduled) {
+    pumpScheduled = true;
+    setImmediate(pump);
+  }
+}
+
+function pump(): void {
+  pumpScheduled = false;
+  const t0 = performance.now();
+  // Wakes enqueued while pumping (a rank re-arming itself) run next turn.
+  let n = dueWakes.length;
+  while (n-- > 0) {
+    dueWakes.shift()!();
+    if (performance.now() - t0 > TURN_BUDGET_MS) break;
+  }
+  if (dueWakes.length > 0 && !pumpScheduled) {
+    pumpScheduled = true;
+    setImmediate(pump);
+  }
+}
+
 /** mulberry32: the fault dice, seeded so a test's faults replay. */
 function rng(seed: number): () => number {
   let a = seed >>> 0;
@@ -144,7 +177,9 @@ class Rank {
   idle = true;
   stepStartMs = 0;
   stepEndMs = 0;
-  timer: NodeJS.Timeout | NodeJS.Immediate | null = null;
+  timer: NodeJS.Timeout | null = null;
+  /** Bumped by a restart: a wake armed before it must not deliver. */
+  generation = 0;
   private pubChain: Promise<unknown> = Promise.resolve();
 
   constructor(
@@ -412,10 +447,10 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
     r.stepStartMs = start;
     r.stepEndMs = t;
     const wallDelay = (t - start) / speedup;
+    const gen = r.generation;
     const done = () => {
-      r.timer = null;
+      if (closed || dead || gen !== r.generation) return;
       r.inFlight = false;
-      if (closed || dead) return;
       const touched = new Set<Sink>();
       for (const b of batch) {
         deliver(r, b.res, b.endMs, touched);
@@ -425,7 +460,12 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
       if (r.engine.hasWork()) kick(r);
       else r.idle = true;
     };
-    r.timer = wallDelay < 1 ? setImmediate(done) : setTimeout(done, wallDelay);
+    if (wallDelay < 1) enqueueWake(done);
+    else
+      r.timer = setTimeout(() => {
+        r.timer = null;
+        enqueueWake(done);
+      }, wallDelay);
   }
 
   function deliver(r: Rank, res: StepResult, endMs: number, touched: Set<Sink>): void {
@@ -885,10 +925,10 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
   function dropInFlight(): void {
     for (const r of ranks) {
       if (r.timer) {
-        clearTimeout(r.timer as NodeJS.Timeout);
-        clearImmediate(r.timer as NodeJS.Immediate);
+        clearTimeout(r.timer);
         r.timer = null;
       }
+      r.generation++;
       r.inFlight = false;
       r.idle = true;
       r.engine.reset();
