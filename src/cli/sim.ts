@@ -119,6 +119,8 @@ export function registerSim(program: Command): void {
       let source: string;
       let base: Omit<FleetOptions, 'policy' | 'onProgress'>;
       let policies: string[] = ['kv', 'round-robin'];
+      const chosen = o.policy === undefined ? undefined : parsePolicies(o.policy);
+      if (typeof chosen === 'string') return fail(chosen);
       if (o.scenario) {
         let sc;
         try {
@@ -144,13 +146,9 @@ export function registerSim(program: Command): void {
         const bs = o.blockSize ?? 16;
         base = { workers: 8, blockSize: bs, gpuBlocks: Math.max(1, Math.floor(DEFAULT_CAPACITY_TOKENS / bs)), seed: o.seed };
       }
+      if (chosen) policies = chosen;
       if (o.limit !== undefined) requests = requests.slice(0, o.limit);
       if (requests.length === 0) return fail('the trace has no valid requests', 1);
-      if (o.policy !== undefined) {
-        const p = parsePolicies(o.policy);
-        if (typeof p === 'string') return fail(p);
-        policies = p;
-      }
       const blockSize = o.blockSize ?? base.blockSize;
       const fleet: Omit<FleetOptions, 'policy' | 'onProgress'> = {
         ...base,

@@ -20,14 +20,14 @@ export interface Scenario {
 
 export const SCENARIOS = ['seed'] as const;
 
-export function scenario(name: string, seed = 1): Scenario {
+export function scenario(name: string, seed = 1, requests: number = SEED_SCENARIO.requests): Scenario {
   if (name !== 'seed') throw new Error(`unknown scenario "${name}"; known: ${SCENARIOS.join(', ')}`);
   return {
     name,
     description:
       'skewed production shape (44% under 1,800 tokens, mean ~14k, agentic tail past 130k) on a fleet small enough to ' +
       'evict: request-weighted router hit vs block-weighted router hit vs engine-delivered',
-    requests: generateSkewed({ requests: SEED_SCENARIO.requests, seed, rate: SEED_SCENARIO.rate }),
+    requests: generateSkewed({ requests, seed, rate: SEED_SCENARIO.rate, thinkTimeS: SEED_SCENARIO.thinkTimeS }),
     fleet: {
       workers: SEED_SCENARIO.workers,
       blockSize: SEED_SCENARIO.blockSize,
@@ -41,7 +41,10 @@ export function scenario(name: string, seed = 1): Scenario {
 export const SEED_SCENARIO = {
   requests: 4000,
   rate: 1,
+  /** Tool time between agentic turns: long enough that the sessions' working set overflows the fleet's cache. */
+  thinkTimeS: 20,
   workers: 4,
   blockSize: 16,
-  gpuBlocks: 16_384,
+  /** 196k tokens per worker: the longest session (160k) still fits, the fleet's working set does not. */
+  gpuBlocks: 12_288,
 };

@@ -77,6 +77,8 @@ export interface SkewedOptions {
   meanTurns: number;
   /** Agentic sessions end once their context passes this many tokens. */
   maxContext: number;
+  /** Mean tool/think time between turns of a session, seconds (on top of a fixed 2 s). */
+  thinkTimeS: number;
 }
 
 export const SKEWED_DEFAULTS: SkewedOptions = {
@@ -87,6 +89,7 @@ export const SKEWED_DEFAULTS: SkewedOptions = {
   mediumFraction: 0.12,
   meanTurns: 12,
   maxContext: 160_000,
+  thinkTimeS: 6,
 };
 
 /**
@@ -144,7 +147,7 @@ export function generateSkewed(opts: Partial<SkewedOptions> = {}): TraceRequest[
           ctx.append(output + rng.logNormal(1600, 0.9));
           if (ctx.tokens > o.maxContext) break;
           // Think and tool time between turns.
-          t += 2000 + rng.exp(6000);
+          t += 2000 + rng.exp(o.thinkTimeS * 1000);
         }
       }
     }
