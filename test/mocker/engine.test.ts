@@ -369,8 +369,10 @@ describe('MockEngine', () => {
       maxTokens: fc.integer({ min: 1, max: 12 }),
       arriveStep: fc.integer({ min: 0, max: 20 }),
       lora: fc.constantFrom(null, 'a'),
+      // Some requests are aborted mid-way (the client went away).
+      abortStep: fc.option(fc.integer({ min: 0, max: 40 }), { freq: 4 }),
     });
-    const seen = { evictions: 0, preemptions: 0, hits: 0 };
+    const seen = { evictions: 0, preemptions: 0, hits: 0, aborts: 0 };
     fc.assert(
       fc.property(
         fc.record({
@@ -388,6 +390,7 @@ describe('MockEngine', () => {
           idx.addSource(0);
           const engineToSeq = new Map<bigint, bigint>();
           const outputs = new Map<string, RequestOutput[]>();
+          const aborted = new Set<string>();
           let t = 0;
           let step = 0;
           let pending = reqs.map((r, i) => ({ ...r, i }));
@@ -401,6 +404,9 @@ describe('MockEngine', () => {
               }
             }
             pending = pending.filter((p) => p.arriveStep > step);
+            reqs.forEach((r, i) => {
+              if (r.abortStep === step && e.abort(`r${i}`)) aborted.add(`r${i}`);
+            });
             const res = e.step(t);
             e.checkInvariants();
             expect(res.scheduledTokens).toBeLessThanOrEqual(cfg.maxNumBatchedTokens!);
@@ -435,7 +441,11 @@ describe('MockEngine', () => {
           let sumCached = 0;
           let sumPrompt = 0;
           reqs.forEach((r, i) => {
-            const o = outputs.get(`r${i}`)!;
+            const o = outputs.get(`r${i}`) ?? [];
+            if (aborted.has(`r${i}`)) {
+              expect(o.some((x) => x.finished)).toBe(false);
+              return;
+            }
             if (o.length === 0) return; // rejected at admission (too many blocks)
             expect(o.flatMap((x) => x.newTokens)).toEqual(expectedOutputTokens({ promptTokens: prompts[i] }, r.maxTokens, 32000));
             expect(o[o.length - 1].finished).toBe(true);
@@ -445,12 +455,16 @@ describe('MockEngine', () => {
             sumCached += cached;
             sumPrompt += prompts[i].length;
           });
-          expect(e.counters.prefixCacheHits).toBe(sumCached);
-          expect(e.counters.prefixCacheQueries).toBe(sumPrompt);
+          if (aborted.size === 0) {
+            expect(e.counters.prefixCacheHits).toBe(sumCached);
+            expect(e.counters.prefixCacheQueries).toBe(sumPrompt);
+          }
+          expect(e.counters.requestsAborted).toBe(aborted.size);
           expect(e.kvUsage).toBe(0);
           seen.evictions += e.counters.blocksEvicted;
           seen.preemptions += e.counters.preemptions;
           seen.hits += e.counters.prefixCacheHits;
+          seen.aborts += aborted.size;
         },
       ),
       { numRuns: 120 },
@@ -459,5 +473,6 @@ describe('MockEngine', () => {
     expect(seen.evictions).toBeGreaterThan(0);
     expect(seen.preemptions).toBeGreaterThan(0);
     expect(seen.hits).toBeGreaterThan(0);
+    expect(seen.aborts).toBeGreaterThan(0);
   });
 });
