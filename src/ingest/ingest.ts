@@ -127,9 +127,7 @@ export class EventIngest {
         {
           onBatch: (seq, batch) => ingest.onBatch(seq, batch),
           onBadFrame: (kind, detail) => ingest.onBadFrame(kind, detail),
-          onConnection: (connected) => {
-            ingest.connected = connected;
-          },
+          onConnection: (connected) => ingest.setConnected(connected),
         },
       );
       await zmq.start();

@@ -7,13 +7,17 @@
  * - replay delivers the missing range -> the held batches follow in order;
  * - replay unavailable, incomplete or starting past the gap (buffer too old), or the hold overflowing -> `reset` the
  *   source (clear it: it is cold, not wrong) and continue from what is held;
- * - a live seq that does not increase -> the engine restarted (seq starts from 0 at every start) -> `reset`.
+ * - a live seq that does not increase -> the engine restarted (seq starts from 0 at every start) -> `reset`;
+ * - the first batch after a lost connection that does not continue the sequence -> `reset` too: a restarted engine
+ *   that published more batches than the old one before we reconnected looks like a gap, and replaying "the gap" from
+ *   the new process would mix two lives.
  *
  * A `reset` is always emitted before the batches that follow it, so clearing then applying keeps the index exact.
  */
 
 export type ResetReason =
   | 'restart'
+  | 'reconnect_gap'
   | 'replay_unavailable'
   | 'replay_too_old'
   | 'replay_incomplete'
@@ -52,6 +56,7 @@ export class SequenceTracker<T> {
   private lastLive: bigint | null = null;
   private readonly held = new Map<bigint, T>();
   private replaying = false;
+  private suspectRestart = false;
   private ticket = 0;
   private readonly maxHeld: number;
   private readonly catchUp: boolean;
@@ -75,6 +80,11 @@ export class SequenceTracker<T> {
     return this.held.size;
   }
 
+  /** The connection to the engine was lost: the engine may come back as a new process. */
+  disconnected(): void {
+    if (this.lastLive !== null) this.suspectRestart = true;
+  }
+
   /** A batch from the live subscription. */
   live(seq: bigint, item: T): TrackerOutput<T>[] {
     const out: TrackerOutput<T>[] = [];
@@ -83,7 +93,12 @@ export class SequenceTracker<T> {
       this.abandon();
       this.expected = null;
       this.reset(out, 'restart');
+    } else if (this.suspectRestart && seq !== this.lastLive! + 1n) {
+      this.abandon();
+      this.expected = null;
+      this.reset(out, 'reconnect_gap');
     }
+    this.suspectRestart = false;
     this.lastLive = seq;
     if (this.expected === null) {
       this.expected = this.catchUp && this.options.replay && seq > 0n ? 0n : seq;

@@ -141,6 +141,12 @@ export class SourceIngest {
     this.run(this.tracker.live(seq, batch));
   }
 
+  /** Connection state from the transport; a lost connection makes the next gap a reset (the engine may have restarted). */
+  setConnected(connected: boolean): void {
+    if (this.connected && !connected) this.tracker.disconnected();
+    this.connected = connected;
+  }
+
   /** A request was routed to this source (input of the `blind` rule). */
   noteRequestRouted(): void {
     this.requestsSinceLastEvent++;

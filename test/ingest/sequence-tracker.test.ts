@@ -72,6 +72,19 @@ describe('SequenceTracker', () => {
     expect(summary(t.live(1n, 'new-b'))).toEqual(['d1']);
   });
 
+  it('after a lost connection, a batch that does not continue the sequence resets (a new engine life)', () => {
+    const t = new SequenceTracker<string>({ replay: true });
+    t.live(0n, 'a');
+    t.live(1n, 'b');
+    t.disconnected();
+    expect(summary(t.live(2n, 'c'))).toEqual(['d2']); // a blip without loss: nothing to do
+    t.disconnected();
+    // The restarted engine published 0..4 before we reconnected: not a gap to replay, a new life to catch up with.
+    const out = t.live(5n, 'new-f');
+    expect(summary(out)).toEqual(['reset:reconnect_gap', 'replay:0-5']);
+    expect(summary(t.live(6n, 'new-g'))).toEqual([]);
+  });
+
   it('catches up from seq 0 when first seeing an engine mid-stream', () => {
     const t = new SequenceTracker<string>({ replay: true });
     const out = t.live(3n, 'd');
