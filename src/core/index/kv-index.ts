@@ -5,7 +5,8 @@
  * - `table`: open addressing, cells of [low half of the seq hash, slot + 1] (8 bytes); the high half is checked in the
  *   slot's record. Seq hashes are xxh3 outputs, so the low half alone places them well.
  * - `rec`: one record per block slot, [hash lo, hash hi, parent slot + 1, membership bitset (`words` u32)], so that a
- *   lookup costs two cache misses (table cell, record) rather than one per parallel array.
+ *   lookup costs two cache misses (table cell, record) rather than one per parallel array. Stored as int32 (hash
+ *   halves reinterpreted) so that comparisons and bit operations in the hot walk stay in int32.
  * - per source: engine block id -> slot (the dual key: the engine's hash scheme never matters).
  * Free slots are chained through their parent field. Measured on the Mooncake trace at 64 sources: see
  * bench/RESULTS.md ("Index").
@@ -15,7 +16,7 @@
  */
 import { hashBlocksInto, hashSeed } from '../hashing.ts';
 import { GPU_MEDIUM, type ApplyResult, type KvEvent, type RejectReason, type StoredEvent } from '../types.ts';
-import { joinU64, U64Map, u32View } from './u64-map.ts';
+import { joinU64, U64Map } from './u64-map.ts';
 
 export interface KvIndexOptions {
   /** The router's block size in tokens. Events with a multiple of it are split; anything else is rejected. */
@@ -62,9 +63,9 @@ function ctz(x: number): number {
 export class KvIndex {
   readonly blockSize: number;
   readonly maxBlocks: number;
-  private table = new Uint32Array(2 * 2048);
+  private table = new Int32Array(2 * 2048);
   private tableShift = 32 - 11;
-  private rec: Uint32Array;
+  private rec: Int32Array;
   /** u32 per record: MEMBERS + words. */
   private stride: number;
   private slotCap = 1024;
@@ -86,7 +87,7 @@ export class KvIndex {
   private lruTail = NONE;
 
   private seqScratch = new BigUint64Array(256);
-  private alive = new Uint32Array(1);
+  private alive = new Int32Array(1);
   private scores = new Int32Array(32);
 
   constructor(options: KvIndexOptions) {
@@ -97,7 +98,7 @@ export class KvIndex {
     this.maxBlocks = options.maxBlocks ?? Infinity;
     this.capped = Number.isFinite(this.maxBlocks);
     this.stride = MEMBERS + this.words;
-    this.rec = new Uint32Array(this.slotCap * this.stride);
+    this.rec = new Int32Array(this.slotCap * this.stride);
     if (this.capped) {
       this.lruPrev = new Int32Array(1024);
       this.lruNext = new Int32Array(1024);
@@ -462,44 +463,48 @@ export class KvIndex {
    * A (lo, hi) u32 view of a hash array. The last one is reused: repeated lookups of one prompt and the hashing
    * scratch then allocate nothing (fewer scavenges on the hot path).
    */
-  private viewOf(hashes: BigUint64Array): Uint32Array {
+  private viewOf(hashes: BigUint64Array): Int32Array {
     if (hashes !== this.lastHashes || this.lastView.length !== hashes.length * 2) {
       this.lastHashes = hashes;
-      this.lastView = u32View(hashes);
+      this.lastView = new Int32Array(hashes.buffer, hashes.byteOffset, hashes.length * 2);
     }
     return this.lastView;
   }
 
   private lastHashes: BigUint64Array | null = null;
-  private lastView: Uint32Array = new Uint32Array(0);
+  private lastView: Int32Array = new Int32Array(0);
 
   /**
    * The walk for up to 64 sources (the router's hot path): the alive set in two locals, the table probe inlined.
    * Per block: one table cell and one record, both usually one cache line.
    */
-  private walkNarrow(view: Uint32Array, n: number, scores: Int32Array): void {
+  private walkNarrow(view: Int32Array, n: number, scores: Int32Array): void {
     const rec = this.rec;
     const table = this.table;
     const stride = this.stride;
     const wide = this.words === 2;
     const shift = this.tableShift;
-    const mask = (table.length >>> 1) - 1;
+    const cellMask = table.length - 2;
     let alive0 = 0;
     let alive1 = 0;
     let i = 0;
     for (; i < n; i++) {
       const lo = view[2 * i];
       const hi = view[2 * i + 1];
-      let c = homeOf(lo, shift);
+      // c: offset of the cell (two int32 per cell).
+      let c = homeOf(lo, shift) << 1;
       let at = -1;
       for (;;) {
-        const v = table[2 * c + 1];
+        const v = table[c + 1];
         if (v === 0) break;
-        if (table[2 * c] === lo && rec[(v - 1) * stride + HI] === hi) {
-          at = (v - 1) * stride + MEMBERS;
-          break;
+        if (table[c] === lo) {
+          const r = (v - 1) * stride;
+          if (rec[r + HI] === hi) {
+            at = r + MEMBERS;
+            break;
+          }
         }
-        c = (c + 1) & mask;
+        c = (c + 2) & cellMask;
       }
       if (at < 0) break;
       const m0 = rec[at];
@@ -511,7 +516,7 @@ export class KvIndex {
       }
       const next0 = alive0 & m0;
       const next1 = alive1 & m1;
-      if (next0 !== alive0 || next1 !== alive1) {
+      if (((next0 ^ alive0) | (next1 ^ alive1)) !== 0) {
         // Sources dropping out here hold exactly i leading blocks.
         for (let d = alive0 & ~next0; d !== 0; d &= d - 1) scores[ctz(d)] = i;
         for (let d = alive1 & ~next1; d !== 0; d &= d - 1) scores[32 + ctz(d)] = i;
@@ -525,9 +530,9 @@ export class KvIndex {
   }
 
   /** The same walk for any number of membership words. */
-  private walkWide(view: Uint32Array, n: number, scores: Int32Array): void {
+  private walkWide(view: Int32Array, n: number, scores: Int32Array): void {
     const W = this.words;
-    if (this.alive.length < W) this.alive = new Uint32Array(W);
+    if (this.alive.length < W) this.alive = new Int32Array(W);
     const alive = this.alive;
     let i = 0;
     let any = 0;
@@ -554,7 +559,7 @@ export class KvIndex {
     }
   }
 
-  private touchMatched(view: Uint32Array, scores: Int32Array): void {
+  private touchMatched(view: Int32Array, scores: Int32Array): void {
     let deepest = 0;
     for (let s = 0; s < scores.length; s++) if (scores[s] > deepest) deepest = scores[s];
     for (let i = deepest - 1; i >= 0; i--) {
@@ -636,7 +641,7 @@ export class KvIndex {
       b.set(a);
       return b;
     };
-    const rec = new Uint32Array(cap * this.stride);
+    const rec = new Int32Array(cap * this.stride);
     rec.set(this.rec);
     this.rec = rec;
     this.slotCap = cap;
@@ -650,7 +655,7 @@ export class KvIndex {
 
   private growTable(): void {
     const old = this.table;
-    this.table = new Uint32Array(old.length * 2);
+    this.table = new Int32Array(old.length * 2);
     this.tableShift--;
     for (let c = 0; c < old.length; c += 2) if (old[c + 1] !== 0) this.tableInsert(old[c], old[c + 1] - 1);
   }
@@ -658,7 +663,7 @@ export class KvIndex {
   /** More sources than the bitsets hold: re-lay the records with more membership words. */
   private widen(words: number): void {
     const stride = MEMBERS + words;
-    const rec = new Uint32Array(this.slotCap * stride);
+    const rec = new Int32Array(this.slotCap * stride);
     for (let slot = 0; slot < this.nextSlot; slot++) {
       for (let f = 0; f < this.stride; f++) rec[slot * stride + f] = this.rec[slot * this.stride + f];
     }
