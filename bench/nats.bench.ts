@@ -141,6 +141,18 @@ async function main(): Promise<void> {
     const a = router.index.stats();
     const b = router2.index.stats();
     console.log(`  restarted index ${same ? 'equals' : 'DIFFERS FROM'} the running replica's (${b.blocks.toLocaleString()} blocks / ${b.pairs.toLocaleString()} pairs vs ${a.blocks.toLocaleString()} / ${a.pairs.toLocaleString()})`);
+    // 4. NATS killed and restarted under a running replica: time until it has reconnected and applied new events.
+    const applied = rep.stats().blocksApplied;
+    await nats.stop();
+    while (!rep.degraded) await sleep(5);
+    await sleep(1000); // routing on the current view meanwhile
+    const t1 = performance.now();
+    await nats.start();
+    const r3 = await runRelay(nats.url, 'bench2', 10_000, perBatch, 2n << 40n);
+    await r3.done;
+    while (rep.stats().blocksApplied < applied + 10_000) await sleep(2);
+    const recoverMs = performance.now() - t1;
+    console.log(`\nNATS killed (SIGKILL) and restarted: the replica was degraded (disconnects ${rep.stats().disconnects}), then applied 10,000 new blocks ${recoverMs.toFixed(0)} ms after the server process started (reconnect + consumer resume + a relay start)`);
     console.log(`\nmachine: ${process.version}, load average ${loadavg().map((x) => x.toFixed(2)).join(' ')}`);
     await rep2.close();
     await rep.close();

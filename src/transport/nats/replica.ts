@@ -127,19 +127,26 @@ function shuffled(s: SnapshotSource): SnapshotSource {
   const split = n === 0 ? 1 : s.seqHashes.length / n;
   const ids = s.engineIds.slice();
   const hs = s.seqHashes.slice();
+  // Swapped as u32 halves: reading a BigUint64Array element allocates a bigint.
+  const id32 = new Uint32Array(ids.buffer);
+  const h32 = new Uint32Array(hs.buffer);
+  const w = 2 * split;
   let x = 0x9e3779b9;
   for (let i = n - 1; i > 0; i--) {
     x ^= x << 13;
     x ^= x >>> 17;
     x ^= x << 5;
     const j = (x >>> 0) % (i + 1);
-    const t = ids[i];
-    ids[i] = ids[j];
-    ids[j] = t;
-    for (let m = 0; m < split; m++) {
-      const u = hs[i * split + m];
-      hs[i * split + m] = hs[j * split + m];
-      hs[j * split + m] = u;
+    let t = id32[2 * i];
+    id32[2 * i] = id32[2 * j];
+    id32[2 * j] = t;
+    t = id32[2 * i + 1];
+    id32[2 * i + 1] = id32[2 * j + 1];
+    id32[2 * j + 1] = t;
+    for (let m = 0; m < w; m++) {
+      t = h32[i * w + m];
+      h32[i * w + m] = h32[j * w + m];
+      h32[j * w + m] = t;
     }
   }
   return { ...s, engineIds: ids, seqHashes: hs };
