@@ -52,6 +52,8 @@ export interface SourceHealth {
   readonly otherGroupEvents: number;
   readonly offloadEvents: number;
   readonly loraIdWithoutName: number;
+  /** Batches whose data_parallel_rank differs from the subscription's rank (wrong port offset). */
+  readonly dpRankMismatchBatches: number;
   readonly engineBlockSize: number | null;
   readonly routerBlockSize: number;
   readonly blockSizeMismatch: boolean;

@@ -94,6 +94,7 @@ export class SourceIngest {
     unknownEventTypes: 0,
     malformedEvents: 0,
     loraIdWithoutName: 0,
+    dpRankMismatch: 0,
   };
   private readonly resetsByReason: Record<string, number> = {};
   private closed = false;
@@ -175,6 +176,15 @@ export class SourceIngest {
       // Its content is lost for good (a replay would return the same bytes): the source is cold from here.
       this.reset('undecodable_batch');
       return;
+    }
+    if (batch.dataParallelRank !== null && batch.dataParallelRank !== this.source.dpRank) {
+      // Events still apply to this subscription's source (the port decides); a wrong port offset is worth a loud log.
+      if (this.c.dpRankMismatch++ === 0) {
+        this.log.error(
+          { source: this.key, configuredDpRank: this.source.dpRank, batchDpRank: batch.dataParallelRank, endpoint: this.opts.endpoint },
+          `dp rank mismatch on ${this.key}: batches say rank ${batch.dataParallelRank}, the subscription is rank ${this.source.dpRank} (port offset?)`,
+        );
+      }
     }
     this.c.unknownEventTypes += batch.counts.unknownEventTypes;
     this.c.malformedEvents += batch.counts.malformedEvents;
@@ -276,6 +286,7 @@ export class SourceIngest {
       otherGroupEvents: a.counters.otherGroupEvents,
       offloadEvents: a.counters.offloadEvents,
       loraIdWithoutName: this.c.loraIdWithoutName,
+      dpRankMismatchBatches: this.c.dpRankMismatch,
       engineBlockSize: a.engineBlockSize,
       routerBlockSize: this.opts.routerBlockSize,
       blockSizeMismatch: a.counters.blockSizeMismatchEvents > 0,

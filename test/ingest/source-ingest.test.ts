@@ -103,6 +103,15 @@ describe('SourceIngest', () => {
     expect(ingest.health().cleared).toBe(1);
   });
 
+  it('counts batches whose dp rank is not the subscription\'s, logging once', () => {
+    const logged: string[] = [];
+    const { ingest } = harness({ log: { info() {}, warn() {}, error: (_o, m) => logged.push(m) } });
+    for (let s = 0n; s < 3n; s++) ingest.onFrames(vllmFrames('t', s, encodeVllmBatch({ ts: 1, events: [], dataParallelRank: 2 }, { format: 'array', hashType: 'u64' })));
+    expect(ingest.health().dpRankMismatchBatches).toBe(3);
+    expect(logged).toHaveLength(1);
+    expect(logged[0]).toMatch(/dp rank mismatch on w0: batches say rank 2/);
+  });
+
   it('reports a source blind when it serves traffic without events', () => {
     let now = 1_000_000;
     const { ingest, send } = harness({ now: () => now });
