@@ -16,13 +16,14 @@ import type { Policy } from '../core/scheduling/policy.ts';
 import type { KvEvent } from '../core/types.ts';
 import { EngineInputError, MockEngine, type EngineConfig, type EngineEvent, type StepResult } from '../mocker/engine/index.ts';
 import { EventHeap } from './heap.ts';
+import { createSimPolicy } from './policies.ts';
 import { expandTokensArray, TraceHasher } from './traces/expand.ts';
 import type { TraceRequest } from './traces/format.ts';
 import { percentileSorted } from './traces/stats.ts';
 
 export interface FleetOptions {
   readonly workers: number;
-  /** Policy name as the router knows it. */
+  /** Policy name: one the router knows, or a prototype of ./policies.ts (run in the router's kv slot). */
   readonly policy: string;
   /** Router and engine block size in tokens. */
   readonly blockSize: number;
@@ -35,10 +36,7 @@ export interface FleetOptions {
   readonly seed?: number;
   readonly engine?: Partial<EngineConfig>;
   readonly router?: Partial<KvRouterOptions>;
-  /**
-   * A policy object to use under the router's name `policy` (prototyping a policy before it lands in
-   * src/core/scheduling). See installPolicy().
-   */
+  /** A policy object to run in the router's kv slot, reported under the name `policy`. See installPolicy(). */
   readonly customPolicy?: Policy;
   /** Keep per-request records (tests, brute-force checks). */
   readonly keepRequests?: boolean;
@@ -164,8 +162,10 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
 
   let maxLen = 1;
   for (const r of requests) maxLen = Math.max(maxLen, r.inputLength + Math.max(1, r.outputLength));
-  const router = new KvRouter({ blockSize: bs, policy: opts.policy, seed: opts.seed ?? 0, ...opts.router });
-  if (opts.customPolicy) installPolicy(router, opts.policy, opts.customPolicy);
+  const prototype = opts.customPolicy ?? createSimPolicy(opts.policy, opts.gpuBlocks);
+  const routerPolicy = prototype ? 'kv' : opts.policy;
+  const router = new KvRouter({ blockSize: bs, policy: routerPolicy, seed: opts.seed ?? 0, ...opts.router });
+  if (prototype) installPolicy(router, routerPolicy, prototype);
   const workers: WorkerState[] = [];
   for (let w = 0; w < opts.workers; w++) {
     const engine = new MockEngine({

@@ -1,0 +1,62 @@
+import { describe, expect, it } from 'vitest';
+import { createRng } from '../../src/core/rng.ts';
+import { KvPolicy } from '../../src/core/scheduling/policies.ts';
+import type { Candidate, PolicyContext } from '../../src/core/scheduling/policy.ts';
+import { runFleet } from '../../src/sim/fleet.ts';
+import { KvPressurePolicy } from '../../src/sim/policies.ts';
+import { generateSharedPrefix } from '../../src/sim/traces/generate.ts';
+
+function ctx(candidates: Candidate[], requestBlocks: number): PolicyContext {
+  return {
+    candidates,
+    promptTokens: requestBlocks * 16,
+    requestBlocks,
+    blockSize: 16,
+    seqHashes: new BigUint64Array(0),
+    knobs: { prefillLoadScale: 1, overlapCredit: 1, temperature: 0 },
+    rng: createRng(1),
+  };
+}
+
+const cand = (source: number, o: Partial<Candidate>): Candidate => ({
+  source,
+  key: `w${source}`,
+  overlapBlocks: 0,
+  cachedBlocks: 0,
+  activePrefillTokens: 0,
+  activeBlocks: 0,
+  activePrefixBlocks: 0,
+  activeRequests: 0,
+  ...o,
+});
+
+describe('kv-pressure prototype', () => {
+  // Next turn of a conversation: 100 blocks, 90 cached on w0, which is still decoding a 300-block context; w1 idle.
+  const warmBusy = cand(0, { overlapBlocks: 90, cachedBlocks: 5000, activeBlocks: 300, activeRequests: 3 });
+  const coldIdle = cand(1, { cachedBlocks: 100 });
+
+  it('keeps a warm worker whose only load is decode when memory is plentiful (plain kv sends the turn cold)', () => {
+    expect(new KvPolicy().rank(ctx([warmBusy, coldIdle], 100)).order[0]).toBe(1);
+    expect(new KvPressurePolicy(100_000).rank(ctx([warmBusy, coldIdle], 100)).order[0]).toBe(0);
+  });
+
+  it('falls back to the plain cost when the decode load fills memory', () => {
+    // 400 of 420 blocks would be in use on w0: pressure ~1, the cost is Dynamo's.
+    const p = new KvPressurePolicy(420);
+    const c = ctx([warmBusy, coldIdle], 100);
+    expect(p.cost(c, 0)).toBeCloseTo(10 + (400 / 420) * 400);
+    expect(p.rank(c).order[0]).toBe(1);
+  });
+
+  it('still balances prefill: queued prefill outweighs the overlap it would save', () => {
+    const queued = cand(0, { overlapBlocks: 90, activePrefillTokens: 200 * 16 });
+    expect(new KvPressurePolicy(100_000).rank(ctx([queued, coldIdle], 100)).order[0]).toBe(1);
+  });
+
+  it('runs in the simulator under its own name', () => {
+    const gsp = generateSharedPrefix({ groups: 8, promptsPerGroup: 8, outputLen: 16, rate: 20 });
+    const r = runFleet(gsp, { workers: 3, policy: 'kv-pressure', blockSize: 16, gpuBlocks: 8192 });
+    expect(r.name).toBe('kv-pressure');
+    expect(r.hit.predicted_block_weighted).toBeGreaterThan(0.6);
+  });
+});
