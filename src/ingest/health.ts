@@ -54,6 +54,8 @@ export interface SourceHealth {
   readonly loraIdWithoutName: number;
   /** Batches whose data_parallel_rank differs from the subscription's rank (wrong port offset). */
   readonly dpRankMismatchBatches: number;
+  /** Socket receive failures (the subscription loop restarted after each). */
+  readonly receiveErrors: number;
   readonly engineBlockSize: number | null;
   readonly routerBlockSize: number;
   readonly blockSizeMismatch: boolean;

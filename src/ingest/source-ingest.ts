@@ -34,7 +34,7 @@ export const consoleLogger: IngestLogger = {
   error: (obj, msg) => console.error(`[kvroute ingest] ${msg}`, JSON.stringify(obj, (_k, v) => (typeof v === 'bigint' ? v.toString() : v))),
 };
 
-export type BadFrameKind = 'frame_count' | 'seq_length' | 'undecodable';
+export type BadFrameKind = 'frame_count' | 'seq_length' | 'undecodable' | 'receive_error';
 
 export type ParsedFrames =
   | { readonly ok: true; readonly seq: bigint; readonly batch: DecodedBatch }
@@ -95,6 +95,7 @@ export class SourceIngest {
     malformedEvents: 0,
     loraIdWithoutName: 0,
     dpRankMismatch: 0,
+    receiveErrors: 0,
   };
   private readonly resetsByReason: Record<string, number> = {};
   private closed = false;
@@ -128,6 +129,12 @@ export class SourceIngest {
 
   /** Counts a frame the transport could not use at all. */
   onBadFrame(kind: BadFrameKind, detail: string): void {
+    if (kind === 'receive_error') {
+      // Not a frame: the socket's receive failed (the transport restarts its loop).
+      this.c.receiveErrors++;
+      this.log.error({ source: this.key, detail }, `KV event receive failed on ${this.key}`);
+      return;
+    }
     this.c.badFrames++;
     if (kind === 'undecodable') this.c.decodeErrors++;
     if (this.c.badFrames === 1 || this.c.badFrames % 1000 === 0) {
@@ -287,6 +294,7 @@ export class SourceIngest {
       offloadEvents: a.counters.offloadEvents,
       loraIdWithoutName: this.c.loraIdWithoutName,
       dpRankMismatchBatches: this.c.dpRankMismatch,
+      receiveErrors: this.c.receiveErrors,
       engineBlockSize: a.engineBlockSize,
       routerBlockSize: this.opts.routerBlockSize,
       blockSizeMismatch: a.counters.blockSizeMismatchEvents > 0,

@@ -41,6 +41,8 @@ export interface ZmqSourceCounters {
   frameCount: number;
   seqLength: number;
   undecodable: number;
+  /** Receive calls that failed (the loop restarts after each). */
+  receiveErrors: number;
 }
 
 /** The endpoint of dp rank `r`: the engine's port + r (REFERENCE section 2). Leaves `*` ports alone. */
@@ -52,7 +54,7 @@ export function rankEndpoint(endpoint: string, dpRank: number): string {
 }
 
 export class ZmqSource {
-  readonly counters: ZmqSourceCounters = { messages: 0, frameCount: 0, seqLength: 0, undecodable: 0 };
+  readonly counters: ZmqSourceCounters = { messages: 0, frameCount: 0, seqLength: 0, undecodable: 0, receiveErrors: 0 };
   private readonly sub: Subscriber;
   private loop: Promise<void> | null = null;
   private closed = false;
@@ -94,6 +96,14 @@ export class ZmqSource {
   }
 
   private async receive(): Promise<void> {
+    // A receive loop that ended silently would be the worst failure (events stop, nobody knows): restart it.
+    while (!this.closed) {
+      await this.receiveUntilError();
+      if (!this.closed) await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+
+  private async receiveUntilError(): Promise<void> {
     const flavor = this.opts.flavor ?? 'vllm';
     try {
       for await (const frames of this.sub) {
@@ -109,7 +119,10 @@ export class ZmqSource {
         this.safe(() => this.handlers.onBatch(parsed.seq, parsed.batch));
       }
     } catch (err) {
-      if (!this.closed) this.safe(() => this.handlers.onBadFrame('undecodable', `receive loop ended: ${String(err)}`));
+      if (!this.closed) {
+        this.counters.receiveErrors++;
+        this.safe(() => this.handlers.onBadFrame('receive_error', `receive failed: ${String(err)}`));
+      }
     }
   }
 
