@@ -591,7 +591,9 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
   // ------------------------------------------------------------------ dispatch
 
   function debugState(): unknown {
+    const { adminToken: _secret, workers: _w, ...settings } = config;
     return {
+      config: { ...settings, adminApi: Boolean(config.adminToken) },
       router: router.state(),
       ledger: { total: router.ledger.total, bySource: Object.fromEntries(router.ledger.bySource) },
       workers: workers.list().map((w) => w.toJSON()),
