@@ -223,6 +223,31 @@ describe('ZMQ ingestion', () => {
     expect(infos.some((m) => /no longer blind/.test(m))).toBe(true);
   });
 
+  it('requestReplay skips malformed reply frames (counted) and stops at the end marker', async () => {
+    const router = new Router({ linger: 0 });
+    cleanups.push(() => router.close());
+    await router.bind('tcp://127.0.0.1:*');
+    void (async () => {
+      for await (const [id, , start] of router) {
+        const seq = (n: bigint) => {
+          const b = Buffer.alloc(8);
+          b.writeBigUInt64BE(n);
+          return b;
+        };
+        const from = start.readBigUInt64BE(0);
+        await router.send([id, Buffer.alloc(0), seq(from), Buffer.from([0x90])]);
+        await router.send([id, Buffer.alloc(0), Buffer.alloc(3), Buffer.from([0x90])]); // bad seq length
+        await router.send([id, Buffer.alloc(0), seq(from + 1n), Buffer.from([0x91]), Buffer.alloc(1)]); // 4 frames
+        await router.send([id, Buffer.alloc(0), seq(from + 2n), Buffer.from([0x92])]);
+        await router.send([id, Buffer.alloc(0), seq(REPLAY_END_SEQ), Buffer.alloc(0)]);
+      }
+    })();
+    const got: bigint[] = [];
+    const r = await requestReplay(router.lastEndpoint!, 40n, (s) => got.push(s), { timeoutMs: 1000 });
+    expect(r).toEqual({ ok: true, batches: 2, badFrames: 2 });
+    expect(got).toEqual([40n, 42n]);
+  });
+
   it('requestReplay reports an unanswered endpoint as unavailable within the timeout', async () => {
     const t0 = Date.now();
     const r = await requestReplay('tcp://127.0.0.1:9', 0n, () => {}, { timeoutMs: 200 });
