@@ -65,6 +65,7 @@ interface Opts {
   speedup: number;
   /** "none" disables. */
   zmqEndpoint: string;
+  zmqConnect?: boolean;
   replayEndpoint: string;
   topic: string;
   eventFormat: 'array' | 'map';
@@ -119,6 +120,7 @@ export function mockerOptionsFrom(o: Opts): MockerOptions {
     },
     speedup: o.speedup,
     zmqEndpoint: o.zmqEndpoint === 'none' ? null : o.zmqEndpoint,
+    zmqConnect: o.zmqConnect ?? false,
     replayEndpoint: o.replayEndpoint === 'none' ? null : o.replayEndpoint,
     topic: o.topic,
     eventFormat: o.eventFormat,
@@ -182,6 +184,7 @@ export function registerMocker(program: Command): void {
     .addOption(new Option('--fp-c1-ms <ms>', 'first-principles: fixed decode step cost').default(F.c1Ms).argParser(num('--fp-c1-ms')))
     .addOption(new Option('--speedup <x>', 'run this many times faster than modelled time').default(1).argParser(num('--speedup', 1e-6)))
     .addOption(new Option('--zmq-endpoint <ep>', 'KV events PUB endpoint (bound; "none" disables); rank r uses port + r').default('tcp://*:5557').argParser(endpoint('--zmq-endpoint')))
+    .option('--zmq-connect', "connect the PUB socket to --zmq-endpoint instead of binding (vLLM connects when the endpoint has no '*'; the router binds a SUB)")
     .addOption(new Option('--replay-endpoint <ep>', 'replay ROUTER endpoint (bound; "none" disables); rank r uses port + r').default('tcp://*:5558').argParser(endpoint('--replay-endpoint')))
     .addOption(new Option('--topic <topic>', 'topic frame of every event message').default(''))
     .addOption(new Option('--event-format <fmt>', 'event layout: map (tagged, vLLM >= June 2026) or array (legacy positional)').choices(['array', 'map']).default('map'))

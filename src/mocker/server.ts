@@ -44,6 +44,11 @@ export interface MockerOptions {
   speedup?: number;
   /** ZMQ PUB endpoint for KV events (bound); port * or 0 = a free port; null disables events. Rank r binds port + r. */
   zmqEndpoint?: string | null;
+  /**
+   * Connect the PUB socket(s) to zmqEndpoint (rank r to port + r) instead of binding: what vLLM does when the endpoint
+   * has no '*', so a router can bind one SUB and let engines come to it. Default false (bind).
+   */
+  zmqConnect?: boolean;
   /** ZMQ ROUTER endpoint answering replay requests; null disables replay. Rank r binds port + r. */
   replayEndpoint?: string | null;
   topic?: string;
@@ -529,7 +534,18 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
   async function openZmq(first: boolean): Promise<void> {
     if (options.zmqEndpoint !== null) {
       const ep = first ? (options.zmqEndpoint ?? `tcp://${host}:*`) : null;
-      if (first) {
+      if (options.zmqConnect) {
+        const tcp = parseTcp(options.zmqEndpoint ?? '');
+        if (!tcp || tcp.port === null) throw new Error(`zmqConnect needs a tcp://host:port endpoint, got ${options.zmqEndpoint}`);
+        pubEndpoints = [];
+        for (let i = 0; i < dp; i++) {
+          const s = new zmq.Publisher({ linger: 0, sendHighWaterMark: 100_000 });
+          const target = `${tcp.prefix}${tcp.host}:${tcp.port + i}`;
+          s.connect(target);
+          ranks[i].pub = s;
+          pubEndpoints.push(target);
+        }
+      } else if (first) {
         const { sockets, endpoints } = await bindRanks(() => new zmq.Publisher({ linger: 0, sendHighWaterMark: 100_000 }), ep!, dp);
         sockets.forEach((s, i) => (ranks[i].pub = s));
         pubEndpoints = endpoints;

@@ -272,6 +272,22 @@ describe('mocker KV events over real ZMQ, decoded independently', () => {
     expect(await replay(5n)).toEqual([]);
   });
 
+  it('connect mode: the PUB connects to a SUB the router bound', async () => {
+    const sub = new zmq.Subscriber({ linger: 0 });
+    sockets.push(sub);
+    await sub.bind('tcp://127.0.0.1:*');
+    sub.subscribe();
+    const m = await mocker({ zmqEndpoint: sub.lastEndpoint!, zmqConnect: true, replayEndpoint: null });
+    // libzmq applies the connection (and forwards the subscription) only when the SUB is being read: read first.
+    const first = sub.receive();
+    await sleep(300);
+    await post(m, '/v1/completions', { prompt: range(20, 9), max_tokens: 1 });
+    const [topic, seq, payload] = await first;
+    expect(topic.toString()).toBe('');
+    expect(seq.readBigUInt64BE(0)).toBe(0n);
+    expect(readEvent(readBatch(payload).events[0], 'map').tokens).toEqual(range(16, 9));
+  });
+
   it('data parallel: rank r publishes on port + r with its rank in the batch; metrics per engine', async () => {
     const m = await mocker({ dataParallelSize: 2, engine: { blockSize: 16, numGpuBlocks: 64 } });
     expect(m.zmqEndpoints).toHaveLength(2);
