@@ -16,7 +16,9 @@ import { KvRouter } from '../core/router.ts';
 import { POLICY_NAMES } from '../core/scheduling/policies.ts';
 import type { KvEvent, RouteDecision, RouteRequest, RouteResult } from '../core/types.ts';
 import { EventIngest } from '../ingest/ingest.ts';
+import { dashboardHandler } from '../metrics/dashboard.ts';
 import { RouterMetrics } from '../metrics/registry.ts';
+import type { EngineMirror } from '../metrics/scrape.ts';
 import { LocalTokenizer } from '../tokenizer/local.ts';
 import { RemoteTokenizer } from '../tokenizer/remote.ts';
 import { workerFromUnknown, type ServeConfig, type WorkerSpec } from './config.ts';
@@ -146,8 +148,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
         metrics.eventsApplied(key, r);
       },
       onReset: (key: string, reason: string) => {
-        router.resetSource(key);
-        metrics.ingestCounters(key, { resets: 1 });
+        router.resetSource(key); // counted for metrics by the ingest health poll below
         log.warn({ source: key, reason }, 'KV event stream reset: source treated as cold');
       },
       log: {
@@ -207,6 +208,30 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     }
   }, 10_000);
   sweepTimer.unref();
+
+  // Engine-side prefix-cache counters mirrored next to the router's own (the honest comparison of hit rates).
+  const mirror: EngineMirror = metrics.mirrorEngines({
+    targets: () => workers.list().map((w) => ({ workerId: w.id, url: w.url })),
+    intervalMs: Math.max(1000, config.healthIntervalMs || 5000),
+  });
+
+  // Event-stream health into metrics: the ingest keeps cumulative counts per source, metrics take increments.
+  const lastIngest = new Map<string, { gaps: number; replays: number; resets: number; decodeErrors: number }>();
+  const ingestPoll = setInterval(() => {
+    if (!ingest) return;
+    for (const h of ingest.health()) {
+      const prev = lastIngest.get(h.sourceKey) ?? { gaps: 0, replays: 0, resets: 0, decodeErrors: 0 };
+      metrics.ingestCounters(h.sourceKey, {
+        gaps: h.gaps - prev.gaps,
+        replays: h.replays - prev.replays,
+        resets: h.resets - prev.resets,
+        decodeErrors: h.decodeErrors - prev.decodeErrors,
+        blind: h.blind,
+      });
+      lastIngest.set(h.sourceKey, { gaps: h.gaps, replays: h.replays, resets: h.resets, decodeErrors: h.decodeErrors });
+    }
+  }, 2000);
+  ingestPoll.unref();
 
   // ------------------------------------------------------------------ routing helpers
 
@@ -639,6 +664,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       }
     }
     if (path.startsWith('/admin/')) return handleAdmin(req, res, path);
+    if (dashboardHandler(req, res, () => metrics.dashboardState())) return;
     if (path === '/v1/chat/completions' || path === '/v1/completions' || path === '/v1/models') {
       throw new HttpError(405, `method ${req.method} not allowed on ${path}`, 'invalid_request_error', 'method_not_allowed');
     }
@@ -695,6 +721,8 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       while (inFlight > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
       server.closeAllConnections();
       clearInterval(sweepTimer);
+      clearInterval(ingestPoll);
+      await mirror.stop();
       await workers.destroy();
       if (ingest) await ingest.close();
     })();

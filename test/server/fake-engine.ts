@@ -83,6 +83,10 @@ export class FakeEngine {
       res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ object: 'list', data }));
       return;
     }
+    if (req.method !== 'POST') {
+      res.writeHead(404).end();
+      return;
+    }
     const chunks: Buffer[] = [];
     for await (const c of req) chunks.push(c as Buffer);
     const body = JSON.parse(Buffer.concat(chunks).toString('utf8')) as Record<string, unknown>;

@@ -55,6 +55,10 @@ describe('with the embedded mock fleet (KV events, Qwen3 tokenizer on both sides
     // KV events reached the index (not only the router's own overlay).
     await until(() => s.router.state().index.blocks > 0);
     expect(s.router.state().index.rejected).toEqual({});
+    // The engines' own prefix-cache counters are mirrored next to the router's (scraped from their /metrics).
+    const metrics = await (await fetch(`${s.url}/metrics`)).text();
+    expect(metrics).toMatch(/router_engine_scrape_up\{worker="mock-0"\} 1/);
+    expect(metrics).toMatch(/router_kv_overlap_blocks_total\{worker="mock-\d"\} [1-9]/);
   });
 });
 

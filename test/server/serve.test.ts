@@ -288,6 +288,11 @@ describe('operations', () => {
     expect(state.workers).toHaveLength(2);
     expect(state.recentDecisions[0].islBlocks).toBe(4);
     expect(state.router.sources).toHaveLength(2);
+    const page = await fetch(`${s.url}/dashboard`);
+    expect(page.status).toBe(200);
+    expect(page.headers.get('content-type')).toContain('text/html');
+    const dash = await json(await fetch(`${s.url}/dashboard/data.json`));
+    expect(Object.keys(dash.workers)).toHaveLength(2);
   });
 
   it('ejects a worker after failed health checks, answers 503 without one, and readmits it', async () => {
