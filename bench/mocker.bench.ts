@@ -12,7 +12,7 @@
  */
 import { fork } from 'node:child_process';
 import { loadavg } from 'node:os';
-import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
+import { PerformanceObserver, monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import { fileURLToPath } from 'node:url';
 import { Pool } from 'undici';
@@ -143,6 +143,17 @@ async function main(): Promise<void> {
   }
   const h = monitorEventLoopDelay({ resolution: 1 });
   let cpu0 = process.cpuUsage();
+  // GC pauses of the engines' process during the load (they count in the event-loop delay).
+  const gc = { count: 0, totalMs: 0, maxMs: 0, on: false };
+  const gcObs = new PerformanceObserver((list) => {
+    if (!gc.on) return;
+    for (const e of list.getEntries()) {
+      gc.count++;
+      gc.totalMs += e.duration;
+      gc.maxMs = Math.max(gc.maxMs, e.duration);
+    }
+  });
+  gcObs.observe({ entryTypes: ['gc'] });
   const load0 = loadavg()[0];
   const child = fork(fileURLToPath(import.meta.url), [...process.argv.slice(2), '--client'], {
     execArgv: ['--import', 'tsx'],
@@ -152,10 +163,12 @@ async function main(): Promise<void> {
     child.on('message', (m: { phase: string; result?: ClientResult }) => {
       if (m.phase === 'start') {
         cpu0 = process.cpuUsage();
+        gc.on = true;
         h.enable();
       }
       if (m.phase === 'done') {
         h.disable();
+        gc.on = false;
         cpu0 = process.cpuUsage(cpu0);
         resolve(m.result!);
       }
@@ -181,9 +194,11 @@ async function main(): Promise<void> {
     engineHitRate: +(result.cachedTokens / result.promptTokens).toFixed(3),
     wallTtftMsP50: +result.wallTtftMsP50.toFixed(1),
     eventLoopDelayMs: { p50: ms(h.percentile(50)), p99: ms(h.percentile(99)), max: ms(h.max) },
+    gcPauses: { count: gc.count, totalMs: +gc.totalMs.toFixed(1), maxMs: +gc.maxMs.toFixed(1) },
     pass: ms(h.percentile(99)) < 50 && result.badRequests === 0,
   };
   console.log(JSON.stringify(out, null, 2));
+  gcObs.disconnect();
   await Promise.all(mockers.map((m) => m.close()));
   if (!out.pass) process.exitCode = 1;
 }

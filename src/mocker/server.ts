@@ -621,7 +621,7 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
     const returnTokenIds = optBool(body, 'return_token_ids') ?? false;
     const n = optInt(body, 'n', 1) ?? 1;
     if (n !== 1) throw new HttpError(400, 'the mock engine supports n = 1 only', 'BadRequestError', 'n');
-    let maxTokens =
+    const maxTokens =
       kind === 'chat' ? (optInt(body, 'max_completion_tokens', 1) ?? optInt(body, 'max_tokens', 1)) : optInt(body, 'max_tokens', 1);
 
     let prompts: number[][];
