@@ -320,6 +320,20 @@ describe('MockEngine', () => {
     expect(e.counters.generationTokens).toBe(80);
   });
 
+  it('without prefix caching: no hits, no events, no prefix-cache stats', () => {
+    const e = new MockEngine({ blockSize: 4, numGpuBlocks: 16, enablePrefixCaching: false });
+    const events: EngineEvent[] = [];
+    for (const id of ['a', 'b']) {
+      e.addRequest({ requestId: id, promptTokens: tokens(12), maxTokens: 3 }, 0);
+      const { outputs } = runToCompletion(e, { onStep: (ev) => events.push(...ev) });
+      expect(outputs.get(id)![0].cachedTokens).toBe(0);
+    }
+    expect(events).toEqual([]);
+    expect(e.cachedBlocks).toBe(0);
+    expect(e.counters.prefixCacheQueries).toBe(0);
+    expect(e.counters.promptTokens).toBe(24);
+  });
+
   it('rejects input it could never serve', () => {
     const e = new MockEngine({ blockSize: 16, numGpuBlocks: 4, maxModelLen: 100 });
     expect(() => e.addRequest({ requestId: 'x', promptTokens: [], maxTokens: 1 }, 0)).toThrow(EngineInputError);

@@ -372,7 +372,8 @@ export class MockEngine {
           r.cachedTokens = computed;
           this.counters.promptTokens += r.promptLen;
         }
-        if (r.numPreemptions === 0) {
+        // vLLM keeps no prefix-cache stats when prefix caching is off.
+        if (r.numPreemptions === 0 && c.enablePrefixCaching) {
           this.counters.prefixCacheQueries += r.tokens.length;
           this.counters.prefixCacheHits += computed;
         }
