@@ -685,6 +685,7 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
 
     const tokens: number[][] = prompts.map(() => []);
     const cached: number[] = prompts.map(() => 0);
+    const counts: number[] = prompts.map(() => 0);
     let finished = 0;
     let done = false;
     const write = (chunk: unknown) => res.write(`data: ${JSON.stringify(chunk)}\n\n`);
@@ -719,7 +720,7 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
       let cc = 0;
       prompts.forEach((p, i) => {
         pt += p.length;
-        ct += tokens[i].length;
+        ct += stream ? counts[i] : tokens[i].length;
         cc += cached[i];
       });
       const usage = usageOf(pt, ct, cc);
@@ -759,7 +760,9 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
         flush,
         onOutput(o) {
           if (done) return;
-          for (const t of o.newTokens) tokens[i].push(t);
+          // Streams only need the count; whole responses need the tokens for their text.
+          if (stream) counts[i] += o.newTokens.length;
+          else for (const t of o.newTokens) tokens[i].push(t);
           if (o.firstToken) cached[i] = o.cachedTokens;
           if (stream) {
             // Hot path (one write per token per stream): the chunk is assembled from a prebuilt head, not stringified whole.
