@@ -56,6 +56,9 @@ export interface SourceHealth {
   readonly dpRankMismatchBatches: number;
   /** Socket receive failures (the subscription loop restarted after each). */
   readonly receiveErrors: number;
+  /** Replay requests sent after a quiet period to catch a lost last batch, and how many of them failed. */
+  readonly tailProbes: number;
+  readonly tailProbeFailures: number;
   readonly engineBlockSize: number | null;
   readonly routerBlockSize: number;
   readonly blockSizeMismatch: boolean;

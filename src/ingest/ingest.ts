@@ -39,6 +39,11 @@ export interface EventIngestOptions {
   readonly heartbeatMs?: number;
   /** How often blind transitions are checked and logged (ms); 0 disables the timer. Default 5000. */
   readonly blindCheckMs?: number;
+  /**
+   * A source with a replay endpoint that has been quiet this long (ms) since its last batch is asked once for anything
+   * newer, so a dropped last batch is recovered without waiting for the next one. 0 disables. Default 1000.
+   */
+  readonly tailProbeMs?: number;
   readonly now?: () => number;
 }
 
@@ -57,6 +62,7 @@ export class EventIngest {
   private readonly log: IngestLogger;
   private readonly blindNow = new Set<string>();
   private blindTimer: NodeJS.Timeout | null = null;
+  private probeTimer: NodeJS.Timeout | null = null;
 
   constructor(private readonly opts: EventIngestOptions) {
     this.log = opts.log ?? consoleLogger;
@@ -64,6 +70,13 @@ export class EventIngest {
     if (every > 0) {
       this.blindTimer = setInterval(() => this.checkBlind(), every);
       this.blindTimer.unref();
+    }
+    const quiet = opts.tailProbeMs ?? 1000;
+    if (quiet > 0) {
+      this.probeTimer = setInterval(() => {
+        for (const r of this.sources.values()) r.ingest.maybeProbeTail(quiet);
+      }, Math.max(50, quiet / 4));
+      this.probeTimer.unref();
     }
   }
 
@@ -169,6 +182,7 @@ export class EventIngest {
 
   async close(): Promise<void> {
     if (this.blindTimer) clearInterval(this.blindTimer);
+    if (this.probeTimer) clearInterval(this.probeTimer);
     await Promise.all([...this.sources.keys()].map((k) => this.removeSource(k)));
   }
 }

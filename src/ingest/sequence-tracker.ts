@@ -49,6 +49,7 @@ export interface TrackerCounters {
   replayedBatches: number;
   resets: number;
   held: number;
+  probes: number;
 }
 
 export class SequenceTracker<T> {
@@ -57,10 +58,11 @@ export class SequenceTracker<T> {
   private readonly held = new Map<bigint, T>();
   private replaying = false;
   private suspectRestart = false;
+  private replayUntil = 0n;
   private ticket = 0;
   private readonly maxHeld: number;
   private readonly catchUp: boolean;
-  readonly counters: TrackerCounters = { delivered: 0, gaps: 0, replaysRequested: 0, replayedBatches: 0, resets: 0, held: 0 };
+  readonly counters: TrackerCounters = { delivered: 0, gaps: 0, replaysRequested: 0, replayedBatches: 0, resets: 0, held: 0, probes: 0 };
 
   constructor(private readonly options: SequenceTrackerOptions) {
     this.maxHeld = options.maxHeld ?? 10_000;
@@ -147,6 +149,11 @@ export class SequenceTracker<T> {
     this.replaying = false;
     this.ticket++;
     this.takeHeld(out);
+    if (ok && this.held.size > 0 && this.expected !== null && this.expected >= this.replayUntil) {
+      // The replay covered its range; a gap that opened while it streamed (after the engine's snapshot) is new.
+      this.drain(out, true);
+      return out;
+    }
     if (this.held.size > 0) {
       this.reset(out, ok ? 'replay_incomplete' : 'replay_unavailable');
       this.expected = this.minHeld();
@@ -154,6 +161,19 @@ export class SequenceTracker<T> {
       this.drain(out, false);
     }
     return out;
+  }
+
+  /**
+   * Asks for anything at or after the next expected seq: a lost *last* batch is otherwise only noticed when the
+   * engine publishes again. Nothing to do while a replay runs or before the first batch. Never resets by itself.
+   */
+  probe(): TrackerOutput<T>[] {
+    if (this.expected === null || this.replaying || !this.options.replay) return [];
+    this.replaying = true;
+    this.ticket++;
+    this.replayUntil = this.expected;
+    this.counters.probes++;
+    return [{ kind: 'replay', fromSeq: this.expected, untilSeq: this.expected, ticket: this.ticket }];
   }
 
   /** Forces a reset (for example an undecodable batch: its content is lost). */
@@ -215,6 +235,7 @@ export class SequenceTracker<T> {
         this.replaying = true;
         this.ticket++;
         this.counters.replaysRequested++;
+        this.replayUntil = first;
         out.push({ kind: 'replay', fromSeq: this.expected!, untilSeq: first, ticket: this.ticket });
         return;
       }

@@ -80,6 +80,7 @@ export class SourceIngest {
   private lastEventAtMs: number | null = null;
   private lastSeq: bigint | null = null;
   private requestsSinceLastEvent = 0;
+  private probedSinceBatch = false;
   private readonly c = {
     batches: 0,
     events: 0,
@@ -96,6 +97,8 @@ export class SourceIngest {
     loraIdWithoutName: 0,
     dpRankMismatch: 0,
     receiveErrors: 0,
+    tailProbes: 0,
+    tailProbeFailures: 0,
   };
   private readonly resetsByReason: Record<string, number> = {};
   private closed = false;
@@ -155,6 +158,20 @@ export class SourceIngest {
     this.connected = connected;
   }
 
+  /**
+   * Tail probe: when the source has been quiet for `quietMs` since its last batch, ask the replay endpoint once for
+   * anything newer (a dropped last batch is otherwise invisible until the engine publishes again). Returns whether a
+   * probe was sent.
+   */
+  maybeProbeTail(quietMs: number): boolean {
+    if (this.closed || !this.opts.replay || this.probedSinceBatch || this.lastEventAtMs === null) return false;
+    if (this.now() - this.lastEventAtMs < quietMs) return false;
+    this.probedSinceBatch = true;
+    const out = this.tracker.probe();
+    this.run(out);
+    return out.length > 0;
+  }
+
   /** A request was routed to this source (input of the `blind` rule). */
   noteRequestRouted(): void {
     this.requestsSinceLastEvent++;
@@ -174,6 +191,7 @@ export class SourceIngest {
 
   private deliver(seq: bigint, batch: DecodedBatch): void {
     const now = this.now();
+    this.probedSinceBatch = false;
     this.lastSeq = seq;
     this.lastEventAtMs = now;
     this.requestsSinceLastEvent = 0;
@@ -227,12 +245,14 @@ export class SourceIngest {
 
   private startReplay(fromSeq: bigint, untilSeq: bigint, ticket: number): void {
     const replay = this.opts.replay;
-    this.c.replays++;
+    const probe = untilSeq === fromSeq;
+    if (probe) this.c.tailProbes++;
+    else this.c.replays++;
     if (!replay) {
       this.run(this.tracker.replayEnded(ticket, false));
       return;
     }
-    this.log.info({ source: this.key, fromSeq, untilSeq }, `gap on ${this.key}: replaying from ${fromSeq}`);
+    if (!probe) this.log.info({ source: this.key, fromSeq, untilSeq }, `gap on ${this.key}: replaying from ${fromSeq}`);
     const onBatch = (seq: bigint, payload: Uint8Array) => {
       if (this.closed) return;
       const batch = decodeBatch(payload, this.flavor);
@@ -243,14 +263,16 @@ export class SourceIngest {
     Promise.resolve()
       .then(() => replay(fromSeq, onBatch))
       .then(
-        (outcome) => this.endReplay(ticket, outcome),
-        (err) => this.endReplay(ticket, { ok: false, reason: `replay unavailable: ${String(err)}` }),
+        (outcome) => this.endReplay(ticket, outcome, probe),
+        (err) => this.endReplay(ticket, { ok: false, reason: `replay unavailable: ${String(err)}` }, probe),
       );
   }
 
-  private endReplay(ticket: number, outcome: ReplayOutcome): void {
+  private endReplay(ticket: number, outcome: ReplayOutcome, probe: boolean): void {
     if (this.closed) return;
-    if (!outcome.ok) {
+    if (!outcome.ok && probe) {
+      this.c.tailProbeFailures++;
+    } else if (!outcome.ok) {
       this.c.replayFailures++;
       this.log.warn({ source: this.key, reason: outcome.reason }, `replay failed on ${this.key}`);
     }
@@ -295,6 +317,8 @@ export class SourceIngest {
       loraIdWithoutName: this.c.loraIdWithoutName,
       dpRankMismatchBatches: this.c.dpRankMismatch,
       receiveErrors: this.c.receiveErrors,
+      tailProbes: this.c.tailProbes,
+      tailProbeFailures: this.c.tailProbeFailures,
       engineBlockSize: a.engineBlockSize,
       routerBlockSize: this.opts.routerBlockSize,
       blockSizeMismatch: a.counters.blockSizeMismatchEvents > 0,

@@ -1,8 +1,8 @@
 /**
  * End to end: 4 mock vLLM engines (src/mocker, real HTTP + real ZMQ PUB/ROUTER) with different wire formats and hash
  * types, the ingestion shell subscribed to all of them, a real KvIndex as the sink. After a random workload with
- * evictions, dropped event batches (recovered by replay) and an engine restart, the index holds exactly each engine's
- * cached blocks (the mocker's own dump).
+ * evictions, dropped event batches (recovered by replay, the last ones by tail probes) and an engine restart, the index
+ * holds exactly each engine's cached blocks (the mocker's own dump).
  */
 import { afterAll, describe, expect, it } from 'vitest';
 import { KvIndex } from '../../src/core/index/kv-index.ts';
@@ -60,6 +60,8 @@ describe('ingestion against 4 mock engines', () => {
       routerBlockSize: 16,
       log: quietLogger,
       replayTimeoutMs: 1000,
+      // A batch dropped last is only visible to a tail probe (no later batch reveals the gap).
+      tailProbeMs: 200,
       sink: (key, events: KvEvent[]) => {
         for (const e of events) index.apply(sourceNo.get(key)!, e);
       },

@@ -35,6 +35,37 @@ describe('SequenceTracker', () => {
     expect(t.counters).toMatchObject({ gaps: 1, replaysRequested: 1, resets: 0 });
   });
 
+  it('a gap that opens while a replay streams gets its own replay, not a reset', () => {
+    const t = new SequenceTracker<string>({ replay: true });
+    t.live(0n, 'a');
+    const r = ticketOf(t.live(2n, 'c'));
+    expect(summary(t.replayed(r.ticket, 1n, 'b'))).toEqual(['d1', 'd2']);
+    // Batch 3 is lost while the replay (a snapshot up to 2) is still streaming.
+    expect(summary(t.live(4n, 'e'))).toEqual([]);
+    const out = t.replayEnded(r.ticket, true);
+    expect(summary(out)).toEqual(['replay:3-4']);
+    const r2 = ticketOf(out);
+    expect(summary(t.replayed(r2.ticket, 3n, 'd'))).toEqual(['d3', 'd4']);
+    expect(summary(t.replayEnded(r2.ticket, true))).toEqual([]);
+    expect(t.counters.resets).toBe(0);
+  });
+
+  it('a tail probe recovers a lost last batch and never resets', () => {
+    const t = new SequenceTracker<string>({ replay: true });
+    expect(t.probe()).toEqual([]); // nothing known yet
+    t.live(0n, 'a');
+    const out = t.probe();
+    expect(summary(out)).toEqual(['replay:1-1']);
+    const p = ticketOf(out);
+    expect(t.probe()).toEqual([]); // one at a time
+    expect(summary(t.replayed(p.ticket, 1n, 'b'))).toEqual(['d1']);
+    expect(summary(t.replayEnded(p.ticket, true))).toEqual([]);
+    const p2 = ticketOf(t.probe());
+    expect(summary(t.live(2n, 'c'))).toEqual([]); // held while the probe runs
+    expect(summary(t.replayEnded(p2.ticket, false))).toEqual(['d2']);
+    expect(t.counters).toMatchObject({ probes: 2, resets: 0 });
+  });
+
   it('replay unavailable -> reset, then the held batches', () => {
     const t = new SequenceTracker<string>({ replay: true });
     t.live(0n, 'a');

@@ -127,6 +127,34 @@ describe('SourceIngest', () => {
     expect(JSON.parse(JSON.stringify(h))).toEqual(h);
   });
 
+  it('probes the tail once per quiet period: a lost last batch is recovered without new traffic', async () => {
+    let now = 1_000;
+    const engine = new FakeEngine({ blockSize: 4, capacity: 30, format: 'map', hashType: 'u64', seed: 3 });
+    let probes = 0;
+    const replay: ReplayFn = async (from, onBatch) => {
+      probes++;
+      for (let s = from; s < engine.seq; s++) onBatch(s, engine.history.get(s)!);
+      return { ok: true };
+    };
+    const { index, ingest, resets } = harness({ replay, now: () => now });
+    for (let i = 0; i < 10; i++) ingest.onFrames(engine.publish());
+    engine.publish(); // the last batch is lost on the wire
+    expect(ingest.maybeProbeTail(1000)).toBe(false); // not quiet yet
+    now += 1500;
+    expect(ingest.maybeProbeTail(1000)).toBe(true);
+    await new Promise((r) => setImmediate(r));
+    expect(ingest.maybeProbeTail(1000)).toBe(false); // the probe just delivered a batch: not quiet
+    now += 1500;
+    expect(ingest.maybeProbeTail(1000)).toBe(true); // a new quiet period after that batch
+    await new Promise((r) => setImmediate(r));
+    now += 5000;
+    expect(ingest.maybeProbeTail(1000)).toBe(false); // nothing arrived since the last probe: do not poll forever
+    expect(probes).toBe(2);
+    expect(index.blocksOf(0)).toEqual(engine.truth());
+    expect(ingest.health()).toMatchObject({ tailProbes: 2, replays: 0, resets: 0, lastSeq: '10' });
+    expect(resets).toEqual([]);
+  });
+
   it('recovers dropped batches through replay and ends equal to the engine', async () => {
     const engine = new FakeEngine({ blockSize: 4, capacity: 60, format: 'array', hashType: 'u64', seed: 7, salts: true });
     const replay: ReplayFn = async (from, onBatch) => {
