@@ -4,6 +4,7 @@ import pino from 'pino';
 import { POLICY_NAMES } from '../core/scheduling/policies.ts';
 import { startServer } from '../server/app.ts';
 import { DEFAULTS, loadConfigFile, parseWorkerSpec, type ServeConfig, type WorkerSpec } from '../server/config.ts';
+import { LOG_REDACT_PATHS, parseRateLimit } from '../server/security/index.ts';
 import { bundledTokenizerDir, startEmbeddedFleet, type EmbeddedFleet } from '../server/embedded.ts';
 
 function int(name: string, min = 0) {
@@ -63,7 +64,19 @@ const KEYS: Array<[string, keyof ServeConfig]> = [
   ['shutdownGraceMs', 'shutdownGraceMs'],
   ['metricsPrefix', 'metricsPrefix'],
   ['logLevel', 'logLevel'],
+  ['upstreamTimeoutMs', 'upstreamTimeoutMs'],
+  ['apiKey', 'apiKeys'],
+  ['apiKeyFile', 'apiKeyFile'],
+  ['rateLimit', 'rateLimit'],
+  ['allowWorkerHosts', 'allowWorkerHosts'],
+  ['headerTimeoutMs', 'headerTimeoutMs'],
+  ['bodyTimeoutMs', 'bodyTimeoutMs'],
+  ['maxJsonDepth', 'maxJsonDepth'],
 ];
+
+function collectList(v: string, prev: string[] = []): string[] {
+  return [...prev, ...v.split(/[\s,]+/).filter(Boolean)];
+}
 
 export function registerServe(program: Command): void {
   const d = DEFAULTS;
@@ -104,6 +117,14 @@ export function registerServe(program: Command): void {
     .addOption(opt('-t, --tokenizer <dir>', 'directory with tokenizer.json + tokenizer_config.json (chat template) for routing', 'KVROUTE_TOKENIZER'))
     .addOption(new Option('--no-remote-tokenize', 'without --tokenizer, do not ask the worker\'s POST /tokenize (route chat/text prompts without prefix affinity)'))
     .addOption(opt('--admin-token <token>', 'enables POST/DELETE /admin/workers for requests with "Authorization: Bearer <token>"', 'KVROUTE_ADMIN_TOKEN'))
+    .addOption(opt('--api-key <key>', 'API key accepted on /v1 as "Authorization: Bearer <key>" (repeatable; env: comma/space separated); none = open', 'KVROUTE_API_KEYS').argParser(collectList))
+    .addOption(opt('--api-key-file <file>', 'file with one API key per line (chmod 600)', 'KVROUTE_API_KEY_FILE'))
+    .addOption(opt('--rate-limit <rps[,burst]>', 'per API key (per client address without keys) token bucket, e.g. 10,20; 429 + Retry-After beyond', 'KVROUTE_RATE_LIMIT').argParser((v) => (parseRateLimit(v), v)))
+    .addOption(opt('--allow-worker-hosts <list>', 'hosts/CIDRs admin-registered workers must be inside (comma separated)', 'KVROUTE_ALLOW_WORKER_HOSTS').argParser(collectList))
+    .addOption(opt('--header-timeout-ms <ms>', 'a client must send its request head within this', 'KVROUTE_HEADER_TIMEOUT_MS').argParser(int('--header-timeout-ms')).default(d.headerTimeoutMs))
+    .addOption(opt('--body-timeout-ms <ms>', 'a client must send its whole request within this (0 disables); responses are never cut', 'KVROUTE_BODY_TIMEOUT_MS').argParser(int('--body-timeout-ms')).default(d.bodyTimeoutMs))
+    .addOption(opt('--max-json-depth <n>', 'request bodies nesting deeper are refused with 400 before parsing', 'KVROUTE_MAX_JSON_DEPTH').argParser(int('--max-json-depth', 1)).default(d.maxJsonDepth))
+    .addOption(opt('--upstream-timeout-ms <ms>', 'longest silence from a worker (before its response head or between chunks) before the attempt fails', 'KVROUTE_UPSTREAM_TIMEOUT_MS').argParser(int('--upstream-timeout-ms', 1)).default(d.upstreamTimeoutMs))
     .addOption(opt('--health-interval-ms <ms>', 'health probe period (GET /health, GET /v1/models); 0 disables', 'KVROUTE_HEALTH_INTERVAL_MS').argParser(int('--health-interval-ms')).default(d.healthIntervalMs))
     .addOption(opt('--health-timeout-ms <ms>', 'health probe timeout', 'KVROUTE_HEALTH_TIMEOUT_MS').argParser(int('--health-timeout-ms', 1)).default(d.healthTimeoutMs))
     .addOption(opt('--eject-after <n>', 'consecutive failed probes before a worker is ejected (readmitted on the next success)', 'KVROUTE_EJECT_AFTER').argParser(int('--eject-after', 1)).default(d.ejectAfter))
@@ -137,7 +158,7 @@ export function registerServe(program: Command): void {
       const cliWorkers = (opts.worker as WorkerSpec[] | undefined) ?? [];
       config.workers = [...(fromFile.workers ?? []), ...cliWorkers];
 
-      const log = pino({ level: config.logLevel, base: undefined });
+      const log = pino({ level: config.logLevel, base: undefined, redact: LOG_REDACT_PATHS });
       let fleet: EmbeddedFleet | null = null;
       const mockCount = opts.mockWorkers as number;
       if (config.workers.length === 0 && mockCount > 0) {

@@ -7,7 +7,7 @@
  *
  * The shell owns sockets, timers and configuration; every routing choice is the core's.
  */
-import { randomBytes, timingSafeEqual } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import pino, { type Logger } from 'pino';
@@ -25,6 +25,18 @@ import { workerFromUnknown, type ServeConfig, type WorkerSpec } from './config.t
 import { badRequest, HttpError, sendError, sseErrorFrame } from './openai/errors.ts';
 import { parseRequest, upstreamBody, type Endpoint, type ParsedRequest } from './openai/validate.ts';
 import { RequestQueue } from './queue.ts';
+import {
+  adminAuthorized,
+  checkJsonDepth,
+  createSecurity,
+  httpServerTimeouts,
+  loadApiKeys,
+  LOG_REDACT_PATHS,
+  parseAllowList,
+  parseRateLimit,
+  toHttpError,
+  type Security,
+} from './security/index.ts';
 import { readUsage, SseRelay } from './sse.ts';
 import { Worker, WorkerSet } from './workers.ts';
 
@@ -47,6 +59,8 @@ export interface StartOptions {
   readonly logger?: Logger;
   /** Pre-loaded tokenizer (tests share one instead of loading per server). */
   readonly tokenizer?: LocalTokenizer | null;
+  /** Security layer; built from the config's apiKeys/apiKeyFile/rateLimit/allowWorkerHosts when absent. */
+  readonly security?: Security;
 }
 
 interface RecentDecision {
@@ -94,13 +108,6 @@ function tooLarge(limit: number): HttpError {
   });
 }
 
-function bearerMatches(header: string | undefined, token: string): boolean {
-  if (!header || !header.startsWith('Bearer ')) return false;
-  const a = Buffer.from(header.slice(7));
-  const b = Buffer.from(token);
-  return a.length === b.length && timingSafeEqual(a, b);
-}
-
 function sendJson(res: ServerResponse, status: number, value: unknown, headers: Record<string, string> = {}): void {
   const body = JSON.stringify(value, (_k, v) => (typeof v === 'bigint' ? v.toString() : v));
   res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), ...headers });
@@ -120,7 +127,19 @@ function copyHeaders(upstream: Dispatcher.ResponseData['headers'], extra: Record
 }
 
 export async function startServer(config: ServeConfig, options: StartOptions = {}): Promise<RunningServer> {
-  const log = options.logger ?? pino({ level: config.logLevel, base: undefined });
+  const log = options.logger ?? pino({ level: config.logLevel, base: undefined, redact: LOG_REDACT_PATHS });
+  let security = options.security;
+  if (!security) {
+    const hasKeys = (config.apiKeys?.length ?? 0) > 0 || Boolean(config.apiKeyFile);
+    const loaded = hasKeys ? await loadApiKeys({ flags: config.apiKeys, file: config.apiKeyFile }) : null;
+    for (const w of loaded?.warnings ?? []) log.warn(w);
+    security = createSecurity({
+      apiKeys: loaded?.keys ?? null,
+      rateLimit: config.rateLimit ? parseRateLimit(config.rateLimit) : null,
+      allowWorkerHosts: config.allowWorkerHosts?.length ? parseAllowList(config.allowWorkerHosts) : null,
+    });
+  }
+  const guard = security;
   const router = new KvRouter({
     blockSize: config.blockSize,
     policy: config.policy,
@@ -168,6 +187,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       ejectAfter: config.ejectAfter,
       breakerThreshold: config.breakerThreshold,
       breakerCooldownMs: config.breakerCooldownMs,
+      upstreamTimeoutMs: config.upstreamTimeoutMs,
     },
     {
       onAdded: async (w) => {
@@ -292,6 +312,9 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
 
   async function handleInference(endpoint: Endpoint, req: IncomingMessage, res: ServerResponse, t0: number): Promise<void> {
     const raw = await readBody(req, config.bodyLimitBytes);
+    // Deep nesting would overflow the stack in JSON.stringify or the template; refuse it before parsing.
+    const tooDeep = checkJsonDepth(raw, config.maxJsonDepth);
+    if (tooDeep) throw tooDeep;
     let json: unknown;
     try {
       json = JSON.parse(raw.toString('utf8'));
@@ -567,7 +590,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     if (!config.adminToken) {
       throw new HttpError(404, 'the admin API is disabled (start with --admin-token or KVROUTE_ADMIN_TOKEN)', 'not_found_error', 'not_found');
     }
-    if (!bearerMatches(req.headers.authorization, config.adminToken)) {
+    if (!adminAuthorized(req, config.adminToken)) {
       throw new HttpError(401, 'missing or wrong bearer token', 'authentication_error', 'invalid_token', null, {
         'www-authenticate': 'Bearer',
       });
@@ -578,6 +601,8 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     }
     if (path === '/admin/workers' && req.method === 'POST') {
       const raw = await readBody(req, 64 * 1024);
+      const tooDeep = checkJsonDepth(raw, config.maxJsonDepth);
+      if (tooDeep) throw tooDeep;
       let value: unknown;
       try {
         value = JSON.parse(raw.toString('utf8'));
@@ -591,6 +616,8 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       } catch (err) {
         throw badRequest((err as Error).message);
       }
+      const refused = guard.checkWorker(spec);
+      if (refused) throw toHttpError(refused);
       let worker: Worker;
       try {
         worker = await workers.add(spec);
@@ -616,9 +643,9 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
   // ------------------------------------------------------------------ dispatch
 
   function debugState(): unknown {
-    const { adminToken: _secret, workers: _w, ...settings } = config;
+    const { adminToken: _secret, apiKeys: _keys, workers: _w, ...settings } = config;
     return {
-      config: { ...settings, adminApi: Boolean(config.adminToken) },
+      config: { ...settings, adminApi: Boolean(config.adminToken), security: guard.enabled },
       router: router.state(),
       ledger: { total: router.ledger.total, bySource: Object.fromEntries(router.ledger.bySource) },
       workers: workers.list().map((w) => w.toJSON()),
@@ -635,6 +662,10 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     const url = req.url ?? '/';
     const q = url.indexOf('?');
     const path = q >= 0 ? url.slice(0, q) : url;
+    if (path.startsWith('/v1/')) {
+      const denied = guard.checkApi(req);
+      if (denied) throw toHttpError(denied);
+    }
     if (req.method === 'POST' && (path === '/v1/chat/completions' || path === '/v1/completions')) {
       if (closing) {
         throw new HttpError(503, 'the router is shutting down', 'service_unavailable', 'shutting_down', null, { 'retry-after': '1' });
@@ -671,7 +702,13 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     throw new HttpError(404, `no route ${req.method} ${path}`, 'not_found_error', 'not_found');
   }
 
-  const server = createServer({ keepAliveTimeout: 65_000 }, (req, res) => {
+  const server = createServer(
+    {
+      keepAliveTimeout: 65_000,
+      // Slow clients (slowloris) are cut while sending their request; responses may stream for as long as they take.
+      ...httpServerTimeouts({ headersTimeoutMs: config.headerTimeoutMs, requestTimeoutMs: config.bodyTimeoutMs }),
+    },
+    (req, res) => {
     inFlight++;
     let counted = true;
     const done = () => {
@@ -685,6 +722,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     dispatch(req, res).catch((err: unknown) => {
       if (err instanceof HttpError) {
         if (err.status >= 500) log.warn({ status: err.status, code: err.code }, err.message);
+        if (!req.complete && err.status !== 413) req.resume(); // an unread body must not stall the connection
         sendError(res, err);
         if (err.status === 413) req.destroy();
         return;
@@ -693,10 +731,8 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       log.error({ err }, 'unhandled error in request');
       sendError(res, new HttpError(500, 'internal router error', 'server_error', 'internal_error'));
     });
-  });
-  // Long streams must not be cut by the server's own timeouts; the engine decides how long a generation takes.
-  server.requestTimeout = 0;
-  server.headersTimeout = 60_000;
+    },
+  );
   server.maxRequestsPerSocket = 0;
 
   await new Promise<void>((resolve, reject) => {

@@ -47,11 +47,35 @@ export interface ServeConfig {
   ejectAfter: number;
   breakerThreshold: number;
   breakerCooldownMs: number;
-  requestTimeoutMs: number;
+  /** Longest silence from a worker (before its response head, or between body chunks) before the attempt fails. */
+  upstreamTimeoutMs: number;
   shutdownGraceMs: number;
   metricsPrefix: string;
   logLevel: string;
+  /** API keys accepted on /v1 (Authorization: Bearer); none = open. */
+  apiKeys?: string[];
+  /** File with one API key per line. */
+  apiKeyFile?: string;
+  /** `<rps>[,<burst>]` per API key (per client address without keys). */
+  rateLimit?: string;
+  /** Hosts/CIDRs that admin-registered workers must be inside. */
+  allowWorkerHosts?: string[];
+  /** Slow clients: the request head must arrive within this. */
+  headerTimeoutMs: number;
+  /** Slow clients: the whole request (head + body) must arrive within this; 0 disables. Responses are not cut. */
+  bodyTimeoutMs: number;
+  /** Request bodies nesting deeper than this are refused (400) before parsing. */
+  maxJsonDepth: number;
 }
+
+/** Keys a config file may set (optional ones included). */
+export const CONFIG_KEYS = [
+  'host', 'port', 'workers', 'blockSize', 'policy', 'prefillLoadScale', 'overlapCredit', 'temperature', 'seed',
+  'busyKvFraction', 'busyPrefillTokens', 'queueLimit', 'queueTimeoutMs', 'retries', 'bodyLimitBytes', 'tokenizerDir',
+  'remoteTokenize', 'adminToken', 'healthIntervalMs', 'healthTimeoutMs', 'ejectAfter', 'breakerThreshold',
+  'breakerCooldownMs', 'upstreamTimeoutMs', 'shutdownGraceMs', 'metricsPrefix', 'logLevel', 'apiKeys', 'apiKeyFile',
+  'rateLimit', 'allowWorkerHosts', 'headerTimeoutMs', 'bodyTimeoutMs', 'maxJsonDepth',
+] as const;
 
 export const DEFAULTS: ServeConfig = {
   host: '127.0.0.1',
@@ -73,10 +97,13 @@ export const DEFAULTS: ServeConfig = {
   ejectAfter: 3,
   breakerThreshold: 5,
   breakerCooldownMs: 10_000,
-  requestTimeoutMs: 600_000,
+  upstreamTimeoutMs: 300_000,
   shutdownGraceMs: 30_000,
   metricsPrefix: '',
   logLevel: 'info',
+  headerTimeoutMs: 10_000,
+  bodyTimeoutMs: 60_000,
+  maxJsonDepth: 64,
 };
 
 function positiveInt(name: string, v: string): number {
@@ -165,7 +192,7 @@ export async function loadConfigFile(path: string): Promise<Partial<ServeConfig>
   }
   if (!raw || typeof raw !== 'object' || Array.isArray(raw)) throw new Error(`config file ${path}: expected a mapping at the top`);
   const obj = { ...(raw as Record<string, unknown>) };
-  const known = new Set(Object.keys(DEFAULTS));
+  const known = new Set<string>(CONFIG_KEYS);
   for (const k of Object.keys(obj)) {
     if (!known.has(k)) throw new Error(`config file ${path}: unknown key "${k}" (known: ${[...known].join(', ')})`);
   }

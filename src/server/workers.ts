@@ -27,6 +27,8 @@ export interface HealthOptions {
   readonly ejectAfter: number;
   readonly breakerThreshold: number;
   readonly breakerCooldownMs: number;
+  /** Longest silence from the worker (before the response head, or between body chunks). Default 300 s. */
+  readonly upstreamTimeoutMs?: number;
 }
 
 export class Worker {
@@ -57,7 +59,14 @@ export class Worker {
     this.id = spec.id ?? u.host;
     this.url = spec.url;
     // Streams are long-lived; a pool per worker with generous connections keeps them from queueing behind each other.
-    this.pool = new Pool(u.origin, { connections: 4096, pipelining: 1, keepAliveTimeout: 30_000, headersTimeout: 0, bodyTimeout: 0 });
+    const silence = opts.upstreamTimeoutMs ?? 300_000;
+    this.pool = new Pool(u.origin, {
+      connections: 4096,
+      pipelining: 1,
+      keepAliveTimeout: 30_000,
+      headersTimeout: silence,
+      bodyTimeout: silence,
+    });
     const dp = spec.dp ?? 1;
     this.sourceKeys = Array.from({ length: dp }, (_, r) => sourceKey({ workerId: this.id, dpRank: r }));
     this.fixedModels = (spec.models?.length ?? 0) > 0;

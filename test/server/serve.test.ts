@@ -327,6 +327,41 @@ describe('operations', () => {
     expect((await fetch(`${s.url}/admin/workers/second`, { method: 'DELETE', headers: auth })).status).toBe(404);
   });
 
+  it('security: API keys (401), rate limit (429), worker host allow-list (403), nesting depth (400)', async () => {
+    const engines = await fleet(1);
+    const s = await router(engines, {
+      apiKeys: ['sk-test-0123456789abcdef'],
+      rateLimit: '1,2',
+      adminToken: 'sekret',
+      allowWorkerHosts: ['10.0.0.0/8'],
+      maxJsonDepth: 16,
+    });
+    const body = { model: 'fake-model', prompt: 'x' };
+    const noKey = await post(`${s.url}/v1/completions`, body);
+    expect(noKey.status).toBe(401);
+    expect((await json(noKey)).error.type).toBe('authentication_error');
+    const auth = { authorization: 'Bearer sk-test-0123456789abcdef' };
+    expect((await post(`${s.url}/v1/completions`, body, auth)).status).toBe(200);
+    expect((await post(`${s.url}/v1/completions`, body, auth)).status).toBe(200);
+    const limited = await post(`${s.url}/v1/completions`, body, auth);
+    expect(limited.status).toBe(429);
+    expect(limited.headers.get('retry-after')).toBe('1');
+    const outside = await post(`${s.url}/admin/workers`, { url: 'http://192.168.1.5:8000' }, { authorization: 'Bearer sekret' });
+    expect(outside.status).toBe(403);
+    const deep = await post(`${s.url}/admin/workers`, '['.repeat(5000) + ']'.repeat(5000), { authorization: 'Bearer sekret' });
+    expect(deep.status).toBe(400);
+    expect((await json(deep)).error.code).toBe('nesting_too_deep');
+  });
+
+  it('refuses deeply nested request bodies with 400, never a 500', async () => {
+    const engines = await fleet(1);
+    const s = await router(engines);
+    const content = '['.repeat(20_000) + '"x"' + ']'.repeat(20_000); // JSON.stringify itself would overflow on it
+    const r = await post(`${s.url}/v1/chat/completions`, `{"model":"fake-model","messages":[{"role":"user","content":${content}}]}`);
+    expect(r.status).toBe(400);
+    expect((await json(r)).error.code).toBe('nesting_too_deep');
+  });
+
   it('shuts down gracefully: refuses new work, lets an in-flight stream finish', async () => {
     const engines = await fleet(1, { chunks: 4, chunkDelayMs: 60 });
     const s = await serve({ workers: [{ url: engines[0].url }] });

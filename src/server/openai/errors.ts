@@ -8,6 +8,8 @@ export type ErrorType =
   | 'invalid_request_error'
   | 'not_found_error'
   | 'authentication_error'
+  | 'permission_error'
+  | 'rate_limit_error'
   | 'service_unavailable'
   | 'upstream_error'
   | 'server_error';
