@@ -16,6 +16,7 @@
  */
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
+import { connect, type Socket } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
@@ -445,6 +446,23 @@ async function serveChild(): Promise<void> {
   });
 }
 
+/** Kernel count of connections dropped because a listen queue was full (all sockets of the host). */
+function listenOverflows(): number {
+  try {
+    const lines = readFileSync('/proc/net/netstat', 'utf8').split('\n');
+    for (let i = 0; i + 1 < lines.length; i += 2) {
+      if (!lines[i].startsWith('TcpExt:')) continue;
+      const keys = lines[i].split(/\s+/);
+      const vals = lines[i + 1].split(/\s+/);
+      const k = keys.indexOf('ListenOverflows');
+      return k >= 0 ? Number(vals[k]) : NaN;
+    }
+  } catch {
+    /* not Linux */
+  }
+  return NaN;
+}
+
 function rssMBOf(pid: number): number {
   try {
     const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
@@ -464,6 +482,8 @@ export interface OverloadReport {
   routerRssMB: { idle: number; peak: number; after: number };
   aliveAfter: boolean;
   activeAfter: number;
+  /** Host-wide TcpExt ListenOverflows during the run: SYNs/ACKs dropped because the accept queue was full. */
+  listenOverflows: number;
 }
 
 export async function runOverload(connections: number, log: (s: string) => void): Promise<OverloadReport> {
@@ -483,43 +503,84 @@ export async function runOverload(connections: number, log: (s: string) => void)
   log(`overload: router child pid ${pid} at ${url}, RSS ${idle.toFixed(0)} MB; opening ${connections} connections`);
   let peak = idle;
   const rssTimer = setInterval(() => (peak = Math.max(peak, rssMBOf(pid))), 100);
-  const agent = new Agent({ connections, pipelining: 1, connect: { timeout: 45_000 }, headersTimeout: 50_000, bodyTimeout: 50_000 });
   const statuses: Record<string, number> = {};
   const clientErrors: Record<string, number> = {};
   const admitted: number[] = [];
   let missingRetryAfter = 0;
+  const overflows0 = listenOverflows();
+  const u = new URL(url);
   const t0 = performance.now();
+
+  // Phase 1: open every connection first (at most 256 handshakes in flight, so the kernel's accept queue is not the
+  // thing measured) and hold them all open at once.
+  const sockets: Socket[] = new Array(connections);
+  let next = 0;
   await Promise.all(
-    Array.from({ length: connections }, async (_, i) => {
-      const ids = Array.from({ length: 64 }, (_, k) => ((i * 7919 + k * 104_729) % 30_000) + 1);
-      const t = performance.now();
-      try {
-        const r = await request(`${url}/v1/completions`, {
-          method: 'POST',
-          headers: { 'content-type': 'application/json' },
-          body: JSON.stringify({ model: MODEL, prompt: ids, max_tokens: 4, stream: i % 2 === 0 }),
-          dispatcher: agent,
+    Array.from({ length: 256 }, async () => {
+      while (next < connections) {
+        const i = next++;
+        sockets[i] = await new Promise<Socket>((resolve) => {
+          const c = connect(Number(u.port), u.hostname, () => resolve(c));
+          c.once('error', (err) => {
+            clientErrors[`connect ${(err as NodeJS.ErrnoException).code}`] = (clientErrors[`connect ${(err as NodeJS.ErrnoException).code}`] ?? 0) + 1;
+            resolve(c);
+          });
         });
-        await r.body.text();
-        statuses[r.statusCode] = (statuses[r.statusCode] ?? 0) + 1;
-        if (r.statusCode === 200) admitted.push(performance.now() - t);
-        else if ((r.statusCode === 503 || r.statusCode === 429) && !(Number(r.headers['retry-after']) >= 1)) missingRetryAfter++;
-      } catch (err) {
-        const code = (err as { code?: string }).code ?? (err as Error).message;
-        clientErrors[code] = (clientErrors[code] ?? 0) + 1;
       }
     }),
   );
-  const wallS = (performance.now() - t0) / 1000;
+  const connectS = (performance.now() - t0) / 1000;
+  log(`overload: ${connections} connections open in ${connectS.toFixed(1)} s; sending one request on each at once`);
+
+  // Phase 2: one request per connection, all written in the same tick; `connection: close` so the end of the answer
+  // is the end of the socket (no HTTP parser needed for streams).
+  const t1 = performance.now();
+  await Promise.all(
+    sockets.map(
+      (c, i) =>
+        new Promise<void>((resolve) => {
+          if (c.destroyed) return resolve();
+          const ids = Array.from({ length: 64 }, (_, k) => ((i * 7919 + k * 104_729) % 30_000) + 1);
+          const body = JSON.stringify({ model: MODEL, prompt: ids, max_tokens: 4, stream: i % 2 === 0 });
+          const chunks: Buffer[] = [];
+          const t = performance.now();
+          const timer = setTimeout(() => {
+            clientErrors.timeout_50s = (clientErrors.timeout_50s ?? 0) + 1;
+            c.destroy();
+          }, 50_000);
+          c.on('data', (d: Buffer) => chunks.push(d));
+          c.once('error', () => undefined);
+          c.once('close', () => {
+            clearTimeout(timer);
+            const text = Buffer.concat(chunks).toString('latin1');
+            const m = /^HTTP\/1\.1 (\d{3})/.exec(text);
+            if (!m) {
+              if (!clientErrors.timeout_50s || text.length > 0) clientErrors.closed_without_answer = (clientErrors.closed_without_answer ?? 0) + 1;
+              return resolve();
+            }
+            const status = m[1];
+            statuses[status] = (statuses[status] ?? 0) + 1;
+            if (status === '200') admitted.push(performance.now() - t);
+            else if ((status === '503' || status === '429') && !/\r\nretry-after: *[1-9]/i.test(text)) missingRetryAfter++;
+            resolve();
+          });
+          c.write(
+            `POST /v1/completions HTTP/1.1\r\nHost: ${u.host}\r\nContent-Type: application/json\r\nConnection: close\r\n` +
+              `Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+          );
+        }),
+    ),
+  );
+  const wallS = (performance.now() - t1) / 1000;
+  const overflows = listenOverflows() - overflows0;
   clearInterval(rssTimer);
-  await agent.close();
   let aliveAfter = false;
   let activeAfter = -1;
   try {
     aliveAfter = (await fetch(`${url}/health`)).status === 200;
     await sleep(300);
     const st = (await (await fetch(`${url}/debug/state`)).json()) as DebugState;
-    activeAfter = st.inFlight + st.router.inFlight;
+    activeAfter = st.inFlight - 1 + st.router.inFlight; // inFlight counts this GET itself
   } catch {
     aliveAfter = false;
   }
@@ -536,6 +597,7 @@ export async function runOverload(connections: number, log: (s: string) => void)
     routerRssMB: { idle, peak, after },
     aliveAfter,
     activeAfter,
+    listenOverflows: overflows,
   };
 }
 
@@ -553,7 +615,8 @@ async function main(): Promise<void> {
     log(
       `overload: ${r.connections} connections in ${r.wallS.toFixed(1)} s: statuses ${JSON.stringify(r.statuses)}, client errors ${JSON.stringify(r.clientErrors)}; ` +
         `admitted p50 ${r.admittedMs.p50.toFixed(0)} ms p99 ${r.admittedMs.p99.toFixed(0)} ms; router RSS idle ${r.routerRssMB.idle.toFixed(0)} MB, ` +
-        `peak ${r.routerRssMB.peak.toFixed(0)} MB, after ${r.routerRssMB.after.toFixed(0)} MB; alive after: ${r.aliveAfter}; in flight after: ${r.activeAfter}`,
+        `peak ${r.routerRssMB.peak.toFixed(0)} MB, after ${r.routerRssMB.after.toFixed(0)} MB; alive after: ${r.aliveAfter}; in flight after: ${r.activeAfter}; ` +
+        `kernel listen-queue overflows ${r.listenOverflows}`,
     );
     const checks: Check[] = [
       { name: 'every connection answered', ok: answered === r.connections, detail: `${answered}/${r.connections}` },
