@@ -2,8 +2,12 @@
  * The event ingestion shell: per worker and dp rank a ZMQ subscription (zmq-source), a replay client (replay) and a
  * `SourceIngest` (sequence tracking, annotation, health), delivering normalised `KvEvent[]` to a sink.
  *
- * Independent of the router: the server connects `sink` to `router.applyEvents(sourceKey, events, now)` and `onReset`
- * to clearing that source (for example `router.applyEvents(sourceKey, [{ kind: 'cleared' }], now)`).
+ * Independent of the router: the server connects `sink` to `router.applyEvents(sourceKey, events)` and `onReset` to
+ * `router.resetSource(sourceKey)` (the source is cold: clear it), and calls `noteRequestRouted(sourceKey)` per routed
+ * request so that `health()` can flag blind sources.
+ *
+ * Timers (unref'd): blind transitions are logged every `blindCheckMs`; a quiet source with a replay endpoint gets one tail
+ * probe after `tailProbeMs` (a dropped last batch is otherwise invisible until the engine publishes again).
  */
 import { sourceKey, type SourceId } from '../core/types.ts';
 import type { EngineFlavor } from '../engines/vllm.ts';
