@@ -316,8 +316,9 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     const tooDeep = checkJsonDepth(raw, config.maxJsonDepth);
     if (tooDeep) throw tooDeep;
     let json: unknown;
+    const text = raw.toString('utf8');
     try {
-      json = JSON.parse(raw.toString('utf8'));
+      json = JSON.parse(text);
     } catch (err) {
       throw badRequest(`request body is not valid JSON: ${(err as Error).message}`, null, 'invalid_json');
     }
@@ -339,7 +340,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     res.on('close', onClose);
 
     const requestId = `kvr-${idPrefix}-${++seq}`;
-    const body = upstreamBody(parsed);
+    const body = upstreamBody(parsed, text);
     const path = endpoint === 'chat' ? '/v1/chat/completions' : '/v1/completions';
     const exclude = new Set<string>();
     let lastError = 'no attempt made';

@@ -111,3 +111,21 @@ describe('worker specs and config files', () => {
     await expect(loadConfigFile(json)).rejects.toThrow(/unknown key "polcy"/);
   });
 });
+
+describe('upstreamBody', () => {
+  it('reuses the client bytes, appending the usage request to streams without it', async () => {
+    const { parseRequest, upstreamBody } = await import('../../src/server/openai/validate.ts');
+    const raw = '{"model":"m","prompt":[1,2,3],"stream":true}  \n';
+    const out = upstreamBody(parseRequest('completions', JSON.parse(raw)), raw);
+    expect(JSON.parse(out)).toEqual({ model: 'm', prompt: [1, 2, 3], stream: true, stream_options: { include_usage: true } });
+    const plain = '{"model":"m","prompt":"x"}';
+    expect(upstreamBody(parseRequest('completions', JSON.parse(plain)), plain)).toBe(plain);
+    const withOpts = '{"model":"m","prompt":"x","stream":true,"stream_options":{"continuous_usage_stats":true},"kvroute":{"policy":"kv"}}';
+    expect(JSON.parse(upstreamBody(parseRequest('completions', JSON.parse(withOpts)), withOpts))).toEqual({
+      model: 'm',
+      prompt: 'x',
+      stream: true,
+      stream_options: { continuous_usage_stats: true, include_usage: true },
+    });
+  });
+});

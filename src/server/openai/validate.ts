@@ -149,10 +149,23 @@ export function parseRequest(endpoint: Endpoint, raw: unknown): ParsedRequest {
 /**
  * The body sent upstream: kvroute's own field removed, and for streams the usage chunk requested, because the
  * delivered cached tokens it carries are how the router learns what the engine actually reused.
+ *
+ * The client's bytes are reused whenever possible: re-serialising a 128k-token prompt costs milliseconds. `raw` must be
+ * the text `req.body` was parsed from (a JSON object, so its last non-space character is the closing brace).
  */
-export function upstreamBody(req: ParsedRequest): string {
+export function upstreamBody(req: ParsedRequest, raw?: string): string {
+  const ours = 'kvroute' in req.body;
+  const addUsage = req.stream && !req.clientWantsUsage;
+  if (raw !== undefined && !ours) {
+    if (!addUsage) return raw;
+    if (!('stream_options' in req.body)) {
+      const end = raw.lastIndexOf('}');
+      const empty = Object.keys(req.body).length === 0;
+      return `${raw.slice(0, end)}${empty ? '' : ','}"stream_options":{"include_usage":true}}`;
+    }
+  }
   const { kvroute: _ours, ...rest } = req.body;
-  if (req.stream && !req.clientWantsUsage) {
+  if (addUsage) {
     const so = (rest.stream_options as Record<string, unknown> | undefined) ?? {};
     rest.stream_options = { ...so, include_usage: true };
   }
