@@ -115,4 +115,52 @@ describe('ingestion against 4 mock engines', () => {
     expect(resets).toEqual(['w1:restart']);
     for (const m of mockers) expect(m.engine.cachedSeqHashes().size).toBeGreaterThan(0);
   }, 30_000);
+
+  it('a data-parallel engine: rank r is a source of its own, subscribed on port + r', async () => {
+    const m = await startMocker({
+      model: 'm',
+      speedup: 200,
+      dataParallelSize: 2,
+      engine: { blockSize: 16, numGpuBlocks: 64 },
+      zmqEndpoint: 'tcp://127.0.0.1:*',
+      replayEndpoint: 'tcp://127.0.0.1:*',
+      defaultMaxTokens: 8,
+    });
+    mockers.push(m);
+    const index = new KvIndex({ blockSize: 16 });
+    const dpIngest = new EventIngest({
+      routerBlockSize: 16,
+      log: quietLogger,
+      sink: (key, events: KvEvent[]) => {
+        for (const e of events) index.apply(key === 'dp' ? 0 : 1, e);
+      },
+      onReset: () => {},
+    });
+    index.addSource(0);
+    index.addSource(1);
+    try {
+      const keys = await dpIngest.addWorker({ workerId: 'dp', endpoint: m.zmqEndpoint!, replayEndpoint: m.replayEndpoint!, dpRanks: 2 });
+      expect(keys).toEqual(['dp', 'dp#1']);
+      await until(() => dpIngest.health().every((h) => h.connected));
+      await new Promise((r) => setTimeout(r, 150));
+      const rnd = mulberry32(9);
+      for (let i = 0; i < 24; i++) {
+        const prompt = Array.from({ length: 40 + Math.floor(rnd() * 80) }, (_, k) => (k < 32 ? 7 + k : Math.floor(rnd() * 30000)));
+        const res = await fetch(m.url + '/v1/completions', {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', 'x-data-parallel-rank': String(i % 2) },
+          body: JSON.stringify({ model: 'm', prompt, max_tokens: 4 }),
+        });
+        await res.text();
+      }
+      await until(() => [0, 1].every((r) => sameSet(index.blocksOf(r), m.engines[r].cachedSeqHashes())));
+      for (const r of [0, 1]) expect(m.engines[r].cachedSeqHashes().size).toBeGreaterThan(0);
+      expect(dpIngest.health().map((h) => [h.sourceKey, h.dpRankMismatchBatches])).toEqual([
+        ['dp', 0],
+        ['dp#1', 0],
+      ]);
+    } finally {
+      await dpIngest.close();
+    }
+  }, 20_000);
 });
