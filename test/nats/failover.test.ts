@@ -5,7 +5,10 @@
  * replica's index equals every engine's true cache: no event the index needs was lost.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { connect } from '@nats-io/transport-node';
+import { jetstreamManager } from '@nats-io/jetstream';
 import type { KvRouter } from '../../src/core/router.ts';
+import { eventSubject, STREAM } from '../../src/transport/nats/protocol.ts';
 import type { NatsReplica } from '../../src/transport/nats/replica.ts';
 import { NatsServer, until } from './nats-server.ts';
 import { complete, converged, describeDiff, PromptGen, startEngine, startRelay, startReplica, traffic, type Engine } from './fleet.ts';
@@ -16,9 +19,19 @@ let replicas: Array<{ router: KvRouter; replica: NatsReplica }> = [];
 const gen = new PromptGen(99);
 
 async function expectConverged(what: string): Promise<void> {
-  await until(() => converged(replicas, engines), 15_000, what).catch((err) => {
-    throw new Error(`${err.message}\n${describeDiff(replicas, engines)}`);
+  await until(() => converged(replicas, engines), 15_000, what).catch(async (err) => {
+    const st = JSON.stringify(await streamState().catch(() => null));
+    const relays = engines.map((e) => JSON.stringify({ ...e.relay?.stats()[0] }));
+    const reps = replicas.map((r) => JSON.stringify(r.replica.stats()));
+    throw new Error(`${err.message}\nstream ${st}\n${describeDiff(replicas, engines)}\n${relays.join('\n')}\n${reps.join('\n')}`);
   });
+}
+
+async function streamState(): Promise<{ first: number; last: number; messages: number }> {
+  const nc = await connect({ servers: nats.url });
+  const st = (await (await jetstreamManager(nc)).streams.info(STREAM)).state;
+  await nc.close();
+  return { first: st.first_seq, last: st.last_seq, messages: st.messages };
 }
 
 beforeAll(async () => {
@@ -70,6 +83,29 @@ describe('failure behaviour', () => {
     for (const r of replicas) expect(r.replica.stats().streamGaps).toBe(0);
   });
 
+  it('relay resumes from its registry entry when snapshots purged its last message', async () => {
+    const e = engines[0];
+    for (let i = 0; i < 5; i++) await complete(e.mocker.url, gen.next());
+    await until(() => converged(replicas, engines), 10_000, 'eng0 events applied');
+    await replicas[0].replica.writeSnapshot();
+    // Traffic elsewhere only, then a second snapshot: it purges everything up to the first, eng0's last message too.
+    for (let i = 0; i < 10; i++) await complete(engines[1].mocker.url, gen.next());
+    await until(() => converged(replicas, engines), 10_000, 'eng1 events applied');
+    const w = await replicas[0].replica.writeSnapshot();
+    expect(w.purged).toBeGreaterThan(0);
+    const nc = await connect({ servers: nats.url });
+    const last = await (await jetstreamManager(nc)).streams.getMessage(STREAM, { last_by_subj: eventSubject('eng0', 0) }).catch(() => null);
+    await nc.close();
+    expect(last).toBeNull();
+    await e.relay!.close();
+    for (let i = 0; i < 5; i++) await complete(e.mocker.url, gen.next());
+    const relay = await startRelay(nats, e);
+    expect(relay.stats()[0].start).toBe('resumed');
+    await traffic(replicas, engines, gen, 20);
+    await expectConverged('convergence after resuming from the registry');
+    expect(relay.stats()[0].resets).toBe(0);
+  });
+
   it('relay restarted after its engine restarted: the worker is reset, then rebuilt', async () => {
     const e = engines[2];
     await e.relay!.close();
@@ -83,6 +119,7 @@ describe('failure behaviour', () => {
   });
 
   it('NATS killed: replicas keep routing (degraded), relays queue; after restart everyone catches up', async () => {
+    const before = await streamState();
     await nats.stop();
     await until(() => replicas.every((r) => r.replica.degraded), 5000, 'replicas notice NATS is down');
     // Routing goes on against the current view; engines keep producing events that the relays queue.
@@ -90,6 +127,8 @@ describe('failure behaviour', () => {
     expect(engines.some((e) => e.relay!.stats()[0].pending > 0 || e.relay!.stats()[0].retries > 0)).toBe(true);
     await nats.start();
     await until(() => replicas.every((r) => !r.replica.degraded), 10_000, 'replicas reconnect');
+    const after = await streamState();
+    if (process.env.KVROUTE_TEST_LOG) console.log('stream before kill', before, 'after restart', after, replicas.map((r) => r.replica.stats().appliedSeq));
     await expectConverged('convergence after NATS restart');
     for (const r of replicas) {
       expect(r.replica.stats().disconnects).toBeGreaterThanOrEqual(1);

@@ -50,7 +50,8 @@ export async function startRelay(nats: NatsServer, e: Engine, extra: Partial<Con
 
 export async function startReplica(nats: NatsServer, id: string, extra: Partial<ConstructorParameters<typeof NatsReplica>[0]> = {}): Promise<{ router: KvRouter; replica: NatsReplica }> {
   const router = newRouter();
-  const replica = new NatsReplica({ servers: nats.url, replicaId: id, log: quietLogger, snapshotIntervalMs: 0, ...extra });
+  const log = process.env.KVROUTE_TEST_LOG ? { info: (o: object, m: string) => console.log(id, m, JSON.stringify(o)), warn: (o: object, m: string) => console.log(id, m, JSON.stringify(o)), error: (o: object, m: string) => console.log(id, m, JSON.stringify(o)) } : quietLogger;
+  const replica = new NatsReplica({ servers: nats.url, replicaId: id, log, snapshotIntervalMs: 0, ...extra });
   await replica.start(router);
   return { router, replica };
 }

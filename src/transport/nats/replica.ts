@@ -317,8 +317,17 @@ export class NatsReplica {
           deliver_policy: DeliverPolicy.StartSequence,
           opt_start_seq: this.c.appliedSeq + 1,
         });
-        const msgs = await consumer.consume({ max_messages: 1000 });
+        // Few messages per pull (one may carry 512 KiB of events). Short pulls with heartbeats: a pull request lost
+        // while NATS restarts would otherwise stall delivery for the default 30 s expiry.
+        const msgs = await consumer.consume({ max_messages: 64, expires: 2000, idle_heartbeat: 1000 });
         this.consumerMessages = msgs;
+        void (async () => {
+          for await (const st of msgs.status()) {
+            // Pulls and heartbeats are routine; resets and recreations are what an operator wants to see.
+            if (st.type === 'next' || st.type === 'heartbeat' || st.type === 'debug') continue;
+            this.log.info({ status: st.type }, `event stream consumer: ${st.type}`);
+          }
+        })().catch(() => {});
         for await (const m of msgs) {
           if (this.closed) break;
           this.onMessage(m.seq, m.subject, m.data);
