@@ -163,6 +163,7 @@ export function registerServe(program: Command): void {
       const mockCount = opts.mockWorkers as number;
       if (config.workers.length === 0 && mockCount > 0) {
         config.tokenizerDir ??= bundledTokenizerDir();
+        log.info(`no --worker given: starting an embedded fleet of ${mockCount} mock engines (a few seconds)`);
         fleet = await startEmbeddedFleet({
           count: mockCount,
           model: String(opts.mockModel),
@@ -172,7 +173,7 @@ export function registerServe(program: Command): void {
         config.workers = fleet.workers;
         log.info(
           { workers: fleet.workers.map((w) => ({ url: w.url, events: w.events })), tokenizer: config.tokenizerDir ?? null },
-          `no --worker given: started an embedded fleet of ${mockCount} mock engines serving "${opts.mockModel}" with KV events`,
+          `embedded fleet up: ${mockCount} mock engines serving "${opts.mockModel}" with KV events over ZMQ`,
         );
       }
       let server;
