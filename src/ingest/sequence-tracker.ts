@@ -59,6 +59,8 @@ export class SequenceTracker<T> {
   private replaying = false;
   private suspectRestart = false;
   private replayUntil = 0n;
+  /** Whether anything was delivered since the last reset (a reset of an empty source is a no-op). */
+  private dirty = false;
   private ticket = 0;
   private readonly maxHeld: number;
   private readonly catchUp: boolean;
@@ -186,9 +188,14 @@ export class SequenceTracker<T> {
   private deliver(out: TrackerOutput<T>[], seq: bigint, item: T): void {
     out.push({ kind: 'deliver', seq, item });
     this.counters.delivered++;
+    this.dirty = true;
   }
 
   private reset(out: TrackerOutput<T>[], reason: ResetReason): void {
+    // Nothing delivered since the last reset: the source is already empty (for example a catch-up replay at startup
+    // that begins past seq 0), so a reset would only be a misleading alarm.
+    if (!this.dirty) return;
+    this.dirty = false;
     out.push({ kind: 'reset', reason });
     this.counters.resets++;
   }

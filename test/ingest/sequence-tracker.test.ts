@@ -126,6 +126,13 @@ describe('SequenceTracker', () => {
     expect(summary(t.replayed(ticket, 2n, 'c'))).toEqual(['d2', 'd3']);
   });
 
+  it('a catch-up replay that starts past seq 0 at startup is not a reset (nothing was known)', () => {
+    const t = new SequenceTracker<string>({ replay: true });
+    const r = ticketOf(t.live(5000n, 'x'));
+    expect(summary(t.replayed(r.ticket, 3000n, 'old'))).toEqual(['d3000']);
+    expect(t.counters.resets).toBe(0);
+  });
+
   it('hold overflow abandons the replay and resets', () => {
     const t = new SequenceTracker<string>({ replay: true, maxHeld: 3 });
     t.live(0n, 'a');
