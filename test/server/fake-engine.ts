@@ -23,6 +23,7 @@ export class FakeEngine {
   url = '';
   fail: FailMode = 'none';
   requests = 0;
+  tokenizeCalls = 0;
   active = 0;
   aborted = 0;
   lastBody: Record<string, unknown> | null = null;
@@ -90,6 +91,14 @@ export class FakeEngine {
     const chunks: Buffer[] = [];
     for await (const c of req) chunks.push(c as Buffer);
     const body = JSON.parse(Buffer.concat(chunks).toString('utf8')) as Record<string, unknown>;
+    if (path === '/tokenize') {
+      // Deterministic stand-in: one token per character of the prompt or the messages' JSON.
+      this.tokenizeCalls++;
+      const text = typeof body.prompt === 'string' ? body.prompt : JSON.stringify(body.messages);
+      const tokens = Array.from(text, (c) => c.codePointAt(0)!);
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ count: tokens.length, max_model_len: 32768, tokens }));
+      return;
+    }
     this.lastBody = body;
     this.lastHeaders = req.headers;
     this.requests++;

@@ -151,6 +151,36 @@ describe('prefix affinity', () => {
   });
 });
 
+describe('workers', () => {
+  it('sends data-parallel ranks as separate sources, naming the rank to the engine', async () => {
+    const engines = await fleet(1);
+    const s = await serve({ workers: [{ url: engines[0].url, id: 'dp', dp: 2 }] });
+    cleanups.push(() => s.close(200));
+    expect(s.router.sourceKeys().sort()).toEqual(['dp', 'dp#1']);
+    const ranks = new Set<string>();
+    for (let i = 0; i < 6; i++) {
+      const r = await post(`${s.url}/v1/completions`, { model: 'fake-model', prompt: randomTokens(64, 300 + i), stream: true });
+      await r.text();
+      const worker = r.headers.get('x-kvroute-worker')!;
+      expect(engines[0].lastHeaders['x-data-parallel-rank']).toBe(worker === 'dp' ? '0' : '1');
+      ranks.add(worker);
+    }
+    expect(ranks.size).toBe(2); // load spreads over both ranks
+  });
+
+  it('tokenizes through the worker’s POST /tokenize when there is no local tokenizer, once per distinct prompt', async () => {
+    const engines = await fleet(2);
+    const s = await router(engines, { remoteTokenize: true });
+    const body = { model: 'fake-model', messages: [{ role: 'system', content: 'S'.repeat(400) }, { role: 'user', content: 'hi' }] };
+    const a = await post(`${s.url}/v1/chat/completions`, body);
+    const b = await post(`${s.url}/v1/chat/completions`, body);
+    expect(Number(a.headers.get('x-kvroute-isl-blocks'))).toBeGreaterThan(20);
+    expect(b.headers.get('x-kvroute-worker')).toBe(a.headers.get('x-kvroute-worker'));
+    expect(Number(b.headers.get('x-kvroute-overlap-blocks'))).toBeGreaterThan(20);
+    expect(engines[0].tokenizeCalls + engines[1].tokenizeCalls).toBe(1); // the second came from the cache
+  });
+});
+
 describe('failures', () => {
   it('retries on the next best worker after a 5xx or a refused connection', async () => {
     const engines = await fleet(3);
@@ -262,6 +292,27 @@ describe('queue and limits', () => {
     expect(rb.headers.get('retry-after')).not.toBeNull();
     expect((await json(rb)).error.message).toContain('busy');
     await (await a).text();
+  });
+
+  it('a client that gives up while queued leaves the queue and never reaches an engine', async () => {
+    const engines = await fleet(1, { firstChunkDelayMs: 400 });
+    const s = await router(engines, { busyPrefillTokens: 0, queueLimit: 4, queueTimeoutMs: 5000 });
+    const a = post(`${s.url}/v1/completions`, { model: 'fake-model', prompt: randomTokens(64, 1), stream: true });
+    await until(() => engines[0].requests === 1);
+    const ac = new AbortController();
+    const b = fetch(`${s.url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'fake-model', prompt: randomTokens(64, 2) }),
+      signal: ac.signal,
+    }).catch((e: Error) => e);
+    await until(() => s.queue.length === 1);
+    ac.abort();
+    await until(() => s.queue.length === 0);
+    expect(await b).toBeInstanceOf(Error);
+    await (await a).text();
+    expect(engines[0].requests).toBe(1);
+    await until(() => s.router.state().inFlight === 0);
   });
 
   it('rejects bodies over the limit with 413', async () => {
