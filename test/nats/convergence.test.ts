@@ -5,9 +5,9 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connect } from '@nats-io/transport-node';
-import { jetstreamManager } from '@nats-io/jetstream';
+import { jetstream, jetstreamManager } from '@nats-io/jetstream';
 import type { KvRouter } from '../../src/core/router.ts';
-import { STREAM } from '../../src/transport/nats/protocol.ts';
+import { LOAD_SUBJECT, STREAM } from '../../src/transport/nats/protocol.ts';
 import type { NatsReplica } from '../../src/transport/nats/replica.ts';
 import { NatsServer, until } from './nats-server.ts';
 import { converged, describeDiff, matchesByKey, PromptGen, startEngine, startRelay, startReplica, traffic, type Engine } from './fleet.ts';
@@ -95,6 +95,24 @@ describe('replicas on JetStream', () => {
       expect(late.replica.stats().streamGaps).toBe(0);
     } finally {
       await late.replica.close();
+    }
+  });
+
+  it('count garbage on the stream and the lifecycle subject instead of failing', async () => {
+    const nc = await connect({ servers: nats.url });
+    try {
+      const js = jetstream(nc);
+      await js.publish('kvroute.events.junk.0', new Uint8Array([0xc1, 0xff, 0x00]));
+      await js.publish('kvroute.events.nodp', new Uint8Array([0x90]));
+      nc.publish(LOAD_SUBJECT, new Uint8Array([0xde, 0xad]));
+      await nc.flush();
+      await until(() => replicas.every((r) => r.replica.stats().badMessages === 2), 5000, 'bad messages counted');
+      // Still consuming: new traffic converges.
+      await traffic(replicas, engines, new PromptGen(9), 12, 4);
+      await until(() => converged(replicas, engines), 10_000, 'convergence after garbage');
+      for (const r of replicas) expect(r.router.hasSource('junk')).toBe(false);
+    } finally {
+      await nc.close();
     }
   });
 });
