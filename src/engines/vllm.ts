@@ -313,6 +313,11 @@ function pushStored(f: StoredFields, flavor: EngineFlavor, sink: Sink): void {
   }
   let loraName = optString(f.loraName);
   const loraId = optInt(f.loraId);
+  if (loraName === null && loraId !== null && loraId > 0 && Array.isArray(f.extraKeys)) {
+    // Releases without the lora_name field still put the adapter's name first in every block's extra keys.
+    const first: unknown = f.extraKeys[0];
+    if (Array.isArray(first) && typeof first[0] === 'string' && first[0].length > 0) loraName = first[0];
+  }
   if (loraName === null && loraId !== null && loraId > 0) {
     // Without the name the request-side seed cannot be reproduced; a synthetic name keeps these blocks isolated
     // from base-model requests instead of crediting them wrongly.

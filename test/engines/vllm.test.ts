@@ -182,10 +182,13 @@ describe('vLLM codec', () => {
           ['BlockStored', [4n, 5n, 6n], null, t, 4, null, 'GPU', null, [null, [['mmhash', 0]], null]],
           ['BlockStored', [7n], null, t.slice(0, 4), 4, 3],
           ['BlockStored', [8n], null, t.slice(0, 4), 4, 3, 'GPU', 'old-lora', [[3]]],
+          ['BlockStored', [9n, 10n], null, t.slice(0, 8), 4, 5, 'GPU', null, [['sql', 'tenant-b'], ['sql']]],
         ],
       ]),
     );
-    expect(d.events).toHaveLength(4);
+    expect(d.events).toHaveLength(5);
+    // No lora_name field: the adapter's name is recovered from the extra keys, the salt still found after it.
+    expect(d.events[4]).toMatchObject({ engineIds: [9n, 10n], loraName: 'sql', cacheSalt: 'tenant-b' });
     expect(d.events[0]).toMatchObject({ engineIds: [1n, 2n, 3n], loraName: 'sql', cacheSalt: 'tenant-a' });
     // An integer extra key is an older release's LoRA id, not multimodal identity.
     expect(d.events[3]).toMatchObject({ engineIds: [8n], loraName: 'old-lora', cacheSalt: null });
