@@ -11,7 +11,7 @@ import type { KvRouter } from '../../src/core/router.ts';
 import { eventSubject, STREAM } from '../../src/transport/nats/protocol.ts';
 import type { NatsReplica } from '../../src/transport/nats/replica.ts';
 import { NatsServer, until } from './nats-server.ts';
-import { complete, converged, describeDiff, PromptGen, startEngine, startRelay, startReplica, traffic, type Engine } from './fleet.ts';
+import { blocksOf, complete, converged, describeDiff, sameSet, startEngine, PromptGen, startRelay, startReplica, traffic, type Engine } from './fleet.ts';
 
 const nats = new NatsServer();
 const engines: Engine[] = [];
@@ -135,5 +135,29 @@ describe('failure behaviour', () => {
       expect(r.replica.stats().streamGaps).toBe(0);
     }
     expect(engines.every((e) => e.relay!.stats()[0].overflows === 0)).toBe(true);
+  });
+
+  it('a relay whose queue overflows while NATS is down resets its worker: cold, never wrong', async () => {
+    const e = await startEngine('ovf');
+    try {
+      const relay = await startRelay(nats, e, { maxPendingItems: 3 });
+      for (let i = 0; i < 5; i++) await complete(e.mocker.url, gen.next());
+      await until(() => replicas.every((r) => sameSet(blocksOf(r.router, 'ovf'), e.mocker.engine.cachedSeqHashes())), 10_000, 'ovf indexed');
+      await nats.stop();
+      for (let i = 0; i < 12; i++) await complete(e.mocker.url, gen.next());
+      await until(() => relay.stats()[0].overflows > 0, 5000, 'overflow');
+      await nats.start();
+      await until(() => relay.stats()[0].pending === 0 && relay.stats()[0].resets > 1, 10_000, 'reset published');
+      await until(() => replicas.every((r) => r.replica.stats().appliedSeq >= relay.stats()[0].lastStreamSeq), 10_000, 'replicas caught up');
+      const truth = e.mocker.engine.cachedSeqHashes();
+      for (const r of replicas) {
+        const mine = blocksOf(r.router, 'ovf');
+        for (const b of mine) expect(truth.has(b)).toBe(true); // nothing the engine does not hold
+        expect(mine.size).toBeLessThan(truth.size); // what was dropped is unknown, not invented
+      }
+    } finally {
+      await e.relay?.close({ deregister: true });
+      await e.mocker.close();
+    }
   });
 });
