@@ -106,7 +106,7 @@ function realAdapter(pool: BlockPool) {
     allocate: () => pool.allocate(),
     lookup: (h: bigint) => pool.lookup(h),
     register: (b: number, h: bigint) => {
-      pool.register(b, { seqHash: h, engineId: h, parentEngineId: null, tokens: [], loraName: null, cacheSalt: null });
+      pool.register(b, { seqHash: h, engineId: h, parentEngineId: null, loraName: null, cacheSalt: null });
     },
     release: (l: number[]) => pool.release(l),
   };
@@ -182,7 +182,7 @@ describe('BlockPool', () => {
     const evicted: bigint[] = [];
     const pool = new BlockPool(3, (m) => evicted.push(m.seqHash));
     const reg = (b: number, h: bigint) =>
-      pool.register(b, { seqHash: h, engineId: h, parentEngineId: null, tokens: [], loraName: null, cacheSalt: null });
+      pool.register(b, { seqHash: h, engineId: h, parentEngineId: null, loraName: null, cacheSalt: null });
     const a = pool.allocate();
     const b = pool.allocate();
     reg(a, 1n);

@@ -21,7 +21,6 @@ export interface CachedBlockMeta {
   /** Engine id (see engineBlockId in engine.ts); announced as is (u64/i64) or as engineIdBytes(id) (bytes). */
   readonly engineId: bigint;
   readonly parentEngineId: bigint | null;
-  readonly tokens: readonly number[];
   readonly loraName: string | null;
   readonly cacheSalt: string | null;
 }

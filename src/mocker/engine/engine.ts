@@ -126,7 +126,6 @@ export interface DumpBlock {
   readonly parentEngineId: bigint | null;
   /** Router-compatible sequence hash (src/core/hashing.ts with the request's lora/salt seed). */
   readonly seqHash: bigint;
-  readonly tokens: readonly number[];
   readonly loraName: string | null;
   readonly cacheSalt: string | null;
   readonly refCount: number;
@@ -410,7 +409,8 @@ export class MockEngine {
       if (r.numComputed < r.tokens.length) continue; // a prefill chunk that did not reach the end
       const tok = outputToken(r.seed, r.outputs, c.vocabSize);
       r.tokens.push(tok);
-      r.hasher.extend([tok]);
+      ONE[0] = tok;
+      r.hasher.extend(ONE); // SeqHasher copies what it keeps
       this.counters.generationTokens++;
       const first = r.firstTokenMs === null;
       if (first) r.firstTokenMs = endMs;
@@ -484,7 +484,33 @@ export class MockEngine {
     const seqs = r.hasher.seqHashes();
     const loraName = r.input.loraName || null;
     const cacheSalt = r.input.cacheSalt || null;
-    let run: EngineStoredEvent | null = null;
+    const loraKeys = loraName ? [loraName] : null;
+    // A run of newly announced consecutive blocks becomes one BlockStored; a duplicate (shared, not announced) ends it.
+    let runStart = -1;
+    let runParent: bigint | null = null;
+    let runIds: bigint[] = [];
+    let runSeqs: bigint[] = [];
+    let runExtra: (string[] | null)[] = [];
+    const closeRun = (end: number) => {
+      if (runStart < 0) return;
+      this.pendingEvents.push({
+        kind: 'stored',
+        parent: runParent,
+        engineIds: runIds,
+        tokens: r.tokens.slice(runStart * bs, end * bs),
+        blockSize: bs,
+        loraName,
+        loraId: loraName ? this.loraId(loraName) : null,
+        cacheSalt,
+        extraKeys: runExtra,
+        medium: GPU_MEDIUM,
+        routerSeqHashes: runSeqs,
+      });
+      runStart = -1;
+      runIds = [];
+      runSeqs = [];
+      runExtra = [];
+    };
     for (let j = r.numCachedBlocks; j < full; j++) {
       const seqHash = seqs[j];
       const existing = this.pool.lookup(seqHash);
@@ -493,39 +519,24 @@ export class MockEngine {
         this.pool.touch(existing);
         this.pool.release([r.blocks[j]]);
         r.blocks[j] = existing;
-        run = null;
+        closeRun(j);
         continue;
       }
       const parent = j > 0 ? this.pool.metaOf(r.blocks[j - 1]) : null;
-      const tokens = r.tokens.slice(j * bs, (j + 1) * bs);
-      const extra: string[] = [];
-      if (loraName) extra.push(loraName);
-      if (j === 0 && cacheSalt) extra.push(cacheSalt);
-      const engineId = engineBlockId(parent ? parent.engineId : null, tokens, extra);
-      const meta: CachedBlockMeta = { seqHash, engineId, parentEngineId: parent ? parent.engineId : null, tokens, loraName, cacheSalt };
-      this.pool.register(r.blocks[j], meta);
+      const parentId = parent ? parent.engineId : null;
+      const extra = j === 0 && cacheSalt ? (loraName ? [loraName, cacheSalt] : [cacheSalt]) : loraKeys;
+      const engineId = engineBlockId(parentId, r.tokens, j * bs, bs, extra);
+      this.pool.register(r.blocks[j], { seqHash, engineId, parentEngineId: parentId, loraName, cacheSalt });
       this.counters.blocksStored++;
-      if (run === null) {
-        run = {
-          kind: 'stored',
-          parent: meta.parentEngineId,
-          engineIds: [],
-          tokens: [],
-          blockSize: bs,
-          loraName,
-          loraId: loraName ? this.loraId(loraName) : null,
-          cacheSalt,
-          extraKeys: [],
-          medium: GPU_MEDIUM,
-          routerSeqHashes: [],
-        };
-        this.pendingEvents.push(run);
+      if (runStart < 0) {
+        runStart = j;
+        runParent = parentId;
       }
-      run.engineIds.push(engineId);
-      for (const t of tokens) run.tokens.push(t);
-      run.extraKeys.push(extra.length > 0 ? extra : null);
-      run.routerSeqHashes.push(seqHash);
+      runIds.push(engineId);
+      runSeqs.push(seqHash);
+      runExtra.push(extra);
     }
+    closeRun(full);
     r.numCachedBlocks = full;
   }
 
@@ -546,7 +557,6 @@ export class MockEngine {
         engineId: meta.engineId,
         parentEngineId: meta.parentEngineId,
         seqHash: meta.seqHash,
-        tokens: meta.tokens,
         loraName: meta.loraName,
         cacheSalt: meta.cacheSalt,
         refCount,
@@ -581,6 +591,9 @@ export class MockEngine {
   }
 }
 
+/** Scratch for the one-token hasher extension of every decode step. */
+const ONE = [0];
+
 const ENGINE_ID_SEED = 0x6d6f636b2d766c6cn; // "mock-vll": any seed unlike the router's 1337
 let idScratch = Buffer.alloc(9 + 4 * 64);
 
@@ -590,15 +603,21 @@ let idScratch = Buffer.alloc(9 + 4 * 64);
  * must learn the engine id -> own hash mapping from events, as with real vLLM. (xxh3 rather than sha256: 10x cheaper
  * for the simulator, and the value is opaque anyway.)
  */
-export function engineBlockId(parent: bigint | null, tokens: readonly number[], extra: readonly string[]): bigint {
-  const extraBytes = extra.length > 0 ? Buffer.from(JSON.stringify(extra), 'utf8') : null;
-  const len = 9 + 4 * tokens.length + (extraBytes ? extraBytes.length : 0);
+export function engineBlockId(
+  parent: bigint | null,
+  tokens: readonly number[],
+  from: number,
+  count: number,
+  extra: readonly string[] | null,
+): bigint {
+  const extraBytes = extra && extra.length > 0 ? Buffer.from(JSON.stringify(extra), 'utf8') : null;
+  const len = 9 + 4 * count + (extraBytes ? extraBytes.length : 0);
   if (idScratch.length < len) idScratch = Buffer.alloc(len * 2);
   const b = idScratch;
   b.writeBigUInt64LE(parent ?? 0n, 0);
   b[8] = parent === null ? 0 : 1;
-  for (let i = 0; i < tokens.length; i++) b.writeUInt32LE(tokens[i] >>> 0, 9 + 4 * i);
-  if (extraBytes) extraBytes.copy(b, 9 + 4 * tokens.length);
+  for (let i = 0; i < count; i++) b.writeUInt32LE(tokens[from + i] >>> 0, 9 + 4 * i);
+  if (extraBytes) extraBytes.copy(b, 9 + 4 * count);
   return xxh3.xxh64(b.subarray(0, len), ENGINE_ID_SEED);
 }
 

@@ -36,7 +36,7 @@
  * Counters (engine.counters): prefixCacheQueries / prefixCacheHits in tokens (first scheduling only, recomputes after
  * preemption excluded, so they equal the sums of promptTokens / cachedTokens reported per request), promptTokens,
  * generationTokens, preemptions, requestsFinished, ... ; gauges numRunning, numWaiting, kvUsage, cachedBlocks.
- * dump() lists every cached block with engineId, parentEngineId, router seqHash, tokens, lora/salt, refCount.
+ * dump() lists every cached block with engineId, parentEngineId, router seqHash, lora/salt, refCount (a block's tokens are in its BlockStored event).
  * abort(id) frees a request; reset() is a silent restart (no AllBlocksCleared).
  */
 export {
