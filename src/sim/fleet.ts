@@ -101,7 +101,8 @@ export interface FleetResult {
   readonly blocks_evicted: number;
   readonly requests: { readonly routed: number; readonly finished: number; readonly rejected: number };
   readonly events: { readonly applied: number; readonly rejected: number };
-  readonly sim: { readonly simulated_s: number; readonly wall_s: number; readonly engine_steps: number };
+  /** wall_s is elapsed time; cpu_s this process's user+system CPU (the fairer figure on a shared machine). */
+  readonly sim: { readonly simulated_s: number; readonly wall_s: number; readonly cpu_s: number; readonly engine_steps: number };
   readonly perRequest?: readonly RequestRecord[];
 }
 
@@ -153,6 +154,7 @@ function summarize(values: number[]): LatencySummary {
 /** Runs one policy over a trace. `requests` must be sorted by timestamp (loadTrace and the generators do that). */
 export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions): FleetResult {
   const wall0 = performance.now();
+  const cpu0 = process.cpuUsage();
   const rateScale = opts.rateScale ?? 1;
   const delay = opts.eventDelayMs ?? 5;
   const windowMs = opts.imbalanceWindowMs ?? 60_000;
@@ -354,9 +356,14 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
     blocks_evicted: evicted,
     requests: { routed, finished, rejected },
     events: { applied: eventsApplied, rejected: eventsRejected },
-    sim: { simulated_s: span, wall_s: (performance.now() - wall0) / 1000, engine_steps: steps },
+    sim: { simulated_s: span, wall_s: (performance.now() - wall0) / 1000, cpu_s: cpuSeconds(cpu0), engine_steps: steps },
     perRequest: opts.keepRequests ? (records.filter(Boolean) as RequestRecord[]) : undefined,
   };
+}
+
+function cpuSeconds(since: NodeJS.CpuUsage): number {
+  const d = process.cpuUsage(since);
+  return (d.user + d.system) / 1e6;
 }
 
 /** max/mean of per-worker loads; 1 when there is no load. */
