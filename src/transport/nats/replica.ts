@@ -161,7 +161,8 @@ export function loadRouter(router: KvRouter, sources: readonly SnapshotSource[])
     if (!router.hasSource(s.sourceKey)) router.addSource(parseSourceKey(s.sourceKey), { mode: 'events' });
     router.resetSource(s.sourceKey);
     const r = router.applyEvents(s.sourceKey, [
-      { kind: 'stored', parent: null, engineIds: Array.from(s.engineIds), tokens: null, blockSize: s.blockSize, seqHashes: s.seqHashes },
+      // The index only indexes engineIds and reads .length: the typed array saves building a million-element array.
+      { kind: 'stored', parent: null, engineIds: s.engineIds as unknown as bigint[], tokens: null, blockSize: s.blockSize, seqHashes: s.seqHashes },
     ]);
     blocks += r.applied;
   }
@@ -624,7 +625,11 @@ export class NatsReplica {
         prevSeq = 0;
       }
       if (prevSeq >= streamSeq) return { streamSeq: prevSeq, bytes: 0, ms: 0, dumpMs, purged: 0 }; // a peer was further along
-      await this.plane.snapshots.putBlob({ name: SNAPSHOT_NAME, description: JSON.stringify({ streamSeq, replica: this.replicaId }) }, bytes);
+      await this.plane.snapshots.putBlob(
+        // 512 KiB chunks (default 128 KiB): fewer messages for a starting replica to fetch.
+        { name: SNAPSHOT_NAME, description: JSON.stringify({ streamSeq, replica: this.replicaId }), options: { max_chunk_size: 512 * 1024 } },
+        bytes,
+      );
       this.lastSnapshotSeq = streamSeq;
       this.c.snapshotSeq = streamSeq;
       this.c.snapshotsWritten++;
