@@ -36,8 +36,11 @@
  * Counters (engine.counters): prefixCacheQueries / prefixCacheHits in tokens (first scheduling only, recomputes after
  * preemption excluded, so they equal the sums of promptTokens / cachedTokens reported per request), promptTokens,
  * generationTokens, preemptions, requestsFinished, ... ; gauges numRunning, numWaiting, kvUsage, cachedBlocks.
- * dump() lists every cached block with engineId, parentEngineId, router seqHash, lora/salt, refCount (a block's tokens are in its BlockStored event).
- * abort(id) frees a request; reset() is a silent restart (no AllBlocksCleared).
+ * dump() lists every cached block with engineId, parentEngineId, router seqHash, lora/salt, refCount (its tokens are in
+ * its BlockStored event); cachedSeqHashes() is the set of router hashes cached. abort(id) frees a request; reset() is a
+ * silent restart (no AllBlocksCleared). checkInvariants() throws on broken refcounts (tests).
+ * Simplification vs vLLM: one physical block per hash (a block computed twice concurrently is shared, not announced
+ * twice); blocks freed without a hash are reused first. Prefix-cache stats only with prefix caching on.
  */
 export {
   MockEngine,
