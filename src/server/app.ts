@@ -653,7 +653,16 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       events: ingest ? ingest.health() : [],
       queue: { length: queue.length, limit: queue.limit, timeoutMs: queue.timeoutMs },
       inFlight,
-      tokenizer: tokenizer ? { local: true, segmentCaching: tokenizer.segmentCaching, cache: tokenizer.cacheInfo } : { local: false },
+      tokenizer: tokenizer
+        ? {
+            local: true,
+            segmentCaching: tokenizer.segmentCaching,
+            cache: tokenizer.cacheInfo,
+            fastTemplate: tokenizer.chat.fastPath,
+            fastTemplateVerified: tokenizer.chat.fastVerified,
+            fastTemplateMismatch: tokenizer.chat.fastMismatch,
+          }
+        : { local: false },
       recentDecisions: recent,
     };
   }

@@ -2,7 +2,9 @@
  * Chat template rendering the way vLLM does it before tokenizing a chat request: the model's Jinja template with
  * `messages`, `tools`, `add_generation_prompt`, `chat_template_kwargs`, `bos_token` and `eos_token`.
  */
+import { createHash } from 'node:crypto';
 import { Template } from '@huggingface/jinja';
+import { FAST_TEMPLATES, type FastRenderer } from './fast-templates.ts';
 
 /** The parts of a chat request that change its rendered prompt. */
 export interface ChatPromptInput {
@@ -70,8 +72,17 @@ export class ChatTemplate {
   private readonly overrides = new Map<string, Template>();
   readonly bosToken: string;
   readonly eosToken: string;
+  /** Native renderer of this exact template, if known (see fast-templates.ts); null after a verified mismatch. */
+  private fast: { name: string; render: FastRenderer } | null = null;
+  /** Every this many fast renders, the Jinja template renders too and the two must agree. */
+  readonly verifyEvery: number;
+  private fastRenders = 0;
+  /** Fast-path results checked against Jinja, and the mismatch that switched it off (if any). */
+  fastVerified = 0;
+  fastMismatch: string | null = null;
 
-  constructor(config: Record<string, unknown>) {
+  constructor(config: Record<string, unknown>, options: { fastPath?: boolean; verifyEvery?: number } = {}) {
+    this.verifyEvery = Math.max(1, options.verifyEvery ?? 64);
     let source = config.chat_template;
     // Some configs carry a list of named templates; vLLM uses the one named "default".
     if (Array.isArray(source)) {
@@ -79,12 +90,20 @@ export class ChatTemplate {
       source = (def as { template?: string } | undefined)?.template;
     }
     this.defaultTemplate = typeof source === 'string' ? new Template(source) : null;
+    if (typeof source === 'string' && options.fastPath !== false) {
+      this.fast = FAST_TEMPLATES.get(createHash('sha256').update(source).digest('hex')) ?? null;
+    }
     this.bosToken = tokenString(config.bos_token);
     this.eosToken = tokenString(config.eos_token);
   }
 
   get hasTemplate(): boolean {
     return this.defaultTemplate !== null;
+  }
+
+  /** Name of the native renderer in use, or null (Jinja only). */
+  get fastPath(): string | null {
+    return this.fast?.name ?? null;
   }
 
   private template(override?: string | null): Template {
@@ -115,7 +134,26 @@ export class ChatTemplate {
     };
     if (input.tools && input.tools.length > 0) context.tools = input.tools;
     if (input.documents) context.documents = input.documents;
-    let text = this.template(input.chat_template).render(context);
+    let text: string | null = null;
+    if (this.fast && !input.chat_template) {
+      text = this.fast.render({
+        messages: context.messages as unknown[],
+        tools: (context.tools as unknown[] | undefined) ?? null,
+        addGenerationPrompt,
+        kwargs,
+      });
+      if (text !== null && this.fastRenders++ % this.verifyEvery === 0) {
+        const reference = this.template(null).render(context);
+        this.fastVerified++;
+        if (reference !== text) {
+          // Switch the fast path off for good: from here on every request renders with Jinja.
+          this.fastMismatch = `native ${this.fast.name} renderer differs from the Jinja template`;
+          this.fast = null;
+          text = reference;
+        }
+      }
+    }
+    text ??= this.template(input.chat_template).render(context);
     if (input.continue_final_message) {
       // vLLM cuts the rendered prompt right after the final message's content so the model continues it.
       const last = input.messages[input.messages.length - 1] as { content?: unknown } | undefined;

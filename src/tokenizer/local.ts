@@ -26,6 +26,8 @@ interface AddedTokenSpec {
 }
 
 export interface LocalTokenizerOptions {
+  /** Use a native renderer when the chat template is a known one (verified against Jinja on a sample). Default true. */
+  readonly fastTemplates?: boolean;
   /** Segment cache budget in characters of cached text. Default 64 M (a few hundred MB at most). */
   readonly cacheChars?: number;
   /**
@@ -64,7 +66,7 @@ export class LocalTokenizer {
     readonly config: Record<string, unknown>,
     options: LocalTokenizerOptions = {},
   ) {
-    this.chat = new ChatTemplate(config);
+    this.chat = new ChatTemplate(config, { fastPath: options.fastTemplates });
     this.cache = new WeightedLru(options.cacheChars ?? 64 * 1024 * 1024);
     this.minCached = options.minCachedChars ?? 1;
     const added = tokenizerJson.added_tokens ?? [];
