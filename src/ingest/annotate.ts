@@ -1,9 +1,11 @@
 /**
  * Per-source state that turns decoded events into events the core index can apply correctly. Pure (no I/O).
  *
- * - Block size: learned from Stored events (a change clears the source: the index keeps one split factor per source). A size other than the router's is reported once (via `onMismatch`) and
- *   counted; a multiple passes (KvIndex splits it), anything else is quarantined: dropped and counted, together with
- *   every block chained under it (their router hashes cannot be computed either).
+ * - Block size: learned from Stored events (a change clears the source: the index keeps one split factor per source).
+ *   A size other than the router's is reported once (via `onMismatch`) and counted; a multiple passes (KvIndex splits
+ *   it), a divisor is joined into router blocks (./aggregate.ts; SGLang's default page size is 1), anything else is
+ *   quarantined: dropped and counted, together with every block chained under it (their router hashes cannot be
+ *   computed either).
  * - cache_salt: vLLM puts it in the extra keys of a sequence's first block only, but it seeds every block of the
  *   sequence (REFERENCE section 1), so continuation events inherit it from their parent.
  * - Multimodal blocks (skipped by the decoder) poison their descendants the same way: skipped and counted.
@@ -14,6 +16,7 @@
  */
 import { GPU_MEDIUM, type EngineBlockId, type KvEvent, type StoredEvent } from '../core/types.ts';
 import type { DecodedBatch } from '../engines/vllm.ts';
+import { aggregatable, BlockAggregator } from './aggregate.ts';
 
 export interface AnnotatorCounters {
   blockSizeMismatchEvents: number;
@@ -44,10 +47,11 @@ export class SourceAnnotator {
   private readonly salts = new Map<EngineBlockId, string>();
   private readonly tiers = new Map<string, Set<EngineBlockId>>();
   private mismatchReported = false;
+  private aggregator: BlockAggregator | null = null;
 
   constructor(
     private readonly routerBlockSize: number,
-    private readonly onMismatch: (engineBlockSize: number, routerBlockSize: number, splittable: boolean) => void = () => {},
+    private readonly onMismatch: (engineBlockSize: number, routerBlockSize: number, action: 'split' | 'aggregate' | 'quarantine') => void = () => {},
   ) {}
 
   /** Forgets everything known about the source's cache (reset or AllBlocksCleared). */
@@ -55,6 +59,13 @@ export class SourceAnnotator {
     this.skipped.clear();
     this.salts.clear();
     this.tiers.clear();
+    this.aggregator?.reset();
+  }
+
+  /** Engine blocks joined into router blocks (engine block size a divisor of the router's), when active. */
+  aggregatorCounters(): { orphanBlocks: number; routerBlocks: number; engineBlocksHeld: number } | null {
+    const a = this.aggregator;
+    return a ? { ...a.counters, engineBlocksHeld: a.size } : null;
   }
 
   /** Blocks held per lower tier (by medium), as announced by the engine. */
@@ -93,6 +104,11 @@ export class SourceAnnotator {
         if ((ev.groupIdx ?? 0) !== 0) {
           this.counters.otherGroupEvents++;
           return null;
+        }
+        if (this.aggregator) {
+          for (const id of ev.engineIds) this.skipped.delete(id);
+          const gone = this.aggregator.removed(ev.engineIds);
+          return gone.length > 0 ? { ...ev, engineIds: gone } : null;
         }
         // Common case first: nothing skipped or salted on this source, nothing to look up (bigint Map ops cost).
         if (this.skipped.size === 0 && this.salts.size === 0) return ev;
@@ -144,9 +160,19 @@ export class SourceAnnotator {
     if (bs !== this.routerBlockSize) {
       this.counters.blockSizeMismatchEvents++;
       const splittable = Number.isInteger(bs) && bs > 0 && bs % this.routerBlockSize === 0;
+      const joinable = !splittable && aggregatable(bs, this.routerBlockSize);
       if (!this.mismatchReported) {
         this.mismatchReported = true;
-        this.onMismatch(bs, this.routerBlockSize, splittable);
+        this.onMismatch(bs, this.routerBlockSize, splittable ? 'split' : joinable ? 'aggregate' : 'quarantine');
+      }
+      if (joinable) {
+        if (this.aggregator?.engineBlockSize !== bs) this.aggregator = new BlockAggregator(bs, this.routerBlockSize);
+        if (ev.parent !== null && this.skipped.size > 0) {
+          const cause = this.skipped.get(ev.parent);
+          if (cause !== undefined) return this.skip(ev, cause);
+        }
+        const joined = this.aggregator.stored(ev);
+        return changed ? [CLEARED, ...joined] : joined;
       }
       if (!splittable) {
         this.skip(ev, 'quarantine');

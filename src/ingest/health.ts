@@ -59,6 +59,8 @@ export interface SourceHealth {
   /** Replay requests sent after a quiet period to catch a lost last batch, and how many of them failed. */
   readonly tailProbes: number;
   readonly tailProbeFailures: number;
+  /** When engine blocks are smaller than the router's: router blocks completed, orphans, engine blocks remembered. */
+  readonly aggregation: { orphanBlocks: number; routerBlocks: number; engineBlocksHeld: number } | null;
   readonly engineBlockSize: number | null;
   readonly routerBlockSize: number;
   readonly blockSizeMismatch: boolean;

@@ -111,11 +111,15 @@ export class SourceIngest {
     this.now = opts.now ?? Date.now;
     this.startedAtMs = this.now();
     this.tracker = new SequenceTracker({ replay: !!opts.replay, maxHeld: opts.maxHeld, catchUp: opts.catchUp });
-    this.annotator = new SourceAnnotator(opts.routerBlockSize, (engine, router, splittable) => {
+    this.annotator = new SourceAnnotator(opts.routerBlockSize, (engine, router, action) => {
+      const what = {
+        split: 'engine blocks are split into router blocks',
+        aggregate: 'engine blocks are joined into router blocks (memory per cached engine block)',
+        quarantine: 'events are quarantined (dropped): fix --block-size',
+      }[action];
       this.log.error(
-        { source: this.key, engineBlockSize: engine, routerBlockSize: router, action: splittable ? 'split' : 'quarantine' },
-        `block size mismatch: engine ${engine}, router ${router} (source ${this.key}); ` +
-          (splittable ? 'engine blocks are split into router blocks' : 'events are quarantined (dropped): fix --block-size'),
+        { source: this.key, engineBlockSize: engine, routerBlockSize: router, action },
+        `block size mismatch: engine ${engine}, router ${router} (source ${this.key}); ${what}`,
       );
     });
   }
@@ -319,6 +323,7 @@ export class SourceIngest {
       receiveErrors: this.c.receiveErrors,
       tailProbes: this.c.tailProbes,
       tailProbeFailures: this.c.tailProbeFailures,
+      aggregation: a.aggregatorCounters(),
       engineBlockSize: a.engineBlockSize,
       routerBlockSize: this.opts.routerBlockSize,
       blockSizeMismatch: a.counters.blockSizeMismatchEvents > 0,
