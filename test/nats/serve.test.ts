@@ -64,5 +64,11 @@ describe('serve --nats (adapter)', () => {
     // Each server's requests were announced to the other (and all finished there too).
     await until(() => servers.every((s) => s.running.router.state().inFlight === 0), 5000, 'peer finishes');
     for (const s of servers) expect(s.replica.stats().remoteAdded).toBe(6);
+    // The replica's counters are on the server's /metrics.
+    const text = await (await fetch(`${servers[0].running.url}/metrics`)).text();
+    expect(text).toMatch(/^router_nats_ready 1$/m);
+    expect(text).toMatch(/^router_nats_degraded 0$/m);
+    expect(text).toMatch(/^router_nats_remote_requests_total 6$/m);
+    expect(Number(/^router_nats_blocks_applied_total (\d+)$/m.exec(text)?.[1])).toBeGreaterThan(0);
   });
 });

@@ -9,6 +9,7 @@
  */
 import type { KvRouter } from '../../core/router.ts';
 import type { RunningServer } from '../../server/app.ts';
+import { registerReplicaMetrics } from './metrics.ts';
 import { NatsReplica, type ReplicaOptions } from './replica.ts';
 import type { WorkerEntry } from './protocol.ts';
 
@@ -62,6 +63,7 @@ export async function attachToServer(running: RunningServer, options: ReplicaOpt
     },
   });
   shareLifecycle(router, replica);
+  registerReplicaMetrics(replica, running.metrics.registry, running.metrics.prefix);
   await replica.start(router);
   await chain;
   return replica;

@@ -175,7 +175,7 @@ export class NatsReplica {
   readonly replicaId: string;
   readonly ready: Promise<void>;
   private resolveReady!: () => void;
-  private isReady = false;
+  private readyFlag = false;
   private router!: KvRouter;
   private nc!: NatsConnection;
   private js!: JetStreamClient;
@@ -231,6 +231,11 @@ export class NatsReplica {
     };
   }
 
+  /** Snapshot loaded and stream caught up (the server's /health should answer 503 until then). */
+  isReady(): boolean {
+    return this.readyFlag;
+  }
+
   get degraded(): boolean {
     return this.c.degraded;
   }
@@ -277,8 +282,8 @@ export class NatsReplica {
   }
 
   private checkReady(): void {
-    if (!this.isReady && this.c.appliedSeq >= this.targetSeq) {
-      this.isReady = true;
+    if (!this.readyFlag && this.c.appliedSeq >= this.targetSeq) {
+      this.readyFlag = true;
       this.c.ready = true;
       this.log.info({ replica: this.replicaId, seq: this.c.appliedSeq }, 'replica caught up with the event stream: ready');
       this.resolveReady();
@@ -377,7 +382,7 @@ export class NatsReplica {
         }
       }
     }
-    if (!this.isReady) this.checkReady();
+    if (!this.readyFlag) this.checkReady();
   }
 
   /** After lost messages: reload the latest snapshot if it covers them, else treat every source as cold. */
@@ -596,7 +601,7 @@ export class NatsReplica {
   }
 
   private async maybeSnapshot(): Promise<void> {
-    if (!this.isReady || this.c.degraded || this.snapshotting || this.c.appliedSeq <= this.lastSnapshotSeq) return;
+    if (!this.readyFlag || this.c.degraded || this.snapshotting || this.c.appliedSeq <= this.lastSnapshotSeq) return;
     if (!(await this.acquireLease())) return;
     await this.writeSnapshot().catch((err) => this.log.warn({ err: String(err) }, 'snapshot write failed'));
   }
