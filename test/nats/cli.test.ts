@@ -1,11 +1,11 @@
 /**
  * `kvroute relay` as a process: bad input is a clear error with exit code 2; a running relay feeds a replica, and
- * SIGTERM stops it cleanly (exit 0) keeping the registry entry.
+ * SIGTERM stops it cleanly (exit 0) keeping the registry entry; a DP-2 engine gets one subject per rank.
  */
 import { spawn } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { NatsServer, until } from './nats-server.ts';
-import { complete, converged, PromptGen, startEngine, startReplica, type Engine } from './fleet.ts';
+import { blocksOf, complete, converged, PromptGen, sameSet, startEngine, startReplica, type Engine } from './fleet.ts';
 
 const nats = new NatsServer();
 let engine: Engine;
@@ -60,6 +60,40 @@ describe('kvroute relay', () => {
       expect(replica.workerEntries().map((w) => w.workerId)).toContain('cli0');
     } finally {
       await replica.close();
+    }
+  });
+
+  it('relays every data-parallel rank of an engine to its own subject', async () => {
+    const { startMocker } = await import('../../src/mocker/server.ts');
+    const { NatsRelay } = await import('../../src/transport/nats/relay.ts');
+    const { quietLogger } = await import('../../src/ingest/source-ingest.ts');
+    const mocker = await startMocker({ speedup: 1000, defaultMaxTokens: 2, dataParallelSize: 2, engine: { blockSize: 16, numGpuBlocks: 64 } });
+    const { router, replica } = await startReplica(nats, 'dp-rep');
+    const relay = new NatsRelay({ servers: nats.url, workerId: 'dp2', events: mocker.zmqEndpoint!, replay: mocker.replayEndpoint, dpRanks: 2, url: mocker.url, log: quietLogger });
+    try {
+      await relay.start();
+      const gen = new PromptGen(13);
+      for (let i = 0; i < 16; i++) {
+        const res = await fetch(`${mocker.url}/v1/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', 'x-data-parallel-rank': String(i % 2) },
+          body: JSON.stringify({ model: 'mock-model', prompt: gen.next(), max_tokens: 2 }),
+        });
+        expect(res.status).toBe(200);
+        await res.arrayBuffer();
+      }
+      await until(
+        () => [0, 1].every((r) => sameSet(blocksOf(router, r === 0 ? 'dp2' : 'dp2#1'), mocker.engines[r].cachedSeqHashes())),
+        10_000,
+        'both ranks indexed',
+      );
+      expect(mocker.engines[1].cachedSeqHashes().size).toBeGreaterThan(0);
+      expect(relay.stats().map((s) => s.subject)).toEqual(['kvroute.events.dp2.0', 'kvroute.events.dp2.1']);
+      expect(replica.workerEntries().find((w) => w.workerId === 'dp2')!.dpRanks).toEqual([0, 1]);
+    } finally {
+      await relay.close();
+      await replica.close();
+      await mocker.close();
     }
   });
 });
