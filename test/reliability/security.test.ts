@@ -242,3 +242,27 @@ describe('JSON nesting depth (before JSON.parse)', () => {
     );
   });
 });
+
+describe('log redaction', () => {
+  it('LOG_REDACT_PATHS hides Authorization headers and configured secrets in pino output', async () => {
+    const { LOG_REDACT_PATHS } = await import('../../src/server/security/index.ts');
+    const pino = (await import('pino')).default;
+    const { Writable } = await import('node:stream');
+    let out = '';
+    const sink = new Writable({
+      write(c, _e, cb) {
+        out += c.toString();
+        cb();
+      },
+    });
+    const log = pino({ redact: LOG_REDACT_PATHS }, sink);
+    log.info({ req: { headers: { authorization: `Bearer ${K1}` } } }, 'a');
+    log.info({ headers: { authorization: `Bearer ${K1}` } }, 'b');
+    log.info({ authorization: `Bearer ${K1}`, adminToken: K2, apiKeys: [K1] }, 'c');
+    log.info({ config: { adminToken: K2, apiKeys: [K1] } }, 'd');
+    expect(out.split('\n').filter(Boolean)).toHaveLength(4);
+    expect(out).not.toContain(K1);
+    expect(out).not.toContain(K2);
+    expect(out).toContain('[Redacted]');
+  });
+});
