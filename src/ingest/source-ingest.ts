@@ -156,6 +156,11 @@ export class SourceIngest {
     this.run(this.tracker.live(seq, batch));
   }
 
+  /** Seq of the batch being (or last) delivered: valid inside the sink callback, so relays can tag events with it. */
+  get lastDeliveredSeq(): bigint | null {
+    return this.lastSeq;
+  }
+
   /** Connection state from the transport; a lost connection makes the next gap a reset (the engine may have restarted). */
   setConnected(connected: boolean): void {
     if (this.connected && !connected) this.tracker.disconnected();
