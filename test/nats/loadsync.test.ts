@@ -169,4 +169,20 @@ describe('load sharing', () => {
     a.replica.finished('long');
     await until(() => late.router.state().inFlight === 0, 3000, 'finish propagated');
   });
+
+  it('ignores registry entries that were stale at start and drops workers whose relay stops heartbeating', async () => {
+    const kv = await new Kvm(nc).open(REGISTRY_BUCKET);
+    await kv.put('gone', encodeWorkerEntry({ workerId: 'gone', url: null, model: 'm', blockSize: BS, dpRanks: [0], relayId: 'old', heartbeatAt: Date.now() - 600_000 }));
+    await kv.put('w0', encodeWorkerEntry({ workerId: 'w0', url: null, model: 'm', blockSize: BS, dpRanks: [0], relayId: 'test', heartbeatAt: Date.now() }));
+    const r = await replica('ttl', { workerTtlMs: 800, heartbeatMs: 100 });
+    expect(r.router.hasSource('gone')).toBe(false);
+    expect(r.router.hasSource('w0')).toBe(true);
+    expect(r.router.hasSource('w1')).toBe(false); // written at the start of the file: older than this replica's TTL
+    // Nobody heartbeats these entries: after the TTL (while connected) the workers are removed.
+    await until(() => r.router.sourceKeys().length === 0, 5000, 'workers expired');
+    expect(r.replica.stats().workersRemoved).toBe(1);
+    // A fresh heartbeat brings a worker back.
+    await kv.put('w1', encodeWorkerEntry({ workerId: 'w1', url: null, model: 'm', blockSize: BS, dpRanks: [0], relayId: 'test', heartbeatAt: Date.now() }));
+    await until(() => r.router.hasSource('w1'), 3000, 'worker re-registered');
+  });
 });

@@ -255,9 +255,10 @@ export class NatsReplica {
 
     await this.loadSnapshot();
     // Registry: current entries first (so sources exist before their events), then a watch for changes.
+    const workerTtl = this.opts.workerTtlMs ?? 30_000;
     for await (const key of await this.plane.registry.keys()) {
       const e = await this.plane.registry.get(key);
-      if (e && e.operation === 'PUT') this.onRegistry(key, e.value);
+      if (e && e.operation === 'PUT' && !this.staleAtStart(key, e.value, workerTtl)) this.onRegistry(key, e.value);
     }
     void this.watchRegistry();
 
@@ -409,7 +410,11 @@ export class NatsReplica {
         const it = await this.plane.registry.watch();
         for await (const e of it) {
           if (this.closed) return;
-          if (e.operation === 'PUT') this.onRegistry(e.key, e.value);
+          if (e.operation === 'PUT') {
+            // The watch starts with the current values: the same staleness rule as the initial load.
+            if (!e.isUpdate && this.staleAtStart(e.key, e.value, this.opts.workerTtlMs ?? 30_000)) continue;
+            this.onRegistry(e.key, e.value);
+          }
           else this.dropWorker(e.key, 'deregistered');
         }
       } catch (err) {
@@ -418,6 +423,18 @@ export class NatsReplica {
         await sleep(500);
       }
     }
+  }
+
+  /**
+   * An entry found at start whose relay stopped heartbeating long ago (by the relay's clock) is a worker that is
+   * gone: not added. Later updates always count (a live relay's heartbeats are fresh).
+   */
+  private staleAtStart(key: string, value: Uint8Array, ttlMs: number): boolean {
+    if (this.workers.has(key)) return false;
+    const age = Date.now() - (decodeWorkerEntry(value)?.heartbeatAt ?? 0);
+    if (age <= ttlMs) return false;
+    this.log.info({ worker: key, heartbeatAgeMs: age }, `registry entry of ${key} is stale: ignored`);
+    return true;
   }
 
   private onRegistry(key: string, value: Uint8Array): void {
