@@ -278,7 +278,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     return { allow, lora };
   }
 
-  async function tokensFor(req: ParsedRequest, allow: Set<string>): Promise<readonly number[]> {
+  async function tokensFor(req: ParsedRequest, allow: Set<string>): Promise<ArrayLike<number>> {
     if (req.promptIds) return req.promptIds;
     try {
       if (tokenizer) {

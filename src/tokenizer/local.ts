@@ -43,7 +43,7 @@ export interface TokenizeStats {
   readonly encodedChars: number;
 }
 
-const EMPTY: readonly number[] = [];
+const EMPTY = new Uint32Array(0);
 
 function escapeRegExp(s: string): string {
   return s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
@@ -54,7 +54,7 @@ export class LocalTokenizer {
   /** Added token content -> id, for segments that are added tokens themselves. */
   private readonly addedIds = new Map<string, number>();
   private readonly splitter: RegExp | null;
-  private readonly cache: WeightedLru<string, readonly number[]>;
+  private readonly cache: WeightedLru<string, Uint32Array>;
   private readonly minCached: number;
   /** False when the tokenizer's added tokens make segment-wise encoding unsafe (see the file comment). */
   readonly segmentCaching: boolean;
@@ -102,15 +102,18 @@ export class LocalTokenizer {
     return this.tokenizer.encode(text, { add_special_tokens: addSpecialTokens }).ids;
   }
 
-  /** Encodes text without special tokens, reusing cached segments. Equal to `encodeCold(text)`. */
-  encode(text: string): number[] {
+  /**
+   * Encodes text without special tokens, reusing cached segments. Equal to `encodeCold(text)`, as a Uint32Array: the
+   * cached segments are typed arrays copied with one memcpy each, and the router hashes typed arrays fastest.
+   */
+  encode(text: string): Uint32Array {
     if (!this.splitter) {
       this.lastStats = { segments: 1, cachedSegments: 0, encodedChars: text.length };
-      return this.encodeCold(text);
+      return Uint32Array.from(this.encodeCold(text));
     }
     const parts = text.split(this.splitter);
     // Two passes: look every segment up (or encode it), then copy into one preallocated array.
-    const pieces: (readonly number[] | number)[] = new Array(parts.length);
+    const pieces: (Uint32Array | number)[] = new Array(parts.length);
     let total = 0;
     let cachedSegments = 0;
     let encodedChars = 0;
@@ -126,13 +129,13 @@ export class LocalTokenizer {
         pieces[i] = EMPTY;
         continue;
       }
-      let ids: readonly number[] | undefined;
-      if (part.length < this.minCached) ids = this.encodeCold(part);
+      let ids: Uint32Array | undefined;
+      if (part.length < this.minCached) ids = Uint32Array.from(this.encodeCold(part));
       else {
         ids = this.cache.get(part);
         if (ids) cachedSegments++;
         else {
-          ids = this.encodeCold(part);
+          ids = Uint32Array.from(this.encodeCold(part));
           encodedChars += part.length;
           this.cache.set(part, ids, part.length);
         }
@@ -140,19 +143,22 @@ export class LocalTokenizer {
       pieces[i] = ids;
       total += ids.length;
     }
-    const out = new Array<number>(total);
+    const out = new Uint32Array(total);
     let at = 0;
     for (let i = 0; i < pieces.length; i++) {
       const p = pieces[i];
       if (typeof p === 'number') out[at++] = p;
-      else for (let k = 0; k < p.length; k++) out[at++] = p[k];
+      else {
+        out.set(p, at);
+        at += p.length;
+      }
     }
     this.lastStats = { segments: (parts.length + 1) >> 1, cachedSegments, encodedChars };
     return out;
   }
 
   /** Prompt of a completion request: vLLM encodes completion prompts with the tokenizer's special tokens. */
-  encodePrompt(text: string): number[] {
+  encodePrompt(text: string): ArrayLike<number> {
     // Tokenizers whose post-processor adds nothing (Qwen) can take the cached path; others (a BOS) encode whole.
     this.addsSpecial ??= this.encodeCold('', true).length > 0;
     return this.addsSpecial ? this.encodeCold(text, true) : this.encode(text);
@@ -160,7 +166,7 @@ export class LocalTokenizer {
   private addsSpecial: boolean | undefined;
 
   /** Renders a chat request with the model's template and encodes it without special tokens (as vLLM does). */
-  encodeChat(input: ChatPromptInput): number[] {
+  encodeChat(input: ChatPromptInput): Uint32Array {
     return this.encode(this.chat.render(input));
   }
 
