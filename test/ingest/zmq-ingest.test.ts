@@ -223,6 +223,33 @@ describe('ZMQ ingestion', () => {
     expect(infos.some((m) => /no longer blind/.test(m))).toBe(true);
   });
 
+  it('counts bad frames arriving on the socket and keeps receiving', async () => {
+    const engine = new FakeEngine({ blockSize: 4, capacity: 20, format: 'array', hashType: 'u64', seed: 8 });
+    const { index, ingest } = setup(engine);
+    cleanups.push(() => ingest.close());
+    const [key] = await ingest.addWorker({ workerId: 'noisy', endpoint: 'tcp://127.0.0.1:*', mode: 'bind' });
+    const pub = new Publisher({ linger: 0 });
+    cleanups.push(() => pub.close());
+    pub.connect(ingest.endpointOf(key)!);
+    await until(() => ingest.health()[0].connected);
+    await new Promise((r) => setTimeout(r, 50));
+    await pub.send(engine.publish()); // seq 0
+    await pub.send([Buffer.from('kv-events'), Buffer.alloc(8)]); // 2 frames
+    await pub.send([Buffer.from('kv-events'), Buffer.alloc(5), Buffer.from([0x90])]); // 5-byte seq
+    const garbage = Buffer.alloc(8);
+    garbage.writeBigUInt64BE(1n);
+    engine.seq++; // seq 1 is taken by the garbage payload
+    await pub.send([Buffer.from('kv-events'), garbage, Buffer.from([0xc1, 0x00])]);
+    await pub.send(engine.publish()); // seq 2
+    await until(() => ingest.health()[0].lastSeq === '2');
+    const h = ingest.health()[0];
+    expect(h.badFrames).toBe(3);
+    expect(h.decodeErrors).toBe(1);
+    expect(h.resetsByReason).toEqual({ undecodable_batch: 1 });
+    // Cold after the undecodable batch, never wrong.
+    for (const b of index.blocksOf(0)) expect(engine.truth().has(b)).toBe(true);
+  });
+
   it('requestReplay skips malformed reply frames (counted) and stops at the end marker', async () => {
     const router = new Router({ linger: 0 });
     cleanups.push(() => router.close());
