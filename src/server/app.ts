@@ -99,6 +99,10 @@ function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
     });
     req.on('end', () => resolve(Buffer.concat(chunks, size)));
     req.on('error', reject);
+    // A client that hangs up mid-body: settle instead of leaving the handler waiting for an end that never comes.
+    req.on('close', () => {
+      if (!req.complete) reject(badRequest('the client closed the connection before sending the whole body', null, 'incomplete_body'));
+    });
   });
 }
 
@@ -494,6 +498,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
         } catch {
           /* not JSON: nothing to learn, still forward it */
         }
+        // Non-streaming answers arrive whole: the first token is not observable apart from the end.
         router.firstToken(requestId, now);
         metrics.firstToken(decision.sourceKey, (performance.now() - t0) / 1000);
       }
