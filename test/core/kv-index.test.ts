@@ -246,5 +246,10 @@ describe('KvIndex consistency under engine misbehaviour', () => {
     idx.apply(0, { kind: 'removed', engineIds: [2n] });
     holds(idx, 0);
     expect(idx.findMatches(computeSeqHashes(t, BS))[0]).toBe(1);
+    // After a clear (engine restart) the source may announce another block size.
+    idx.apply(0, { kind: 'cleared' });
+    expect(idx.apply(0, { kind: 'stored', parent: null, engineIds: [7n], tokens: t.slice(0, 8), blockSize: 2 * BS }).rejected).toBe(0);
+    expect(idx.findMatches(computeSeqHashes(t, BS))[0]).toBe(2);
+    holds(idx, 0);
   });
 });

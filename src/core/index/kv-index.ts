@@ -418,6 +418,7 @@ export class KvIndex {
     for (const slot of slots) this.dropChain(source, state, slot, state.split);
     state.engineIds.clear();
     state.cachedBlocks = 0;
+    state.split = 0; // nothing held: a restarted engine may announce another block size
   }
 
   private isEmpty(slot: number): boolean {
