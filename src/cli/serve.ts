@@ -54,6 +54,7 @@ const KEYS: Array<[string, keyof ServeConfig]> = [
   ['retries', 'retries'],
   ['bodyLimit', 'bodyLimitBytes'],
   ['tokenizer', 'tokenizerDir'],
+  ['tokenizerThreads', 'tokenizerThreads'],
   ['remoteTokenize', 'remoteTokenize'],
   ['adminToken', 'adminToken'],
   ['healthIntervalMs', 'healthIntervalMs'],
@@ -115,6 +116,7 @@ export function registerServe(program: Command): void {
     .addOption(opt('--retries <n>', 'retries on the next-best worker after a connection error or 5xx before the first byte', 'KVROUTE_RETRIES').argParser(int('--retries')).default(d.retries))
     .addOption(opt('--body-limit <size>', 'largest request body (413 beyond), e.g. 32mb', 'KVROUTE_BODY_LIMIT').argParser(bytes).default(d.bodyLimitBytes, '32mb'))
     .addOption(opt('-t, --tokenizer <dir>', 'directory with tokenizer.json + tokenizer_config.json (chat template) for routing', 'KVROUTE_TOKENIZER'))
+    .addOption(opt('--tokenizer-threads <n>', 'tokenize in a worker thread (1) so long prompts never block streaming, or inline (0)', 'KVROUTE_TOKENIZER_THREADS').argParser(int('--tokenizer-threads')).default(d.tokenizerThreads))
     .addOption(new Option('--no-remote-tokenize', 'without --tokenizer, do not ask the worker\'s POST /tokenize (route chat/text prompts without prefix affinity)'))
     .addOption(opt('--admin-token <token>', 'enables POST/DELETE /admin/workers for requests with "Authorization: Bearer <token>"', 'KVROUTE_ADMIN_TOKEN'))
     .addOption(opt('--api-key <key>', 'API key accepted on /v1 as "Authorization: Bearer <key>" (repeatable; env: comma/space separated); none = open', 'KVROUTE_API_KEYS').argParser(collectList))

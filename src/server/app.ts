@@ -20,6 +20,7 @@ import { dashboardHandler } from '../metrics/dashboard.ts';
 import { RouterMetrics } from '../metrics/registry.ts';
 import type { EngineMirror } from '../metrics/scrape.ts';
 import { LocalTokenizer } from '../tokenizer/local.ts';
+import { inlineTokenizer, threadTokenizer, type TokenizerService } from '../tokenizer/service.ts';
 import { RemoteTokenizer } from '../tokenizer/remote.ts';
 import { workerFromUnknown, type ServeConfig, type WorkerSpec } from './config.ts';
 import { badRequest, HttpError, sendError, sseErrorFrame } from './openai/errors.ts';
@@ -48,7 +49,7 @@ export interface RunningServer {
   readonly workers: WorkerSet;
   readonly metrics: RouterMetrics;
   readonly queue: RequestQueue;
-  readonly tokenizer: LocalTokenizer | null;
+  readonly tokenizer: TokenizerService | null;
   /** Requests accepted and not yet answered in full. */
   inFlight(): number;
   /** Stop accepting, let in-flight requests finish within the grace period, then close everything. */
@@ -155,10 +156,13 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
   const metrics = new RouterMetrics({ router, prefix: config.metricsPrefix });
   const queue = new RequestQueue(config.queueLimit, config.queueTimeoutMs);
   const remote = config.remoteTokenize ? new RemoteTokenizer() : null;
-  let tokenizer: LocalTokenizer | null = options.tokenizer ?? null;
+  let tokenizer: TokenizerService | null = options.tokenizer ? inlineTokenizer(options.tokenizer) : null;
   if (!tokenizer && config.tokenizerDir) {
-    tokenizer = await LocalTokenizer.load(config.tokenizerDir);
-    log.info({ dir: config.tokenizerDir, segmentCache: tokenizer.segmentCaching }, 'loaded tokenizer');
+    tokenizer =
+      config.tokenizerThreads > 0
+        ? await threadTokenizer(config.tokenizerDir)
+        : inlineTokenizer(await LocalTokenizer.load(config.tokenizerDir));
+    log.info({ dir: config.tokenizerDir, mode: tokenizer.kind, ...(await tokenizer.info()) }, 'loaded tokenizer');
   }
 
   // KV events: one subscription per worker rank, delivered into the router's index.
@@ -286,8 +290,8 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     if (req.promptIds) return req.promptIds;
     try {
       if (tokenizer) {
-        if (req.promptText !== null) return tokenizer.encodePrompt(req.promptText);
-        if (req.chat) return tokenizer.encodeChat(req.chat);
+        if (req.promptText !== null) return await tokenizer.encodePrompt(req.promptText);
+        if (req.chat) return await tokenizer.encodeChat(req.chat);
       }
       if (remote) {
         const worker = workers.list().find((w) => w.sourceKeys.some((k) => allow.has(k)));
@@ -648,7 +652,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
 
   // ------------------------------------------------------------------ dispatch
 
-  function debugState(): unknown {
+  async function debugState(): Promise<unknown> {
     const { adminToken: _secret, apiKeys: _keys, workers: _w, ...settings } = config;
     return {
       config: { ...settings, adminApi: Boolean(config.adminToken), security: guard.enabled },
@@ -658,16 +662,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       events: ingest ? ingest.health() : [],
       queue: { length: queue.length, limit: queue.limit, timeoutMs: queue.timeoutMs },
       inFlight,
-      tokenizer: tokenizer
-        ? {
-            local: true,
-            segmentCaching: tokenizer.segmentCaching,
-            cache: tokenizer.cacheInfo,
-            fastTemplate: tokenizer.chat.fastPath,
-            fastTemplateVerified: tokenizer.chat.fastVerified,
-            fastTemplateMismatch: tokenizer.chat.fastMismatch,
-          }
-        : { local: false },
+      tokenizer: tokenizer ? { local: true, mode: tokenizer.kind, ...(await tokenizer.info().catch(() => ({}))) } : { local: false },
       recentDecisions: recent,
     };
   }
@@ -706,7 +701,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
           return;
         }
         case '/debug/state':
-          return sendJson(res, 200, debugState());
+          return sendJson(res, 200, await debugState());
       }
     }
     if (path.startsWith('/admin/')) return handleAdmin(req, res, path);
@@ -774,6 +769,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       clearInterval(sweepTimer);
       clearInterval(ingestPoll);
       await mirror.stop();
+      await tokenizer?.close();
       await workers.destroy();
       if (ingest) await ingest.close();
     })();

@@ -39,6 +39,8 @@ export interface ServeConfig {
   retries: number;
   bodyLimitBytes: number;
   tokenizerDir?: string;
+  /** Tokenize in a worker thread (1) so long prompts do not block the event loop, or inline (0). */
+  tokenizerThreads: number;
   /** Tokenize through the worker's POST /tokenize when there is no local tokenizer. */
   remoteTokenize: boolean;
   adminToken?: string;
@@ -71,7 +73,7 @@ export interface ServeConfig {
 /** Keys a config file may set (optional ones included). */
 export const CONFIG_KEYS = [
   'host', 'port', 'workers', 'blockSize', 'policy', 'prefillLoadScale', 'overlapCredit', 'temperature', 'seed',
-  'busyKvFraction', 'busyPrefillTokens', 'queueLimit', 'queueTimeoutMs', 'retries', 'bodyLimitBytes', 'tokenizerDir',
+  'busyKvFraction', 'busyPrefillTokens', 'queueLimit', 'queueTimeoutMs', 'retries', 'bodyLimitBytes', 'tokenizerDir', 'tokenizerThreads',
   'remoteTokenize', 'adminToken', 'healthIntervalMs', 'healthTimeoutMs', 'ejectAfter', 'breakerThreshold',
   'breakerCooldownMs', 'upstreamTimeoutMs', 'shutdownGraceMs', 'metricsPrefix', 'logLevel', 'apiKeys', 'apiKeyFile',
   'rateLimit', 'allowWorkerHosts', 'headerTimeoutMs', 'bodyTimeoutMs', 'maxJsonDepth',
@@ -92,6 +94,7 @@ export const DEFAULTS: ServeConfig = {
   retries: 2,
   bodyLimitBytes: 32 * 1024 * 1024,
   remoteTokenize: true,
+  tokenizerThreads: 1,
   healthIntervalMs: 5_000,
   healthTimeoutMs: 2_000,
   ejectAfter: 3,

@@ -1,0 +1,90 @@
+/**
+ * The server's tokenizer behind one async interface: inline (same thread; tests, tiny deployments) or in a worker
+ * thread (default for `kvroute serve`), so tokenizing a long cold prompt does not block the event loop that relays
+ * every other stream.
+ */
+import { Worker } from 'node:worker_threads';
+import type { ChatPromptInput } from './chat.ts';
+import { LocalTokenizer, type LocalTokenizerOptions } from './local.ts';
+import type { ThreadReply, ThreadRequest } from './thread.ts';
+
+export interface TokenizerService {
+  readonly kind: 'inline' | 'thread';
+  encodeChat(input: ChatPromptInput): Promise<Uint32Array>;
+  encodePrompt(text: string): Promise<ArrayLike<number>>;
+  info(): Promise<Record<string, unknown>>;
+  close(): Promise<void>;
+}
+
+export function inlineTokenizer(tok: LocalTokenizer): TokenizerService {
+  return {
+    kind: 'inline',
+    encodeChat: async (input) => tok.encodeChat(input),
+    encodePrompt: async (text) => tok.encodePrompt(text),
+    info: async () => ({
+      segmentCaching: tok.segmentCaching,
+      cache: tok.cacheInfo,
+      fastTemplate: tok.chat.fastPath,
+      fastTemplateVerified: tok.chat.fastVerified,
+      fastTemplateMismatch: tok.chat.fastMismatch,
+    }),
+    close: async () => undefined,
+  };
+}
+
+/** Starts a worker thread holding the tokenizer of `dir`; resolves once it has loaded (or rejects with why not). */
+export async function threadTokenizer(dir: string, options?: LocalTokenizerOptions): Promise<TokenizerService> {
+  const worker = new Worker(new URL('./thread-entry.mjs', import.meta.url), { workerData: { dir, options } });
+  const pending = new Map<number, { resolve: (r: ThreadReply) => void; reject: (e: Error) => void }>();
+  let nextId = 1;
+  let dead: Error | null = null;
+  await new Promise<void>((resolve, reject) => {
+    const onError = (err: Error) => reject(new Error(`tokenizer thread failed to start: ${err.message}`));
+    worker.once('error', onError);
+    worker.once('message', () => {
+      worker.off('error', onError);
+      resolve();
+    });
+  });
+  worker.on('message', (reply: ThreadReply) => {
+    const p = pending.get(reply.id);
+    if (!p) return;
+    pending.delete(reply.id);
+    p.resolve(reply);
+  });
+  const fail = (err: Error) => {
+    dead = err;
+    for (const p of pending.values()) p.reject(err);
+    pending.clear();
+  };
+  worker.on('error', fail);
+  worker.on('exit', (code) => fail(new Error(`tokenizer thread exited (code ${code})`)));
+  worker.unref();
+
+  const call = (req: Omit<ThreadRequest, 'id'>): Promise<ThreadReply> => {
+    if (dead) return Promise.reject(dead);
+    const id = nextId++;
+    return new Promise((resolve, reject) => {
+      pending.set(id, { resolve, reject });
+      worker.postMessage({ ...req, id });
+    });
+  };
+  const ids = async (req: Omit<ThreadRequest, 'id'>): Promise<Uint32Array> => {
+    const r = await call(req);
+    if (!r.ok) throw new Error(r.error);
+    if (!('ids' in r)) throw new Error('tokenizer thread answered without ids');
+    return r.ids;
+  };
+  return {
+    kind: 'thread',
+    encodeChat: (input) => ids({ kind: 'chat', input } as Omit<ThreadRequest, 'id'>),
+    encodePrompt: (text) => ids({ kind: 'prompt', text } as Omit<ThreadRequest, 'id'>),
+    info: async () => {
+      const r = await call({ kind: 'info' } as Omit<ThreadRequest, 'id'>);
+      return r.ok && 'info' in r ? { thread: true, ...r.info } : { thread: true };
+    },
+    close: async () => {
+      await worker.terminate();
+    },
+  };
+}

@@ -1,0 +1,38 @@
+/**
+ * Body of the tokenizer worker thread: one LocalTokenizer (with its segment cache) answering encode requests, so a
+ * cold 100k-token prompt (100+ ms of BPE) never stalls the streams on the server's event loop.
+ */
+import { parentPort, workerData } from 'node:worker_threads';
+import type { ChatPromptInput } from './chat.ts';
+import { LocalTokenizer, type LocalTokenizerOptions } from './local.ts';
+
+export type ThreadRequest =
+  | { id: number; kind: 'chat'; input: ChatPromptInput }
+  | { id: number; kind: 'prompt'; text: string }
+  | { id: number; kind: 'info' };
+
+export type ThreadReply =
+  | { id: number; ok: true; ids: Uint32Array }
+  | { id: number; ok: true; info: Record<string, unknown> }
+  | { id: number; ok: false; error: string };
+
+const { dir, options } = workerData as { dir: string; options?: LocalTokenizerOptions };
+const tok = await LocalTokenizer.load(dir, options);
+const port = parentPort!;
+port.on('message', (req: ThreadRequest) => {
+  try {
+    if (req.kind === 'info') {
+      port.postMessage({
+        id: req.id,
+        ok: true,
+        info: { segmentCaching: tok.segmentCaching, cache: tok.cacheInfo, fastTemplate: tok.chat.fastPath, fastTemplateVerified: tok.chat.fastVerified, fastTemplateMismatch: tok.chat.fastMismatch },
+      } satisfies ThreadReply);
+      return;
+    }
+    const ids = req.kind === 'chat' ? tok.encodeChat(req.input) : Uint32Array.from(tok.encodePrompt(req.text));
+    port.postMessage({ id: req.id, ok: true, ids } satisfies ThreadReply, [ids.buffer as ArrayBuffer]);
+  } catch (err) {
+    port.postMessage({ id: req.id, ok: false, error: (err as Error).message } satisfies ThreadReply);
+  }
+});
+port.postMessage({ id: 0, ok: true, info: { ready: true } } satisfies ThreadReply);
