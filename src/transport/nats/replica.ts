@@ -590,6 +590,9 @@ export class NatsReplica {
         this.connectedSince = this.now();
         for (const w of this.workers.values()) w.seenAt = this.connectedSince;
         this.log.info({ replica: this.replicaId }, 'NATS reconnected: catching up');
+        // The server may have lost the consumer: start a new one from the last applied sequence now rather than
+        // waiting for missed heartbeats to tell the old one is gone.
+        this.consumerMessages?.stop();
         this.publish({ kind: 'hello', replica: this.replicaId });
       }
     }
