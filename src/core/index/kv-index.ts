@@ -134,6 +134,17 @@ export class KvIndex {
     return this.sources[source]?.cachedBlocks ?? 0;
   }
 
+  /**
+   * The router's sequence hash of the block a source's engine id names, or null when the id is unknown. Offload
+   * tiers use it: a CPU/disk Stored carries only engine ids, of blocks the GPU tier announced with tokens before.
+   */
+  seqHashOfEngineId(source: number, id: bigint): bigint | null {
+    const state = this.sources[source];
+    if (!state) return null;
+    const slot = this.lookupEngine(state, id);
+    return slot === NONE ? null : joinU64(this.rec[slot * this.stride + LO], this.rec[slot * this.stride + HI]);
+  }
+
   // ---------------------------------------------------------------- events
 
   /** Applies one normalised event from `source`. Never throws on bad input: rejects and counts it. */
