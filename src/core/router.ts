@@ -12,6 +12,7 @@ import { ActiveLoad } from './active-load.ts';
 import { TtlIndex } from './approx.ts';
 import { computeSeqHashes, hashSeed, islBlocks as islBlocksOf } from './hashing.ts';
 import { KvIndex } from './index/kv-index.ts';
+import { isLowerTier, TierIndex } from './tiers.ts';
 import { predictedCachedTokens, ReuseLedger } from './ledger.ts';
 import { createRng, type Rng } from './rng.ts';
 import { createPolicy, POLICY_NAMES } from './scheduling/policies.ts';
@@ -28,7 +29,16 @@ import {
   type SourceId,
 } from './types.ts';
 
-export const DEFAULT_KNOBS: KvKnobs = { prefillLoadScale: 1, overlapCredit: 1, temperature: 0 };
+export const DEFAULT_KNOBS: KvKnobs = {
+  prefillLoadScale: 1,
+  overlapCredit: 1,
+  temperature: 0,
+  hostTierCredit: 0,
+  diskTierCredit: 0,
+};
+
+/** Tier credits when offload-tier credit is switched on (issue 4): host memory 0.75, disk 0.25 of a GPU block. */
+export const TIER_CREDIT_ON = { hostTierCredit: 0.75, diskTierCredit: 0.25 } as const;
 
 export interface BusyThresholds {
   /** Exclude a source whose active blocks exceed this fraction of its capacity (needs `capacityBlocks`). */
@@ -78,6 +88,8 @@ export interface SourceOptions {
   readonly capacityBlocks?: number;
 }
 
+const NO_TIER = { host: 0, disk: 0 } as const;
+
 interface SourceEntry {
   readonly id: SourceId;
   readonly key: string;
@@ -116,6 +128,7 @@ export class KvRouter {
   readonly index: KvIndex;
   readonly ledger = new ReuseLedger();
   readonly active: ActiveLoad;
+  readonly tiers = new TierIndex();
   private readonly overlay: boolean;
   private readonly approx: TtlIndex;
   private readonly sources = new Map<string, SourceEntry>();
@@ -170,6 +183,7 @@ export class KvRouter {
     for (const id of this.active.requestsOn(entry.index)) this.records.delete(id);
     this.active.removeSource(entry.index);
     this.index.removeSource(entry.index);
+    this.tiers.clear(entry.index);
     this.approx.removeSource(entry.index);
     this.sources.delete(key);
     this.byIndex[entry.index] = undefined;
@@ -197,6 +211,7 @@ export class KvRouter {
     const entry = this.sources.get(key);
     if (!entry) return false;
     this.index.apply(entry.index, { kind: 'cleared' });
+    this.tiers.clear(entry.index);
     return true;
   }
 
@@ -209,6 +224,14 @@ export class KvRouter {
     let rejected = 0;
     let reason: ApplyResult['reason'];
     for (const ev of events) {
+      if (isLowerTier(ev)) {
+        const t = this.tiers.apply(entry.index, ev, (id) => this.index.seqHashOfEngineId(entry.index, id));
+        applied += t.applied;
+        rejected += t.unknown;
+        if (t.unknown > 0) reason ??= 'unknown_block';
+        continue;
+      }
+      if (ev.kind === 'cleared') this.tiers.clear(entry.index);
       const r = this.index.apply(entry.index, ev);
       applied += r.applied;
       rejected += r.rejected;
@@ -251,6 +274,7 @@ export class KvRouter {
     // Overlap per source: the event index, raised by the overlay (event sources) or the approximate index.
     const fromIndex = this.index.findMatches(seqHashes);
     const view = new Uint32Array(seqHashes.buffer, seqHashes.byteOffset, seqHashes.length * 2);
+    const knobs: KvKnobs = { ...this.knobs, ...req.knobs };
     const candidates: Candidate[] = [];
     const busySources: string[] = [];
     let bestOverlap = 0;
@@ -269,10 +293,13 @@ export class KvRouter {
         busySources.push(entry.key);
         continue;
       }
+      const tier = (knobs.hostTierCredit ?? 0) > 0 || (knobs.diskTierCredit ?? 0) > 0 ? this.tiers.overlap(s, seqHashes, ov) : NO_TIER;
       candidates.push({
         source: s,
         key: entry.key,
         overlapBlocks: ov,
+        hostTierBlocks: tier.host,
+        diskTierBlocks: tier.disk,
         cachedBlocks: this.index.cachedBlocks(s),
         activePrefillTokens,
         activeBlocks,
@@ -291,7 +318,6 @@ export class KvRouter {
       };
     }
 
-    const knobs: KvKnobs = { ...this.knobs, ...req.knobs };
     const ranking = this.policy(policyName).rank({
       candidates,
       promptTokens,

@@ -98,6 +98,10 @@ export interface KvKnobs {
   readonly overlapCredit: number;
   /** 0 picks the minimum cost; T > 0 samples a softmax over min-max normalised costs. */
   readonly temperature: number;
+  /** Credit per block held in host memory (offload tier), as a fraction of a GPU block. 0 = off; 0.75 when on. */
+  readonly hostTierCredit?: number;
+  /** Credit per block held on disk (offload tier). 0 = off; 0.25 when on. */
+  readonly diskTierCredit?: number;
 }
 
 export interface RouteRequest {

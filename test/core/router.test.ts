@@ -396,3 +396,31 @@ describe('scale-out hook', () => {
     expect(r.ledger.view().delivered.requests).toBe(0);
   });
 });
+
+describe('offload tiers', () => {
+  it('learns tier blocks from GPU announcements and credits them only when tier credit is on', () => {
+    const r = fleet(2);
+    const t = toks(32, 9); // 8 blocks
+    // w0: blocks 0-1 on GPU, blocks 2-5 offloaded to host after the GPU copy is evicted; w1: blocks 0-2 on GPU.
+    r.applyEvents('w0', [stored(t, 6, 100n)]);
+    expect(r.applyEvents('w0', [{ kind: 'stored', parent: null, engineIds: [102n, 103n, 104n, 105n], tokens: null, blockSize: BS, medium: 'CPU' }])).toEqual({ applied: 4, rejected: 0 });
+    r.applyEvents('w0', [{ kind: 'removed', engineIds: [102n, 103n, 104n, 105n] }]);
+    r.applyEvents('w1', [stored(t, 3, 200n)]);
+    expect(r.tiers.blocks(0)).toBe(4);
+    // An unknown tier block (never announced on GPU) is counted, not invented.
+    expect(r.applyEvents('w0', [{ kind: 'stored', parent: null, engineIds: [999n], tokens: null, blockSize: BS, medium: 'DISK' }])).toMatchObject({ rejected: 1, reason: 'unknown_block' });
+
+    const off = routed(r.route({ requestId: 'off', tokens: t }, 0));
+    expect(off.sourceKey).toBe('w1'); // 3 GPU blocks beat 2
+    r.finish('off', {}, 0);
+    const on = routed(r.route({ requestId: 'on', tokens: t, knobs: { hostTierCredit: 0.75, diskTierCredit: 0.25 } }, 0));
+    expect(on.sourceKey).toBe('w0'); // 2 + 0.75 * 4 = 5 credited blocks beat 3
+    expect(on.overlapBlocks).toBe(2); // the GPU overlap is still what is reported as predicted reuse
+    r.finish('on', {}, 0);
+
+    r.applyEvents('w0', [{ kind: 'removed', engineIds: [104n, 105n], medium: 'CPU' }]);
+    expect(r.tiers.blocks(0)).toBe(2);
+    r.resetSource('w0');
+    expect(r.tiers.blocks(0)).toBe(0);
+  });
+});

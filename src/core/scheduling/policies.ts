@@ -2,7 +2,9 @@
  * The built-in policies. Each is a few lines around its formula.
  *
  * kv (default)   cost(w) = prefillLoadScale * prefill(w) + decode(w)                     (NVIDIA Dynamo's cost)
- *                prefill(w) = max(activePrefillTokens(w)/bs + requestBlocks - overlapCredit * overlap(w), 0)
+ *                prefill(w) = max(activePrefillTokens(w)/bs + requestBlocks - overlapCredit * credited(w), 0)
+ *                credited(w) = overlap(w) + hostTierCredit * hostTier(w) + diskTierCredit * diskTier(w)
+ *                (tier credits 0 by default: offload tiers count only when enabled)
  *                decode(w)  = activeBlocks(w) + requestBlocks - activePrefix(w)
  *                temperature 0: min cost, ties -> fewest cached blocks -> seeded random;
  *                T > 0: sample p_i ∝ exp(-(c_i - c_min) / ((c_max - c_min) * T)).
@@ -16,9 +18,12 @@ import { orderByCost, type Policy, type PolicyContext, type Ranking } from './po
 
 export function kvCost(ctx: PolicyContext, i: number): number {
   const c = ctx.candidates[i];
-  const { prefillLoadScale, overlapCredit } = ctx.knobs;
+  const { prefillLoadScale, overlapCredit, hostTierCredit, diskTierCredit } = ctx.knobs;
   const bs = ctx.blockSize;
-  const prefill = Math.max(c.activePrefillTokens / bs + ctx.requestBlocks - overlapCredit * c.overlapBlocks, 0);
+  // Offload tiers (off by default): blocks loadable from host memory or disk save part of their prefill.
+  const credited =
+    c.overlapBlocks + (hostTierCredit ?? 0) * (c.hostTierBlocks ?? 0) + (diskTierCredit ?? 0) * (c.diskTierBlocks ?? 0);
+  const prefill = Math.max(c.activePrefillTokens / bs + ctx.requestBlocks - overlapCredit * credited, 0);
   const decode = c.activeBlocks + (ctx.requestBlocks - c.activePrefixBlocks);
   return prefillLoadScale * prefill + decode;
 }

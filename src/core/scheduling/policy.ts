@@ -11,6 +11,9 @@ export interface Candidate {
   readonly key: string;
   /** Leading request blocks this source holds (max of event index and overlay). */
   readonly overlapBlocks: number;
+  /** Blocks right after the overlap that the source holds in host memory / on disk (offload tiers). */
+  readonly hostTierBlocks?: number;
+  readonly diskTierBlocks?: number;
   /** All blocks the source holds (tie-breaker: fewer means more room). */
   readonly cachedBlocks: number;
   readonly activePrefillTokens: number;
