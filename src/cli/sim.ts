@@ -30,6 +30,9 @@ interface SimCliOptions {
   rateScale: string;
   eventDelayMs: number;
   overlay: boolean;
+  prefillLoadScale?: number;
+  overlapCredit?: number;
+  temperature?: number;
   overlayGraceMs?: number;
   seed: number;
   json?: string;
@@ -102,6 +105,9 @@ export function registerSim(program: Command): void {
     .option('--event-delay-ms <ms>', 'delay from an engine step to the router applying its KV events', nonNeg('--event-delay-ms'), 5)
     .option('--no-overlay', "disable the router's predicted overlay (in-flight siblings credited before their KV events)")
     .option('--overlay-grace-ms <ms>', 'how long a finished request still counts in the overlay', nonNeg('--overlay-grace-ms'))
+    .option('--prefill-load-scale <x>', 'kv knob: weight of prefill load against decode load (default 1)', nonNeg('--prefill-load-scale'))
+    .option('--overlap-credit <x>', 'kv knob: prefill blocks saved per overlapping block (default 1)', nonNeg('--overlap-credit'))
+    .option('--temperature <t>', 'kv knob: 0 picks the minimum cost, > 0 samples a softmax (default 0)', nonNeg('--temperature'))
     .option('--seed <n>', 'seed for the router and the engines (and the scenario generator)', int('--seed', 0), 1)
     .option('--json <file>', 'write the full results as JSON')
     .option('--plot <file>', 'write an SVG chart of hit rates and TTFT per policy')
@@ -163,6 +169,12 @@ export function registerSim(program: Command): void {
         router: {
           ...(base.router ?? {}),
           overlay: o.overlay,
+          knobs: {
+            ...(base.router?.knobs ?? {}),
+            ...(o.prefillLoadScale !== undefined && { prefillLoadScale: o.prefillLoadScale }),
+            ...(o.overlapCredit !== undefined && { overlapCredit: o.overlapCredit }),
+            ...(o.temperature !== undefined && { temperature: o.temperature }),
+          },
           ...(o.overlayGraceMs !== undefined && { overlayGraceMs: o.overlayGraceMs }),
         },
       };
