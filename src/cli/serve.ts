@@ -64,6 +64,7 @@ const KEYS: Array<[string, keyof ServeConfig]> = [
   ['breakerCooldownMs', 'breakerCooldownMs'],
   ['shutdownGraceMs', 'shutdownGraceMs'],
   ['metricsPrefix', 'metricsPrefix'],
+  ['engineMetricsIntervalMs', 'engineMetricsIntervalMs'],
   ['logLevel', 'logLevel'],
   ['upstreamTimeoutMs', 'upstreamTimeoutMs'],
   ['apiKey', 'apiKeys'],
@@ -134,6 +135,7 @@ export function registerServe(program: Command): void {
     .addOption(opt('--breaker-cooldown-ms <ms>', 'time an open breaker waits before one trial request', 'KVROUTE_BREAKER_COOLDOWN_MS').argParser(int('--breaker-cooldown-ms')).default(d.breakerCooldownMs))
     .addOption(opt('--shutdown-grace-ms <ms>', 'on SIGTERM/SIGINT, time given to in-flight streams to finish', 'KVROUTE_SHUTDOWN_GRACE_MS').argParser(int('--shutdown-grace-ms')).default(d.shutdownGraceMs))
     .addOption(opt('--metrics-prefix <prefix>', 'prefix of every metric name (e.g. dynamo_component_)', 'KVROUTE_METRICS_PREFIX').default(d.metricsPrefix))
+    .addOption(opt('--engine-metrics-interval-ms <ms>', 'period of scraping the engines\' /metrics into router_engine_* series (0 disables)', 'KVROUTE_ENGINE_METRICS_INTERVAL_MS').argParser(int('--engine-metrics-interval-ms')).default(d.engineMetricsIntervalMs))
     .addOption(opt('--log-level <level>', 'log level', 'KVROUTE_LOG_LEVEL').choices(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default(d.logLevel))
     .addOption(opt('--mock-workers <n>', 'size of the embedded mock fleet started when no worker is given (0: start with none)', 'KVROUTE_MOCK_WORKERS').argParser(int('--mock-workers')).default(4))
     .addOption(opt('--mock-model <name>', 'model name served by the embedded mock fleet', 'KVROUTE_MOCK_MODEL').default('mock-model'))

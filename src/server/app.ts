@@ -238,10 +238,13 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
   sweepTimer.unref();
 
   // Engine-side prefix-cache counters mirrored next to the router's own (the honest comparison of hit rates).
-  const mirror: EngineMirror = metrics.mirrorEngines({
-    targets: () => workers.list().map((w) => ({ workerId: w.id, url: w.url })),
-    intervalMs: Math.max(1000, config.healthIntervalMs || 5000),
-  });
+  const mirror: EngineMirror | null =
+    config.engineMetricsIntervalMs > 0
+      ? metrics.mirrorEngines({
+          targets: () => workers.list().map((w) => ({ workerId: w.id, url: w.url })),
+          intervalMs: config.engineMetricsIntervalMs,
+        })
+      : null;
 
   // Event-stream health into metrics: the ingest keeps cumulative counts per source, metrics take increments.
   const lastIngest = new Map<string, { gaps: number; replays: number; resets: number; decodeErrors: number }>();
@@ -768,7 +771,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       server.closeAllConnections();
       clearInterval(sweepTimer);
       clearInterval(ingestPoll);
-      await mirror.stop();
+      await mirror?.stop();
       await tokenizer?.close();
       await workers.destroy();
       if (ingest) await ingest.close();

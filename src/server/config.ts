@@ -54,6 +54,8 @@ export interface ServeConfig {
   shutdownGraceMs: number;
   metricsPrefix: string;
   logLevel: string;
+  /** Period of the engine /metrics mirror (router_engine_* series next to the router's own); 0 disables it. */
+  engineMetricsIntervalMs: number;
   /** API keys accepted on /v1 (Authorization: Bearer); none = open. */
   apiKeys?: string[];
   /** File with one API key per line. */
@@ -75,7 +77,7 @@ export const CONFIG_KEYS = [
   'host', 'port', 'workers', 'blockSize', 'policy', 'prefillLoadScale', 'overlapCredit', 'temperature', 'seed',
   'busyKvFraction', 'busyPrefillTokens', 'queueLimit', 'queueTimeoutMs', 'retries', 'bodyLimitBytes', 'tokenizerDir', 'tokenizerThreads',
   'remoteTokenize', 'adminToken', 'healthIntervalMs', 'healthTimeoutMs', 'ejectAfter', 'breakerThreshold',
-  'breakerCooldownMs', 'upstreamTimeoutMs', 'shutdownGraceMs', 'metricsPrefix', 'logLevel', 'apiKeys', 'apiKeyFile',
+  'breakerCooldownMs', 'upstreamTimeoutMs', 'shutdownGraceMs', 'metricsPrefix', 'logLevel', 'engineMetricsIntervalMs', 'apiKeys', 'apiKeyFile',
   'rateLimit', 'allowWorkerHosts', 'headerTimeoutMs', 'bodyTimeoutMs', 'maxJsonDepth',
 ] as const;
 
@@ -104,6 +106,7 @@ export const DEFAULTS: ServeConfig = {
   shutdownGraceMs: 30_000,
   metricsPrefix: '',
   logLevel: 'info',
+  engineMetricsIntervalMs: 5_000,
   headerTimeoutMs: 10_000,
   bodyTimeoutMs: 60_000,
   maxJsonDepth: 64,
