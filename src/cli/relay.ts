@@ -101,8 +101,13 @@ export function registerRelay(program: Command): void {
         limits: { maxAgeMs: opts.maxAgeS * 1000, maxBytes: opts.maxBytes, replicas: opts.replicas },
         log,
       });
+      // Handlers first: a SIGTERM during start-up (waiting for NATS, priming) still stops cleanly.
+      const stopped = new Promise<void>((resolve) => {
+        process.once('SIGINT', () => resolve());
+        process.once('SIGTERM', () => resolve());
+      });
       try {
-        await relay.start();
+        await Promise.race([relay.start(), stopped]);
       } catch (err) {
         log.error({ err: String(err) }, 'relay could not start');
         process.exitCode = 1;
@@ -110,14 +115,13 @@ export function registerRelay(program: Command): void {
         return;
       }
       const stats = setInterval(() => log.info({ ranks: relay.stats() }, 'relay counters'), opts.statsEveryS * 1000);
-      await new Promise<void>((resolve) => {
-        const stop = () => resolve();
-        process.once('SIGINT', stop);
-        process.once('SIGTERM', stop);
-      });
+      await stopped;
       clearInterval(stats);
       // Publish what is queued (briefly), keep the registry entry: a restarted relay resumes without a reset.
       await relay.close({ drainMs: 2000 });
       log.info({ ranks: relay.stats() }, 'relay stopped');
+      // A stop during start-up may leave the start sequence's sockets behind: end the process explicitly.
+      await new Promise<void>((resolve) => log.flush(() => resolve()));
+      process.exit(process.exitCode ?? 0);
     });
 }

@@ -4,7 +4,7 @@
  */
 import { spawn } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { NatsServer, until } from './nats-server.ts';
+import { freePort, NatsServer, until } from './nats-server.ts';
 import { blocksOf, complete, converged, PromptGen, sameSet, startEngine, startReplica, type Engine } from './fleet.ts';
 
 const nats = new NatsServer();
@@ -95,5 +95,35 @@ describe('kvroute relay', () => {
       await replica.close();
       await mocker.close();
     }
+  });
+
+  it('waits for NATS when it is not up yet, then registers', async () => {
+    const later = new NatsServer();
+    later.port = await freePort();
+    const relay = run(['--nats', later.url, '--worker', 'early', '--events', engine.mocker.zmqEndpoint!, '--log-level', 'warn']);
+    try {
+      await new Promise((r) => setTimeout(r, 1000));
+      await later.start();
+      const { replica } = await startReplica(later, 'late-nats-rep');
+      try {
+        await until(() => replica.workerEntries().some((w) => w.workerId === 'early'), 10_000, 'relay registered after NATS came up');
+      } finally {
+        await replica.close();
+      }
+    } finally {
+      relay.kill('SIGTERM');
+      const r = await relay.done;
+      await later.dispose();
+      expect(r.stderr).toBe('');
+      expect(r.code).toBe(0);
+    }
+  });
+
+  it('stops cleanly on SIGTERM while still waiting for NATS', async () => {
+    const port = await freePort();
+    const relay = run(['--nats', `nats://127.0.0.1:${port}`, '--worker', 'never', '--events', engine.mocker.zmqEndpoint!, '--log-level', 'warn']);
+    await new Promise((r) => setTimeout(r, 1500));
+    relay.kill('SIGTERM');
+    expect((await relay.done).code).toBe(0);
   });
 });

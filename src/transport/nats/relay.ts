@@ -436,7 +436,7 @@ export class NatsRelay {
   async start(): Promise<void> {
     if (this.opts.nc) this.nc = this.opts.nc;
     else {
-      this.nc = await connect({ servers: this.opts.servers ?? '127.0.0.1:4222', maxReconnectAttempts: -1, reconnectTimeWait: 250, name: `kvroute-relay-${this.workerId}` });
+      this.nc = await connect({ servers: this.opts.servers ?? '127.0.0.1:4222', maxReconnectAttempts: -1, reconnectTimeWait: 250, waitOnFirstConnect: true, name: `kvroute-relay-${this.workerId}` });
       this.ownsConnection = true;
     }
     this.connected = true;

@@ -245,7 +245,7 @@ export class NatsReplica {
     this.router = router;
     if (this.opts.nc) this.nc = this.opts.nc;
     else {
-      this.nc = await connect({ servers: this.opts.servers ?? '127.0.0.1:4222', maxReconnectAttempts: -1, reconnectTimeWait: 250, name: `kvroute-replica-${this.replicaId}` });
+      this.nc = await connect({ servers: this.opts.servers ?? '127.0.0.1:4222', maxReconnectAttempts: -1, reconnectTimeWait: 250, waitOnFirstConnect: true, name: `kvroute-replica-${this.replicaId}` });
       this.ownsConnection = true;
     }
     this.connectedSince = this.now();
