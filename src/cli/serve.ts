@@ -96,7 +96,7 @@ export function registerServe(program: Command): void {
     .addOption(
       opt(
         '-w, --worker <spec>',
-        'engine to route to (repeatable): URL[,events=tcp://host:port][,replay=tcp://host:port][,dp=N][,model=NAME][,id=NAME][,blocks=N]. ' +
+        'engine to route to (repeatable): URL[,events=tcp://host:port][,replay=tcp://host:port][,dp=N][,model=NAME][,id=NAME][,blocks=N][,engine=vllm|sglang]. ' +
           'events= enables KV-event routing (vLLM --kv-events-config publisher endpoint); without it the worker runs in approximate mode',
         'KVROUTE_WORKERS',
       ).argParser(collectWorkers),

@@ -205,6 +205,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
             endpoint: w.spec.events,
             replayEndpoint: w.spec.replay ?? null,
             dpRanks: w.spec.dp ?? 1,
+            flavor: w.spec.engine,
           });
         }
       },

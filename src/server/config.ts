@@ -20,6 +20,8 @@ export interface WorkerSpec {
   readonly models?: readonly string[];
   /** KV capacity in blocks per rank (for the busy fraction). */
   readonly blocks?: number;
+  /** Event wire flavour of the engine (default vllm). */
+  readonly engine?: 'vllm' | 'sglang';
 }
 
 export interface ServeConfig {
@@ -119,7 +121,7 @@ function positiveInt(name: string, v: string): number {
 }
 
 /**
- * Parses `URL[,events=tcp://host:port][,replay=tcp://host:port][,dp=N][,model=NAME][,id=NAME][,blocks=N]`.
+ * Parses `URL[,events=tcp://host:port][,replay=tcp://host:port][,dp=N][,model=NAME][,id=NAME][,blocks=N][,engine=vllm|sglang]`.
  * `model` may repeat. Throws an Error with an actionable message.
  */
 export function parseWorkerSpec(spec: string): WorkerSpec {
@@ -135,7 +137,16 @@ export function parseWorkerSpec(spec: string): WorkerSpec {
   if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') {
     throw new Error(`worker URL "${url}" must be http:// or https://`);
   }
-  const out: { url: string; id?: string; events?: string; replay?: string; dp?: number; models?: string[]; blocks?: number } = {
+  const out: {
+    url: string;
+    id?: string;
+    events?: string;
+    replay?: string;
+    dp?: number;
+    models?: string[];
+    blocks?: number;
+    engine?: 'vllm' | 'sglang';
+  } = {
     url: parsed.origin + parsed.pathname.replace(/\/+$/, ''),
   };
   for (const kv of parts.slice(1)) {
@@ -161,12 +172,16 @@ export function parseWorkerSpec(spec: string): WorkerSpec {
         if (!value) throw new Error(`worker option model= needs a name in "${spec}"`);
         out.models = [...(out.models ?? []), value];
         break;
+      case 'engine':
+        if (value !== 'vllm' && value !== 'sglang') throw new Error(`worker option engine="${value}" must be vllm or sglang`);
+        out.engine = value;
+        break;
       case 'id':
         if (!/^[A-Za-z0-9_.:@-]+$/.test(value)) throw new Error(`worker id "${value}" may use only [A-Za-z0-9_.:@-]`);
         out.id = value;
         break;
       default:
-        throw new Error(`unknown worker option "${key}" in "${spec}" (known: events, replay, dp, model, id, blocks)`);
+        throw new Error(`unknown worker option "${key}" in "${spec}" (known: events, replay, dp, model, id, blocks, engine)`);
     }
   }
   return out;
@@ -179,7 +194,7 @@ export function workerFromUnknown(value: unknown): WorkerSpec {
   const v = value as Record<string, unknown>;
   if (typeof v.url !== 'string') throw new Error('a worker object needs a string "url"');
   const parts = [v.url];
-  for (const k of ['events', 'replay', 'id'] as const) if (v[k] !== undefined) parts.push(`${k}=${String(v[k])}`);
+  for (const k of ['events', 'replay', 'id', 'engine'] as const) if (v[k] !== undefined) parts.push(`${k}=${String(v[k])}`);
   for (const k of ['dp', 'blocks'] as const) if (v[k] !== undefined) parts.push(`${k}=${String(v[k])}`);
   const models = v.models ?? v.model;
   if (Array.isArray(models)) for (const m of models) parts.push(`model=${String(m)}`);

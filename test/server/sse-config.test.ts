@@ -73,7 +73,8 @@ describe('SseRelay', () => {
 
 describe('worker specs and config files', () => {
   it('parses every worker option', () => {
-    expect(parseWorkerSpec('http://gpu1:8000/,events=tcp://gpu1:5557,replay=tcp://gpu1:5558,dp=4,model=qwen,model=lora-a,id=g1,blocks=9000')).toEqual({
+    expect(parseWorkerSpec('http://gpu1:8000/,events=tcp://gpu1:5557,replay=tcp://gpu1:5558,dp=4,model=qwen,model=lora-a,id=g1,blocks=9000,engine=sglang')).toEqual({
+      engine: 'sglang',
       url: 'http://gpu1:8000',
       events: 'tcp://gpu1:5557',
       replay: 'tcp://gpu1:5558',
@@ -90,6 +91,7 @@ describe('worker specs and config files', () => {
     expect(() => parseWorkerSpec('http://a:1,dp=0')).toThrow(/positive integer/);
     expect(() => parseWorkerSpec('http://a:1,colour=blue')).toThrow(/unknown worker option "colour"/);
     expect(() => parseWorkerSpec('http://a:1,dp')).toThrow(/key=value/);
+    expect(() => parseWorkerSpec('http://a:1,engine=trt')).toThrow(/vllm or sglang/);
   });
 
   it('loads YAML and JSON config files, rejecting unknown keys', async () => {
