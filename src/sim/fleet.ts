@@ -280,9 +280,11 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
       const res = ws.pendingStep!;
       ws.pendingStep = null;
       for (const out of res.outputs) {
+        outputTokens += out.newTokens.length;
+        // Most outputs are plain decode tokens: look the request up only when its lifecycle changes.
+        if (!out.firstToken && !out.finished) continue;
         const rec = recordOf.get(out.requestId);
         if (!rec) continue;
-        outputTokens += out.newTokens.length;
         if (out.firstToken) {
           router.firstToken(out.requestId, now);
           rec.firstTokenMs = now;
