@@ -692,7 +692,7 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
     const chunkHead = `data: {"id":"${id}","object":"${object}","created":${created},"model":${JSON.stringify(loraName ?? model)},"choices":[{"index":`;
 
     if (stream) {
-      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
+      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
       if (kind === 'chat') {
         const first: Record<string, unknown> = {
           id,
