@@ -23,4 +23,12 @@ registerHash(program);
 (await import('./serve.ts')).registerServe(program);
 (await import('./relay.ts')).registerRelay(program);
 
-await program.parseAsync(process.argv);
+try {
+  await program.parseAsync(process.argv);
+} catch (err) {
+  // A bad setting or an unusable resource at startup: say what is wrong in one line, not a stack trace.
+  const command = program.args[0] ?? '';
+  process.stderr.write(`kvroute${command ? ` ${command}` : ''}: ${(err as Error).message}\n`);
+  if (process.env.KVROUTE_DEBUG) process.stderr.write(`${(err as Error).stack}\n`);
+  process.exit(2);
+}

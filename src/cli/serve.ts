@@ -74,6 +74,8 @@ const KEYS: Array<[string, keyof ServeConfig]> = [
   ['headerTimeoutMs', 'headerTimeoutMs'],
   ['bodyTimeoutMs', 'bodyTimeoutMs'],
   ['maxJsonDepth', 'maxJsonDepth'],
+  ['clientStallTimeoutMs', 'clientStallTimeoutMs'],
+  ['tierCredit', 'tierCredit'],
 ];
 
 function collectList(v: string, prev: string[] = []): string[] {
@@ -127,6 +129,8 @@ export function registerServe(program: Command): void {
     .addOption(opt('--header-timeout-ms <ms>', 'a client must send its request head within this', 'KVROUTE_HEADER_TIMEOUT_MS').argParser(int('--header-timeout-ms')).default(d.headerTimeoutMs))
     .addOption(opt('--body-timeout-ms <ms>', 'a client must send its whole request within this (0 disables); responses are never cut', 'KVROUTE_BODY_TIMEOUT_MS').argParser(int('--body-timeout-ms')).default(d.bodyTimeoutMs))
     .addOption(opt('--max-json-depth <n>', 'request bodies nesting deeper are refused with 400 before parsing', 'KVROUTE_MAX_JSON_DEPTH').argParser(int('--max-json-depth', 1)).default(d.maxJsonDepth))
+    .addOption(opt('--client-stall-timeout-ms <ms>', 'a streaming client that reads nothing for this long is dropped and its load freed (0 disables)', 'KVROUTE_CLIENT_STALL_TIMEOUT_MS').argParser(int('--client-stall-timeout-ms')).default(d.clientStallTimeoutMs))
+    .addOption(opt('--tier-credit', 'credit KV blocks engines offloaded to host memory (0.75 of a GPU block) or disk (0.25) in the kv policy', 'KVROUTE_TIER_CREDIT'))
     .addOption(opt('--upstream-timeout-ms <ms>', 'longest silence from a worker (before its response head or between chunks) before the attempt fails', 'KVROUTE_UPSTREAM_TIMEOUT_MS').argParser(int('--upstream-timeout-ms', 1)).default(d.upstreamTimeoutMs))
     .addOption(opt('--health-interval-ms <ms>', 'health probe period (GET /health, GET /v1/models); 0 disables', 'KVROUTE_HEALTH_INTERVAL_MS').argParser(int('--health-interval-ms')).default(d.healthIntervalMs))
     .addOption(opt('--health-timeout-ms <ms>', 'health probe timeout', 'KVROUTE_HEALTH_TIMEOUT_MS').argParser(int('--health-timeout-ms', 1)).default(d.healthTimeoutMs))

@@ -12,7 +12,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from 'node:net';
 import pino, { type Logger } from 'pino';
 import type { Dispatcher } from 'undici';
-import { KvRouter } from '../core/router.ts';
+import { KvRouter, TIER_CREDIT_ON } from '../core/router.ts';
 import { POLICY_NAMES } from '../core/scheduling/policies.ts';
 import type { KvEvent, RouteDecision, RouteRequest, RouteResult } from '../core/types.ts';
 import { EventIngest } from '../ingest/ingest.ts';
@@ -148,7 +148,12 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
   const router = new KvRouter({
     blockSize: config.blockSize,
     policy: config.policy,
-    knobs: { prefillLoadScale: config.prefillLoadScale, overlapCredit: config.overlapCredit, temperature: config.temperature },
+    knobs: {
+      prefillLoadScale: config.prefillLoadScale,
+      overlapCredit: config.overlapCredit,
+      temperature: config.temperature,
+      ...(config.tierCredit ? TIER_CREDIT_ON : {}),
+    },
     seed: config.seed,
     busy: { activeBlockFraction: config.busyKvFraction, activePrefillTokens: config.busyPrefillTokens },
     clock: () => performance.now(),
@@ -352,6 +357,9 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     res.on('close', onClose);
 
     const requestId = `kvr-${idPrefix}-${++seq}`;
+    // The client's own id, if any, travels upstream and back for tracing; the router keys its state by its own id,
+    // which is unique even when clients reuse theirs.
+    const clientRequestId = sanitizeRequestId(req.headers['x-request-id']);
     const body = upstreamBody(parsed, text);
     const path = endpoint === 'chat' ? '/v1/chat/completions' : '/v1/completions';
     const exclude = new Set<string>();
@@ -402,6 +410,20 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       }
       const decision = result;
       metrics.routed(decision, { tokenize: tokenizeS });
+      log.debug(
+        {
+          requestId,
+          clientRequestId,
+          worker: decision.sourceKey,
+          policy: decision.policy,
+          promptTokens: decision.promptTokens,
+          islBlocks: decision.islBlocks,
+          overlapBlocks: decision.overlapBlocks,
+          bestOverlapBlocks: decision.bestOverlapBlocks,
+          attempt,
+        },
+        'routed',
+      );
       ingest?.noteRequestRouted(decision.sourceKey);
       recent.push({
         requestId,
@@ -423,7 +445,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
         exclude.add(decision.sourceKey);
         continue;
       }
-      const outcome = await proxyOnce(worker, decision, parsed, body, path, res, abort.signal, t0);
+      const outcome = await proxyOnce(worker, decision, parsed, body, path, res, abort.signal, t0, clientRequestId);
       if (outcome.kind === 'done') return;
       // Failed before the first byte: free this attempt, steer away from the worker, try the next best.
       lastError = outcome.message;
@@ -445,15 +467,20 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     res: ServerResponse,
     signal: AbortSignal,
     t0: number,
+    clientRequestId: string | null,
   ): Promise<ProxyOutcome> {
     const requestId = decision.requestId;
-    const headers: Record<string, string> = { 'content-type': 'application/json', 'x-request-id': requestId };
+    const headers: Record<string, string> = {
+      'content-type': 'application/json',
+      'x-request-id': clientRequestId ?? requestId,
+    };
     if ((worker.spec.dp ?? 1) > 1) headers['x-data-parallel-rank'] = String(decision.source.dpRank);
     const ours = {
       'x-kvroute-worker': decision.sourceKey,
       'x-kvroute-overlap-blocks': String(decision.overlapBlocks),
       'x-kvroute-isl-blocks': String(decision.islBlocks),
       'x-kvroute-request-id': requestId,
+      'x-request-id': clientRequestId ?? requestId,
     };
     worker.dispatched();
     let upstream: Dispatcher.ResponseData;
@@ -544,9 +571,17 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
         }
         last = tNow;
         if (!res.write(out)) {
-          // Backpressure: a slow client slows the upstream read instead of growing a buffer here.
+          // Backpressure: a slow client slows the upstream read instead of growing a buffer here. A client that
+          // stops reading altogether would pin the request in the worker's active load: past the stall timeout it is
+          // dropped like a disconnect (cancelled, the worker not blamed).
           body.pause();
-          res.once('drain', () => body.resume());
+          const stall =
+            config.clientStallTimeoutMs > 0 ? setTimeout(() => res.destroy(), config.clientStallTimeoutMs) : undefined;
+          res.once('drain', () => {
+            clearTimeout(stall);
+            body.resume();
+          });
+          res.once('close', () => clearTimeout(stall));
         }
       });
       body.once('end', () => {
@@ -751,7 +786,8 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
 
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
-    server.listen(config.port, config.host, () => {
+    // A deeper accept backlog than node's 511, so a connection storm queues in the kernel instead of being dropped.
+    server.listen({ port: config.port, host: config.host, backlog: 4096 }, () => {
       server.off('error', reject);
       resolve();
     });
@@ -792,4 +828,10 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     inFlight: () => inFlight,
     close,
   };
+}
+
+/** A client's x-request-id, if it is a short printable token; anything else is ignored rather than echoed. */
+export function sanitizeRequestId(value: string | string[] | undefined): string | null {
+  if (typeof value !== 'string') return null;
+  return /^[\x21-\x7e]{1,128}$/.test(value) ? value : null;
 }

@@ -72,6 +72,10 @@ export interface ServeConfig {
   bodyTimeoutMs: number;
   /** Request bodies nesting deeper than this are refused (400) before parsing. */
   maxJsonDepth: number;
+  /** A streaming client that reads nothing for this long is dropped (its load freed); 0 disables. */
+  clientStallTimeoutMs: number;
+  /** Credit offload-tier blocks (host 0.75, disk 0.25 of a GPU block) in the kv policy. */
+  tierCredit: boolean;
 }
 
 /** Keys a config file may set (optional ones included). */
@@ -80,7 +84,7 @@ export const CONFIG_KEYS = [
   'busyKvFraction', 'busyPrefillTokens', 'queueLimit', 'queueTimeoutMs', 'retries', 'bodyLimitBytes', 'tokenizerDir', 'tokenizerThreads',
   'remoteTokenize', 'adminToken', 'healthIntervalMs', 'healthTimeoutMs', 'ejectAfter', 'breakerThreshold',
   'breakerCooldownMs', 'upstreamTimeoutMs', 'shutdownGraceMs', 'metricsPrefix', 'logLevel', 'engineMetricsIntervalMs', 'apiKeys', 'apiKeyFile',
-  'rateLimit', 'allowWorkerHosts', 'headerTimeoutMs', 'bodyTimeoutMs', 'maxJsonDepth',
+  'rateLimit', 'allowWorkerHosts', 'headerTimeoutMs', 'bodyTimeoutMs', 'maxJsonDepth', 'clientStallTimeoutMs', 'tierCredit',
 ] as const;
 
 export const DEFAULTS: ServeConfig = {
@@ -112,6 +116,8 @@ export const DEFAULTS: ServeConfig = {
   headerTimeoutMs: 10_000,
   bodyTimeoutMs: 60_000,
   maxJsonDepth: 64,
+  clientStallTimeoutMs: 60_000,
+  tierCredit: false,
 };
 
 function positiveInt(name: string, v: string): number {

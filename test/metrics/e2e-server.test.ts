@@ -82,7 +82,8 @@ describe('hit-rate truth end to end (server + mock engines with KV events)', () 
 
     expect(r.prefix).toBe('dynamo_component_');
     expect(r.overall.requests).toBe(36);
-    expect(r.engineSource).toBe('direct');
+    // The server mirrors the engines' counters, so one router scrape carries both sides.
+    expect(r.engineSource).toBe('mirror');
     const B = r.overall.predicted.blockWeighted;
     const H = r.overall.predicted.requestWeighted;
     const E = r.overall.engine.ratio;

@@ -55,12 +55,9 @@ describe('slow readers', () => {
     expect(fleet.server.workers.get('w0')!.breaker).toBe('closed'); // a slow client is not the worker's fault
   });
 
-  // KNOWN FAILURE (src/server/app.ts proxyOnce, not fixed here): while a client keeps its connection open without
-  // reading, the router waits for 'drain' forever: the request stays in the worker's active load (skewing routing)
-  // after the engine has finished. Proposed fix in the report: race the drain wait with a stall timer
-  // (clientStallTimeoutMs) and destroy the response, which takes the client-disconnect path (cancelled, worker not
-  // blamed). `it.fails` turns red once fixed; then make it a plain `it`.
-  it.fails('KNOWN FAILURE: a client that stops reading is dropped within the stall timeout', async () => {
+  // A client that keeps its connection open without reading must not pin its request in the worker's active load:
+  // past clientStallTimeoutMs the response is destroyed, which takes the client-disconnect path (cancelled).
+  it('a client that stops reading is dropped within the stall timeout', async () => {
     const c = await stalledClient();
     try {
       await engineDone();

@@ -97,7 +97,7 @@ export async function loadApiKeys(src: KeySources): Promise<LoadedKeys> {
   const keys: string[] = [];
   for (const k of src.flags ?? []) {
     for (const part of splitKeys(k)) {
-      checkKey(part, '--api-key');
+      checkKey(part, '--api-key or KVROUTE_API_KEYS');
       keys.push(part);
     }
   }
