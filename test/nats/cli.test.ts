@@ -126,4 +126,26 @@ describe('kvroute relay', () => {
     relay.kill('SIGTERM');
     expect((await relay.done).code).toBe(0);
   });
+
+  it('splits engine batches bigger than a message across messages, losing nothing', async () => {
+    const { NatsRelay } = await import('../../src/transport/nats/relay.ts');
+    const { quietLogger } = await import('../../src/ingest/source-ingest.ts');
+    const small = await startEngine('small');
+    const { router, replica } = await startReplica(nats, 'split-rep');
+    // 512-byte messages: a prefill of a few blocks (80 bytes each) already needs several.
+    const relay = new NatsRelay({ servers: nats.url, workerId: 'small', events: small.mocker.zmqEndpoint!, replay: small.mocker.replayEndpoint, maxMessageBytes: 512, log: quietLogger });
+    try {
+      await relay.start();
+      const gen = new PromptGen(17);
+      for (let i = 0; i < 10; i++) await complete(small.mocker.url, gen.next());
+      await until(() => small.mocker.engine.cachedSeqHashes().size > 0 && converged([{ router }], [small]), 10_000, 'split batches applied');
+      const engineBatches = relay.health()[0].batches;
+      expect(relay.stats()[0].batches).toBeGreaterThan(engineBatches); // some batches became several items
+      expect(relay.stats()[0].dropped).toBe(0);
+    } finally {
+      await relay.close();
+      await replica.close();
+      await small.mocker.close();
+    }
+  });
 });

@@ -80,6 +80,8 @@ export interface RelayRankStats {
   overflows: number;
   /** Publishes rejected because another writer had published on the subject meanwhile. */
   conflicts: number;
+  /** Messages dropped because NATS refused their size (the source was reset instead). */
+  dropped: number;
   pending: number;
   lastStreamSeq: number;
   /** How the relay started: resumed after a verified seq, or reset. */
@@ -87,6 +89,40 @@ export interface RelayRankStats {
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** Upper estimate of an event's encoded size (msgpack overhead + 8 bytes per id / hash, 4 per token). */
+function eventBytes(e: KvEvent): number {
+  if (e.kind === 'stored') return 40 + e.engineIds.length * 8 + (e.tokens?.length ?? 0) * 4 + (e.seqHashes?.length ?? 0) * 8;
+  if (e.kind === 'removed') return 16 + e.engineIds.length * 8;
+  return 4;
+}
+
+function eventBlocks(e: KvEvent): number {
+  return e.kind === 'cleared' ? 0 : e.engineIds.length;
+}
+
+/** Cuts one event into pieces of at most `maxBlocks` blocks; stored pieces chain to the previous piece's last block. */
+function splitEvent(e: KvEvent, maxBlocks: number): KvEvent[] {
+  if (e.kind === 'cleared' || e.engineIds.length <= maxBlocks) return [e];
+  const out: KvEvent[] = [];
+  for (let i = 0; i < e.engineIds.length; i += maxBlocks) {
+    const ids = e.engineIds.slice(i, i + maxBlocks);
+    if (e.kind === 'removed') {
+      out.push({ ...e, engineIds: ids });
+      continue;
+    }
+    const per = e.blockSize;
+    const split = e.seqHashes ? e.seqHashes.length / e.engineIds.length : 0;
+    out.push({
+      ...e,
+      parent: i === 0 ? e.parent : e.engineIds[i - 1],
+      engineIds: ids,
+      tokens: e.tokens ? Array.prototype.slice.call(e.tokens, i * per, (i + ids.length) * per) : null,
+      seqHashes: e.seqHashes ? e.seqHashes.slice(i * split, (i + ids.length) * split) : undefined,
+    });
+  }
+  return out;
+}
 
 /** SourceIngest sets this before calling its sink; read here so the message can carry the engine seq. */
 function deliveredSeq(ingest: SourceIngest): bigint | null {
@@ -126,6 +162,7 @@ class RankPipe {
       duplicates: 0,
       overflows: 0,
       conflicts: 0,
+      dropped: 0,
       pending: 0,
       lastStreamSeq: 0,
       start: 'starting',
@@ -148,7 +185,30 @@ class RankPipe {
     const seq = deliveredSeq(this.ingest) ?? -1n;
     const fp = this.fps.get(seq) ?? 0;
     this.fps.delete(seq);
-    this.push({ kind: 'batch', seq, fp, events });
+    // An engine batch too big for one message (NATS max_payload) becomes several items with the same seq.
+    const limit = this.relay.maxMessageBytes / 2;
+    let size = 0;
+    for (const e of events) size += eventBytes(e);
+    if (size <= limit) {
+      this.push({ kind: 'batch', seq, fp, events });
+      return;
+    }
+    let chunk: KvEvent[] = [];
+    let chunkBytes = 0;
+    for (const e of events) {
+      const perBlock = Math.max(1, eventBytes(e) / Math.max(1, eventBlocks(e)));
+      for (const piece of splitEvent(e, Math.max(1, Math.floor(limit / perBlock) - 1))) {
+        const b = eventBytes(piece);
+        if (chunk.length > 0 && chunkBytes + b > limit) {
+          this.push({ kind: 'batch', seq, fp, events: chunk });
+          chunk = [];
+          chunkBytes = 0;
+        }
+        chunk.push(piece);
+        chunkBytes += b;
+      }
+    }
+    if (chunk.length > 0) this.push({ kind: 'batch', seq, fp, events: chunk });
   }
 
   private onReset(reason: string): void {
@@ -284,6 +344,14 @@ class RankPipe {
             this.stats.lastStreamSeq = lastMsg?.seq ?? 0;
             continue;
           }
+          if (/max.?payload/i.test(String(err))) {
+            // Retrying cannot help; the source's state on the replicas is unknown from here: reset it.
+            this.stats.dropped++;
+            r.log.error({ source: this.key, bytes: m.data.byteLength }, `message for ${this.subject} exceeds the NATS max_payload: dropped, source reset`);
+            this.inflight = null;
+            this.outbox.unshift({ kind: 'reset', reason: 'message_too_large' });
+            continue;
+          }
           this.stats.retries++;
           if (this.stats.retries === 1 || this.stats.retries % 100 === 0) {
             r.log.warn({ source: this.key, err: String(err), retries: this.stats.retries, pending: this.outbox.length }, `publish to ${this.subject} failed: retrying`);
@@ -319,20 +387,17 @@ class RankPipe {
     while (n < this.outbox.length) {
       const it = this.outbox[n];
       let size = 16;
+      let itemBlocks = 0;
       if (it.kind === 'batch') {
         for (const e of it.events) {
-          if (e.kind === 'stored') {
-            size += 40 + e.engineIds.length * 8 + (e.tokens?.length ?? 0) * 4 + (e.seqHashes?.length ?? 0) * 8;
-            blocks += e.engineIds.length;
-          } else if (e.kind === 'removed') {
-            size += 16 + e.engineIds.length * 8;
-            blocks += e.engineIds.length;
-          } else size += 4;
+          size += eventBytes(e);
+          itemBlocks += eventBlocks(e);
         }
-        batches++;
       }
       if (n > 0 && bytes + size > r.maxMessageBytes) break;
       bytes += size;
+      blocks += itemBlocks;
+      if (it.kind === 'batch') batches++;
       n++;
     }
     const items = this.outbox.splice(0, n);
