@@ -25,6 +25,8 @@ beforeAll(async () => {
       port: 0,
       workers: fleet.workers,
       healthIntervalMs: 0,
+      // The report reads the engines directly here (the mirror's own path is covered by scrape/mocker tests).
+      engineMetricsIntervalMs: 0,
       remoteTokenize: false,
       shutdownGraceMs: 500,
       logLevel: 'silent',
@@ -82,8 +84,7 @@ describe('hit-rate truth end to end (server + mock engines with KV events)', () 
 
     expect(r.prefix).toBe('dynamo_component_');
     expect(r.overall.requests).toBe(36);
-    // The server mirrors the engines' counters, so one router scrape carries both sides.
-    expect(r.engineSource).toBe('mirror');
+    expect(r.engineSource).toBe('direct');
     const B = r.overall.predicted.blockWeighted;
     const H = r.overall.predicted.requestWeighted;
     const E = r.overall.engine.ratio;
