@@ -14,6 +14,7 @@ import {
 } from '../../src/mocker/engine/index.ts';
 import { computeSeqHashes, hashBlocksInto, hashSeed } from '../../src/core/hashing.ts';
 import { KvIndex } from '../../src/core/index/kv-index.ts';
+import { splitU64 } from '../../src/core/index/u64-map.ts';
 
 // ------------------------------------------------------------------------------------------------ cache vs brute force
 
@@ -99,14 +100,15 @@ function admit(
 
 function realAdapter(pool: BlockPool) {
   return {
-    match: (h: bigint[], m: number) => pool.matchPrefix(h, m),
+    match: (h: bigint[], m: number) => pool.matchPrefix(BigUint64Array.from(h), m),
     free: () => pool.freeBlocks,
     refOf: (b: number) => pool.refCount(b),
     touch: (b: number) => pool.touch(b),
     allocate: () => pool.allocate(),
     lookup: (h: bigint) => pool.lookup(h),
     register: (b: number, h: bigint) => {
-      pool.register(b, { seqHash: h, engineId: h, parentEngineId: null, loraName: null, cacheSalt: null });
+      const [lo, hi] = splitU64(h);
+      pool.register(b, lo, hi, h, null, 0);
     },
     release: (l: number[]) => pool.release(l),
   };
@@ -148,7 +150,7 @@ describe('BlockPool', () => {
     fc.assert(
       fc.property(fc.integer({ min: 2, max: 12 }), fc.array(opArb, { maxLength: 60 }), (n, ops) => {
         const evictedReal: bigint[] = [];
-        const pool = new BlockPool(n, (m) => evictedReal.push(m.seqHash));
+        const pool = new BlockPool(n, (p, b) => evictedReal.push(p.seqHashOf(b)));
         const bp = new BrutePool(n);
         const ra = realAdapter(pool);
         const ba = bruteAdapter(bp);
@@ -170,7 +172,7 @@ describe('BlockPool', () => {
             bp.release(activeB.splice(i, 1)[0]);
           }
           expect(evictedReal).toEqual(bp.evicted);
-          expect(new Set([...pool.cached()].map((c) => c.meta.seqHash))).toEqual(bp.cachedSet());
+          expect(new Set(pool.cachedBlockList().map((b) => pool.seqHashOf(b)))).toEqual(bp.cachedSet());
           expect(pool.freeBlocks).toBe(bp.free());
         }
       }),
@@ -180,9 +182,11 @@ describe('BlockPool', () => {
 
   it('evicts only when a block is needed, least recently freed first, and never a block in use', () => {
     const evicted: bigint[] = [];
-    const pool = new BlockPool(3, (m) => evicted.push(m.seqHash));
-    const reg = (b: number, h: bigint) =>
-      pool.register(b, { seqHash: h, engineId: h, parentEngineId: null, loraName: null, cacheSalt: null });
+    const pool = new BlockPool(3, (p, b) => evicted.push(p.seqHashOf(b)));
+    const reg = (b: number, h: bigint) => {
+      const [lo, hi] = splitU64(h);
+      pool.register(b, lo, hi, h, null, 0);
+    };
     const a = pool.allocate();
     const b = pool.allocate();
     reg(a, 1n);

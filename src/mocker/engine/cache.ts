@@ -11,21 +11,22 @@
  * - At most one physical block per hash: the engine swaps a duplicate for the cached block (see engine.ts).
  *
  * Keys are the router's sequence hashes (src/core/hashing.ts) so the cache and the router agree on identity; the engine
- * ids announced in events come from a separate chain (engine.ts) stored in the block's metadata.
+ * ids announced in events come from a separate chain (engine.ts). All per-block state lives in typed arrays and the hash
+ * table is a U64Map: a cache of 100k+ blocks gives the GC no objects to trace and lookups allocate nothing.
  */
+import { U64Map, splitU64, u32View } from '../../core/index/u64-map.ts';
 
-/** What a cached block carries; kept until the block is evicted. */
-export interface CachedBlockMeta {
-  /** Router-compatible sequence hash (core hashing, seed from lora name and cache salt). The cache key. */
-  readonly seqHash: bigint;
-  /** Engine id (see engineBlockId in engine.ts); announced as is (u64/i64) or as engineIdBytes(id) (bytes). */
-  readonly engineId: bigint;
-  readonly parentEngineId: bigint | null;
+/** Who computed a block: the LoRA adapter and cache salt that fed its hash (interned per pool). */
+export interface BlockIdentity {
   readonly loraName: string | null;
   readonly cacheSalt: string | null;
 }
 
-export type EvictListener = (meta: CachedBlockMeta) => void;
+/** Called when a cached block is evicted, before its state is cleared (read engineIdOf(block) in it). */
+export type EvictListener = (pool: BlockPool, block: number) => void;
+
+const CACHED = 1;
+const HAS_PARENT = 2;
 
 export class BlockPool {
   readonly numBlocks: number;
@@ -35,8 +36,16 @@ export class BlockPool {
   private readonly next: Int32Array;
   private readonly queued: Uint8Array;
   private free = 0;
-  private readonly meta: (CachedBlockMeta | null)[];
-  private readonly byHash = new Map<bigint, number>();
+  private readonly seqHash: BigUint64Array;
+  private readonly seq32: Uint32Array;
+  private readonly engineId: BigUint64Array;
+  private readonly parentId: BigUint64Array;
+  private readonly flags: Uint8Array;
+  private readonly ident: Int32Array;
+  private readonly identities: BlockIdentity[] = [];
+  private readonly identIndex = new Map<string, number>();
+  private readonly byHash: U64Map;
+  private cached = 0;
 
   constructor(
     numBlocks: number,
@@ -48,7 +57,13 @@ export class BlockPool {
     this.prev = new Int32Array(numBlocks + 1);
     this.next = new Int32Array(numBlocks + 1);
     this.queued = new Uint8Array(numBlocks);
-    this.meta = new Array(numBlocks).fill(null);
+    this.seqHash = new BigUint64Array(numBlocks);
+    this.seq32 = u32View(this.seqHash);
+    this.engineId = new BigUint64Array(numBlocks);
+    this.parentId = new BigUint64Array(numBlocks);
+    this.flags = new Uint8Array(numBlocks);
+    this.ident = new Int32Array(numBlocks);
+    this.byHash = new U64Map(Math.min(numBlocks, 1 << 16));
     const s = numBlocks;
     this.prev[s] = s;
     this.next[s] = s;
@@ -66,29 +81,64 @@ export class BlockPool {
   }
 
   get cachedBlocks(): number {
-    return this.byHash.size;
+    return this.cached;
   }
 
   refCount(block: number): number {
     return this.ref[block];
   }
 
-  metaOf(block: number): CachedBlockMeta | null {
-    return this.meta[block];
+  isCached(block: number): boolean {
+    return (this.flags[block] & CACHED) !== 0;
+  }
+
+  engineIdOf(block: number): bigint {
+    return this.engineId[block];
+  }
+
+  parentIdOf(block: number): bigint | null {
+    return this.flags[block] & HAS_PARENT ? this.parentId[block] : null;
+  }
+
+  seqHashOf(block: number): bigint {
+    return this.seqHash[block];
+  }
+
+  identityOf(block: number): BlockIdentity {
+    return this.identities[this.ident[block]];
+  }
+
+  /** Interned id of a (lora, salt) identity, to pass to register. */
+  identity(loraName: string | null, cacheSalt: string | null): number {
+    const key = `${loraName ?? ''}\u0000${cacheSalt ?? ''}`;
+    let id = this.identIndex.get(key);
+    if (id === undefined) {
+      id = this.identities.length;
+      this.identities.push({ loraName, cacheSalt });
+      this.identIndex.set(key, id);
+    }
+    return id;
+  }
+
+  /** Physical block holding the hash given as (lo, hi) halves, or -1. */
+  lookup32(lo: number, hi: number): number {
+    return this.byHash.get(lo, hi);
   }
 
   /** Physical block holding `seqHash`, or -1. */
   lookup(seqHash: bigint): number {
-    return this.byHash.get(seqHash) ?? -1;
+    const [lo, hi] = splitU64(seqHash);
+    return this.byHash.get(lo, hi);
   }
 
   /** Physical blocks of the longest cached prefix of `seqHashes`, at most `maxBlocks` long. */
-  matchPrefix(seqHashes: ArrayLike<bigint>, maxBlocks: number): number[] {
+  matchPrefix(seqHashes: BigUint64Array, maxBlocks: number): number[] {
     const out: number[] = [];
+    const v = u32View(seqHashes);
     const n = Math.min(maxBlocks, seqHashes.length);
     for (let i = 0; i < n; i++) {
-      const b = this.byHash.get(seqHashes[i]);
-      if (b === undefined) break;
+      const b = this.byHash.get(v[2 * i], v[2 * i + 1]);
+      if (b < 0) break;
       out.push(b);
     }
     return out;
@@ -106,11 +156,11 @@ export class BlockPool {
     const b = this.next[s];
     if (b === s) return -1;
     this.unlink(b);
-    const m = this.meta[b];
-    if (m !== null) {
-      this.byHash.delete(m.seqHash);
-      this.meta[b] = null;
-      this.onEvict(m);
+    if (this.flags[b] & CACHED) {
+      this.onEvict(this, b);
+      this.byHash.delete(this.seq32[2 * b], this.seq32[2 * b + 1]);
+      this.flags[b] = 0;
+      this.cached--;
     }
     this.ref[b] = 1;
     return b;
@@ -122,26 +172,34 @@ export class BlockPool {
       const b = blocks[i];
       if (this.ref[b] <= 0) throw new Error(`block ${b} released with refCount ${this.ref[b]}`);
       if (--this.ref[b] === 0) {
-        if (this.meta[b] !== null) this.pushTail(b);
+        if (this.flags[b] & CACHED) this.pushTail(b);
         else this.pushHead(b);
       }
     }
   }
 
   /**
-   * Registers a block (in use by the caller) under `meta.seqHash`. Returns false when another block already holds
-   * that hash (the caller keeps the existing one instead) or this block already has a hash.
+   * Registers a block (in use by the caller) under the hash (seqLo, seqHi). Returns false when another block already
+   * holds that hash (the caller keeps the existing one instead) or this block already has a hash.
    */
-  register(block: number, meta: CachedBlockMeta): boolean {
-    if (this.meta[block] !== null || this.byHash.has(meta.seqHash)) return false;
-    this.meta[block] = meta;
-    this.byHash.set(meta.seqHash, block);
+  register(block: number, seqLo: number, seqHi: number, engineId: bigint, parentId: bigint | null, identity: number): boolean {
+    if (this.flags[block] & CACHED || this.byHash.get(seqLo, seqHi) >= 0) return false;
+    this.seq32[2 * block] = seqLo;
+    this.seq32[2 * block + 1] = seqHi;
+    this.engineId[block] = engineId;
+    this.parentId[block] = parentId ?? 0n;
+    this.flags[block] = CACHED | (parentId === null ? 0 : HAS_PARENT);
+    this.ident[block] = identity;
+    this.byHash.set(seqLo, seqHi, block);
+    this.cached++;
     return true;
   }
 
   /** Every cached block (in use or evictable). */
-  *cached(): IterableIterator<{ block: number; meta: CachedBlockMeta; refCount: number }> {
-    for (const [, block] of this.byHash) yield { block, meta: this.meta[block]!, refCount: this.ref[block] };
+  cachedBlockList(): number[] {
+    const out: number[] = [];
+    for (let b = 0; b < this.numBlocks; b++) if (this.flags[b] & CACHED) out.push(b);
+    return out;
   }
 
   /** Free queue order, head (next to be evicted) first: for tests. */

@@ -7,7 +7,8 @@ import { createHash } from 'node:crypto';
 import { xxh3 } from '@node-rs/xxhash';
 import { SeqHasher, hashSeed } from '../../core/hashing.ts';
 import { GPU_MEDIUM } from '../../core/types.ts';
-import { BlockPool, type CachedBlockMeta } from './cache.ts';
+import { u32View } from '../../core/index/u64-map.ts';
+import { BlockPool } from './cache.ts';
 import { DEFAULT_POLYNOMIAL, stepDurationMs, type StepWork, type TimingModel } from './timing.ts';
 
 export interface EngineConfig {
@@ -235,10 +236,10 @@ export class MockEngine {
   }
 
   private newPool(): BlockPool {
-    return new BlockPool(this.config.numGpuBlocks, (m) => {
+    return new BlockPool(this.config.numGpuBlocks, (pool, block) => {
       this.counters.blocksEvicted++;
       // vLLM emits one BlockRemoved per evicted block.
-      this.pendingEvents.push({ kind: 'removed', engineIds: [m.engineId], medium: GPU_MEDIUM });
+      this.pendingEvents.push({ kind: 'removed', engineIds: [pool.engineIdOf(block)], medium: GPU_MEDIUM });
     });
   }
 
@@ -482,8 +483,10 @@ export class MockEngine {
     const full = Math.floor(r.numComputed / bs);
     if (full <= r.numCachedBlocks) return;
     const seqs = r.hasher.seqHashes();
+    const seq32 = u32View(seqs);
     const loraName = r.input.loraName || null;
     const cacheSalt = r.input.cacheSalt || null;
+    const identity = this.pool.identity(loraName, cacheSalt);
     const loraKeys = loraName ? [loraName] : null;
     // A run of newly announced consecutive blocks becomes one BlockStored; a duplicate (shared, not announced) ends it.
     let runStart = -1;
@@ -512,8 +515,9 @@ export class MockEngine {
       runExtra = [];
     };
     for (let j = r.numCachedBlocks; j < full; j++) {
-      const seqHash = seqs[j];
-      const existing = this.pool.lookup(seqHash);
+      const lo = seq32[2 * j];
+      const hi = seq32[2 * j + 1];
+      const existing = this.pool.lookup32(lo, hi);
       if (existing >= 0 && existing !== r.blocks[j]) {
         // Another request cached the same block meanwhile: share it and drop our copy (no duplicate announced).
         this.pool.touch(existing);
@@ -522,18 +526,18 @@ export class MockEngine {
         closeRun(j);
         continue;
       }
-      const parent = j > 0 ? this.pool.metaOf(r.blocks[j - 1]) : null;
-      const parentId = parent ? parent.engineId : null;
+      // Block j-1 of r is always cached here: registered just before, or swapped for the cached copy.
+      const parentId = j > 0 ? this.pool.engineIdOf(r.blocks[j - 1]) : null;
       const extra = j === 0 && cacheSalt ? (loraName ? [loraName, cacheSalt] : [cacheSalt]) : loraKeys;
       const engineId = engineBlockId(parentId, r.tokens, j * bs, bs, extra);
-      this.pool.register(r.blocks[j], { seqHash, engineId, parentEngineId: parentId, loraName, cacheSalt });
+      this.pool.register(r.blocks[j], lo, hi, engineId, parentId, identity);
       this.counters.blocksStored++;
       if (runStart < 0) {
         runStart = j;
         runParent = parentId;
       }
       runIds.push(engineId);
-      runSeqs.push(seqHash);
+      runSeqs.push(seqs[j]);
       runExtra.push(extra);
     }
     closeRun(full);
@@ -551,25 +555,23 @@ export class MockEngine {
 
   /** The cached blocks (the truth the router's index should converge to). */
   dump(): DumpBlock[] {
-    const out: DumpBlock[] = [];
-    for (const { meta, refCount } of this.pool.cached()) {
-      out.push({
-        engineId: meta.engineId,
-        parentEngineId: meta.parentEngineId,
-        seqHash: meta.seqHash,
-        loraName: meta.loraName,
-        cacheSalt: meta.cacheSalt,
-        refCount,
-      });
-    }
-    return out;
+    const p = this.pool;
+    return p.cachedBlockList().map((b) => {
+      const id = p.identityOf(b);
+      return {
+        engineId: p.engineIdOf(b),
+        parentEngineId: p.parentIdOf(b),
+        seqHash: p.seqHashOf(b),
+        loraName: id.loraName,
+        cacheSalt: id.cacheSalt,
+        refCount: p.refCount(b),
+      };
+    });
   }
 
   /** Router sequence hashes of every cached block. */
   cachedSeqHashes(): Set<bigint> {
-    const s = new Set<bigint>();
-    for (const { meta } of this.pool.cached()) s.add(meta.seqHash);
-    return s;
+    return new Set(this.pool.cachedBlockList().map((b) => this.pool.seqHashOf(b)));
   }
 
   /** Consistency checks for tests: throws on a broken invariant. */

@@ -60,7 +60,7 @@ export {
   type EngineCounters,
   type DumpBlock,
 } from './engine.ts';
-export { BlockPool, type CachedBlockMeta } from './cache.ts';
+export { BlockPool, type BlockIdentity } from './cache.ts';
 export {
   DEFAULT_POLYNOMIAL,
   DEFAULT_FIRST_PRINCIPLES,
