@@ -272,6 +272,20 @@ describe('mocker KV events over real ZMQ, decoded independently', () => {
     expect(await replay(5n)).toEqual([]);
   });
 
+  it('map batch layout (unverified upstream) and usage without prompt_tokens_details when disabled', async () => {
+    const m = await mocker({ batchLayout: 'map', enablePromptTokensDetails: false, dataParallelSize: 1 });
+    const sub = await subscribe(m.zmqEndpoint!);
+    const r = (await post(m, '/v1/completions', { prompt: range(20, 3), max_tokens: 1 })).json();
+    expect(r.usage).toEqual({ prompt_tokens: 20, completion_tokens: 1, total_tokens: 21 });
+    const got = await sub.waitFor(1);
+    const batch = decodeMsgpack(got[0].payload) as Map<string, Msg>;
+    expect(batch).toBeInstanceOf(Map);
+    expect(typeof batch.get('ts')).toBe('number');
+    expect(batch.get('data_parallel_rank')).toBe(0);
+    const events = batch.get('events') as Msg[];
+    expect(readEvent(events[0], 'map').tokens).toEqual(range(16, 3));
+  });
+
   it('connect mode: the PUB connects to a SUB the router bound', async () => {
     const sub = new zmq.Subscriber({ linger: 0 });
     sockets.push(sub);
