@@ -83,6 +83,21 @@ describe('failure behaviour', () => {
     for (const r of replicas) expect(r.replica.stats().streamGaps).toBe(0);
   });
 
+  it('a restarted relay replays a gap before its first live batch (events lost on the wire right after the restart)', async () => {
+    const e = engines[1];
+    await e.relay!.close();
+    const relay = await startRelay(nats, e);
+    expect(relay.stats()[0].start).toBe('resumed');
+    // The first batches after the restart never reach the relay (dropped on PUB, still in the replay buffer).
+    e.mocker.faults.dropEventFraction = 1;
+    for (let i = 0; i < 3; i++) await complete(e.mocker.url, gen.next());
+    e.mocker.faults.dropEventFraction = 0;
+    for (let i = 0; i < 3; i++) await complete(e.mocker.url, gen.next());
+    await expectConverged('convergence after a gap right after the restart');
+    expect(relay.health()[0].replays).toBeGreaterThanOrEqual(1);
+    expect(relay.stats()[0].resets).toBe(0);
+  });
+
   it('relay resumes from its registry entry when snapshots purged its last message', async () => {
     const e = engines[0];
     for (let i = 0; i < 5; i++) await complete(e.mocker.url, gen.next());

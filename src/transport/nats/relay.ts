@@ -124,6 +124,17 @@ function splitEvent(e: KvEvent, maxBlocks: number): KvEvent[] {
   return out;
 }
 
+function emptyBatch(): DecodedBatch {
+  return {
+    ok: true,
+    ts: 0,
+    dataParallelRank: null,
+    events: [],
+    counts: { unknownEventTypes: 0, malformedEvents: 0, multimodalBlocks: 0, loraIdWithoutName: 0 },
+    skippedIds: [],
+  };
+}
+
 /** SourceIngest sets this before calling its sink; read here so the message can carry the engine seq. */
 function deliveredSeq(ingest: SourceIngest): bigint | null {
   return (ingest as unknown as { lastSeq: bigint | null }).lastSeq;
@@ -295,7 +306,9 @@ class RankPipe {
     if (resumed) {
       this.stats.start = 'resumed';
       r.log.info({ source: this.key, seq: last!.seq }, `relay resumes ${this.key} after engine seq ${last!.seq}`);
-      lastFed = last!.seq;
+      // Batch L itself is already published: an empty stand-in tells the tracker to expect L + 1, so a gap before
+      // the first live batch (events sent while the subscription was being set up) is replayed, not skipped.
+      feed(last!.seq, emptyBatch());
       for (const c of collected) feed(c.seq, c.batch);
     } else {
       // Unknown what replicas hold for this source versus what the engine holds: clear, then rebuild from seq 0.
