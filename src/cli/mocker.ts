@@ -137,6 +137,7 @@ export function mockerOptionsFrom(o: Opts): MockerOptions {
       failRequestFraction: o.failRequestFraction,
       dieAfterRequests: o.dieAfterRequests ?? null,
       slowdown: o.slowdown,
+      unhealthy: false,
     },
   };
 }
@@ -154,7 +155,7 @@ export function registerMocker(program: Command): void {
         'continuous-batching scheduler with chunked prefill and preemption, a step timing model, and vLLM KV-cache events ' +
         '(3-frame ZMQ PUB messages, msgpack) with a replay ROUTER socket. Output tokens are deterministic per prompt.\n\n' +
         'Faults for testing can also be changed at run time: POST /fault {"dropEventFraction", "failRequestFraction", ' +
-        '"dieAfterRequests", "slowdown", "restart": true, "die": true}; GET /fault shows faults and counters.',
+        '"dieAfterRequests", "slowdown", "unhealthy", "restart": true, "die": true}; GET /fault shows faults and counters.',
     )
     .addOption(new Option('--port <n>', 'HTTP port (0 = a free port)').default(8100).argParser(int('--port', 0)))
     .addOption(new Option('--host <addr>', 'HTTP listen address').default('0.0.0.0'))

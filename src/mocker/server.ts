@@ -29,6 +29,8 @@ export interface MockerFaults {
   dieAfterRequests: number | null;
   /** Steps take this many times longer (modelled time, hence TTFT, and wall time). */
   slowdown: number;
+  /** The process stays up but the engine is dead, as vLLM after an engine-core crash: /health and generation answer 503. */
+  unhealthy: boolean;
 }
 
 export interface MockerOptions {
@@ -403,7 +405,7 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
   const bufferSteps = options.bufferSteps ?? 10_000;
   const details = options.enablePromptTokensDetails ?? true;
   const defaultMaxTokens = options.defaultMaxTokens ?? 16;
-  const faults: MockerFaults = { dropEventFraction: 0, failRequestFraction: 0, dieAfterRequests: null, slowdown: 1, ...options.faults };
+  const faults: MockerFaults = { dropEventFraction: 0, failRequestFraction: 0, dieAfterRequests: null, slowdown: 1, unhealthy: false, ...options.faults };
   const dice = rng(options.seed ?? 12345);
   const stats: MockerStats = { requests: 0, failedRequests: 0, badRequests: 0, publishedBatches: 0, droppedBatches: 0, replayRequests: 0, sendErrors: 0 };
   const registry = new Registry();
@@ -660,6 +662,7 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
     const rank = pickRank(req);
 
     // Faults after validation, so bad input stays a 400.
+    if (faults.unhealthy) throw new HttpError(503, 'the engine is dead (injected fault)', 'EngineDeadError');
     if (faults.failRequestFraction > 0 && dice() < faults.failRequestFraction) {
       stats.failedRequests++;
       throw new HttpError(500, 'injected failure', 'InternalServerError');
@@ -823,6 +826,10 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
       faults.dieAfterRequests = v as number | null;
       requestsSinceStart = 0;
     }
+    if (body.unhealthy !== undefined) {
+      if (typeof body.unhealthy !== 'boolean') throw new HttpError(400, 'unhealthy must be a boolean', 'BadRequestError', 'unhealthy');
+      faults.unhealthy = body.unhealthy;
+    }
     if (body.slowdown !== undefined) {
       const v = body.slowdown;
       if (typeof v !== 'number' || !(v > 0)) throw new HttpError(400, 'slowdown must be a number > 0', 'BadRequestError', 'slowdown');
@@ -835,7 +842,7 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
     const method = req.method ?? 'GET';
     try {
       if (method === 'GET' && url === '/health') {
-        res.writeHead(200, { 'content-length': 0 });
+        res.writeHead(faults.unhealthy ? 503 : 200, { 'content-length': 0 });
         res.end();
         return;
       }

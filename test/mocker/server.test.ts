@@ -481,6 +481,14 @@ describe('mocker faults', () => {
     expect(f.json().faults.failRequestFraction).toBe(0);
     expect((await post(m, '/v1/completions', { prompt: 'x', max_tokens: 1 })).status).toBe(200);
     expect((await post(m, '/fault', { failRequestFraction: 2 })).status).toBe(400);
+    // Unhealthy: the process answers, the engine does not.
+    expect((await post(m, '/fault', { unhealthy: true })).status).toBe(200);
+    expect((await fetch(m.url + '/health')).status).toBe(503);
+    const dead = await post(m, '/v1/completions', { prompt: 'x', max_tokens: 1 });
+    expect(dead.status).toBe(503);
+    expect(dead.json().error.code).toBe(503);
+    await post(m, '/fault', { unhealthy: false });
+    expect((await fetch(m.url + '/health')).status).toBe(200);
   });
 
   it('dies after N requests and restarts in place: seq back to 0, cache cleared, no AllBlocksCleared', async () => {
