@@ -135,10 +135,6 @@ function emptyBatch(): DecodedBatch {
   };
 }
 
-/** SourceIngest sets this before calling its sink; read here so the message can carry the engine seq. */
-function deliveredSeq(ingest: SourceIngest): bigint | null {
-  return (ingest as unknown as { lastSeq: bigint | null }).lastSeq;
-}
 
 class RankPipe {
   readonly subject: string;
@@ -193,7 +189,8 @@ class RankPipe {
   }
 
   private onEvents(events: KvEvent[]): void {
-    const seq = deliveredSeq(this.ingest) ?? -1n;
+    // Valid inside the sink: the seq of the engine batch these events came from.
+    const seq = this.ingest.lastDeliveredSeq ?? -1n;
     const fp = this.fps.get(seq) ?? 0;
     this.fps.delete(seq);
     // An engine batch too big for one message (NATS max_payload) becomes several items with the same seq.
@@ -262,9 +259,7 @@ class RankPipe {
           else this.ingest.onBatch(seq, batch);
         },
         onBadFrame: (kind, detail) => this.ingest.onBadFrame(kind, detail),
-        onConnection: (c) => {
-          this.ingest.connected = c;
-        },
+        onConnection: (c) => this.ingest.setConnected(c),
       },
     );
 
