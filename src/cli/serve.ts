@@ -141,6 +141,9 @@ export function registerServe(program: Command): void {
     .addOption(opt('--metrics-prefix <prefix>', 'prefix of every metric name (e.g. dynamo_component_)', 'KVROUTE_METRICS_PREFIX').default(d.metricsPrefix))
     .addOption(opt('--engine-metrics-interval-ms <ms>', 'period of scraping the engines\' /metrics into router_engine_* series (0 disables)', 'KVROUTE_ENGINE_METRICS_INTERVAL_MS').argParser(int('--engine-metrics-interval-ms')).default(d.engineMetricsIntervalMs))
     .addOption(opt('--log-level <level>', 'log level', 'KVROUTE_LOG_LEVEL').choices(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default(d.logLevel))
+    .addOption(opt('--nats <urls>', 'scale out: discover workers and KV events from NATS JetStream (fed by `kvroute relay`) and share load with the other replicas; comma-separated URLs', 'KVROUTE_NATS'))
+    .addOption(opt('--replica-id <id>', 'this replica\'s id among router replicas (default: random)', 'KVROUTE_REPLICA_ID'))
+    .addOption(opt('--snapshot-interval-ms <ms>', 'with --nats: index snapshot period while this replica holds the snapshot lease; 0 never writes', 'KVROUTE_SNAPSHOT_INTERVAL_MS').argParser(int('--snapshot-interval-ms')).default(30_000))
     .addOption(opt('--mock-workers <n>', 'size of the embedded mock fleet started when no worker is given (0: start with none)', 'KVROUTE_MOCK_WORKERS').argParser(int('--mock-workers')).default(4))
     .addOption(opt('--mock-model <name>', 'model name served by the embedded mock fleet', 'KVROUTE_MOCK_MODEL').default('mock-model'))
     .addHelpText(
@@ -169,7 +172,8 @@ export function registerServe(program: Command): void {
       const log = pino({ level: config.logLevel, base: undefined, redact: LOG_REDACT_PATHS });
       let fleet: EmbeddedFleet | null = null;
       const mockCount = opts.mockWorkers as number;
-      if (config.workers.length === 0 && mockCount > 0) {
+      const natsUrls = opts.nats ? String(opts.nats).split(',').map((u) => u.trim()).filter(Boolean) : [];
+      if (config.workers.length === 0 && mockCount > 0 && natsUrls.length === 0) {
         config.tokenizerDir ??= bundledTokenizerDir();
         log.info(`no --worker given: starting an embedded fleet of ${mockCount} mock engines (a few seconds)`);
         fleet = await startEmbeddedFleet({
@@ -184,12 +188,31 @@ export function registerServe(program: Command): void {
           `embedded fleet up: ${mockCount} mock engines serving "${opts.mockModel}" with KV events over ZMQ`,
         );
       }
+      // With --nats, /health says 503 until the snapshot is loaded and the event stream caught up.
+      let natsReady = natsUrls.length === 0;
       let server;
       try {
-        server = await startServer(config, { logger: log });
+        server = await startServer(config, { logger: log, readiness: () => natsReady });
       } catch (err) {
         await fleet?.close();
         throw err;
+      }
+      let replica: { close(): Promise<void> } | null = null;
+      if (natsUrls.length > 0) {
+        const { attachToServer } = await import('../transport/nats/attach.ts');
+        log.info({ nats: natsUrls }, 'joining the replicas on NATS: loading the index snapshot and catching up');
+        replica = await attachToServer(server, {
+          servers: natsUrls,
+          replicaId: opts.replicaId as string | undefined,
+          snapshotIntervalMs: opts.snapshotIntervalMs as number,
+          log: {
+            info: (o: object, m: string) => log.info(o, m),
+            warn: (o: object, m: string) => log.warn(o, m),
+            error: (o: object, m: string) => log.error(o, m),
+          },
+        });
+        natsReady = true;
+        log.info('replica ready: snapshot loaded and stream caught up');
       }
       log.info(
         { url: server.url, workers: config.workers.length, policy: config.policy, blockSize: config.blockSize },
@@ -203,8 +226,8 @@ export function registerServe(program: Command): void {
         }
         stopping = true;
         log.info({ signal, inFlight: server.inFlight(), graceMs: config.shutdownGraceMs }, 'shutting down');
-        void server
-          .close()
+        void (replica?.close() ?? Promise.resolve())
+          .then(() => server.close())
           .then(() => fleet?.close())
           .then(() => process.exit(0));
       };

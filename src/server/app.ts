@@ -62,6 +62,8 @@ export interface StartOptions {
   readonly tokenizer?: LocalTokenizer | null;
   /** Security layer; built from the config's apiKeys/apiKeyFile/rateLimit/allowWorkerHosts when absent. */
   readonly security?: Security;
+  /** False while the router is not ready to route (a NATS replica loading its snapshot): /health answers 503. */
+  readonly readiness?: () => boolean;
 }
 
 interface RecentDecision {
@@ -726,6 +728,9 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
         case '/v1/models':
           return sendJson(res, 200, { object: 'list', data: workers.models() });
         case '/health': {
+          if (options.readiness && !options.readiness()) {
+            return sendJson(res, 503, { status: 'starting', healthyWorkers: 0, workers: workers.list().length });
+          }
           const healthy = workers.healthyCount();
           return sendJson(res, healthy > 0 && !closing ? 200 : 503, {
             status: healthy > 0 && !closing ? 'ok' : 'unavailable',
