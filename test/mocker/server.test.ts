@@ -375,6 +375,18 @@ describe('mocker HTTP API', () => {
     expect(load).toMatchObject({ running: 0, waiting: 0, kv_usage: 0 });
   });
 
+  it('under KV pressure: preemptions show in metrics and every request still gets its exact tokens', async () => {
+    const m = await mocker({ engine: { blockSize: 16, numGpuBlocks: 12, maxNumSeqs: 8 } });
+    const prompts = Array.from({ length: 6 }, (_, i) => range(40, 3000 * (i + 1)));
+    const outs = await Promise.all(
+      prompts.map((p) => post(m, '/v1/completions', { prompt: p, max_tokens: 40, return_token_ids: true }).then((r) => r.json())),
+    );
+    outs.forEach((o, i) => expect(o.choices[0].token_ids).toEqual(expectedOutputTokens({ promptTokens: prompts[i] }, 40, 32000)));
+    const text = await (await fetch(m.url + '/metrics')).text();
+    expect(metricValue(text, 'vllm:num_preemptions_total')).toBeGreaterThan(0);
+    expect(metricValue(text, 'vllm:generation_tokens_total')).toBe(240);
+  });
+
   it('streams completion and chat chunks in vLLM format, with deterministic tokens and a usage chunk', async () => {
     const m = await mocker({});
     const prompt = range(30, 2000);
