@@ -447,6 +447,8 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
     }
     if (batch.length === 0) {
       r.idle = true;
+      // Not expected (a lone request always fits), but never leave queued work without a next wake.
+      if (r.engine.hasWork() && !r.timer) r.timer = setTimeout(() => ((r.timer = null), kick(r)), 1);
       return;
     }
     r.idle = false;
