@@ -7,6 +7,8 @@
  *   npm run bench:mocker
  *   npm run bench:mocker -- --engines 8 --concurrency 200 --speedup 200 --prompt 512 --max-tokens 64
  *
+ *   npm run bench:mocker -- --engine-only      # the pure engine model alone (what the fleet simulator drives)
+ *
  * At any speedup >= 1 this load asks for far more tokens per second than two cores can stream (1,600 streams with
  * ~6 ms modelled decode steps), so the engines run CPU-bound: the figure shows the loop stays responsive at saturation.
  */
@@ -18,6 +20,7 @@ import { fileURLToPath } from 'node:url';
 import { connect } from 'node:net';
 import * as zmq from 'zeromq';
 import { startMocker, type MockerHandle } from '../src/mocker/server.ts';
+import { MockEngine } from '../src/mocker/engine/index.ts';
 
 const { values } = parseArgs({
   options: {
@@ -27,6 +30,7 @@ const { values } = parseArgs({
     prompt: { type: 'string', default: '512' },
     'max-tokens': { type: 'string', default: '64' },
     client: { type: 'boolean', default: false },
+    'engine-only': { type: 'boolean', default: false },
   },
 });
 const ENGINES = Number(values.engines);
@@ -150,7 +154,62 @@ async function client(urls: string[], zmqEndpoints: string[]): Promise<ClientRes
   };
 }
 
+/**
+ * The engine model alone, on its virtual clock: 2,000 requests of 4,096 tokens (half of each prompt shared by one of 10
+ * groups) with 50 output tokens, on a 30,000-block cache, so it prefills, hits, evicts and announces blocks.
+ */
+function engineOnly(): void {
+  const e = new MockEngine({ numGpuBlocks: 30_000, maxNumSeqs: 256, maxNumBatchedTokens: 8192 });
+  const N = 2000;
+  const prompts = Array.from({ length: N }, (_, i) => [
+    ...Array.from({ length: 2048 }, (_, k) => (i % 10) * 100_000 + k),
+    ...Array.from({ length: 2048 }, (_, k) => 1_000_000 + i * 5000 + k),
+  ]);
+  const cpu0 = process.cpuUsage();
+  const t0 = performance.now();
+  for (let i = 0; i < N; i++) e.addRequest({ requestId: `r${i}`, promptTokens: prompts[i], maxTokens: 50 }, 0);
+  const t1 = performance.now();
+  let t = 0;
+  let events = 0;
+  while (e.hasWork()) {
+    const r = e.step(t);
+    events += r.events.length;
+    t += r.durationMs;
+  }
+  const t2 = performance.now();
+  const cpu = process.cpuUsage(cpu0);
+  const c = e.counters;
+  console.log(
+    JSON.stringify(
+      {
+        command: 'npm run bench:mocker -- --engine-only',
+        node: process.version,
+        loadAverage1mAtStart: +loadavg()[0].toFixed(1),
+        requests: N,
+        promptTokens: c.promptTokens,
+        addRequestMs: +(t1 - t0).toFixed(0),
+        stepLoopMs: +(t2 - t1).toFixed(0),
+        cpuSeconds: +((cpu.user + cpu.system) / 1e6).toFixed(2),
+        steps: c.steps,
+        stepsPerSecond: Math.round(c.steps / ((t2 - t1) / 1000)),
+        blocksStored: c.blocksStored,
+        blocksEvicted: c.blocksEvicted,
+        eventsEmitted: events,
+        generationTokens: c.generationTokens,
+        engineHitRate: +(c.prefixCacheHits / c.prefixCacheQueries).toFixed(3),
+        modelledSeconds: +(t / 1000).toFixed(1),
+      },
+      null,
+      2,
+    ),
+  );
+}
+
 async function main(): Promise<void> {
+  if (values['engine-only']) {
+    engineOnly();
+    return;
+  }
   if (values.client) {
     const { urls, zmq: eps } = JSON.parse(process.env.MOCKER_BENCH!);
     const r = await client(urls, eps);
