@@ -97,6 +97,8 @@ export interface FleetResult {
   /** The same per window of simulated time, averaged with each window weighted by its prefill work. */
   readonly imbalance_windowed: number;
   readonly preemptions: number;
+  /** Per worker: requests routed there and prefill tokens it computed (the imbalance's inputs). */
+  readonly per_worker: ReadonlyArray<{ readonly worker: string; readonly requests: number; readonly prefill_tokens: number }>;
   /** Cached blocks the engines evicted to make room. */
   readonly blocks_evicted: number;
   readonly requests: { readonly routed: number; readonly finished: number; readonly rejected: number };
@@ -125,6 +127,7 @@ interface WorkerState {
   /** Event batches in flight to the router, in delivery order. */
   readonly inFlight: EngineEvent[][];
   prefillTokens: number;
+  requests: number;
   windowPrefill: Map<number, number>;
 }
 
@@ -178,7 +181,7 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
       ...opts.engine,
     });
     const key = router.addSource({ workerId: `w${w}`, dpRank: 0 }, { mode: 'events', capacityBlocks: opts.gpuBlocks });
-    workers.push({ engine, key, busy: false, pendingStep: null, inFlight: [], prefillTokens: 0, windowPrefill: new Map() });
+    workers.push({ engine, key, busy: false, pendingStep: null, inFlight: [], prefillTokens: 0, requests: 0, windowPrefill: new Map() });
   }
   const workerOf = new Map<string, number>();
   workers.forEach((w, i) => workerOf.set(w.key, i));
@@ -258,6 +261,7 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
         continue;
       }
       routed++;
+      workers[w].requests++;
       const rec: RequestRecord = {
         index: i,
         worker: w,
@@ -355,6 +359,7 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
     imbalance: imbalanceOf(workers.map((w) => w.prefillTokens)),
     imbalance_windowed: windowedImbalance(workers.map((w) => w.windowPrefill)),
     preemptions,
+    per_worker: workers.map((w) => ({ worker: w.key, requests: w.requests, prefill_tokens: w.prefillTokens })),
     blocks_evicted: evicted,
     requests: { routed, finished, rejected },
     events: { applied: eventsApplied, rejected: eventsRejected },

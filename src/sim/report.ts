@@ -99,6 +99,13 @@ export function formatReport(rep: SimReport): string {
     'TTFT p50 / p90 ms (requests) by prompt length:',
     table(['policy', ...(sweep ? ['rate'] : []), ...buckets], bucketRows, sweep ? 2 : 1),
     '',
+    'requests per worker (min / max): ' +
+      rep.policies
+        .map((p) => {
+          const counts = p.per_worker.map((w) => w.requests);
+          return `${p.name}${sweep ? ` x${p.rate_scale}` : ''} ${Math.min(...counts)} / ${Math.max(...counts)}`;
+        })
+        .join('; '),
     'simulation cost: ' +
       rep.policies
         .map((p) => `${p.name}${sweep ? ` x${p.rate_scale}` : ''} ${p.sim.wall_s.toFixed(1)} s wall / ${p.sim.cpu_s.toFixed(1)} s cpu (${p.sim.engine_steps.toLocaleString('en-US')} engine steps, ${p.sim.simulated_s.toFixed(0)} s simulated)`)

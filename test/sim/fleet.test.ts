@@ -67,7 +67,8 @@ describe('fleet simulator', () => {
     expect(r.hit.predicted_request_weighted).toBe(0);
     expect(r.hit.available_block_weighted).toBe(0);
     expect(r.hit.engine_token_weighted).toBe(0);
-    // Round-robin spreads prefill evenly: 80 requests on 4 workers, 20 each.
+    // Round-robin spreads requests evenly: 80 requests on 4 workers, 20 each.
+    expect(r.per_worker.map((w) => w.requests)).toEqual([20, 20, 20, 20]);
     expect(r.imbalance).toBeLessThan(1.3);
   });
 
