@@ -7,7 +7,7 @@
  *   decode(w)   = activeBlocks(w) + requestBlocks - activePrefix(w)                     (as kv)
  *   pressure(w) = clamp(decode(w) / capacityBlocks(w), minWeight, 1)
  *   cost(w)     = prefill(w) + pressure(w) * decode(w)
- *   ties -> fewest cached blocks -> seeded random (as kv)
+ *   near-ties (cost within `tieMarginBlocks` of the best) -> fewest cached blocks -> seeded random
  *
  * Why: in a paged engine a running request's KV blocks cost decode time only through memory traffic, and a step's
  * decode time barely depends on which worker holds them until memory runs short; what delays a new request's first
@@ -16,6 +16,12 @@
  * looks expensive and the next turn goes cold elsewhere (conversation trace, 8 workers: 78% of the oracle). Weighting
  * decode by the fraction of KV memory it would occupy keeps the kv cost where memory is tight (pressure -> 1 is
  * Dynamo's cost) and lets prefix reuse and prefill balance decide when it is not.
+ *
+ * The near-tie margin (1 block): with the decode term nearly gone, a one-block overlap (the system prompt that every
+ * worker caches after its first request) is enough to beat an idle worker forever, so idle workers never warm up
+ * (conversation trace, 32 workers: several workers got no request at all, prefill imbalance 1.81). Treating costs
+ * within one block of the best as equal and preferring the emptiest cache among them fixes that (imbalance 1.04)
+ * without giving up real prefix reuse.
  */
 import { orderByCost, type Policy, type PolicyContext, type Ranking } from '../core/scheduling/policy.ts';
 
@@ -27,6 +33,8 @@ export class KvPressurePolicy implements Policy {
     readonly capacityBlocks: number,
     /** Floor of the decode weight: active blocks never count for less than this fraction of a prefill block. */
     readonly minWeight = 1 / 64,
+    /** Costs within this many blocks of the best are treated as ties. */
+    readonly tieMarginBlocks = 1,
   ) {
     if (!(capacityBlocks > 0)) throw new RangeError(`capacity must be positive, got ${capacityBlocks}`);
   }
@@ -41,7 +49,10 @@ export class KvPressurePolicy implements Policy {
 
   rank(ctx: PolicyContext): Ranking {
     const costs = ctx.candidates.map((_, i) => this.cost(ctx, i));
-    return { order: orderByCost(costs, ctx.rng, (i) => ctx.candidates[i].cachedBlocks), costs };
+    let min = Infinity;
+    for (const c of costs) if (c < min) min = c;
+    const banded = costs.map((c) => (c <= min + this.tieMarginBlocks ? min : c));
+    return { order: orderByCost(banded, ctx.rng, (i) => ctx.candidates[i].cachedBlocks), costs };
   }
 }
 

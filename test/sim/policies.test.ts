@@ -53,6 +53,17 @@ describe('kv-pressure prototype', () => {
     expect(new KvPressurePolicy(100_000).rank(ctx([queued, coldIdle], 100)).order[0]).toBe(1);
   });
 
+  it('treats a one-block overlap as a tie and lets an idle, empty worker warm up', () => {
+    // w0 holds only the shared system-prompt block and is idle; w1 has never been used.
+    const systemOnly = cand(0, { overlapBlocks: 1, cachedBlocks: 900 });
+    const empty = cand(1, { cachedBlocks: 0 });
+    expect(new KvPressurePolicy(100_000).rank(ctx([systemOnly, empty], 40)).order[0]).toBe(1);
+    // Without the margin the one-block overlap wins.
+    expect(new KvPressurePolicy(100_000, 1 / 64, 0).rank(ctx([systemOnly, empty], 40)).order[0]).toBe(0);
+    // Two blocks of overlap are real reuse.
+    expect(new KvPressurePolicy(100_000).rank(ctx([cand(0, { overlapBlocks: 2, cachedBlocks: 900 }), empty], 40)).order[0]).toBe(0);
+  });
+
   it('runs in the simulator under its own name', () => {
     const gsp = generateSharedPrefix({ groups: 8, promptsPerGroup: 8, outputLen: 16, rate: 20 });
     const r = runFleet(gsp, { workers: 3, policy: 'kv-pressure', blockSize: 16, gpuBlocks: 8192 });
