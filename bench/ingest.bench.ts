@@ -24,6 +24,7 @@ import type { KvEvent } from '../src/core/types.ts';
 import { decodeVllmBatch, encodeVllmBatch, vllmFrames, type WireEvent, type WireFormat } from '../src/engines/vllm.ts';
 import { quietLogger, SourceIngest } from '../src/ingest/source-ingest.ts';
 import { ZmqSource } from '../src/transport/zmq-source.ts';
+import { createRng } from '../src/core/rng.ts';
 
 const BLOCK_SIZE = 16;
 const TOPIC = 'kv-events';
@@ -33,16 +34,8 @@ function arg(name: string, fallback: string): string {
   return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : fallback;
 }
 
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** The seeded dice (mulberry32), so a run replays. */
+const rng = createRng;
 
 /** The payloads of `batches` engine steps, and their block event count. */
 export function workload(batches: number, format: WireFormat): { payloads: Buffer[]; blockEvents: number; events: number } {

@@ -25,6 +25,7 @@ import { Agent, request } from 'undici';
 import { startMocker, type MockerHandle } from '../src/mocker/server.ts';
 import { startServer, type RunningServer } from '../src/server/app.ts';
 import { DEFAULTS, type ServeConfig } from '../src/server/config.ts';
+import { createRng } from '../src/core/rng.ts';
 
 // ------------------------------------------------------------------------------------------------ helpers
 
@@ -48,17 +49,8 @@ function percentile(xs: number[], p: number): number {
   return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))];
 }
 
-/** mulberry32: the load's dice, seeded so a run replays. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** The seeded dice (mulberry32), so a run replays. */
+const rng = createRng;
 
 function isOpenAiError(text: string): boolean {
   try {

@@ -19,6 +19,7 @@ import { encodeVllmBatch, vllmFrames, type HashType, type WireFormat } from '../
 import { EngineInputError, MockEngine, type EngineConfig, type EngineEvent, type RequestOutput, type StepResult } from './engine/index.ts';
 import { toWireEvents } from './events.ts';
 import { SimpleTokenizer, loadHfTokenizer, type ChatMessage, type MockTokenizer } from './tokenizer.ts';
+import { createRng } from '../core/rng.ts';
 
 export interface MockerFaults {
   /** Fraction of event batches not sent on PUB (they still take a seq and stay replayable: a gap to recover). */
@@ -158,17 +159,8 @@ function pump(): void {
   }
 }
 
-/** mulberry32: the fault dice, seeded so a test's faults replay. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** The seeded dice (mulberry32), so a run replays. */
+const rng = createRng;
 
 const END_SEQ = Buffer.from('ffffffffffffffff', 'hex');
 const EMPTY = Buffer.alloc(0);

@@ -7,16 +7,9 @@ import { computeSeqHashes, hashSeed } from '../../src/core/hashing.ts';
 import { encodeVllmBatch, vllmFrames, type HashType, type WireEvent, type WireFormat } from '../../src/engines/vllm.ts';
 import { xxh3 } from '@node-rs/xxhash';
 
-export function mulberry32(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+import { createRng } from '../../src/core/rng.ts';
+
+export const mulberry32 = createRng;
 
 interface Block {
   routerHash: bigint;
