@@ -386,7 +386,9 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
   if (!(speedup > 0)) throw new RangeError(`speedup must be > 0, got ${speedup}`);
   const dp = options.dataParallelSize ?? 1;
   if (!Number.isInteger(dp) || dp < 1) throw new RangeError(`dataParallelSize must be a positive integer, got ${dp}`);
-  const tokenizer: MockTokenizer = options.tokenizer ? loadHfTokenizer(options.tokenizer) : new SimpleTokenizer(options.engine?.vocabSize ?? 32000);
+  const tokenizer: MockTokenizer = options.tokenizer
+    ? await loadHfTokenizer(options.tokenizer)
+    : new SimpleTokenizer(options.engine?.vocabSize ?? 32000);
   const engineCfg: Partial<EngineConfig> = { ...options.engine, vocabSize: options.engine?.vocabSize ?? tokenizer.vocabSize };
   const ranks = Array.from({ length: dp }, (_, r) => new Rank(r, new MockEngine(engineCfg)));
   const cfg = ranks[0].engine.config;

@@ -1,9 +1,9 @@
 /**
- * Tokenizers for the mock engine. Kept small on purpose: the router's tokenizer (src/tokenizer/) is built separately;
- * the two could be merged once both settle.
+ * Tokenizers for the mock engine.
  *
- * - `loadHfTokenizer(dir)`: the model's real tokenizer.json + tokenizer_config.json chat template (as vLLM does it:
- *   render with add_generation_prompt true and chat_template_kwargs, then tokenize WITHOUT adding special tokens).
+ * - `loadHfTokenizer(dir)`: the model's real tokenizer.json + tokenizer_config.json chat template, through the router's
+ *   own tokenizer (src/tokenizer/): rendered as vLLM does (add_generation_prompt true, chat_template_kwargs), then
+ *   tokenized WITHOUT adding special tokens.
  * - `SimpleTokenizer`: a documented deterministic stand-in when no tokenizer is given:
  *     pieces = text split as /\s*\S+|\s+/ (each word with its leading whitespace),
  *     id(piece) = 256 + fnv1a32(utf8(piece)) mod (vocabSize - 256).
@@ -11,10 +11,7 @@
  *   " w<base36 id>". Chat template (ChatML, as Qwen):
  *     for each message: "<|im_start|>{role}\n{content}<|im_end|>\n"; then "<|im_start|>assistant\n".
  */
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
-import { Tokenizer } from '@huggingface/tokenizers';
-import { Template } from '@huggingface/jinja';
+import { LocalTokenizer } from '../tokenizer/local.ts';
 
 export interface ChatMessage {
   role: string;
@@ -83,52 +80,35 @@ export class SimpleTokenizer implements MockTokenizer {
   }
 }
 
+/** The model's real tokenizer and chat template: the router's own (src/tokenizer/), so both tokenize alike. */
 class HfTokenizer implements MockTokenizer {
   readonly kind = 'hf' as const;
   readonly vocabSize: number;
-  private readonly template: Template | null;
-  private readonly specials: Record<string, unknown>;
 
-  constructor(
-    private readonly tok: Tokenizer,
-    config: Record<string, unknown>,
-  ) {
-    this.vocabSize = tok.get_vocab(false).size;
-    let tpl = config.chat_template as unknown;
-    if (Array.isArray(tpl)) tpl = (tpl.find((t) => t?.name === 'default') ?? tpl[0])?.template;
-    this.template = typeof tpl === 'string' ? new Template(tpl) : null;
-    const tokenText = (v: unknown) => (typeof v === 'string' ? v : v && typeof v === 'object' ? (v as { content?: string }).content ?? '' : '');
-    this.specials = { bos_token: tokenText(config.bos_token), eos_token: tokenText(config.eos_token) };
+  constructor(private readonly local: LocalTokenizer) {
+    this.vocabSize = local.tokenizer.get_vocab(false).size;
   }
 
   encode(text: string): number[] {
-    return this.tok.encode(text, { add_special_tokens: false }).ids;
+    return this.local.encodeCold(text);
   }
 
   decode(ids: readonly number[]): string {
-    return this.tok.decode(ids as number[], { skip_special_tokens: false });
+    return this.local.tokenizer.decode(ids as number[], { skip_special_tokens: false });
   }
 
   renderChat(messages: ChatMessage[], opts: ChatRenderOptions = {}): string {
-    if (!this.template) throw new Error('the tokenizer has no chat_template');
-    return this.template.render({
-      ...this.specials,
+    if (!this.local.chat.hasTemplate) throw new Error('the tokenizer has no chat_template');
+    return this.local.chat.render({
       messages,
       tools: opts.tools,
       add_generation_prompt: opts.addGenerationPrompt !== false,
-      ...(opts.chatTemplateKwargs ?? {}),
+      chat_template_kwargs: opts.chatTemplateKwargs,
     });
   }
 }
 
-/** Loads `dir/tokenizer.json` and `dir/tokenizer_config.json` (throws with the path when unreadable). */
-export function loadHfTokenizer(dir: string): MockTokenizer {
-  const json = JSON.parse(readFileSync(join(dir, 'tokenizer.json'), 'utf8'));
-  let config: Record<string, unknown> = {};
-  try {
-    config = JSON.parse(readFileSync(join(dir, 'tokenizer_config.json'), 'utf8'));
-  } catch {
-    // A tokenizer without a config still tokenizes; chat requests will fail with a clear error.
-  }
-  return new HfTokenizer(new Tokenizer(json, config), config);
+/** Loads `dir/tokenizer.json` and `dir/tokenizer_config.json` (rejects with the path when unreadable). */
+export async function loadHfTokenizer(dir: string): Promise<MockTokenizer> {
+  return new HfTokenizer(await LocalTokenizer.load(dir));
 }
