@@ -4,6 +4,7 @@
  *
  *   npm run bench:index            (node --expose-gc --import tsx bench/index.bench.ts)
  *   options: --trace PATH  --sources N  --capacity BLOCKS_PER_SOURCE  --no-baseline
+ *   BENCH_GC_DEBUG=1 prints every chunk's timed window and every unforced GC pause over 2 ms.
  *
  * Phases per structure: build from the pre-generated event stream (timed chunk by chunk, event objects materialised
  * untimed between chunks), heap delta, findMatches latency; GC pauses are attributed to the phase they start in.
