@@ -179,13 +179,14 @@ export function buildWorkload(trace: readonly TraceRequest[], opt: WorkloadOptio
   const evKeys = new IntList();
   let storedBlocks = 0;
   let removedBlocks = 0;
-  const present = new Uint8Array(8192 * 4);
+  let present = new Uint8Array(8192);
   for (let r = 0; r < requests.length; r++) {
     const s = reqSource[r];
     const cache = caches[s];
     const a = reqStart[r];
     const n = reqStart[r + 1] - a;
-    if (n > opt.capacityPerSource) throw new Error('a request longer than a cache');
+    if (n > opt.capacityPerSource) throw new Error(`request ${r} has ${n} blocks, more than a cache holds (${opt.capacityPerSource})`);
+    if (present.length < n) present = new Uint8Array(n);
     let fresh = 0;
     for (let k = 0; k < n; k++) {
       const key = reqKeys[a + k];
