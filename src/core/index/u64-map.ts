@@ -144,9 +144,28 @@ export class U64Map {
   /** Calls fn for every entry. The map must not be modified during the walk. */
   forEach(fn: (lo: number, hi: number, value: number, aux: number) => void): void {
     const { cells, stride, withAux } = this;
-    for (let at = 0; at < cells.length; at += stride) {
+    const mask = this.cap - 1;
+    // Cells are visited in a scrambled order (an odd multiplier permutes 0..cap-1), not in home order: with homes
+    // taken from the top hash bits, home order stays sorted in every smaller table, so re-inserting a walk into a
+    // growing map (a snapshot load) would pile every key into one probe run and cost O(n^2).
+    for (let k = 0; k < this.cap; k++) {
+      const at = (Math.imul(k, 0x9e3779b1) & mask) * stride;
       if (cells[at + 2] !== 0) fn(cells[at], cells[at + 1], cells[at + 2] - 1, withAux ? cells[at + 3] : 0);
     }
+  }
+
+  /** Longest distance of any key from its home cell (diagnostics and tests: short runs keep lookups fast). */
+  maxDisplacement(): number {
+    const { cells, stride } = this;
+    const mask = this.cap - 1;
+    let worst = 0;
+    for (let i = 0; i < this.cap; i++) {
+      const at = i * stride;
+      if (cells[at + 2] === 0) continue;
+      const d = (i - home(cells[at], cells[at + 1], this.shift)) & mask;
+      if (d > worst) worst = d;
+    }
+    return worst;
   }
 
   private grow(): void {
