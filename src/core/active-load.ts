@@ -46,7 +46,9 @@ interface SourceLoad {
 
 /** Longest common prefix, in blocks, of two seq-hash chains given as (lo, hi) u32 views. */
 export function commonPrefix(a: Uint32Array, an: number, b: Uint32Array, bn: number): number {
-  let lo = 0;
+  // Most chains are other conversations: a different first block settles it without a search.
+  if (an === 0 || bn === 0 || a[0] !== b[0] || a[1] !== b[1]) return 0;
+  let lo = 1;
   let hi = Math.min(an, bn);
   while (lo < hi) {
     const mid = (lo + hi + 1) >>> 1;
@@ -185,11 +187,20 @@ export class ActiveLoad {
     return s ? maxPrefix(view, seqHashes.length, s.inFlight) : 0;
   }
 
-  /** Leading blocks shared with in-flight requests or requests finished less than the grace period ago. */
-  predictedPrefix(source: number, seqHashes: BigUint64Array, now: number, view: Uint32Array = u32(seqHashes)): number {
+  /**
+   * Leading blocks shared with in-flight requests or requests finished less than the grace period ago, at least
+   * `activePrefix` (pass it when already known, to skip the in-flight walk).
+   */
+  predictedPrefix(
+    source: number,
+    seqHashes: BigUint64Array,
+    now: number,
+    view: Uint32Array = u32(seqHashes),
+    activePrefix = -1,
+  ): number {
     const s = this.sources.get(source);
     if (!s) return 0;
-    let best = maxPrefix(view, seqHashes.length, s.inFlight);
+    let best = activePrefix >= 0 ? activePrefix : maxPrefix(view, seqHashes.length, s.inFlight);
     for (const c of s.recent) {
       if (c.expiresAt <= now || best >= seqHashes.length) continue;
       const l = commonPrefix(view, seqHashes.length, c.view, c.blocks);

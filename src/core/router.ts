@@ -282,9 +282,12 @@ export class KvRouter {
       if (req.allow && !req.allow.has(entry.key)) continue;
       if (req.exclude?.has(entry.key)) continue;
       const s = entry.index;
+      const activePrefixBlocks = this.active.activePrefix(s, seqHashes, view);
       let ov = s < fromIndex.length ? fromIndex[s] : 0;
       if (entry.mode === 'approx') ov = Math.max(ov, this.approx.prefix(s, seqHashes, now, view));
-      else if (this.overlay && ov < full) ov = Math.max(ov, this.active.predictedPrefix(s, seqHashes, now, view));
+      else if (this.overlay && ov < full) {
+        ov = Math.max(ov, this.active.predictedPrefix(s, seqHashes, now, view, activePrefixBlocks));
+      }
       ov = Math.min(ov, full);
       if (ov > bestOverlap) bestOverlap = ov;
       const activeBlocks = this.active.activeBlocks(s);
@@ -303,7 +306,7 @@ export class KvRouter {
         cachedBlocks: this.index.cachedBlocks(s),
         activePrefillTokens,
         activeBlocks,
-        activePrefixBlocks: this.active.activePrefix(s, seqHashes, view),
+        activePrefixBlocks,
         activeRequests: this.active.activeRequests(s),
       });
     }
