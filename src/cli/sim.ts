@@ -8,7 +8,6 @@ import cliProgress from 'cli-progress';
 import { POLICY_NAMES } from '../core/scheduling/policies.ts';
 import { runFleet, type FleetOptions, type FleetResult } from '../sim/fleet.ts';
 import { computeOracle } from '../sim/oracle.ts';
-import { SIM_POLICY_NAMES } from '../sim/policies.ts';
 import { buildReport, formatReport, renderSvg } from '../sim/report.ts';
 import { scenario, SCENARIOS } from '../sim/scenarios.ts';
 import { TraceHasher } from '../sim/traces/expand.ts';
@@ -67,7 +66,7 @@ export function parseRateScales(text: string): number[] | string {
   return out.length > 0 ? out : '--rate-scale needs at least one value';
 }
 
-const KNOWN_POLICIES: readonly string[] = [...POLICY_NAMES, ...SIM_POLICY_NAMES];
+const KNOWN_POLICIES: readonly string[] = POLICY_NAMES;
 
 export function parsePolicies(text: string): string[] | string {
   const names = text.split(',').map((s) => s.trim()).filter(Boolean);
@@ -98,7 +97,7 @@ export function registerSim(program: Command): void {
     .option('--scenario <name>', `a built-in scenario instead of --trace: ${SCENARIOS.join(', ')} (seed: the 0.32-vs-0.77 case)`)
     .option('--limit <n>', 'replay only the first N requests', int('--limit', 1))
     .option('--workers <n>', 'engines in the fleet (default 8; scenario: its own)', int('--workers', 1))
-    .option('--policy <list>', `comma-separated policies: ${KNOWN_POLICIES.join(', ')} (default kv,round-robin; kv-pressure is a prototype, see src/sim/policies.ts)`)
+    .option('--policy <list>', `comma-separated policies: ${KNOWN_POLICIES.join(', ')} (default kv-pressure,kv,round-robin)`)
     .option('--block-size <n>', 'router and engine block size in tokens; must divide 512 for trace fidelity (default 16)', int('--block-size', 1))
     .option('--gpu-blocks <n>', `KV blocks per engine (default ${DEFAULT_CAPACITY_TOKENS.toLocaleString('en-US')} tokens' worth)`, int('--gpu-blocks', 1))
     .option('--rate-scale <list>', 'arrival-rate multipliers, comma-separated: 2 = twice the trace load', '1')
@@ -127,7 +126,7 @@ export function registerSim(program: Command): void {
       let requests: TraceRequest[];
       let source: string;
       let base: Omit<FleetOptions, 'policy' | 'onProgress'>;
-      let policies: string[] = ['kv', 'round-robin'];
+      let policies: string[] = ['kv-pressure', 'kv', 'round-robin'];
       const chosen = o.policy === undefined ? undefined : parsePolicies(o.policy);
       if (typeof chosen === 'string') return fail(chosen);
       if (o.scenario) {

@@ -15,7 +15,7 @@ import { KvIndex } from './index/kv-index.ts';
 import { isLowerTier, TierIndex } from './tiers.ts';
 import { predictedCachedTokens, ReuseLedger } from './ledger.ts';
 import { createRng, type Rng } from './rng.ts';
-import { createPolicy, POLICY_NAMES } from './scheduling/policies.ts';
+import { createPolicy, DEFAULT_POLICY, POLICY_NAMES } from './scheduling/policies.ts';
 import type { Candidate, Policy } from './scheduling/policy.ts';
 import {
   sourceKey,
@@ -51,6 +51,8 @@ export interface KvRouterOptions {
   readonly blockSize: number;
   /** Default policy name (requests may override). */
   readonly policy?: string;
+  /** Extra policy objects, selectable by their `name` like the built-in ones (prototypes, plug-ins). */
+  readonly policies?: readonly Policy[];
   readonly knobs?: Partial<KvKnobs>;
   readonly seed?: number;
   /**
@@ -149,7 +151,8 @@ export class KvRouter {
     this.overlay = options.overlay ?? true;
     this.active = new ActiveLoad({ graceMs: this.overlay ? (options.overlayGraceMs ?? 2_000) : 0 });
     this.approx = new TtlIndex({ ttlMs: options.approxTtlMs ?? 120_000, capacityPerSource: options.approxCapacityBlocks });
-    this.defaultPolicy = options.policy ?? 'kv';
+    for (const p of options.policies ?? []) this.policies.set(p.name, p);
+    this.defaultPolicy = options.policy ?? DEFAULT_POLICY;
     this.policy(this.defaultPolicy); // validate early
     this.knobs = { ...DEFAULT_KNOBS, ...options.knobs };
     this.rng = createRng(options.seed ?? 0);
@@ -196,6 +199,14 @@ export class KvRouter {
     let n = 0;
     for (const entry of [...this.sources.values()]) if (entry.id.workerId === workerId && this.removeSource(entry.key)) n++;
     return n;
+  }
+
+  /** Sets a source's KV capacity in blocks (learned from the engine); false for an unknown source. */
+  setCapacity(key: string, capacityBlocks: number): boolean {
+    const entry = this.sources.get(key);
+    if (!entry || !(capacityBlocks > 0)) return false;
+    entry.capacityBlocks = capacityBlocks;
+    return true;
   }
 
   hasSource(key: string): boolean {
@@ -261,7 +272,7 @@ export class KvRouter {
       return { kind: 'refused', requestId: req.requestId, reason: 'duplicate_request', busySources: [] };
     }
     const policyName = req.policy ?? this.defaultPolicy;
-    if (!(POLICY_NAMES as readonly string[]).includes(policyName)) {
+    if (!this.policies.has(policyName) && !(POLICY_NAMES as readonly string[]).includes(policyName)) {
       throw new RangeError(`unknown policy "${policyName}"; known: ${POLICY_NAMES.join(', ')}`);
     }
     const t0 = this.clock?.() ?? 0;
@@ -304,6 +315,7 @@ export class KvRouter {
         hostTierBlocks: tier.host,
         diskTierBlocks: tier.disk,
         cachedBlocks: this.index.cachedBlocks(s),
+        capacityBlocks: entry.capacityBlocks,
         activePrefillTokens,
         activeBlocks,
         activePrefixBlocks,

@@ -511,7 +511,12 @@ export class RouterMetrics {
   }
 
   /** Starts the engine mirror on this registry (router_engine_prefix_cache_*), returned so the shell can stop it. */
-  mirrorEngines(opts: { targets: () => readonly EngineTarget[]; intervalMs?: number; fetch?: typeof fetch }): EngineMirror {
+  mirrorEngines(opts: {
+    targets: () => readonly EngineTarget[];
+    intervalMs?: number;
+    fetch?: typeof fetch;
+    onCapacity?: (workerId: string, numGpuBlocks: number) => void;
+  }): EngineMirror {
     this.mirror = new EngineMirror({ ...opts, registry: this.registry, prefix: this.prefix });
     return this.mirror.start();
   }

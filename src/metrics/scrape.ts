@@ -157,6 +157,20 @@ export interface EngineMirrorOptions {
   readonly fetch?: typeof fetch;
   /** Wall clock in ms, for lastScrapeAt. */
   readonly now?: () => number;
+  /** Called with the engine's KV capacity (vLLM's cache_config_info num_gpu_blocks, per rank) on every scrape. */
+  readonly onCapacity?: (workerId: string, numGpuBlocks: number) => void;
+}
+
+export const VLLM_CACHE_CONFIG = 'vllm:cache_config_info';
+
+/** KV capacity in blocks from vLLM's cache_config_info gauge (its num_gpu_blocks label), if present. */
+export function numGpuBlocks(samples: readonly Sample[]): number | undefined {
+  for (const s of samples) {
+    if (s.name !== VLLM_CACHE_CONFIG) continue;
+    const n = Number(s.labels.num_gpu_blocks);
+    if (Number.isInteger(n) && n > 0) return n;
+  }
+  return undefined;
 }
 
 export const VLLM_QUERIES = 'vllm:prefix_cache_queries_total';
@@ -321,7 +335,10 @@ export class EngineMirror {
     st.lastError = undefined;
     st.lastScrapeAt = this.opts.now?.() ?? Date.now();
     this.upGauge?.set({ worker: t.workerId }, 1);
-    this.ingest(t.workerId, parsePrometheusText(text).samples);
+    const samples = parsePrometheusText(text).samples;
+    this.ingest(t.workerId, samples);
+    const capacity = this.opts.onCapacity ? numGpuBlocks(samples) : undefined;
+    if (capacity !== undefined) this.opts.onCapacity!(t.workerId, capacity);
   }
 
   /** Folds one scrape of a worker into the stitched totals (public for tests and offline use). */

@@ -13,6 +13,7 @@ import type { AddressInfo } from 'node:net';
 import pino, { type Logger } from 'pino';
 import type { Dispatcher } from 'undici';
 import { KvRouter, TIER_CREDIT_ON } from '../core/router.ts';
+import { sourceKey } from '../core/types.ts';
 import { POLICY_NAMES } from '../core/scheduling/policies.ts';
 import type { KvEvent, RouteDecision, RouteRequest, RouteResult } from '../core/types.ts';
 import { EventIngest } from '../ingest/ingest.ts';
@@ -251,6 +252,12 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       ? metrics.mirrorEngines({
           targets: () => workers.list().map((w) => ({ workerId: w.id, url: w.url })),
           intervalMs: config.engineMetricsIntervalMs,
+          // The kv-pressure policy weighs decode load by KV capacity: learn it from the engine unless blocks= says.
+          onCapacity: (workerId, numGpuBlocks) => {
+            const w = workers.get(workerId);
+            if (!w || w.spec.blocks !== undefined) return;
+            for (let r = 0; r < (w.spec.dp ?? 1); r++) router.setCapacity(sourceKey({ workerId, dpRank: r }), numGpuBlocks);
+          },
         })
       : null;
 

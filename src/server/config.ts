@@ -92,7 +92,7 @@ export const DEFAULTS: ServeConfig = {
   port: 8080,
   workers: [],
   blockSize: 16,
-  policy: 'kv',
+  policy: 'kv-pressure',
   prefillLoadScale: 1,
   overlapCredit: 1,
   temperature: 0,

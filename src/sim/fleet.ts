@@ -16,14 +16,13 @@ import type { Policy } from '../core/scheduling/policy.ts';
 import type { KvEvent } from '../core/types.ts';
 import { EngineInputError, MockEngine, type EngineConfig, type EngineEvent, type StepResult } from '../mocker/engine/index.ts';
 import { EventHeap } from './heap.ts';
-import { createSimPolicy } from './policies.ts';
 import { expandTokensArray, TraceHasher } from './traces/expand.ts';
 import type { TraceRequest } from './traces/format.ts';
 import { percentileSorted } from './traces/stats.ts';
 
 export interface FleetOptions {
   readonly workers: number;
-  /** Policy name: one the router knows, or a prototype of ./policies.ts (run in the router's kv slot). */
+  /** Policy name (src/core/scheduling), or the name of `customPolicy`. */
   readonly policy: string;
   /** Router and engine block size in tokens. */
   readonly blockSize: number;
@@ -36,7 +35,7 @@ export interface FleetOptions {
   readonly seed?: number;
   readonly engine?: Partial<EngineConfig>;
   readonly router?: Partial<KvRouterOptions>;
-  /** A policy object to run in the router's kv slot, reported under the name `policy`. See installPolicy(). */
+  /** A policy object to try (prototypes): registered with the router under its own name. */
   readonly customPolicy?: Policy;
   /** Keep per-request records (tests, brute-force checks). */
   readonly keepRequests?: boolean;
@@ -131,16 +130,6 @@ interface WorkerState {
   windowPrefill: Map<number, number>;
 }
 
-/**
- * Replaces the router's implementation behind a policy name with `policy` (for prototypes living in src/sim).
- * The router caches policy objects by name; seeding that cache is the only hook it offers today.
- */
-export function installPolicy(router: KvRouter, name: string, policy: Policy): void {
-  const cache = (router as unknown as { policies: Map<string, Policy> }).policies;
-  if (!(cache instanceof Map)) throw new Error('KvRouter no longer caches policies by name; update installPolicy');
-  cache.set(name, policy);
-}
-
 function summarize(values: number[]): LatencySummary {
   const sorted = Float64Array.from(values).sort();
   let sum = 0;
@@ -167,10 +156,13 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
 
   let maxLen = 1;
   for (const r of requests) maxLen = Math.max(maxLen, r.inputLength + Math.max(1, r.outputLength));
-  const prototype = opts.customPolicy ?? createSimPolicy(opts.policy, opts.gpuBlocks);
-  const routerPolicy = prototype ? 'kv' : opts.policy;
-  const router = new KvRouter({ blockSize: bs, policy: routerPolicy, seed: opts.seed ?? 0, ...opts.router });
-  if (prototype) installPolicy(router, routerPolicy, prototype);
+  const router = new KvRouter({
+    blockSize: bs,
+    policy: opts.customPolicy?.name ?? opts.policy,
+    policies: opts.customPolicy ? [opts.customPolicy] : undefined,
+    seed: opts.seed ?? 0,
+    ...opts.router,
+  });
   const workers: WorkerState[] = [];
   for (let w = 0; w < opts.workers; w++) {
     const engine = new MockEngine({

@@ -20,7 +20,9 @@ let nc: NatsConnection;
 const open: NatsReplica[] = [];
 
 function newRouter(): KvRouter {
-  return new KvRouter({ blockSize: BS, overlay: false, seed: 3 });
+  // The plain kv cost: a pure function of load here (no cache, no capacity), so the comparison isolates load sharing.
+  // kv-pressure's one-block tie band adds seeded-random tie-breaks that differ between one router and two replicas.
+  return new KvRouter({ blockSize: BS, overlay: false, seed: 3, policy: 'kv' });
 }
 
 async function replica(id: string, extra: Partial<ConstructorParameters<typeof NatsReplica>[0]> = {}): Promise<{ router: KvRouter; replica: NatsReplica }> {

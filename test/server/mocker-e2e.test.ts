@@ -94,3 +94,27 @@ describe('without a local tokenizer: the worker’s POST /tokenize', () => {
     expect(b.body.usage.prompt_tokens_details.cached_tokens).toBeGreaterThan(0);
   });
 });
+
+describe('KV capacity for the kv-pressure policy', () => {
+  it("is learned from the engine's vllm:cache_config_info, and blocks= in the worker spec wins", async () => {
+    const engines = await Promise.all([
+      startMocker({ engine: { blockSize: 16, numGpuBlocks: 3000 } }),
+      startMocker({ engine: { blockSize: 16, numGpuBlocks: 5000 } }),
+    ]);
+    const s = await serve({
+      engineMetricsIntervalMs: 50,
+      workers: [
+        { url: engines[0].url, id: 'learned' },
+        { url: engines[1].url, id: 'pinned', blocks: 1234 },
+      ],
+    });
+    try {
+      const capacity = (id: string) => s.router.state().sources.find((x) => x.source === id)?.capacityBlocks;
+      await until(() => capacity('learned') === 3000, 5000);
+      expect(capacity('pinned')).toBe(1234);
+    } finally {
+      await s.close(200);
+      await Promise.all(engines.map((e) => e.close()));
+    }
+  });
+});
