@@ -115,6 +115,19 @@ export class ReuseLedger {
     }
   }
 
+  /** Takes back a routing recorded by `routed` (an attempt that was retried elsewhere). */
+  unrouted(source: string, islBlocks: number, overlapBlocks: number, bestOverlapBlocks: number): void {
+    if (islBlocks <= 0) return;
+    for (const t of [this.total, this.of(source)]) {
+      t.requests--;
+      t.islBlocks -= islBlocks;
+      t.overlapBlocks -= overlapBlocks;
+      t.bestOverlapBlocks -= bestOverlapBlocks;
+      t.chosenRatioSum -= overlapBlocks / islBlocks;
+      t.bestRatioSum -= bestOverlapBlocks / islBlocks;
+    }
+  }
+
   /** When the engine reported cached tokens for a finished request. */
   delivered(source: string, promptTokens: number, cachedTokens: number, predictedTokens: number): void {
     if (promptTokens <= 0) return;

@@ -109,7 +109,7 @@ export interface FinishedRequest {
   readonly overlapBlocks: number;
   readonly predictedCachedTokens: number;
   readonly cachedTokens?: number;
-  readonly outcome: 'ok' | 'cancelled' | 'error';
+  readonly outcome: 'ok' | 'cancelled' | 'error' | 'retried';
   readonly routedAt: number;
   readonly firstTokenAt?: number;
   readonly finishedAt: number;
@@ -122,6 +122,7 @@ interface RequestRecord {
   readonly promptTokens: number;
   readonly islBlocks: number;
   readonly overlapBlocks: number;
+  readonly bestOverlapBlocks: number;
   readonly routedAt: number;
 }
 
@@ -361,6 +362,7 @@ export class KvRouter {
       promptTokens,
       islBlocks: requestBlocks,
       overlapBlocks: chosen.overlapBlocks,
+      bestOverlapBlocks: bestOverlap,
       routedAt: now,
     });
 
@@ -415,6 +417,7 @@ export class KvRouter {
       promptTokens: remote.promptTokens,
       islBlocks: islBlocksOf(remote.promptTokens, this.blockSize),
       overlapBlocks: remote.overlapBlocks,
+      bestOverlapBlocks: remote.overlapBlocks,
       routedAt: now,
     });
     return true;
@@ -442,7 +445,9 @@ export class KvRouter {
     const active = this.active.free(requestId, now);
     const predicted = predictedCachedTokens(record.overlapBlocks, record.promptTokens, this.blockSize);
     const cached = info.cachedTokens;
-    if (!record.remote && cached !== undefined && Number.isFinite(cached) && cached >= 0) {
+    if (info.outcome === 'retried' && !record.remote) {
+      this.ledger.unrouted(record.sourceKey, record.islBlocks, record.overlapBlocks, record.bestOverlapBlocks);
+    } else if (!record.remote && cached !== undefined && Number.isFinite(cached) && cached >= 0) {
       this.ledger.delivered(record.sourceKey, record.promptTokens, cached, predicted);
     }
     return {

@@ -169,5 +169,9 @@ export type RouteResult = RouteDecision | RouteRefusal;
 export interface FinishInfo {
   /** usage.prompt_tokens_details.cached_tokens; undefined when the engine did not report it (unknown, not zero). */
   readonly cachedTokens?: number;
-  readonly outcome?: 'ok' | 'cancelled' | 'error';
+  /**
+   * 'retried': the attempt failed before the engine answered and the request moves to another source; the routing is
+   * taken back out of the ledger, so a retried request counts once, where it was served.
+   */
+  readonly outcome?: 'ok' | 'cancelled' | 'error' | 'retried';
 }

@@ -418,7 +418,6 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
         });
       }
       const decision = result;
-      metrics.routed(decision, { tokenize: tokenizeS });
       log.debug(
         {
           requestId,
@@ -450,11 +449,11 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
 
       const worker = workerOf(decision);
       if (!worker) {
-        router.finish(requestId, { outcome: 'error' }, Date.now());
+        router.finish(requestId, { outcome: 'retried' }, Date.now());
         exclude.add(decision.sourceKey);
         continue;
       }
-      const outcome = await proxyOnce(worker, decision, parsed, body, path, res, abort.signal, t0, clientRequestId);
+      const outcome = await proxyOnce(worker, decision, parsed, body, path, res, abort.signal, t0, clientRequestId, tokenizeS);
       if (outcome.kind === 'done') return;
       // Failed before the first byte: free this attempt, steer away from the worker, try the next best.
       lastError = outcome.message;
@@ -477,8 +476,17 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     signal: AbortSignal,
     t0: number,
     clientRequestId: string | null,
+    tokenizeS: number,
   ): Promise<ProxyOutcome> {
     const requestId = decision.requestId;
+    // The routing counts once this attempt is the request's final one (served, or given up by the client); an
+    // attempt retried elsewhere never counts, in metrics as in the ledger ('retried').
+    let committed = false;
+    const commit = () => {
+      if (committed) return;
+      committed = true;
+      metrics.routed(decision, { tokenize: tokenizeS });
+    };
     const headers: Record<string, string> = {
       'content-type': 'application/json',
       'x-request-id': clientRequestId ?? requestId,
@@ -499,11 +507,12 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       const now = Date.now();
       if (signal.aborted) {
         worker.released();
+        commit();
         finishAndCount(requestId, { outcome: 'cancelled' }, now);
         return { kind: 'done' };
       }
       worker.completed(false, now);
-      router.finish(requestId, { outcome: 'error' }, now);
+      router.finish(requestId, { outcome: 'retried' }, now);
       return { kind: 'retry', message: `${worker.id}: ${(err as Error).message}` };
     }
 
@@ -511,7 +520,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       const text = await upstream.body.text().catch(() => '');
       const now = Date.now();
       worker.completed(false, now);
-      router.finish(requestId, { outcome: 'error' }, now);
+      router.finish(requestId, { outcome: 'retried' }, now);
       return { kind: 'retry', message: `${worker.id} answered ${upstream.statusCode}: ${text.slice(0, 200)}` };
     }
 
@@ -524,13 +533,15 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
         const now = Date.now();
         if (signal.aborted) {
           worker.released();
+          commit();
           finishAndCount(requestId, { outcome: 'cancelled' }, now);
           return { kind: 'done' };
         }
         worker.completed(false, now);
-        router.finish(requestId, { outcome: 'error' }, now);
+        router.finish(requestId, { outcome: 'retried' }, now);
         return { kind: 'retry', message: `${worker.id}: body failed: ${(err as Error).message}` };
       }
+      commit();
       const now = Date.now();
       let cachedTokens: number | undefined;
       let outputTokens: number | undefined;
@@ -557,6 +568,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     }
 
     // Streaming: headers go out now; from here on failures are reported in-band.
+    commit();
     res.writeHead(200, copyHeaders(upstream.headers, { ...ours, 'cache-control': 'no-cache' }));
     res.flushHeaders();
     const relay = new SseRelay(!parsed.clientWantsUsage);

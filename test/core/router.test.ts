@@ -354,6 +354,20 @@ describe('reuse ledger', () => {
     expect(v.requests).toBe(2);
   });
 
+  it("a 'retried' attempt is taken back out of the ledger, so a request counts once, where it was served", () => {
+    const r = fleet(2);
+    const t = toks(40);
+    const first = routed(r.route({ requestId: 'a', tokens: t }, 0));
+    r.finish('a', { outcome: 'retried' }, 1);
+    expect(r.ledger.view().requests).toBe(0);
+    expect(r.ledger.total.islBlocks).toBe(0);
+    routed(r.route({ requestId: 'a', tokens: t, exclude: new Set([first.sourceKey]) }, 2));
+    r.finish('a', { cachedTokens: 0 }, 3);
+    expect(r.ledger.view().requests).toBe(1);
+    expect(r.ledger.total.islBlocks).toBe(10);
+    expect(r.ledger.view().delivered.requests).toBe(1);
+  });
+
   it('predicted cached tokens never include the last prompt token', () => {
     expect(predictedCachedTokens(4, 16, 4)).toBe(12);
     expect(predictedCachedTokens(4, 17, 4)).toBe(16);

@@ -196,6 +196,15 @@ describe('failures', () => {
     }
     expect(engines[0].requests + engines[1].requests).toBeGreaterThan(0);
     expect(s.router.state().inFlight).toBe(0);
+    // Each request counts once in the hit-rate accounting, where it was served, not once per attempt.
+    const islPerRequest = Math.ceil(64 / 16);
+    expect(s.router.ledger.view().requests).toBe(6);
+    expect(s.router.ledger.total.islBlocks).toBe(6 * islPerRequest);
+    const text = await (await fetch(`${s.url}/metrics`)).text();
+    const sum = (name: string) =>
+      text.split('\n').filter((l) => l.startsWith(name)).reduce((a, l) => a + Number(l.split(' ').pop()), 0);
+    expect(sum('router_kv_isl_blocks_total{')).toBe(6 * islPerRequest);
+    expect(sum('router_kv_hit_rate_count{')).toBe(6);
   });
 
   it('answers 502 in the OpenAI shape when every attempt fails', async () => {
