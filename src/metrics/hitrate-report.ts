@@ -6,6 +6,7 @@
  * Pure functions over parsed samples, so the same code reads a live router and two files saved with curl.
  */
 import { engineReadings, parsePrometheusText, type Sample } from './scrape.ts';
+import type { ReuseView } from '../core/ledger.ts';
 
 /** Cumulative counters of one scope (overall or one worker) read from one scrape. */
 export interface HitCounters {
@@ -173,19 +174,10 @@ export function diffCounters(a: HitCounters | undefined, b: HitCounters): { delt
 
 const ratio = (a: number, b: number): number => (b > 0 ? a / b : NaN);
 
-export interface HitRates {
+/** The ledger's view (predicted, available, delivered; both aggregations), read from scrapes, plus the engine's. */
+export interface HitRates extends ReuseView {
   readonly name: string;
-  readonly requests: number;
   readonly islBlocks: number;
-  readonly predicted: { readonly requestWeighted: number; readonly blockWeighted: number };
-  readonly available: { readonly requestWeighted: number; readonly blockWeighted: number };
-  /** Requests whose engine reported cached_tokens: delivered reuse, and the router's prediction for the same ones. */
-  readonly delivered: {
-    readonly requests: number;
-    readonly requestWeighted: number;
-    readonly tokenWeighted: number;
-    readonly predictedTokenWeighted: number;
-  };
   /** The engine's own counters over the window: hits / queries (a ratio of sums, in tokens). */
   readonly engine: { readonly queries: number; readonly hits: number; readonly ratio: number; readonly gauge: number };
   readonly gaps: {
