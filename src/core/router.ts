@@ -24,6 +24,7 @@ import {
   type FinishInfo,
   type KvEvent,
   type KvKnobs,
+  type RouteDecision,
   type RouteRequest,
   type RouteResult,
   type SourceId,
@@ -115,6 +116,17 @@ export interface FinishedRequest {
   readonly finishedAt: number;
 }
 
+/**
+ * Told about each request's lifecycle as it happens (scale-out replicas announce it to their peers). Called
+ * synchronously from route / firstToken / finish; an observer must not call back into the router.
+ */
+export interface RouterObserver {
+  routed?(decision: RouteDecision): void;
+  /** Once per request, on its first token. */
+  firstToken?(requestId: string, now: number): void;
+  finished?(request: FinishedRequest): void;
+}
+
 interface RequestRecord {
   /** Routed by another replica: counts in active load and the overlay, not in this replica's ledger. */
   readonly remote?: boolean;
@@ -145,6 +157,7 @@ export class KvRouter {
   private readonly busy: BusyThresholds;
   private readonly staleMs: number;
   private readonly clock?: () => number;
+  private readonly observers: RouterObserver[] = [];
 
   constructor(options: KvRouterOptions) {
     this.blockSize = options.blockSize;
@@ -263,6 +276,15 @@ export class KvRouter {
     return p;
   }
 
+  /** Adds a lifecycle observer; returns the function that removes it. */
+  observe(observer: RouterObserver): () => void {
+    this.observers.push(observer);
+    return () => {
+      const at = this.observers.indexOf(observer);
+      if (at >= 0) this.observers.splice(at, 1);
+    };
+  }
+
   /** Sequence hashes of a request, with its adapter and salt in the seed. */
   hashRequest(tokens: ArrayLike<number>, loraName?: string | null, cacheSalt?: string | null): BigUint64Array {
     return computeSeqHashes(tokens, this.blockSize, hashSeed(loraName, cacheSalt));
@@ -377,7 +399,7 @@ export class KvRouter {
         cost: ranking.costs[i],
       };
     });
-    return {
+    const decision: RouteDecision = {
       kind: 'routed',
       requestId: req.requestId,
       source: entry.id,
@@ -391,6 +413,8 @@ export class KvRouter {
       seqHashes,
       timingsMs: this.clock ? { hash: t1 - t0, find: t2 - t1, select: t3 - t2 } : undefined,
     };
+    for (const o of this.observers) o.routed?.(decision);
+    return decision;
   }
 
   /**
@@ -434,7 +458,12 @@ export class KvRouter {
   // ---------------------------------------------------------------- lifecycle
 
   firstToken(requestId: string, now: number): boolean {
-    return this.active.firstToken(requestId, now) !== undefined;
+    const req = this.active.get(requestId);
+    if (!req) return false;
+    const first = req.firstTokenAt === undefined;
+    this.active.firstToken(requestId, now);
+    if (first) for (const o of this.observers) o.firstToken?.(requestId, now);
+    return true;
   }
 
   /** Frees the request's load and records delivered reuse. Unknown ids (already finished) return undefined. */
@@ -450,7 +479,7 @@ export class KvRouter {
     } else if (!record.remote && cached !== undefined && Number.isFinite(cached) && cached >= 0) {
       this.ledger.delivered(record.sourceKey, record.promptTokens, cached, predicted);
     }
-    return {
+    const finished: FinishedRequest = {
       requestId,
       sourceKey: record.sourceKey,
       promptTokens: record.promptTokens,
@@ -463,6 +492,8 @@ export class KvRouter {
       firstTokenAt: active?.firstTokenAt,
       finishedAt: now,
     };
+    for (const o of this.observers) o.finished?.(finished);
+    return finished;
   }
 
   /** Expires overlay entries and force-frees requests older than the stale limit. Returns the freed ids. */

@@ -438,3 +438,25 @@ describe('offload tiers', () => {
     expect(r.tiers.blocks(0)).toBe(0);
   });
 });
+
+describe('lifecycle observers', () => {
+  it('hear routed, the first token once, and finished, in order; removal stops them', () => {
+    const r = fleet(2);
+    const heard: string[] = [];
+    const stop = r.observe({
+      routed: (d) => heard.push(`routed ${d.requestId} ${d.sourceKey}`),
+      firstToken: (id) => heard.push(`first ${id}`),
+      finished: (f) => heard.push(`finished ${f.requestId} ${f.outcome}`),
+    });
+    const d = routed(r.route({ requestId: 'a', tokens: toks(20) }, 0));
+    r.firstToken('a', 1);
+    r.firstToken('a', 2);
+    r.finish('a', { cachedTokens: 0 }, 3);
+    r.finish('a', {}, 4); // unknown by now: nothing to hear
+    expect(r.route({ requestId: 'b', tokens: toks(4), allow: new Set(['none']) }, 5).kind).toBe('refused');
+    expect(heard).toEqual([`routed a ${d.sourceKey}`, 'first a', 'finished a ok']);
+    stop();
+    routed(r.route({ requestId: 'c', tokens: toks(20) }, 6));
+    expect(heard.length).toBe(3);
+  });
+});

@@ -1,8 +1,8 @@
 /**
  * Glue between a NatsReplica and the shells that drive a KvRouter, without changing them:
  *
- * - `shareLifecycle(router, replica)` wraps the router instance's route / firstToken / finish so every local request
- *   is announced to the peer replicas (remote requests, tracked under `<peer>/<id>`, are never re-announced);
+ * - `shareLifecycle(router, replica)` observes the router's request lifecycle so every local request is announced to
+ *   the peer replicas (remote requests, tracked under `<peer>/<id>`, are never re-announced);
  * - `attachToServer(running, options)` makes a running `kvroute serve` a replica: lifecycle sharing, and workers from
  *   the NATS registry added to / removed from its WorkerSet (their sources kept in events mode: their events come
  *   from the stream, not from a ZMQ subscription of the server).
@@ -14,29 +14,12 @@ import { NatsReplica, type ReplicaOptions } from './replica.ts';
 import type { WorkerEntry } from './protocol.ts';
 
 export function shareLifecycle(router: KvRouter, replica: NatsReplica): () => void {
-  const route = router.route;
-  const firstToken = router.firstToken;
-  const finish = router.finish;
-  router.route = function (req, now) {
-    const r = route.call(this, req, now);
-    if (r.kind === 'routed') replica.routed(r);
-    return r;
-  };
-  router.firstToken = function (id, now) {
-    const ok = firstToken.call(this, id, now);
-    replica.firstToken(id);
-    return ok;
-  };
-  router.finish = function (id, info, now) {
-    const r = finish.call(this, id, info, now);
-    replica.finished(id);
-    return r;
-  };
-  return () => {
-    router.route = route;
-    router.firstToken = firstToken;
-    router.finish = finish;
-  };
+  // The replica announces only requests it routed itself (peers' requests are tracked under `<peer>/<id>`).
+  return router.observe({
+    routed: (d) => replica.routed(d),
+    firstToken: (id) => replica.firstToken(id),
+    finished: (f) => replica.finished(f.requestId),
+  });
 }
 
 /** Starts a replica for a running server; resolves when it is ready (snapshot loaded, stream caught up). */
