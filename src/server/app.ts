@@ -487,6 +487,20 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       committed = true;
       metrics.routed(decision, { tokenize: tokenizeS });
     };
+    // Before the engine answered: the client left (this attempt is final, cancelled), or the worker failed (the
+    // attempt is taken back and the request moves on: 'retried', blamed on the worker).
+    const cancelled = (): ProxyOutcome => {
+      worker.released();
+      commit();
+      finishAndCount(requestId, { outcome: 'cancelled' }, Date.now());
+      return { kind: 'done' };
+    };
+    const retry = (message: string): ProxyOutcome => {
+      const now = Date.now();
+      worker.completed(false, now);
+      router.finish(requestId, { outcome: 'retried' }, now);
+      return { kind: 'retry', message };
+    };
     const headers: Record<string, string> = {
       'content-type': 'application/json',
       'x-request-id': clientRequestId ?? requestId,
@@ -504,24 +518,12 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     try {
       upstream = await worker.pool.request({ method: 'POST', path, headers, body, signal });
     } catch (err) {
-      const now = Date.now();
-      if (signal.aborted) {
-        worker.released();
-        commit();
-        finishAndCount(requestId, { outcome: 'cancelled' }, now);
-        return { kind: 'done' };
-      }
-      worker.completed(false, now);
-      router.finish(requestId, { outcome: 'retried' }, now);
-      return { kind: 'retry', message: `${worker.id}: ${(err as Error).message}` };
+      return signal.aborted ? cancelled() : retry(`${worker.id}: ${(err as Error).message}`);
     }
 
     if (upstream.statusCode >= 500) {
       const text = await upstream.body.text().catch(() => '');
-      const now = Date.now();
-      worker.completed(false, now);
-      router.finish(requestId, { outcome: 'retried' }, now);
-      return { kind: 'retry', message: `${worker.id} answered ${upstream.statusCode}: ${text.slice(0, 200)}` };
+      return retry(`${worker.id} answered ${upstream.statusCode}: ${text.slice(0, 200)}`);
     }
 
     if (upstream.statusCode !== 200 || !parsed.stream) {
@@ -530,16 +532,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       try {
         buf = Buffer.from(await upstream.body.arrayBuffer());
       } catch (err) {
-        const now = Date.now();
-        if (signal.aborted) {
-          worker.released();
-          commit();
-          finishAndCount(requestId, { outcome: 'cancelled' }, now);
-          return { kind: 'done' };
-        }
-        worker.completed(false, now);
-        router.finish(requestId, { outcome: 'retried' }, now);
-        return { kind: 'retry', message: `${worker.id}: body failed: ${(err as Error).message}` };
+        return signal.aborted ? cancelled() : retry(`${worker.id}: body failed: ${(err as Error).message}`);
       }
       commit();
       const now = Date.now();
