@@ -7,24 +7,11 @@ import { TtlIndex } from '../../src/core/approx.ts';
 import { ReuseLedger, predictedCachedTokens } from '../../src/core/ledger.ts';
 import { kvCost, sampleSoftmax } from '../../src/core/scheduling/policies.ts';
 import { createRng } from '../../src/core/rng.ts';
-import type { KvEvent, RouteDecision, RouteResult } from '../../src/core/types.ts';
+import type { KvEvent } from '../../src/core/types.ts';
+import { routed, storedEvent, toks } from '../fixtures/routing.ts';
 
 const BS = 4;
-const toks = (n: number, base = 0) => Array.from({ length: n }, (_, i) => base + i);
-const routed = (r: RouteResult): RouteDecision => {
-  if (r.kind !== 'routed') throw new Error(`refused: ${r.reason}`);
-  return r;
-};
-/** Stored event announcing the first `blocks` blocks of `tokens` with engine ids from `base`. */
-function stored(tokens: number[], blocks: number, base: bigint): KvEvent {
-  return {
-    kind: 'stored',
-    parent: null,
-    engineIds: Array.from({ length: blocks }, (_, i) => base + BigInt(i)),
-    tokens: tokens.slice(0, blocks * BS),
-    blockSize: BS,
-  };
-}
+const stored = (tokens: number[], blocks: number, base: bigint): KvEvent => storedEvent(tokens, blocks, base, BS);
 
 function fleet(n: number, opts: Partial<ConstructorParameters<typeof KvRouter>[0]> = {}) {
   const r = new KvRouter({ blockSize: BS, overlay: false, ...opts });

@@ -1,25 +1,13 @@
 import { describe, expect, it } from 'vitest';
 import { KvRouter } from '../../src/core/router.ts';
-import type { KvEvent, RouteDecision, RouteResult } from '../../src/core/types.ts';
+import type { KvEvent } from '../../src/core/types.ts';
+import { routed, storedEvent, toks } from '../fixtures/routing.ts';
 import { HIT_RATE_BUCKETS, RouterMetrics } from '../../src/metrics/registry.ts';
 import { parsePrometheusText, sumOf } from '../../src/metrics/scrape.ts';
 import { buildReport } from '../../src/metrics/hitrate-report.ts';
 
 const BS = 16;
-const toks = (n: number, base = 0) => Array.from({ length: n }, (_, i) => base + i);
-const routed = (r: RouteResult): RouteDecision => {
-  if (r.kind !== 'routed') throw new Error(`refused: ${r.reason}`);
-  return r;
-};
-function stored(tokens: number[], blocks: number, base: bigint): KvEvent {
-  return {
-    kind: 'stored',
-    parent: null,
-    engineIds: Array.from({ length: blocks }, (_, i) => base + BigInt(i)),
-    tokens: tokens.slice(0, blocks * BS),
-    blockSize: BS,
-  };
-}
+const stored = (tokens: number[], blocks: number, base: bigint): KvEvent => storedEvent(tokens, blocks, base, BS);
 
 /** Two workers; w1 holds the first 99 blocks of a 100-block prompt. */
 function setup(prefix?: string) {
