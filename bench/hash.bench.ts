@@ -57,7 +57,12 @@ function run(name: string, inputs: ReadonlyArray<ArrayLike<number>>, bs: number,
 const big = prompts(TOKENS);
 const rows: Row[] = [
   ...run(`${TOKENS} tokens, bs 16, number[]`, big, 16, CALLS),
-  ...run(`${TOKENS} tokens, bs 16, Uint32Array`, big.map((p) => Uint32Array.from(p)), 16, CALLS),
+  ...run(
+    `${TOKENS} tokens, bs 16, Uint32Array`,
+    big.map((p) => Uint32Array.from(p)),
+    16,
+    CALLS,
+  ),
   ...run(`${TOKENS} tokens, bs 32, number[]`, big, 32, CALLS),
   ...run('2048 tokens, bs 16, number[]', prompts(2048), 16, CALLS * 10),
   // One block per call: the incremental (decode growth, event) case where per-call overhead dominates.

@@ -77,7 +77,8 @@ async function build(w: Workload, make: () => Target, withTokens: boolean): Prom
     cpuMs += (cpu.user + cpu.system) / 1000;
     applyMs += end - start;
     windows.push([start, end]);
-    if (process.env.BENCH_GC_DEBUG) console.log(`  chunk ${c} apply ${((start - t0) / 1000).toFixed(2)}-${((end - t0) / 1000).toFixed(2)}s`);
+    if (process.env.BENCH_GC_DEBUG)
+      console.log(`  chunk ${c} apply ${((start - t0) / 1000).toFixed(2)}-${((end - t0) / 1000).toFixed(2)}s`);
     events = null;
   }
   const heapDelta = heapBytes() - before;
@@ -94,7 +95,13 @@ interface FindResult {
   window: [number, number];
 }
 
-function measureFind(target: Target, shortPrompts: BigUint64Array[], longPrompt: BigUint64Array, shortCalls: number, longCalls: number): FindResult {
+function measureFind(
+  target: Target,
+  shortPrompts: BigUint64Array[],
+  longPrompt: BigUint64Array,
+  shortCalls: number,
+  longCalls: number,
+): FindResult {
   const start = performance.now();
   const short = latencyRounds(shortPrompts, ROUNDS, shortCalls / ROUNDS, (p) => target.findMatches(p));
   const long = latencyRounds([longPrompt], ROUNDS, longCalls / ROUNDS, (p) => target.findMatches(p));
@@ -156,13 +163,17 @@ async function main(): Promise<void> {
   let r = await build(w, () => new KvIndex({ blockSize: BLOCK }), true);
   const idx = r.target as KvIndex;
   const st = idx.stats();
-  log(`KvIndex (tokens): ${fmt(r.blockEvents / (r.applyMs / 1000))} block events/s, heap +${mb(r.heapDelta)}, rejected ${r.rejected}, cpu/wall ${fmt(r.cpuShare * 100)}%`);
+  log(
+    `KvIndex (tokens): ${fmt(r.blockEvents / (r.applyMs / 1000))} block events/s, heap +${mb(r.heapDelta)}, rejected ${r.rejected}, cpu/wall ${fmt(r.cpuShare * 100)}%`,
+  );
   for (const p of shortPrompts) expected.push(Int32Array.from(idx.findMatches(p)));
   expected.push(Int32Array.from(idx.findMatches(longPrompt)));
   const depth = shortPrompts.reduce((a, p) => a + deepest(idx.findMatches(p)), 0) / shortPrompts.length;
   const longDepth = deepest(idx.findMatches(longPrompt));
   const holders = Array.from(idx.findMatches(longPrompt)).filter((x) => x === longPrompt.length).length;
-  log(`probe depth: 8k prompts ${fmt(depth, 1)}/${shortBlocks} blocks (mean of best source), 128k prompt ${longDepth}/${longPrompt.length} on ${holders} sources`);
+  log(
+    `probe depth: 8k prompts ${fmt(depth, 1)}/${shortBlocks} blocks (mean of best source), 128k prompt ${longDepth}/${longPrompt.length} on ${holders} sources`,
+  );
   const fi = measureFind(idx, shortPrompts, longPrompt, 20_000, 2_000);
   await gcLog.settle();
   const idxWindows: Array<readonly [number, number]> = [...r.windows, fi.window];
@@ -184,7 +195,8 @@ async function main(): Promise<void> {
     pairs: fmt(st.pairs),
     own: mb(st.bytes),
   };
-  if (st.pairs !== w.finalPairs || r.rejected !== 0) console.log(`!! KvIndex pairs ${st.pairs} vs engines ${w.finalPairs}, rejected ${r.rejected}`);
+  if (st.pairs !== w.finalPairs || r.rejected !== 0)
+    console.log(`!! KvIndex pairs ${st.pairs} vs engines ${w.finalPairs}, rejected ${r.rejected}`);
   r = null as unknown as BuildResult;
 
   // ---- KvIndex, precomputed seqHashes (index cost alone).
@@ -200,7 +212,9 @@ async function main(): Promise<void> {
   if (BASELINE) {
     r = await build(w, () => new NaiveIndex(BLOCK), true);
     const naive = r.target as NaiveIndex;
-    log(`naive (tokens): ${fmt(r.blockEvents / (r.applyMs / 1000))} block events/s, heap +${mb(r.heapDelta)}, rejected ${r.rejected}, cpu/wall ${fmt(r.cpuShare * 100)}%`);
+    log(
+      `naive (tokens): ${fmt(r.blockEvents / (r.applyMs / 1000))} block events/s, heap +${mb(r.heapDelta)}, rejected ${r.rejected}, cpu/wall ${fmt(r.cpuShare * 100)}%`,
+    );
     let agree = true;
     shortPrompts.forEach((p, i) => {
       const got = naive.findMatches(p);
@@ -218,11 +232,11 @@ async function main(): Promise<void> {
       memBlock: fmt(r.heapDelta / w.distinctFinalBlocks, 1),
       heap: mb(r.heapDelta),
       p99s: fmt(fn.short.p99, 1),
-    p99sMed: fmt(fn.short.roundP99[ROUNDS >> 1], 1),
-    p99sCpu: fmt(fn.shortCpu.p99, 0),
-    p99lCpu: fmt(fn.longCpu.p99, 0),
-    p99lMed: fmt(fn.long.roundP99[ROUNDS >> 1], 1),
-    applyTokCpu: fmt(r.blockEvents / ((r.applyMs * r.cpuShare) / 1000)),
+      p99sMed: fmt(fn.short.roundP99[ROUNDS >> 1], 1),
+      p99sCpu: fmt(fn.shortCpu.p99, 0),
+      p99lCpu: fmt(fn.longCpu.p99, 0),
+      p99lMed: fmt(fn.long.roundP99[ROUNDS >> 1], 1),
+      applyTokCpu: fmt(r.blockEvents / ((r.applyMs * r.cpuShare) / 1000)),
       p50s: fmt(fn.short.p50, 1),
       p99l: fmt(fn.long.p99, 1),
       p50l: fmt(fn.long.p50, 1),
@@ -242,7 +256,9 @@ async function main(): Promise<void> {
   }
   await gcLog.settle();
   if (process.env.BENCH_GC_DEBUG) {
-    for (const p of gcLog.pauses) if (p.duration > 2 && !p.forced) console.log(`gc ${p.kind}${p.forced ? ' forced' : ''} ${p.duration.toFixed(1)} ms at ${((p.start - t0) / 1000).toFixed(2)}s`);
+    for (const p of gcLog.pauses)
+      if (p.duration > 2 && !p.forced)
+        console.log(`gc ${p.kind}${p.forced ? ' forced' : ''} ${p.duration.toFixed(1)} ms at ${((p.start - t0) / 1000).toFixed(2)}s`);
   }
   const anyGc = gcLog.pauses.filter((p) => !p.forced).reduce((m, p) => Math.max(m, p.duration), 0);
   gcLog.stop();

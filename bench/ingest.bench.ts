@@ -52,7 +52,18 @@ export function workload(batches: number, format: WireFormat): { payloads: Buffe
       const s = live[Math.floor(rnd() * live.length)];
       const ids = Array.from({ length: 8 }, id);
       const tokens = Array.from({ length: 8 * BLOCK_SIZE }, () => Math.floor(rnd() * 150_000));
-      evs.push({ type: 'BlockStored', blockHashes: ids, parentBlockHash: s.last, tokenIds: tokens, blockSize: BLOCK_SIZE, medium: 'GPU', loraName: null, extraKeys: ids.map(() => null), groupIdx: 0, kvCacheSpecKind: 'full_attention' });
+      evs.push({
+        type: 'BlockStored',
+        blockHashes: ids,
+        parentBlockHash: s.last,
+        tokenIds: tokens,
+        blockSize: BLOCK_SIZE,
+        medium: 'GPU',
+        loraName: null,
+        extraKeys: ids.map(() => null),
+        groupIdx: 0,
+        kvCacheSpecKind: 'full_attention',
+      });
       s.blocks.push(...ids);
       s.last = ids[7];
       blockEvents += 8;
@@ -218,7 +229,11 @@ async function main(): Promise<void> {
   const runs = Number(arg('runs', '2'));
   const which = arg('format', 'both');
   const formats: WireFormat[] = which === 'both' ? ['array', 'map'] : [which as WireFormat];
-  console.log(`# ingest bench: ${batches} batches per run, block size ${BLOCK_SIZE}, node ${process.version}, load avg ${loadavg().map((x) => x.toFixed(2)).join(' ')}`);
+  console.log(
+    `# ingest bench: ${batches} batches per run, block size ${BLOCK_SIZE}, node ${process.version}, load avg ${loadavg()
+      .map((x) => x.toFixed(2))
+      .join(' ')}`,
+  );
   for (const format of formats) {
     const { payloads, blockEvents, events } = workload(batches, format);
     // Warm up the JIT on the same path, then keep the best of `runs`.

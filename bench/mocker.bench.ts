@@ -80,7 +80,12 @@ async function client(urls: string[], zmqEndpoints: string[]): Promise<ClientRes
       // Half of each engine's requests share a 256-token system prefix, so the cache and events see real reuse.
       const shared = i % 2 === 0 ? Array.from({ length: 256 }, (_, k) => 10 + k) : [];
       const own = Array.from({ length: PROMPT - shared.length }, (_, k) => 1000 + ((e * 7919 + i * 104729 + k * 31) % 30000));
-      const body = JSON.stringify({ prompt: [...shared, ...own], max_tokens: MAX_TOKENS, stream: true, stream_options: { include_usage: true } });
+      const body = JSON.stringify({
+        prompt: [...shared, ...own],
+        max_tokens: MAX_TOKENS,
+        stream: true,
+        stream_options: { include_usage: true },
+      });
       const start = performance.now();
       const sock = connect(Number(targets[e].port), targets[e].hostname);
       sock.setNoDelay(true);

@@ -78,10 +78,32 @@ async function relaySide(): Promise<void> {
   pub.close();
 }
 
-async function runRelay(url: string, worker: string, blocks: number, perBatch: number, idBase: bigint): Promise<{ start: number; done: Promise<string> }> {
+async function runRelay(
+  url: string,
+  worker: string,
+  blocks: number,
+  perBatch: number,
+  idBase: bigint,
+): Promise<{ start: number; done: Promise<string> }> {
   const child = spawn(
     process.execPath,
-    ['--import', 'tsx', 'bench/nats.bench.ts', '--role', 'relay', '--nats', url, '--worker', worker, '--blocks', String(blocks), '--per-batch', String(perBatch), '--id-base', String(idBase)],
+    [
+      '--import',
+      'tsx',
+      'bench/nats.bench.ts',
+      '--role',
+      'relay',
+      '--nats',
+      url,
+      '--worker',
+      worker,
+      '--blocks',
+      String(blocks),
+      '--per-batch',
+      String(perBatch),
+      '--id-base',
+      String(idBase),
+    ],
     { stdio: ['ignore', 'pipe', 'inherit'] },
   );
   const lines = createInterface({ input: child.stdout! });
@@ -125,18 +147,30 @@ async function main(): Promise<void> {
     const relayDone = JSON.parse(await r1.done) as { sendMs: number; stats: Array<{ messages: number; resets: number }> };
     const s = rep.stats();
     const rate = blocks / (e2eMs / 1000);
-    console.log(`\nrelay -> JetStream -> replica (${blocks.toLocaleString()} stored blocks, ${perBatch} per engine batch, tokens hashed on the replica)`);
-    console.log(`  end to end ${e2eMs} ms = ${Math.round(rate).toLocaleString()} block events/s; relay side done (all sent and acknowledged) after ${relayDone.sendMs} ms`);
-    console.log(`  ${relayDone.stats[0].messages} JetStream messages (${(blocks / relayDone.stats[0].messages).toFixed(0)} blocks each), resets ${relayDone.stats[0].resets} (1 = the relay's start marker), rejected ${s.blocksRejected}`);
+    console.log(
+      `\nrelay -> JetStream -> replica (${blocks.toLocaleString()} stored blocks, ${perBatch} per engine batch, tokens hashed on the replica)`,
+    );
+    console.log(
+      `  end to end ${e2eMs} ms = ${Math.round(rate).toLocaleString()} block events/s; relay side done (all sent and acknowledged) after ${relayDone.sendMs} ms`,
+    );
+    console.log(
+      `  ${relayDone.stats[0].messages} JetStream messages (${(blocks / relayDone.stats[0].messages).toFixed(0)} blocks each), resets ${relayDone.stats[0].resets} (1 = the relay's start marker), rejected ${s.blocksRejected}`,
+    );
     const nc = await connect({ servers: nats.url });
     const st = (await (await jetstreamManager(nc)).streams.info(STREAM)).state;
     await nc.close();
-    console.log(`  stream: ${st.messages} messages, ${(st.bytes / 2 ** 20).toFixed(1)} MiB = ${(st.bytes / blocks).toFixed(0)} bytes per stored block (16 tokens each)`);
-    console.log(`  index: ${router.index.stats().blocks.toLocaleString()} blocks, ${(router.index.stats().bytes / 2 ** 20).toFixed(0)} MiB`);
+    console.log(
+      `  stream: ${st.messages} messages, ${(st.bytes / 2 ** 20).toFixed(1)} MiB = ${(st.bytes / blocks).toFixed(0)} bytes per stored block (16 tokens each)`,
+    );
+    console.log(
+      `  index: ${router.index.stats().blocks.toLocaleString()} blocks, ${(router.index.stats().bytes / 2 ** 20).toFixed(0)} MiB`,
+    );
 
     // 2. Snapshot write.
     const w = await rep.writeSnapshot();
-    console.log(`\nsnapshot write at ${router.index.stats().blocks.toLocaleString()} blocks: ${w.ms.toFixed(0)} ms in all (dump + encode + object store put), of which ${w.dumpMs.toFixed(0)} ms synchronous (dump + encode: routing waits), ${(w.bytes / 2 ** 20).toFixed(1)} MiB`);
+    console.log(
+      `\nsnapshot write at ${router.index.stats().blocks.toLocaleString()} blocks: ${w.ms.toFixed(0)} ms in all (dump + encode + object store put), of which ${w.dumpMs.toFixed(0)} ms synchronous (dump + encode: routing waits), ${(w.bytes / 2 ** 20).toFixed(1)} MiB`,
+    );
 
     // 3. More events after the snapshot, then a replica restart.
     const r2 = await runRelay(nats.url, 'bench1', after, perBatch, 1n << 40n);
@@ -149,10 +183,14 @@ async function main(): Promise<void> {
     const readyMs = performance.now() - t0;
     const s2 = rep2.stats();
     const same = router2.index.stats().blocks === router.index.stats().blocks && router2.index.stats().pairs === router.index.stats().pairs;
-    console.log(`\nreplica restart: ready in ${readyMs.toFixed(0)} ms = snapshot load ${s2.snapshotLoadMs.toFixed(0)} ms (${s2.snapshotBlocks.toLocaleString()} blocks) + replay of ${s2.messages} messages (${after.toLocaleString()} blocks) + connect`);
+    console.log(
+      `\nreplica restart: ready in ${readyMs.toFixed(0)} ms = snapshot load ${s2.snapshotLoadMs.toFixed(0)} ms (${s2.snapshotBlocks.toLocaleString()} blocks) + replay of ${s2.messages} messages (${after.toLocaleString()} blocks) + connect`,
+    );
     const a = router.index.stats();
     const b = router2.index.stats();
-    console.log(`  restarted index ${same ? 'equals' : 'DIFFERS FROM'} the running replica's (${b.blocks.toLocaleString()} blocks / ${b.pairs.toLocaleString()} pairs vs ${a.blocks.toLocaleString()} / ${a.pairs.toLocaleString()})`);
+    console.log(
+      `  restarted index ${same ? 'equals' : 'DIFFERS FROM'} the running replica's (${b.blocks.toLocaleString()} blocks / ${b.pairs.toLocaleString()} pairs vs ${a.blocks.toLocaleString()} / ${a.pairs.toLocaleString()})`,
+    );
     // 4. NATS killed and restarted under a running replica: time until it has reconnected and applied new events.
     const applied = rep.stats().blocksApplied;
     await nats.stop();
@@ -166,8 +204,14 @@ async function main(): Promise<void> {
     while (rep.stats().blocksApplied < applied + 10_000) await sleep(2);
     const deliverMs = Date.now() - r3.start;
     await r3.done;
-    console.log(`\nNATS killed (SIGKILL) and restarted on its store: the replica reconnected ${reconnectMs.toFixed(0)} ms after the server process started (disconnects ${rep.stats().disconnects}); a new relay's first 10,000 blocks were applied ${deliverMs} ms after its engine started sending`);
-    console.log(`\nmachine: ${process.version}, load average ${loadavg().map((x) => x.toFixed(2)).join(' ')}`);
+    console.log(
+      `\nNATS killed (SIGKILL) and restarted on its store: the replica reconnected ${reconnectMs.toFixed(0)} ms after the server process started (disconnects ${rep.stats().disconnects}); a new relay's first 10,000 blocks were applied ${deliverMs} ms after its engine started sending`,
+    );
+    console.log(
+      `\nmachine: ${process.version}, load average ${loadavg()
+        .map((x) => x.toFixed(2))
+        .join(' ')}`,
+    );
     await rep2.close();
     await rep.close();
     if (!same || rate < 200_000 || readyMs > 5000) process.exitCode = 1;

@@ -120,13 +120,24 @@ async function cannon(url: string, connections: number, duration: number) {
 }
 
 /** Chunks streamed back to back (no decode delay): what remains of the full-response time is HTTP and proxy work. */
-const SEQ_BODY = JSON.stringify({ model: 'bench', prompt: Array.from({ length: 64 }, (_, i) => i + 1), max_tokens: 16, stream: true, delay_ms: 0 });
+const SEQ_BODY = JSON.stringify({
+  model: 'bench',
+  prompt: Array.from({ length: 64 }, (_, i) => i + 1),
+  max_tokens: 16,
+  stream: true,
+  delay_ms: 0,
+});
 
 async function sequentialMedian(url: string, n: number, dispatcher: Agent): Promise<number> {
   const times: number[] = [];
   for (let i = 0; i < n; i++) {
     const t0 = performance.now();
-    const res = await request(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: SEQ_BODY, dispatcher });
+    const res = await request(`${url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: SEQ_BODY,
+      dispatcher,
+    });
     await res.body.text();
     if (i >= 50) times.push(performance.now() - t0); // first 50 warm up connections and JIT
   }
@@ -134,7 +145,11 @@ async function sequentialMedian(url: string, n: number, dispatcher: Agent): Prom
   return times[Math.floor(times.length / 2)];
 }
 
-async function holdStreams(url: string, n: number, holdMs: number): Promise<{ ok: number; errors: number; peakUpstream: number; ms: number }> {
+async function holdStreams(
+  url: string,
+  n: number,
+  holdMs: number,
+): Promise<{ ok: number; errors: number; peakUpstream: number; ms: number }> {
   const agent = new Agent({ connections: n + 10, pipelining: 1 });
   const body = JSON.stringify({ model: 'bench', prompt: [1, 2, 3], stream: true, hold_ms: holdMs });
   let ok = 0;
@@ -143,7 +158,12 @@ async function holdStreams(url: string, n: number, holdMs: number): Promise<{ ok
   await Promise.all(
     Array.from({ length: n }, async () => {
       try {
-        const res = await request(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body, dispatcher: agent });
+        const res = await request(`${url}/v1/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body,
+          dispatcher: agent,
+        });
         const text = await res.body.text();
         if (res.statusCode === 200 && text.endsWith('data: [DONE]\n\n') && !text.includes('"error"')) ok++;
         else errors++;
@@ -182,8 +202,14 @@ async function main(): Promise<void> {
     kv.stdout?.resume();
     kv.stderr?.resume();
 
-    console.log(`# bench:proxy  node ${process.version}, loadavg ${loadavg().map((x) => x.toFixed(1)).join(' ')}`);
-    console.log(`upstream: ${arg('chunks', 16)} chunks, ${arg('chunk-delay-ms', 10)} ms apart; autocannon ${connections} connections x ${duration} s`);
+    console.log(
+      `# bench:proxy  node ${process.version}, loadavg ${loadavg()
+        .map((x) => x.toFixed(1))
+        .join(' ')}`,
+    );
+    console.log(
+      `upstream: ${arg('chunks', 16)} chunks, ${arg('chunk-delay-ms', 10)} ms apart; autocannon ${connections} connections x ${duration} s`,
+    );
 
     // Warm both paths, then alternate direct/proxy twice so drift in machine load hits both alike.
     await cannon(upstream, connections, 2);
@@ -199,7 +225,10 @@ async function main(): Promise<void> {
     const med = (xs: { p50: number }[]) => xs.map((x) => x.p50).reduce((a, b) => a + b, 0) / xs.length;
     console.log('\n| path | req/s (runs) | mean req/s | p50 ms | p99 ms | errors |');
     console.log('|---|---|---|---|---|---|');
-    for (const [name, rs] of [['direct', direct], ['kvroute', proxied]] as const) {
+    for (const [name, rs] of [
+      ['direct', direct],
+      ['kvroute', proxied],
+    ] as const) {
       console.log(
         `| ${name} | ${rs.map((r) => r.rps.toFixed(0)).join(', ')} | ${avg(rs).toFixed(0)} | ${med(rs).toFixed(2)} | ${(rs.reduce((a, r) => a + r.p99, 0) / rs.length).toFixed(2)} | ${rs.reduce((a, r) => a + r.errors, 0)} |`,
       );
@@ -229,7 +258,11 @@ async function main(): Promise<void> {
     console.log(
       `\n${streams} concurrent streams through kvroute, each held ${hold} ms: ${held.ok} complete, ${held.errors} errors, peak ${stats.peak} open at the upstream, all done in ${held.ms.toFixed(0)} ms`,
     );
-    console.log(`loadavg after: ${loadavg().map((x) => x.toFixed(1)).join(' ')}`);
+    console.log(
+      `loadavg after: ${loadavg()
+        .map((x) => x.toFixed(1))
+        .join(' ')}`,
+    );
   } finally {
     cleanup();
   }

@@ -69,7 +69,9 @@ for (let i = 0; i < ITER + WARMUP; i++) {
 }
 
 const fmt = (xs: number[]) => `p50 ${(pct(xs, 50) * 1000).toFixed(0)} us  p99 ${(pct(xs, 99) * 1000).toFixed(0)} us`;
-console.log(`bench:route  ${TOKENS}-token prompts (${TOKENS / BS} blocks of ${BS}), ${SOURCES} sources, ${ITER} calls, node ${process.version}`);
+console.log(
+  `bench:route  ${TOKENS}-token prompts (${TOKENS / BS} blocks of ${BS}), ${SOURCES} sources, ${ITER} calls, node ${process.version}`,
+);
 console.log(`  route() total   ${fmt(total)}   (target p99 <= 500 us)`);
 console.log(`    hash          ${fmt(hash)}`);
 console.log(`    find matches  ${fmt(find)}`);

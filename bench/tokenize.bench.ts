@@ -73,7 +73,11 @@ async function main(): Promise<void> {
     const t = await LocalTokenizer.load(QWEN3_DIR);
     return [t, performance.now() - t0] as const;
   })();
-  console.log(`# bench:tokenize  node ${process.version}, loadavg ${loadavg().map((x) => x.toFixed(1)).join(' ')}`);
+  console.log(
+    `# bench:tokenize  node ${process.version}, loadavg ${loadavg()
+      .map((x) => x.toFixed(1))
+      .join(' ')}`,
+  );
   console.log(
     `Qwen3 tokenizer loaded in ${loadMs.toFixed(0)} ms; segment cache: ${tok.segmentCaching}; native template: ${tok.chat.fastPath} ` +
       `(checked against Jinja every ${tok.chat.verifyEvery}th render)`,
@@ -86,98 +90,123 @@ async function main(): Promise<void> {
   await nextTurns('agentic turns: assistant ~600 words + user ~250 words new per turn', full);
   await nextTurns('chat turns: assistant ~200 words + user ~40 words new per turn', conversation(180, 40, 200, 3000));
   await overhead();
-  console.log(`\nloadavg after: ${loadavg().map((x) => x.toFixed(1)).join(' ')}`);
+  console.log(
+    `\nloadavg after: ${loadavg()
+      .map((x) => x.toFixed(1))
+      .join(' ')}`,
+  );
 
   async function nextTurns(label: string, full: Msg[]): Promise<void> {
-  const turnsMeasured = 10;
-  // Requests as a client sends them: request k = messages up to the k-th user message.
-  const requestAt = (k: number) => full.slice(0, full.length - 2 * (turnsMeasured - k));
-  const kwargs = { enable_thinking: false };
-  const coldRender: number[] = [];
-  const jinjaWarm: number[] = [];
-  const coldEncode: number[] = [];
-  const warmRender: number[] = [];
-  const warmEncode: number[] = [];
-  const sizes: number[] = [];
-  const newChars: number[] = [];
-  tok.clearCache();
-  tok.encodeChat({ messages: requestAt(0), chat_template_kwargs: kwargs }); // the session so far
-  for (let k = 1; k <= turnsMeasured; k++) {
-    const input = { messages: requestAt(k), chat_template_kwargs: kwargs };
-    // Next turn with the cache primed by the previous turns.
-    const [rendered, rMs] = time(() => tok.chat.render(input));
-    const [ids, eMs] = time(() => tok.encode(rendered));
-    warmRender.push(rMs);
-    warmEncode.push(eMs);
-    newChars.push(tok.stats.encodedChars);
-    // Cold: the same request without any cache, rendered by the Jinja interpreter.
-    const [rendered2, crMs] = time(() => jinja.render(input));
-    if (rendered2 !== rendered) throw new Error(`turn ${k}: native render differs from Jinja`);
-    const [cold, ceMs] = time(() => tok.encodeCold(rendered2));
-    coldRender.push(crMs);
-    jinjaWarm.push(crMs + eMs);
-    coldEncode.push(ceMs);
-    sizes.push(cold.length);
-    if (cold.length !== ids.length || cold.some((t, i) => t !== ids[i])) throw new Error(`turn ${k}: cached ids differ from cold ids`);
-  }
-  const mRender = median(warmRender);
-  const mEncode = median(warmEncode);
-  console.log(`\n## Next turn of a ${Math.round(median(sizes) / 1000)}k-token conversation, ${label} (${full.length - 2 * turnsMeasured + 2}-${full.length} messages), median of ${turnsMeasured} turns`);
-  console.log('| path | render ms | encode ms | total ms | chars encoded |');
-  console.log('|---|---|---|---|---|');
-  console.log(`| cold: Jinja render + whole-text encode | ${median(coldRender).toFixed(2)} | ${median(coldEncode).toFixed(1)} | ${(median(coldRender) + median(coldEncode)).toFixed(1)} | all |`);
-  console.log(`| Jinja render + segment cache | ${median(coldRender).toFixed(2)} | ${mEncode.toFixed(2)} | ${median(jinjaWarm).toFixed(2)} | ${median(newChars)} |`);
-  console.log(`| native render + segment cache | ${mRender.toFixed(2)} | ${mEncode.toFixed(2)} | ${(mRender + mEncode).toFixed(2)} | ${median(newChars)} |`);
-  if (tok.chat.fastMismatch) console.log(`NOTE: ${tok.chat.fastMismatch}`);
-  console.log(`prompt sizes: ${Math.min(...sizes)}..${Math.max(...sizes)} tokens; cached ids == cold ids and native render == Jinja render on every turn`);
+    const turnsMeasured = 10;
+    // Requests as a client sends them: request k = messages up to the k-th user message.
+    const requestAt = (k: number) => full.slice(0, full.length - 2 * (turnsMeasured - k));
+    const kwargs = { enable_thinking: false };
+    const coldRender: number[] = [];
+    const jinjaWarm: number[] = [];
+    const coldEncode: number[] = [];
+    const warmRender: number[] = [];
+    const warmEncode: number[] = [];
+    const sizes: number[] = [];
+    const newChars: number[] = [];
+    tok.clearCache();
+    tok.encodeChat({ messages: requestAt(0), chat_template_kwargs: kwargs }); // the session so far
+    for (let k = 1; k <= turnsMeasured; k++) {
+      const input = { messages: requestAt(k), chat_template_kwargs: kwargs };
+      // Next turn with the cache primed by the previous turns.
+      const [rendered, rMs] = time(() => tok.chat.render(input));
+      const [ids, eMs] = time(() => tok.encode(rendered));
+      warmRender.push(rMs);
+      warmEncode.push(eMs);
+      newChars.push(tok.stats.encodedChars);
+      // Cold: the same request without any cache, rendered by the Jinja interpreter.
+      const [rendered2, crMs] = time(() => jinja.render(input));
+      if (rendered2 !== rendered) throw new Error(`turn ${k}: native render differs from Jinja`);
+      const [cold, ceMs] = time(() => tok.encodeCold(rendered2));
+      coldRender.push(crMs);
+      jinjaWarm.push(crMs + eMs);
+      coldEncode.push(ceMs);
+      sizes.push(cold.length);
+      if (cold.length !== ids.length || cold.some((t, i) => t !== ids[i])) throw new Error(`turn ${k}: cached ids differ from cold ids`);
+    }
+    const mRender = median(warmRender);
+    const mEncode = median(warmEncode);
+    console.log(
+      `\n## Next turn of a ${Math.round(median(sizes) / 1000)}k-token conversation, ${label} (${full.length - 2 * turnsMeasured + 2}-${full.length} messages), median of ${turnsMeasured} turns`,
+    );
+    console.log('| path | render ms | encode ms | total ms | chars encoded |');
+    console.log('|---|---|---|---|---|');
+    console.log(
+      `| cold: Jinja render + whole-text encode | ${median(coldRender).toFixed(2)} | ${median(coldEncode).toFixed(1)} | ${(median(coldRender) + median(coldEncode)).toFixed(1)} | all |`,
+    );
+    console.log(
+      `| Jinja render + segment cache | ${median(coldRender).toFixed(2)} | ${mEncode.toFixed(2)} | ${median(jinjaWarm).toFixed(2)} | ${median(newChars)} |`,
+    );
+    console.log(
+      `| native render + segment cache | ${mRender.toFixed(2)} | ${mEncode.toFixed(2)} | ${(mRender + mEncode).toFixed(2)} | ${median(newChars)} |`,
+    );
+    if (tok.chat.fastMismatch) console.log(`NOTE: ${tok.chat.fastMismatch}`);
+    console.log(
+      `prompt sizes: ${Math.min(...sizes)}..${Math.max(...sizes)} tokens; cached ids == cold ids and native render == Jinja render on every turn`,
+    );
   }
 
   async function overhead(): Promise<void> {
-
-  // ---------------------------------------------------------------- 2. routing overhead at 8k and 128k
-  console.log('\n## Routing overhead per request (next turn, 8 sources, previous turn indexed), median of the 20 turns up to the size');
-  console.log('| prompt tokens | render ms | encode ms | tokenize ms | hash ms | find ms | select ms | route() total ms | tokenize+route ms |');
-  console.log('|---|---|---|---|---|---|---|---|---|');
-  for (const [label, target] of [
-    ['8k', 8_192],
-    ['128k', 131_072],
-  ] as const) {
-    // Chat-sized turns; start at the first request reaching the target size, then measure the next 20 turns.
-    const conv = conversation(1200, 40, 200, 1000);
-    const router = new KvRouter({ blockSize: 16, clock: () => performance.now() });
-    for (let w = 0; w < 8; w++) router.addSource({ workerId: `w${w}`, dpRank: 0 }, { mode: 'approx' });
-    tok.clearCache();
-    const req = (turn: number) => ({ messages: conv.slice(0, 2 * turn + 2), chat_template_kwargs: { enable_thinking: false } });
-    let end = 1;
-    while (tok.encodeChat(req(end)).length < target) end += 2;
-    const start = Math.max(1, end - 20);
-    const rows = { render: [] as number[], encode: [] as number[], sizes: [] as number[], tok: [] as number[], hash: [] as number[], find: [] as number[], select: [] as number[], total: [] as number[], n: 0 };
-    let id = 0;
-    const r0 = router.route({ requestId: `r${id++}`, tokens: tok.encodeChat(req(start)) }, Date.now());
-    router.finish(r0.requestId, { outcome: 'ok' }, Date.now()); // the previous turn has finished
-    for (let k = start + 1; k <= end; k++) {
-      const [rendered, rdMs] = time(() => tok.chat.render(req(k)));
-      const [, enMs] = time(() => tok.encode(rendered));
-      rows.render.push(rdMs);
-      rows.encode.push(enMs);
-      const [tokens, tMs] = time(() => tok.encodeChat(req(k)));
-      rows.sizes.push(tokens.length);
-      const [d, rMs] = time(() => router.route({ requestId: `r${id++}`, tokens }, Date.now()));
-      if (d.kind !== 'routed' || !d.timingsMs) throw new Error('not routed');
-      if (d.overlapBlocks === 0) throw new Error('expected the previous turn to be found');
-      router.finish(d.requestId, { outcome: 'ok' }, Date.now());
-      rows.tok.push(tMs);
-      rows.hash.push(d.timingsMs.hash);
-      rows.find.push(d.timingsMs.find);
-      rows.select.push(d.timingsMs.select);
-      rows.total.push(rMs);
-      rows.n = tokens.length;
-    }
-    const f = (xs: number[]) => median(xs).toFixed(3);
+    // ---------------------------------------------------------------- 2. routing overhead at 8k and 128k
+    console.log('\n## Routing overhead per request (next turn, 8 sources, previous turn indexed), median of the 20 turns up to the size');
     console.log(
-      `| ${label}: ${Math.min(...rows.sizes)}..${Math.max(...rows.sizes)} | ${f(rows.render)} | ${f(rows.encode)} | ${f(rows.tok)} | ${f(rows.hash)} | ${f(rows.find)} | ${f(rows.select)} | ${f(rows.total)} | ${(median(rows.tok) + median(rows.total)).toFixed(3)} |`,
+      '| prompt tokens | render ms | encode ms | tokenize ms | hash ms | find ms | select ms | route() total ms | tokenize+route ms |',
     );
-  }
+    console.log('|---|---|---|---|---|---|---|---|---|');
+    for (const [label, target] of [
+      ['8k', 8_192],
+      ['128k', 131_072],
+    ] as const) {
+      // Chat-sized turns; start at the first request reaching the target size, then measure the next 20 turns.
+      const conv = conversation(1200, 40, 200, 1000);
+      const router = new KvRouter({ blockSize: 16, clock: () => performance.now() });
+      for (let w = 0; w < 8; w++) router.addSource({ workerId: `w${w}`, dpRank: 0 }, { mode: 'approx' });
+      tok.clearCache();
+      const req = (turn: number) => ({ messages: conv.slice(0, 2 * turn + 2), chat_template_kwargs: { enable_thinking: false } });
+      let end = 1;
+      while (tok.encodeChat(req(end)).length < target) end += 2;
+      const start = Math.max(1, end - 20);
+      const rows = {
+        render: [] as number[],
+        encode: [] as number[],
+        sizes: [] as number[],
+        tok: [] as number[],
+        hash: [] as number[],
+        find: [] as number[],
+        select: [] as number[],
+        total: [] as number[],
+        n: 0,
+      };
+      let id = 0;
+      const r0 = router.route({ requestId: `r${id++}`, tokens: tok.encodeChat(req(start)) }, Date.now());
+      router.finish(r0.requestId, { outcome: 'ok' }, Date.now()); // the previous turn has finished
+      for (let k = start + 1; k <= end; k++) {
+        const [rendered, rdMs] = time(() => tok.chat.render(req(k)));
+        const [, enMs] = time(() => tok.encode(rendered));
+        rows.render.push(rdMs);
+        rows.encode.push(enMs);
+        const [tokens, tMs] = time(() => tok.encodeChat(req(k)));
+        rows.sizes.push(tokens.length);
+        const [d, rMs] = time(() => router.route({ requestId: `r${id++}`, tokens }, Date.now()));
+        if (d.kind !== 'routed' || !d.timingsMs) throw new Error('not routed');
+        if (d.overlapBlocks === 0) throw new Error('expected the previous turn to be found');
+        router.finish(d.requestId, { outcome: 'ok' }, Date.now());
+        rows.tok.push(tMs);
+        rows.hash.push(d.timingsMs.hash);
+        rows.find.push(d.timingsMs.find);
+        rows.select.push(d.timingsMs.select);
+        rows.total.push(rMs);
+        rows.n = tokens.length;
+      }
+      const f = (xs: number[]) => median(xs).toFixed(3);
+      console.log(
+        `| ${label}: ${Math.min(...rows.sizes)}..${Math.max(...rows.sizes)} | ${f(rows.render)} | ${f(rows.encode)} | ${f(rows.tok)} | ${f(rows.hash)} | ${f(rows.find)} | ${f(rows.select)} | ${f(rows.total)} | ${(median(rows.tok) + median(rows.total)).toFixed(3)} |`,
+      );
+    }
   }
 }
 

@@ -77,10 +77,34 @@ export interface ChaosOptions {
   log: (line: string) => void;
 }
 
-export const SHORT: Omit<ChaosOptions, 'log'> = { durationS: 28, warmupS: 6, recoveryS: 7, concurrency: 8, speedup: 20, seed: 1, hangMs: 20_000 };
+export const SHORT: Omit<ChaosOptions, 'log'> = {
+  durationS: 28,
+  warmupS: 6,
+  recoveryS: 7,
+  concurrency: 8,
+  speedup: 20,
+  seed: 1,
+  hangMs: 20_000,
+};
 /** The vitest run (test/reliability/chaos-short.test.ts): a test file stays under ~20 s on the shared cores. */
-export const TEST: Omit<ChaosOptions, 'log'> = { durationS: 14, warmupS: 4, recoveryS: 4, concurrency: 6, speedup: 20, seed: 2, hangMs: 10_000 };
-export const LONG: Omit<ChaosOptions, 'log'> = { durationS: 150, warmupS: 15, recoveryS: 15, concurrency: 24, speedup: 20, seed: 1, hangMs: 30_000 };
+export const TEST: Omit<ChaosOptions, 'log'> = {
+  durationS: 14,
+  warmupS: 4,
+  recoveryS: 4,
+  concurrency: 6,
+  speedup: 20,
+  seed: 2,
+  hangMs: 10_000,
+};
+export const LONG: Omit<ChaosOptions, 'log'> = {
+  durationS: 150,
+  warmupS: 15,
+  recoveryS: 15,
+  concurrency: 24,
+  speedup: 20,
+  seed: 1,
+  hangMs: 30_000,
+};
 
 type Outcome =
   | 'ok'
@@ -151,7 +175,9 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
   };
   const server: RunningServer = await startServer(config, { logger: pino({ level: 'silent' }) });
   const agent = new Agent({ connections: opts.concurrency * 2, pipelining: 1 });
-  log(`chaos: router ${server.url}, 4 engines, ${opts.concurrency} streaming clients, ${opts.durationS} s (warm-up ${opts.warmupS} s, recovery ${opts.recoveryS} s)`);
+  log(
+    `chaos: router ${server.url}, 4 engines, ${opts.concurrency} streaming clients, ${opts.durationS} s (warm-up ${opts.warmupS} s, recovery ${opts.recoveryS} s)`,
+  );
 
   // Shared prefixes (system prompts / documents) so caches and routing matter; a unique tail per request.
   const prefixes = Array.from({ length: 12 }, (_, p) => Array.from({ length: 128 }, (_, k) => ((p * 7919 + k * 104_729) % 30_000) + 1));
@@ -305,15 +331,24 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
   for (;;) {
     state = (await (await fetch(`${server.url}/debug/state`)).json()) as DebugState;
     // state.inFlight counts the GET /debug/state request itself.
-    const busy = state.inFlight - 1 + state.router.inFlight + state.router.sources.reduce((a, s) => a + s.activeRequests + s.activeBlocks + s.activePrefillTokens, 0);
+    const busy =
+      state.inFlight -
+      1 +
+      state.router.inFlight +
+      state.router.sources.reduce((a, s) => a + s.activeRequests + s.activeBlocks + s.activePrefillTokens, 0);
     if (busy === 0 || Date.now() > deadline) break;
     await sleep(100);
   }
-  const loads = state.router.sources.map((s) => `${s.source}: ${s.activeRequests} req / ${s.activeBlocks} blocks / ${s.activePrefillTokens} prefill`);
+  const loads = state.router.sources.map(
+    (s) => `${s.source}: ${s.activeRequests} req / ${s.activeBlocks} blocks / ${s.activePrefillTokens} prefill`,
+  );
   const workerInFlight = state.workers.map((w) => w.inFlight);
   check(
     'active load back to zero on every worker (GET /debug/state)',
-    state.inFlight === 1 && state.router.inFlight === 0 && state.router.sources.every((s) => s.activeRequests === 0 && s.activeBlocks === 0 && s.activePrefillTokens === 0) && workerInFlight.every((x) => x === 0),
+    state.inFlight === 1 &&
+      state.router.inFlight === 0 &&
+      state.router.sources.every((s) => s.activeRequests === 0 && s.activeBlocks === 0 && s.activePrefillTokens === 0) &&
+      workerInFlight.every((x) => x === 0),
     `server in flight ${state.inFlight - 1} (besides this GET), router records ${state.router.inFlight}, worker in-flight ${workerInFlight.join('/')}; ${loads.join('; ')}`,
   );
 
@@ -323,7 +358,9 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
       const key = `engine${i}`;
       const truth = e.engine.cachedSeqHashes();
       // KvRouter keeps the source -> index slot map private; the slot is what KvIndex.blocksOf takes.
-      const entry = (server.router as unknown as { sources: Map<string, { index: number }> }).sources.get(server.router.sourceKeys().find((k) => k.startsWith(key))!);
+      const entry = (server.router as unknown as { sources: Map<string, { index: number }> }).sources.get(
+        server.router.sourceKeys().find((k) => k.startsWith(key))!,
+      );
       const held = entry ? server.router.index.blocksOf(entry.index) : new Set<bigint>();
       let missing = 0;
       let extra = 0;
@@ -348,7 +385,11 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
   );
 
   const total = Object.values(outcomes).reduce((a, b) => a + b, 0);
-  check('every request completed or got a clear error (none hung)', outcomes.hung === 0 && total === requests, `${requests} requests: ${JSON.stringify(outcomes)}`);
+  check(
+    'every request completed or got a clear error (none hung)',
+    outcomes.hung === 0 && total === requests,
+    `${requests} requests: ${JSON.stringify(outcomes)}`,
+  );
   check(
     'no request failed before its first byte while a healthy engine existed',
     lost.length === 0,
@@ -361,7 +402,11 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
     restarts: faultsState.restarts,
     clientAborts: outcomes.client_abort,
   };
-  check('faults were actually injected', faults.droppedBatches > 0 && faults.injected500s > 0 && faults.deaths >= 2 && faults.clientAborts > 0, JSON.stringify(faults));
+  check(
+    'faults were actually injected',
+    faults.droppedBatches > 0 && faults.injected500s > 0 && faults.deaths >= 2 && faults.clientAborts > 0,
+    JSON.stringify(faults),
+  );
 
   await agent.close();
   const ingestHealth = state.events;
@@ -373,7 +418,11 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
   };
   const heapAfter = heapMB();
   const ratio = heapAfter / heapWarm;
-  check('heap after the run <= 1.2 x heap after warm-up', ratio <= 1.2, `${heapWarm.toFixed(1)} MB -> ${heapAfter.toFixed(1)} MB (x${ratio.toFixed(2)})`);
+  check(
+    'heap after the run <= 1.2 x heap after warm-up',
+    ratio <= 1.2,
+    `${heapWarm.toFixed(1)} MB -> ${heapAfter.toFixed(1)} MB (x${ratio.toFixed(2)})`,
+  );
 
   await server.close(500);
   await Promise.all(engines.map((e) => e.close()));
@@ -397,15 +446,31 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
 
 interface DebugState {
   inFlight: number;
-  router: { inFlight: number; sources: Array<{ source: string; activeRequests: number; activeBlocks: number; activePrefillTokens: number }> };
+  router: {
+    inFlight: number;
+    sources: Array<{ source: string; activeRequests: number; activeBlocks: number; activePrefillTokens: number }>;
+  };
   workers: Array<{ id: string; inFlight: number }>;
-  events: Array<{ workerId?: string; gaps?: number; replaysRequested?: number; replays?: number; resets?: number; resetsByReason?: Record<string, number> }>;
+  events: Array<{
+    workerId?: string;
+    gaps?: number;
+    replaysRequested?: number;
+    replays?: number;
+    resets?: number;
+    resetsByReason?: Record<string, number>;
+  }>;
 }
 
 export function printReport(r: ChaosReport, log: (s: string) => void): void {
   log('');
-  log(`requests ${r.requests}: ${Object.entries(r.outcomes).map(([k, v]) => `${k} ${v}`).join(', ')}; HTTP errors ${JSON.stringify(r.httpStatuses)}`);
-  log(`per engine ${r.engineRequests.join(' / ')}; TTFT p50 ${r.ttftMs.p50.toFixed(0)} ms p99 ${r.ttftMs.p99.toFixed(0)} ms; completed streams p50 ${r.latencyMs.p50.toFixed(0)} ms p99 ${r.latencyMs.p99.toFixed(0)} ms`);
+  log(
+    `requests ${r.requests}: ${Object.entries(r.outcomes)
+      .map(([k, v]) => `${k} ${v}`)
+      .join(', ')}; HTTP errors ${JSON.stringify(r.httpStatuses)}`,
+  );
+  log(
+    `per engine ${r.engineRequests.join(' / ')}; TTFT p50 ${r.ttftMs.p50.toFixed(0)} ms p99 ${r.ttftMs.p99.toFixed(0)} ms; completed streams p50 ${r.latencyMs.p50.toFixed(0)} ms p99 ${r.latencyMs.p99.toFixed(0)} ms`,
+  );
   log(`faults ${JSON.stringify(r.faults)}; ingest ${JSON.stringify(r.ingest)}`);
   for (const c of r.checks) log(`${c.ok ? 'PASS' : 'FAIL'}  ${c.name}: ${c.detail}`);
 }
@@ -415,7 +480,9 @@ export function printReport(r: ChaosReport, log: (s: string) => void): void {
 /** Child mode: router + 4 engines in their own process (own fd table), prints its URL as one JSON line. */
 async function serveChild(): Promise<void> {
   const engines = await Promise.all(
-    [0, 1, 2, 3].map((i) => startMocker({ model: MODEL, speedup: 10, seed: i, zmqEndpoint: null, replayEndpoint: null, defaultMaxTokens: 8 })),
+    [0, 1, 2, 3].map((i) =>
+      startMocker({ model: MODEL, speedup: 10, seed: i, zmqEndpoint: null, replayEndpoint: null, defaultMaxTokens: 8 }),
+    ),
   );
   const queueLimit = Number(process.env.CHAOS_QUEUE_LIMIT ?? 1000);
   const server = await startServer(
@@ -434,7 +501,10 @@ async function serveChild(): Promise<void> {
   );
   process.stdout.write(`${JSON.stringify({ url: server.url, queueLimit })}\n`);
   process.on('SIGTERM', () => {
-    void server.close(200).then(() => Promise.all(engines.map((e) => e.close()))).then(() => process.exit(0));
+    void server
+      .close(200)
+      .then(() => Promise.all(engines.map((e) => e.close())))
+      .then(() => process.exit(0));
   });
 }
 
@@ -514,7 +584,8 @@ export async function runOverload(connections: number, log: (s: string) => void)
         sockets[i] = await new Promise<Socket>((resolve) => {
           const c = connect(Number(u.port), u.hostname, () => resolve(c));
           c.once('error', (err) => {
-            clientErrors[`connect ${(err as NodeJS.ErrnoException).code}`] = (clientErrors[`connect ${(err as NodeJS.ErrnoException).code}`] ?? 0) + 1;
+            clientErrors[`connect ${(err as NodeJS.ErrnoException).code}`] =
+              (clientErrors[`connect ${(err as NodeJS.ErrnoException).code}`] ?? 0) + 1;
             resolve(c);
           });
         });
@@ -547,7 +618,8 @@ export async function runOverload(connections: number, log: (s: string) => void)
             const text = Buffer.concat(chunks).toString('latin1');
             const m = /^HTTP\/1\.1 (\d{3})/.exec(text);
             if (!m) {
-              if (!clientErrors.timeout_50s || text.length > 0) clientErrors.closed_without_answer = (clientErrors.closed_without_answer ?? 0) + 1;
+              if (!clientErrors.timeout_50s || text.length > 0)
+                clientErrors.closed_without_answer = (clientErrors.closed_without_answer ?? 0) + 1;
               return resolve();
             }
             const status = m[1];
@@ -614,8 +686,16 @@ async function main(): Promise<void> {
       { name: 'every connection answered', ok: answered === r.connections, detail: `${answered}/${r.connections}` },
       { name: '503/429 carry Retry-After', ok: r.missingRetryAfter === 0, detail: `${r.missingRetryAfter} without` },
       { name: 'refusals past the limits', ok: (r.statuses['503'] ?? 0) + (r.statuses['429'] ?? 0) > 0, detail: JSON.stringify(r.statuses) },
-      { name: 'no 5xx other than 503', ok: Object.keys(r.statuses).every((s) => Number(s) < 500 || s === '503'), detail: JSON.stringify(r.statuses) },
-      { name: 'router alive, nothing in flight after', ok: r.aliveAfter && r.activeAfter === 0, detail: `alive ${r.aliveAfter}, in flight ${r.activeAfter}` },
+      {
+        name: 'no 5xx other than 503',
+        ok: Object.keys(r.statuses).every((s) => Number(s) < 500 || s === '503'),
+        detail: JSON.stringify(r.statuses),
+      },
+      {
+        name: 'router alive, nothing in flight after',
+        ok: r.aliveAfter && r.activeAfter === 0,
+        detail: `alive ${r.aliveAfter}, in flight ${r.activeAfter}`,
+      },
     ];
     for (const c of checks) log(`${c.ok ? 'PASS' : 'FAIL'}  ${c.name}: ${c.detail}`);
     process.exit(checks.every((c) => c.ok) ? 0 : 1);

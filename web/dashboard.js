@@ -141,7 +141,11 @@
     document.getElementById('tiles').innerHTML = [
       tile('predicted block-weighted', fmt(ratio(r.overlapBlocks, r.islBlocks)), 'ratio of sums: compare with engine'),
       tile('engine hits/queries', d.engine ? fmt(eng) : 'n/a', d.engine ? 'mirrored engine counters' : 'no engine mirror'),
-      tile('delivered', fmt(ratio(r.deliveredCachedTokens, r.deliveredPromptTokens)), `${fmtInt(r.deliveredRequests)} requests with cached_tokens`),
+      tile(
+        'delivered',
+        fmt(ratio(r.deliveredCachedTokens, r.deliveredPromptTokens)),
+        `${fmtInt(r.deliveredRequests)} requests with cached_tokens`,
+      ),
       tile('request-weighted', fmt(ratio(r.chosenRatioSum, r.requests)), "histogram's mean of ratios"),
       tile('available', fmt(ratio(r.bestOverlapBlocks, r.islBlocks)), 'best overlap in the fleet'),
       tile('requests routed', fmtInt(r.requests), `${fmtInt(d.inFlight)} in flight`),
@@ -158,12 +162,14 @@
         const r = w.reuse;
         const eng = w.engine ? ratio(w.engine.hits, w.engine.queries) : null;
         const gauge = w.engine && w.engine.hitRateGauge !== null ? ` (gauge ${fmt(w.engine.hitRateGauge)})` : '';
-        return `<tr><td>${esc(name)}</td><td>${w.mode}</td><td class="${w.healthy ? 'good' : 'bad'}">${w.healthy ? 'yes' : 'no'}</td>` +
+        return (
+          `<tr><td>${esc(name)}</td><td>${w.mode}</td><td class="${w.healthy ? 'good' : 'bad'}">${w.healthy ? 'yes' : 'no'}</td>` +
           `<td class="${w.blind ? 'bad' : ''}">${w.blind ? 'blind' : fmtInt(w.events.events)}</td><td>${fmtInt(r.requests)}</td>` +
           `<td>${fmt(ratio(r.chosenRatioSum, r.requests))}</td><td>${fmt(ratio(r.overlapBlocks, r.islBlocks))}</td>` +
           `<td>${fmt(ratio(r.bestOverlapBlocks, r.islBlocks))}</td><td>${fmt(ratio(r.deliveredCachedTokens, r.deliveredPromptTokens))}</td>` +
           `<td>${w.engine ? fmt(eng) + gauge : '–'}</td><td>${fmtInt(w.activeRequests)}</td><td>${fmtInt(w.activeBlocks)}</td>` +
-          `<td>${fmtInt(w.activePrefillTokens)}</td><td>${fmtInt(w.indexedBlocks)}</td></tr>`;
+          `<td>${fmtInt(w.activePrefillTokens)}</td><td>${fmtInt(w.indexedBlocks)}</td></tr>`
+        );
       });
     document.querySelector('#workers tbody').innerHTML = rows.join('');
   }
@@ -211,8 +217,12 @@
     }
     tMin = Math.min(tMin, now - 60_000); // at least a minute of axis, so the first points do not fill the width
     const yMax = isRatio ? 1 : niceMax(vMax * 1.1);
-    const L = 48, R = 10, T = 8, B = 20;
-    const W = cssW - L - R, H = cssH - T - B;
+    const L = 48,
+      R = 10,
+      T = 8,
+      B = 20;
+    const W = cssW - L - R,
+      H = cssH - T - B;
     const x = (t) => L + ((t - tMin) / (now - tMin)) * W;
     const y = (v) => T + H - (v / yMax) * H;
 
@@ -254,7 +264,8 @@
           prev = null;
           continue;
         }
-        const px = x(p.t), py = y(Math.min(p.v, yMax));
+        const px = x(p.t),
+          py = y(Math.min(p.v, yMax));
         if (pen) ctx.lineTo(px, py);
         else ctx.moveTo(px, py);
         pen = true;

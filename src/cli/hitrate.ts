@@ -58,7 +58,7 @@ interface HitrateOptions {
 export function registerHitrate(program: Command): void {
   program
     .command('hitrate')
-    .summary('compare the router\'s predicted hit rate with the engines\' (both aggregations, over a window)')
+    .summary("compare the router's predicted hit rate with the engines' (both aggregations, over a window)")
     .description(
       "Scrape the router's /metrics twice over a window (or read two saved scrapes) and print, overall and per worker: " +
         'predicted hit rate request-weighted (mean of ratios, what the histogram shows) and block-weighted (ratio of ' +

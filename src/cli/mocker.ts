@@ -14,7 +14,8 @@ function int(name: string, min = 1) {
 function num(name: string, min = 0, max = Infinity) {
   return (v: string): number => {
     const n = Number(v);
-    if (!Number.isFinite(n) || n < min || n > max) throw new InvalidArgumentError(`${name} must be a number in [${min}, ${max}], got "${v}"`);
+    if (!Number.isFinite(n) || n < min || n > max)
+      throw new InvalidArgumentError(`${name} must be a number in [${min}, ${max}], got "${v}"`);
     return n;
   };
 }
@@ -22,7 +23,8 @@ function num(name: string, min = 0, max = Infinity) {
 function triple(name: string) {
   return (v: string): [number, number, number] => {
     const xs = v.split(',').map(Number);
-    if (xs.length !== 3 || xs.some((x) => !Number.isFinite(x))) throw new InvalidArgumentError(`${name} takes three comma-separated numbers (x2,x1,x0), got "${v}"`);
+    if (xs.length !== 3 || xs.some((x) => !Number.isFinite(x)))
+      throw new InvalidArgumentError(`${name} takes three comma-separated numbers (x2,x1,x0), got "${v}"`);
     return xs as [number, number, number];
   };
 }
@@ -30,7 +32,8 @@ function triple(name: string) {
 function endpoint(name: string) {
   return (v: string): string => {
     if (v === 'none') return v;
-    if (!/^(tcp|ipc|inproc):\/\//.test(v)) throw new InvalidArgumentError(`${name} must be a zmq endpoint like tcp://*:5557 (or "none"), got "${v}"`);
+    if (!/^(tcp|ipc|inproc):\/\//.test(v))
+      throw new InvalidArgumentError(`${name} must be a zmq endpoint like tcp://*:5557 (or "none"), got "${v}"`);
     return v;
   };
 }
@@ -164,42 +167,117 @@ export function registerMocker(program: Command): void {
     .addOption(new Option('--block-size <n>', 'tokens per KV block').default(16).argParser(int('--block-size')))
     .addOption(new Option('--num-gpu-blocks <n>', 'KV blocks in the cache').default(16384).argParser(int('--num-gpu-blocks')))
     .addOption(new Option('--max-num-seqs <n>', 'max running requests per step').default(256).argParser(int('--max-num-seqs')))
-    .addOption(new Option('--max-num-batched-tokens <n>', 'token budget per step (prefill is chunked to fit)').default(8192).argParser(int('--max-num-batched-tokens')))
+    .addOption(
+      new Option('--max-num-batched-tokens <n>', 'token budget per step (prefill is chunked to fit)')
+        .default(8192)
+        .argParser(int('--max-num-batched-tokens')),
+    )
     .addOption(new Option('--max-model-len <n>', 'max prompt + output tokens').default(32768).argParser(int('--max-model-len')))
     .option('--no-enable-prefix-caching', 'disable prefix caching (no hits, no events)')
-    .addOption(new Option('--timing <model>', 'step timing model (REFERENCE section 8)').choices(['polynomial', 'first-principles']).default('polynomial'))
-    .addOption(new Option('--prefill-poly <a2,a1,a0>', 'polynomial: prefill_ms = a2·T² + a1·T + a0 (T = new prefill tokens)').default(P.prefill as [number, number, number], P.prefill.join(',')).argParser(triple('--prefill-poly')))
-    .addOption(new Option('--decode-poly <b2,b1,b0>', 'polynomial: decode_ms = max(min, b2·p² + b1·p + b0) (p = KV usage)').default(P.decode as [number, number, number], P.decode.join(',')).argParser(triple('--decode-poly')))
+    .addOption(
+      new Option('--timing <model>', 'step timing model (REFERENCE section 8)')
+        .choices(['polynomial', 'first-principles'])
+        .default('polynomial'),
+    )
+    .addOption(
+      new Option('--prefill-poly <a2,a1,a0>', 'polynomial: prefill_ms = a2·T² + a1·T + a0 (T = new prefill tokens)')
+        .default(P.prefill as [number, number, number], P.prefill.join(','))
+        .argParser(triple('--prefill-poly')),
+    )
+    .addOption(
+      new Option('--decode-poly <b2,b1,b0>', 'polynomial: decode_ms = max(min, b2·p² + b1·p + b0) (p = KV usage)')
+        .default(P.decode as [number, number, number], P.decode.join(','))
+        .argParser(triple('--decode-poly')),
+    )
     .addOption(new Option('--decode-min-ms <ms>', 'polynomial: decode step floor').default(P.decodeMinMs).argParser(num('--decode-min-ms')))
     .addOption(new Option('--fp-params <n>', 'first-principles: model parameters').default(F.params).argParser(num('--fp-params', 1)))
     .addOption(new Option('--fp-layers <n>', 'first-principles: layers').default(F.layers).argParser(num('--fp-layers', 1)))
-    .addOption(new Option('--fp-attn-width <n>', 'first-principles: attention width d').default(F.attnWidth).argParser(num('--fp-attn-width', 1)))
-    .addOption(new Option('--fp-bytes-per-weight <n>', 'first-principles: bytes per weight').default(F.bytesPerWeight).argParser(num('--fp-bytes-per-weight', 0)))
-    .addOption(new Option('--fp-kv-bytes-per-token <n>', 'first-principles: KV bytes per context token').default(F.kvBytesPerToken).argParser(num('--fp-kv-bytes-per-token', 0)))
+    .addOption(
+      new Option('--fp-attn-width <n>', 'first-principles: attention width d').default(F.attnWidth).argParser(num('--fp-attn-width', 1)),
+    )
+    .addOption(
+      new Option('--fp-bytes-per-weight <n>', 'first-principles: bytes per weight')
+        .default(F.bytesPerWeight)
+        .argParser(num('--fp-bytes-per-weight', 0)),
+    )
+    .addOption(
+      new Option('--fp-kv-bytes-per-token <n>', 'first-principles: KV bytes per context token')
+        .default(F.kvBytesPerToken)
+        .argParser(num('--fp-kv-bytes-per-token', 0)),
+    )
     .addOption(new Option('--fp-gpus <n>', 'first-principles: GPUs').default(F.gpus).argParser(num('--fp-gpus', 1)))
-    .addOption(new Option('--fp-peak-flops <n>', 'first-principles: peak FLOP/s per GPU').default(F.peakFlops).argParser(num('--fp-peak-flops', 1)))
+    .addOption(
+      new Option('--fp-peak-flops <n>', 'first-principles: peak FLOP/s per GPU').default(F.peakFlops).argParser(num('--fp-peak-flops', 1)),
+    )
     .addOption(new Option('--fp-mfu <x>', 'first-principles: model FLOPs utilisation').default(F.mfu).argParser(num('--fp-mfu', 0.001, 1)))
-    .addOption(new Option('--fp-hbm-bandwidth <n>', 'first-principles: HBM bytes/s per GPU').default(F.hbmBandwidth).argParser(num('--fp-hbm-bandwidth', 1)))
-    .addOption(new Option('--fp-mem-efficiency <x>', 'first-principles: achieved fraction of HBM bandwidth').default(F.memEfficiency).argParser(num('--fp-mem-efficiency', 0.001, 1)))
+    .addOption(
+      new Option('--fp-hbm-bandwidth <n>', 'first-principles: HBM bytes/s per GPU')
+        .default(F.hbmBandwidth)
+        .argParser(num('--fp-hbm-bandwidth', 1)),
+    )
+    .addOption(
+      new Option('--fp-mem-efficiency <x>', 'first-principles: achieved fraction of HBM bandwidth')
+        .default(F.memEfficiency)
+        .argParser(num('--fp-mem-efficiency', 0.001, 1)),
+    )
     .addOption(new Option('--fp-c0-ms <ms>', 'first-principles: fixed prefill step cost').default(F.c0Ms).argParser(num('--fp-c0-ms')))
     .addOption(new Option('--fp-c1-ms <ms>', 'first-principles: fixed decode step cost').default(F.c1Ms).argParser(num('--fp-c1-ms')))
     .addOption(new Option('--speedup <x>', 'run this many times faster than modelled time').default(1).argParser(num('--speedup', 1e-6)))
-    .addOption(new Option('--zmq-endpoint <ep>', 'KV events PUB endpoint (bound; "none" disables); rank r uses port + r').default('tcp://*:5557').argParser(endpoint('--zmq-endpoint')))
-    .option('--zmq-connect', "connect the PUB socket to --zmq-endpoint instead of binding (vLLM connects when the endpoint has no '*'; the router binds a SUB)")
-    .addOption(new Option('--replay-endpoint <ep>', 'replay ROUTER endpoint (bound; "none" disables); rank r uses port + r').default('tcp://*:5558').argParser(endpoint('--replay-endpoint')))
+    .addOption(
+      new Option('--zmq-endpoint <ep>', 'KV events PUB endpoint (bound; "none" disables); rank r uses port + r')
+        .default('tcp://*:5557')
+        .argParser(endpoint('--zmq-endpoint')),
+    )
+    .option(
+      '--zmq-connect',
+      "connect the PUB socket to --zmq-endpoint instead of binding (vLLM connects when the endpoint has no '*'; the router binds a SUB)",
+    )
+    .addOption(
+      new Option('--replay-endpoint <ep>', 'replay ROUTER endpoint (bound; "none" disables); rank r uses port + r')
+        .default('tcp://*:5558')
+        .argParser(endpoint('--replay-endpoint')),
+    )
     .addOption(new Option('--topic <topic>', 'topic frame of every event message').default(''))
-    .addOption(new Option('--event-format <fmt>', 'event layout: map (tagged, vLLM >= June 2026) or array (legacy positional)').choices(['array', 'map']).default('map'))
-    .addOption(new Option('--hash-type <type>', 'block id wire type: u64 (vLLM default), bytes (32-byte sha256), i64 (SGLang)').choices(['u64', 'bytes', 'i64']).default('u64'))
-    .addOption(new Option('--batch-layout <layout>', 'outer batch layout (vLLM 0.26 sends array)').choices(['array', 'map']).default('array'))
-    .addOption(new Option('--data-parallel-size <n>', 'data-parallel ranks (one engine each; header x-data-parallel-rank picks one)').default(1).argParser(int('--data-parallel-size')))
+    .addOption(
+      new Option('--event-format <fmt>', 'event layout: map (tagged, vLLM >= June 2026) or array (legacy positional)')
+        .choices(['array', 'map'])
+        .default('map'),
+    )
+    .addOption(
+      new Option('--hash-type <type>', 'block id wire type: u64 (vLLM default), bytes (32-byte sha256), i64 (SGLang)')
+        .choices(['u64', 'bytes', 'i64'])
+        .default('u64'),
+    )
+    .addOption(
+      new Option('--batch-layout <layout>', 'outer batch layout (vLLM 0.26 sends array)').choices(['array', 'map']).default('array'),
+    )
+    .addOption(
+      new Option('--data-parallel-size <n>', 'data-parallel ranks (one engine each; header x-data-parallel-rank picks one)')
+        .default(1)
+        .argParser(int('--data-parallel-size')),
+    )
     .addOption(new Option('--buffer-steps <n>', 'event batches kept for replay per rank').default(10000).argParser(int('--buffer-steps')))
     .option('--tokenizer <dir>', 'directory with tokenizer.json and tokenizer_config.json (default: a deterministic word tokenizer)')
     .option('--no-prompt-tokens-details', 'omit usage.prompt_tokens_details.cached_tokens (vLLM without --enable-prompt-tokens-details)')
-    .addOption(new Option('--default-max-tokens <n>', 'max_tokens when a request sets none').default(16).argParser(int('--default-max-tokens')))
+    .addOption(
+      new Option('--default-max-tokens <n>', 'max_tokens when a request sets none').default(16).argParser(int('--default-max-tokens')),
+    )
     .addOption(new Option('--seed <n>', 'seed of output tokens and fault dice').default(0).argParser(int('--seed', 0)))
-    .addOption(new Option('--drop-event-fraction <x>', 'fault: fraction of event batches not sent (still replayable)').default(0).argParser(num('--drop-event-fraction', 0, 1)))
-    .addOption(new Option('--fail-request-fraction <x>', 'fault: fraction of requests answered 500').default(0).argParser(num('--fail-request-fraction', 0, 1)))
-    .addOption(new Option('--die-after-requests <n>', 'fault: crash (close every socket) when request n+1 arrives').argParser(int('--die-after-requests', 0)))
+    .addOption(
+      new Option('--drop-event-fraction <x>', 'fault: fraction of event batches not sent (still replayable)')
+        .default(0)
+        .argParser(num('--drop-event-fraction', 0, 1)),
+    )
+    .addOption(
+      new Option('--fail-request-fraction <x>', 'fault: fraction of requests answered 500')
+        .default(0)
+        .argParser(num('--fail-request-fraction', 0, 1)),
+    )
+    .addOption(
+      new Option('--die-after-requests <n>', 'fault: crash (close every socket) when request n+1 arrives').argParser(
+        int('--die-after-requests', 0),
+      ),
+    )
     .addOption(new Option('--slowdown <x>', 'fault: steps take x times longer').default(1).argParser(num('--slowdown', 1e-6)))
     .addHelpText(
       'after',

@@ -54,8 +54,16 @@ export function registerRelay(program: Command): void {
     )
     .requiredOption('--nats <url>', 'NATS server URL(s), comma-separated (nats://host:4222)')
     .requiredOption('--worker <id>', 'worker id, as the router names it ([A-Za-z0-9_-], no dots)')
-    .requiredOption('--events <endpoint>', "rank 0's KV event endpoint (vLLM kv-events-config endpoint, connectable form)", endpoint('--events'))
-    .option('--replay <endpoint>', "rank 0's replay endpoint (vLLM replay_endpoint); without it gaps reset the worker", endpoint('--replay'))
+    .requiredOption(
+      '--events <endpoint>',
+      "rank 0's KV event endpoint (vLLM kv-events-config endpoint, connectable form)",
+      endpoint('--events'),
+    )
+    .option(
+      '--replay <endpoint>',
+      "rank 0's replay endpoint (vLLM replay_endpoint); without it gaps reset the worker",
+      endpoint('--replay'),
+    )
     .option('--dp <n>', 'data-parallel ranks (rank r uses the ports + r)', positiveInt('--dp'), 1)
     .option('--model <name>', 'served model name, published in the registry')
     .option('--url <url>', "the engine's OpenAI base URL (http://host:8000), published for the router's proxy")

@@ -69,7 +69,10 @@ export function parseRateScales(text: string): number[] | string {
 const KNOWN_POLICIES: readonly string[] = POLICY_NAMES;
 
 export function parsePolicies(text: string): string[] | string {
-  const names = text.split(',').map((s) => s.trim()).filter(Boolean);
+  const names = text
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
   for (const n of names) {
     if (!KNOWN_POLICIES.includes(n)) return `unknown policy "${n}"; known: ${KNOWN_POLICIES.join(', ')}`;
   }
@@ -98,8 +101,16 @@ export function registerSim(program: Command): void {
     .option('--limit <n>', 'replay only the first N requests', int('--limit', 1))
     .option('--workers <n>', 'engines in the fleet (default 8; scenario: its own)', int('--workers', 1))
     .option('--policy <list>', `comma-separated policies: ${KNOWN_POLICIES.join(', ')} (default kv-pressure,kv,round-robin)`)
-    .option('--block-size <n>', 'router and engine block size in tokens; must divide 512 for trace fidelity (default 16)', int('--block-size', 1))
-    .option('--gpu-blocks <n>', `KV blocks per engine (default ${DEFAULT_CAPACITY_TOKENS.toLocaleString('en-US')} tokens' worth)`, int('--gpu-blocks', 1))
+    .option(
+      '--block-size <n>',
+      'router and engine block size in tokens; must divide 512 for trace fidelity (default 16)',
+      int('--block-size', 1),
+    )
+    .option(
+      '--gpu-blocks <n>',
+      `KV blocks per engine (default ${DEFAULT_CAPACITY_TOKENS.toLocaleString('en-US')} tokens' worth)`,
+      int('--gpu-blocks', 1),
+    )
     .option('--rate-scale <list>', 'arrival-rate multipliers, comma-separated: 2 = twice the trace load', '1')
     .option('--event-delay-ms <ms>', 'delay from an engine step to the router applying its KV events', nonNeg('--event-delay-ms'), 5)
     .option('--no-overlay', "disable the router's predicted overlay (in-flight siblings credited before their KV events)")
@@ -145,7 +156,9 @@ export function registerSim(program: Command): void {
           const loaded = await loadTrace(o.trace!, { limit: o.limit });
           requests = loaded.requests;
           if (loaded.stats.badLines > 0) {
-            process.stderr.write(`kvroute sim: skipped ${loaded.stats.badLines} bad lines of ${o.trace}: ${[...loaded.stats.bad].map(([k, v]) => `${k} ${v}`).join(', ')}\n`);
+            process.stderr.write(
+              `kvroute sim: skipped ${loaded.stats.badLines} bad lines of ${o.trace}: ${[...loaded.stats.bad].map(([k, v]) => `${k} ${v}`).join(', ')}\n`,
+            );
           }
         } catch (err) {
           return fail(`cannot read trace ${o.trace}: ${(err as Error).message}`, 1);
@@ -162,7 +175,9 @@ export function registerSim(program: Command): void {
         ...base,
         workers: o.workers ?? base.workers,
         blockSize,
-        gpuBlocks: o.gpuBlocks ?? (o.blockSize !== undefined && o.scenario === undefined ? Math.floor(DEFAULT_CAPACITY_TOKENS / blockSize) : base.gpuBlocks),
+        gpuBlocks:
+          o.gpuBlocks ??
+          (o.blockSize !== undefined && o.scenario === undefined ? Math.floor(DEFAULT_CAPACITY_TOKENS / blockSize) : base.gpuBlocks),
         eventDelayMs: o.eventDelayMs,
         seed: o.seed,
         router: {
@@ -185,7 +200,11 @@ export function registerSim(program: Command): void {
       const bar =
         o.progress && process.stderr.isTTY
           ? new cliProgress.SingleBar(
-              { format: 'sim [{bar}] {percentage}% | {run} | {value}/{total} requests | {duration_formatted}', stream: process.stderr, hideCursor: true },
+              {
+                format: 'sim [{bar}] {percentage}% | {run} | {value}/{total} requests | {duration_formatted}',
+                stream: process.stderr,
+                hideCursor: true,
+              },
               cliProgress.Presets.shades_classic,
             )
           : null;
@@ -212,7 +231,13 @@ export function registerSim(program: Command): void {
       const stats = traceStats(requests);
       const report = buildReport(
         { ...stats, source },
-        { workers: fleet.workers, block_size: blockSize, gpu_blocks: fleet.gpuBlocks, event_delay_ms: fleet.eventDelayMs ?? 5, seed: o.seed },
+        {
+          workers: fleet.workers,
+          block_size: blockSize,
+          gpu_blocks: fleet.gpuBlocks,
+          event_delay_ms: fleet.eventDelayMs ?? 5,
+          seed: o.seed,
+        },
         computeOracle(requests),
         results,
       );

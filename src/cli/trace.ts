@@ -106,10 +106,13 @@ async function writeTrace(path: string, requests: readonly TraceRequest[]): Prom
 }
 
 export function registerTrace(program: Command): void {
-  const trace = program.command('trace').summary('generate synthetic request traces, or describe a trace file').description(
-    'Request traces in the Mooncake JSONL format ({"timestamp", "input_length", "output_length", "hash_ids"}: one ' +
-      'prefix id per 512-token block), for `kvroute sim` and benchmarks.',
-  );
+  const trace = program
+    .command('trace')
+    .summary('generate synthetic request traces, or describe a trace file')
+    .description(
+      'Request traces in the Mooncake JSONL format ({"timestamp", "input_length", "output_length", "hash_ids"}: one ' +
+        'prefix id per 512-token block), for `kvroute sim` and benchmarks.',
+    );
 
   trace
     .command('gen')
@@ -125,7 +128,11 @@ export function registerTrace(program: Command): void {
     .option('--requests <n>', 'number of requests', positiveInt('--requests'))
     .option('--seed <n>', 'generator seed', nonNegInt('--seed'), 1)
     .option('--out <file>', 'write the trace here (JSONL); without it only the stats are printed')
-    .option('--rate <rps>', 'mean arrival rate in requests per second ("inf" sends all at once: shared-prefix only)', positiveNumber('--rate'))
+    .option(
+      '--rate <rps>',
+      'mean arrival rate in requests per second ("inf" sends all at once: shared-prefix only)',
+      positiveNumber('--rate'),
+    )
     .option('--groups <n>', 'shared-prefix: number of groups', positiveInt('--groups'))
     .option('--prompts-per-group <n>', 'shared-prefix: prompts per group', positiveInt('--prompts-per-group'))
     .option('--system-prompt-len <n>', 'shared-prefix, multi-turn: system prompt tokens', nonNegInt('--system-prompt-len'))

@@ -191,13 +191,7 @@ export class ActiveLoad {
    * Leading blocks shared with in-flight requests or requests finished less than the grace period ago, at least
    * `activePrefix` (pass it when already known, to skip the in-flight walk).
    */
-  predictedPrefix(
-    source: number,
-    seqHashes: BigUint64Array,
-    now: number,
-    view: Uint32Array = u32(seqHashes),
-    activePrefix = -1,
-  ): number {
+  predictedPrefix(source: number, seqHashes: BigUint64Array, now: number, view: Uint32Array = u32(seqHashes), activePrefix = -1): number {
     const s = this.sources.get(source);
     if (!s) return 0;
     let best = activePrefix >= 0 ? activePrefix : maxPrefix(view, seqHashes.length, s.inFlight);

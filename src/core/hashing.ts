@@ -141,11 +141,7 @@ export function hashBlocksNapi(
 }
 
 /** Local and sequence hashes of every full block of `tokens` (the contract of REFERENCE section 1). */
-export function computeBlockHashes(
-  tokens: ArrayLike<number>,
-  blockSize: number,
-  seed: bigint = BASE_SEED,
-): BlockHashes {
+export function computeBlockHashes(tokens: ArrayLike<number>, blockSize: number, seed: bigint = BASE_SEED): BlockHashes {
   const n = fullBlocks(tokens.length, blockSize);
   const local = new BigUint64Array(n);
   const seq = new BigUint64Array(n);

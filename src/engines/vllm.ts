@@ -261,7 +261,12 @@ interface Sink {
 }
 
 /** Where the extra keys put the identity: a cache_salt, and the first block that cannot be hashed from tokens. */
-function readExtraKeys(extra: unknown, loraName: string | null, firstOfSequence: boolean, blocks: number): { salt: string | null; firstUnhashable: number } {
+function readExtraKeys(
+  extra: unknown,
+  loraName: string | null,
+  firstOfSequence: boolean,
+  blocks: number,
+): { salt: string | null; firstUnhashable: number } {
   let salt: string | null = null;
   if (!Array.isArray(extra)) return { salt, firstUnhashable: blocks };
   const n = Math.min(extra.length, blocks);

@@ -157,4 +157,3 @@ export class BlockAggregator {
 export function aggregatable(engine: number, router: number): boolean {
   return Number.isInteger(engine) && engine > 0 && engine < router && router % engine === 0;
 }
-

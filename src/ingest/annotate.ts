@@ -51,7 +51,11 @@ export class SourceAnnotator {
 
   constructor(
     private readonly routerBlockSize: number,
-    private readonly onMismatch: (engineBlockSize: number, routerBlockSize: number, action: 'split' | 'aggregate' | 'quarantine') => void = () => {},
+    private readonly onMismatch: (
+      engineBlockSize: number,
+      routerBlockSize: number,
+      action: 'split' | 'aggregate' | 'quarantine',
+    ) => void = () => {},
   ) {}
 
   /** Forgets everything known about the source's cache (reset or AllBlocksCleared). */

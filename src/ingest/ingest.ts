@@ -77,9 +77,12 @@ export class EventIngest {
     }
     const quiet = opts.tailProbeMs ?? 1000;
     if (quiet > 0) {
-      this.probeTimer = setInterval(() => {
-        for (const r of this.sources.values()) r.ingest.maybeProbeTail(quiet);
-      }, Math.max(50, quiet / 4));
+      this.probeTimer = setInterval(
+        () => {
+          for (const r of this.sources.values()) r.ingest.maybeProbeTail(quiet);
+        },
+        Math.max(50, quiet / 4),
+      );
       this.probeTimer.unref();
     }
   }
@@ -94,7 +97,13 @@ export class EventIngest {
           this.blindNow.add(h.sourceKey);
           const silentS = ((this.opts.now ?? Date.now)() - (h.lastEventAtMs ?? h.startedAtMs)) / 1000;
           this.log.error(
-            { source: h.sourceKey, endpoint: h.endpoint, requestsSinceLastEvent: h.requestsSinceLastEvent, silentSeconds: silentS, connected: h.connected },
+            {
+              source: h.sourceKey,
+              endpoint: h.endpoint,
+              requestsSinceLastEvent: h.requestsSinceLastEvent,
+              silentSeconds: silentS,
+              connected: h.connected,
+            },
             `source ${h.sourceKey} is blind: ${h.requestsSinceLastEvent} requests routed to it and no KV event for ${silentS.toFixed(0)} s ` +
               `(check --kv-events-config, the endpoint ${h.endpoint}, and the topic); KV routing to it is guesswork until events resume`,
           );
@@ -190,4 +199,3 @@ export class EventIngest {
     await Promise.all([...this.sources.keys()].map((k) => this.removeSource(k)));
   }
 }
-

@@ -30,8 +30,16 @@ export interface IngestLogger {
 export const quietLogger: IngestLogger = { info() {}, warn() {}, error() {} };
 export const consoleLogger: IngestLogger = {
   info() {},
-  warn: (obj, msg) => console.warn(`[kvroute ingest] ${msg}`, JSON.stringify(obj, (_k, v) => (typeof v === 'bigint' ? v.toString() : v))),
-  error: (obj, msg) => console.error(`[kvroute ingest] ${msg}`, JSON.stringify(obj, (_k, v) => (typeof v === 'bigint' ? v.toString() : v))),
+  warn: (obj, msg) =>
+    console.warn(
+      `[kvroute ingest] ${msg}`,
+      JSON.stringify(obj, (_k, v) => (typeof v === 'bigint' ? v.toString() : v)),
+    ),
+  error: (obj, msg) =>
+    console.error(
+      `[kvroute ingest] ${msg}`,
+      JSON.stringify(obj, (_k, v) => (typeof v === 'bigint' ? v.toString() : v)),
+    ),
 };
 
 export type BadFrameKind = 'frame_count' | 'seq_length' | 'undecodable' | 'receive_error';

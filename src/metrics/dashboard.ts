@@ -37,9 +37,7 @@ const CSP = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-
 
 /** JSON with NaN/Infinity as null (no data is not 0) and bigint as decimal strings. */
 export function toJson(value: unknown): string {
-  return JSON.stringify(value, (_k, v) =>
-    typeof v === 'number' && !Number.isFinite(v) ? null : typeof v === 'bigint' ? v.toString() : v,
-  );
+  return JSON.stringify(value, (_k, v) => (typeof v === 'number' && !Number.isFinite(v) ? null : typeof v === 'bigint' ? v.toString() : v));
 }
 
 function send(res: ServerResponse, status: number, type: string, body: string | Buffer, head: boolean): void {
@@ -71,7 +69,13 @@ export function dashboardHandler(req: IncomingMessage, res: ServerResponse, stat
     try {
       body = toJson(stateJson());
     } catch (err) {
-      send(res, 500, 'application/json', toJson({ error: { message: `dashboard state failed: ${(err as Error).message}`, type: 'server_error' } }), head);
+      send(
+        res,
+        500,
+        'application/json',
+        toJson({ error: { message: `dashboard state failed: ${(err as Error).message}`, type: 'server_error' } }),
+        head,
+      );
       return true;
     }
     send(res, 200, 'application/json', body, head);

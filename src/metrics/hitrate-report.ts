@@ -267,12 +267,7 @@ export function verdictOf(o: HitRates, engineSource: HitRateReport['engineSource
     const delivered = o.delivered.tokenWeighted;
     const P = o.delivered.predictedTokenWeighted;
     const d = P - delivered;
-    const head =
-      Math.abs(d) <= AGREEMENT
-        ? 'router view accurate'
-        : d > 0
-          ? 'router over-predicts'
-          : 'router under-predicts';
+    const head = Math.abs(d) <= AGREEMENT ? 'router view accurate' : d > 0 ? 'router over-predicts' : 'router under-predicts';
     return `${head}: predicted ${f3(P)} vs delivered ${f3(delivered)} on the ${o.delivered.requests} requests the engine reported cached tokens for (no engine counters)${trap}`;
   } else {
     return `no engine truth in the window (no engine counters, no cached_tokens in usage): router predicts block-weighted ${f3(B)}${trap}; add --engine URL or enable the engine mirror to check it`;
@@ -362,10 +357,17 @@ export function buildReport(input: ReportInput): HitRateReport {
   if (resets.length > 0) notes.push(`counter resets (restart) between the scrapes: ${resets.join(', ')}; counted from zero`);
 
   const o = ratesOf('overall', overall);
-  const workers = [...workerDeltas]
-    .sort(([x], [y]) => (x < y ? -1 : x > y ? 1 : 0))
-    .map(([name, d]) => ratesOf(name, d));
-  return { windowS: input.windowS, prefix: b.prefix, overall: o, workers, engineSource, resets, notes, verdict: verdictOf(o, engineSource) };
+  const workers = [...workerDeltas].sort(([x], [y]) => (x < y ? -1 : x > y ? 1 : 0)).map(([name, d]) => ratesOf(name, d));
+  return {
+    windowS: input.windowS,
+    prefix: b.prefix,
+    overall: o,
+    workers,
+    engineSource,
+    resets,
+    notes,
+    verdict: verdictOf(o, engineSource),
+  };
 }
 
 // ------------------------------------------------------------------------------------------------ output
@@ -411,9 +413,7 @@ export function formatReport(r: HitRateReport): string {
   out.push(widths.map((n) => '-'.repeat(n)).join('  '));
   for (const row of rows) out.push(line(row));
   out.push('');
-  out.push(
-    'pred req-w = mean of per-request ratios (the histogram); pred block-w = ratio of sums (comparable with engine);',
-  );
+  out.push('pred req-w = mean of per-request ratios (the histogram); pred block-w = ratio of sums (comparable with engine);');
   out.push(
     'avail = best overlap in the fleet; delivered = cached_tokens/prompt_tokens from usage reports, "pred (same)" = router prediction for those requests.',
   );

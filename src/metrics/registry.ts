@@ -23,9 +23,7 @@ export const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5
 export const ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5];
 export const LENGTH_BUCKETS = [16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144];
 /** Predicted minus delivered cached tokens: symmetric, since the router can be wrong both ways. */
-export const PREDICTION_ERROR_BUCKETS = [
-  -65536, -16384, -4096, -1024, -256, -64, -16, -1, 0, 16, 64, 256, 1024, 4096, 16384, 65536,
-];
+export const PREDICTION_ERROR_BUCKETS = [-65536, -16384, -4096, -1024, -256, -64, -16, -1, 0, 16, 64, 256, 1024, 4096, 16384, 65536];
 
 export const OVERHEAD_PHASES = ['tokenize', 'hash', 'find_matches', 'select', 'total'] as const;
 export type OverheadPhase = (typeof OVERHEAD_PHASES)[number];
@@ -310,13 +308,35 @@ export class RouterMetrics {
           for (const s of router.state().sources) this.set({ worker: self.label(s.source) }, read(s));
         },
       });
-    sourceGauge('router_worker_active_prefill_tokens', 'Prompt tokens routed to the worker whose prefill has not finished (uncached part).', (s) => s.activePrefillTokens);
-    sourceGauge('router_worker_active_blocks', 'KV blocks held by requests in flight on the worker, as the router accounts them.', (s) => s.activeBlocks);
+    sourceGauge(
+      'router_worker_active_prefill_tokens',
+      'Prompt tokens routed to the worker whose prefill has not finished (uncached part).',
+      (s) => s.activePrefillTokens,
+    );
+    sourceGauge(
+      'router_worker_active_blocks',
+      'KV blocks held by requests in flight on the worker, as the router accounts them.',
+      (s) => s.activeBlocks,
+    );
     sourceGauge('router_worker_active_requests', 'Requests in flight on the worker.', (s) => s.activeRequests);
-    sourceGauge('router_worker_indexed_blocks', "Blocks the router's event index holds for the worker (its view of the worker's cache).", (s) => s.cachedBlocks);
-    sourceGauge('router_worker_approx_blocks', 'Blocks the approximate index (workers without events) holds for the worker.', (s) => s.approxBlocks);
-    sourceGauge('router_worker_healthy', '1 when the worker is routable (healthy), 0 when marked unhealthy.', (s) => (self.health.get(s.source) ?? true ? 1 : 0));
-    sourceGauge('router_kv_event_source_blind', '1 when the worker publishes no usable KV events (the router is blind to its cache).', (s) => (self.blind.get(s.source) ? 1 : 0));
+    sourceGauge(
+      'router_worker_indexed_blocks',
+      "Blocks the router's event index holds for the worker (its view of the worker's cache).",
+      (s) => s.cachedBlocks,
+    );
+    sourceGauge(
+      'router_worker_approx_blocks',
+      'Blocks the approximate index (workers without events) holds for the worker.',
+      (s) => s.approxBlocks,
+    );
+    sourceGauge('router_worker_healthy', '1 when the worker is routable (healthy), 0 when marked unhealthy.', (s) =>
+      (self.health.get(s.source) ?? true) ? 1 : 0,
+    );
+    sourceGauge(
+      'router_kv_event_source_blind',
+      '1 when the worker publishes no usable KV events (the router is blind to its cache).',
+      (s) => (self.blind.get(s.source) ? 1 : 0),
+    );
     new Gauge({
       name: `${p}router_kv_index_blocks`,
       help: 'Distinct blocks in the event index (all workers).',
@@ -367,7 +387,14 @@ export class RouterMetrics {
   /** Series exist at 0 from the moment a worker is known, so rate() sees the first request instead of a new series. */
   private zeroWorker(worker: string): void {
     const l = { worker };
-    for (const c of [this.overlapBlocks, this.islBlocks, this.bestOverlapBlocks, this.engineCachedTokens, this.enginePromptTokens, this.predictedCachedTokens]) {
+    for (const c of [
+      this.overlapBlocks,
+      this.islBlocks,
+      this.bestOverlapBlocks,
+      this.engineCachedTokens,
+      this.enginePromptTokens,
+      this.predictedCachedTokens,
+    ]) {
       c.inc(l, 0);
     }
     for (const h of [this.hitRate, this.availableHitRate, this.predictionError, this.deliveredHitRate]) h.zero(l);

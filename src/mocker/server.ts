@@ -264,7 +264,11 @@ function buildMetrics(reg: Registry, model: string, ranks: Rank[], cfg: EngineCo
         each((r, l) => this.set(l, pick(r.engine)));
       },
     });
-  counter('vllm:prefix_cache_queries_total', 'Prefix cache queries, in terms of number of queried tokens.', (e) => e.counters.prefixCacheQueries);
+  counter(
+    'vllm:prefix_cache_queries_total',
+    'Prefix cache queries, in terms of number of queried tokens.',
+    (e) => e.counters.prefixCacheQueries,
+  );
   counter('vllm:prefix_cache_hits_total', 'Prefix cache hits, in terms of number of cached tokens.', (e) => e.counters.prefixCacheHits);
   counter('vllm:prompt_tokens_total', 'Number of prefill tokens processed.', (e) => e.counters.promptTokens);
   counter('vllm:generation_tokens_total', 'Number of generation tokens processed.', (e) => e.counters.generationTokens);
@@ -343,7 +347,8 @@ function isObj(v: unknown): v is Record<string, unknown> {
 function optInt(body: Record<string, unknown>, key: string, min: number): number | undefined {
   const v = body[key];
   if (v === undefined || v === null) return undefined;
-  if (typeof v !== 'number' || !Number.isInteger(v) || v < min) throw new HttpError(400, `${key} must be an integer >= ${min}`, 'BadRequestError', key);
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < min)
+    throw new HttpError(400, `${key} must be an integer >= ${min}`, 'BadRequestError', key);
   return v;
 }
 
@@ -399,9 +404,24 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
   const bufferSteps = options.bufferSteps ?? 10_000;
   const details = options.enablePromptTokensDetails ?? true;
   const defaultMaxTokens = options.defaultMaxTokens ?? 16;
-  const faults: MockerFaults = { dropEventFraction: 0, failRequestFraction: 0, dieAfterRequests: null, slowdown: 1, unhealthy: false, ...options.faults };
+  const faults: MockerFaults = {
+    dropEventFraction: 0,
+    failRequestFraction: 0,
+    dieAfterRequests: null,
+    slowdown: 1,
+    unhealthy: false,
+    ...options.faults,
+  };
   const dice = rng(options.seed ?? 12345);
-  const stats: MockerStats = { requests: 0, failedRequests: 0, badRequests: 0, publishedBatches: 0, droppedBatches: 0, replayRequests: 0, sendErrors: 0 };
+  const stats: MockerStats = {
+    requests: 0,
+    failedRequests: 0,
+    badRequests: 0,
+    publishedBatches: 0,
+    droppedBatches: 0,
+    replayRequests: 0,
+    sendErrors: 0,
+  };
   const registry = new Registry();
   const { ttft, e2e } = buildMetrics(registry, model, ranks, cfg);
   const wall0 = performance.now();
@@ -587,7 +607,8 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
     const h = req.headers['x-data-parallel-rank'];
     if (typeof h === 'string' && h !== '') {
       const n = Number(h);
-      if (!Number.isInteger(n) || n < 0 || n >= dp) throw new HttpError(400, `x-data-parallel-rank must be in [0, ${dp})`, 'BadRequestError', 'x-data-parallel-rank');
+      if (!Number.isInteger(n) || n < 0 || n >= dp)
+        throw new HttpError(400, `x-data-parallel-rank must be in [0, ${dp})`, 'BadRequestError', 'x-data-parallel-rank');
       return ranks[n];
     }
     let best = ranks[0];
@@ -608,11 +629,17 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
     return u;
   }
 
-  async function generate(kind: 'completion' | 'chat', req: IncomingMessage, res: ServerResponse, body: Record<string, unknown>): Promise<void> {
+  async function generate(
+    kind: 'completion' | 'chat',
+    req: IncomingMessage,
+    res: ServerResponse,
+    body: Record<string, unknown>,
+  ): Promise<void> {
     const loraName = resolveModel(body);
     const stream = optBool(body, 'stream') ?? false;
     const so = body.stream_options;
-    if (so !== undefined && so !== null && !isObj(so)) throw new HttpError(400, 'stream_options must be an object', 'BadRequestError', 'stream_options');
+    if (so !== undefined && so !== null && !isObj(so))
+      throw new HttpError(400, 'stream_options must be an object', 'BadRequestError', 'stream_options');
     const includeUsage = stream && isObj(so) && so.include_usage === true;
     const cacheSalt = optString(body, 'cache_salt') || null;
     const seed = optInt(body, 'seed', 0);
@@ -627,13 +654,22 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
       const p = body.prompt;
       if (typeof p === 'string') prompts = [tokenizer.encode(p)];
       else if (isTokenList(p)) prompts = [p];
-      else if (Array.isArray(p) && p.length > 0 && p.every((x) => typeof x === 'string')) prompts = (p as string[]).map((s) => tokenizer.encode(s));
+      else if (Array.isArray(p) && p.length > 0 && p.every((x) => typeof x === 'string'))
+        prompts = (p as string[]).map((s) => tokenizer.encode(s));
       else if (Array.isArray(p) && p.length > 0 && p.every(isTokenList)) prompts = p as number[][];
-      else throw new HttpError(400, 'prompt must be a string, a list of strings, a list of token ids or a list of such lists', 'BadRequestError', 'prompt');
+      else
+        throw new HttpError(
+          400,
+          'prompt must be a string, a list of strings, a list of token ids or a list of such lists',
+          'BadRequestError',
+          'prompt',
+        );
     } else {
-      if (!validMessages(body.messages)) throw new HttpError(400, 'messages must be a non-empty list of {role, content}', 'BadRequestError', 'messages');
+      if (!validMessages(body.messages))
+        throw new HttpError(400, 'messages must be a non-empty list of {role, content}', 'BadRequestError', 'messages');
       const kw = body.chat_template_kwargs;
-      if (kw !== undefined && kw !== null && !isObj(kw)) throw new HttpError(400, 'chat_template_kwargs must be an object', 'BadRequestError', 'chat_template_kwargs');
+      if (kw !== undefined && kw !== null && !isObj(kw))
+        throw new HttpError(400, 'chat_template_kwargs must be an object', 'BadRequestError', 'chat_template_kwargs');
       const tools = Array.isArray(body.tools) ? body.tools : undefined;
       let text: string;
       try {
@@ -644,7 +680,8 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
       prompts = [tokenizer.encode(text)];
     }
     for (const p of prompts) {
-      if (p.length === 0) throw new HttpError(400, 'prompt is empty after tokenization', 'BadRequestError', kind === 'chat' ? 'messages' : 'prompt');
+      if (p.length === 0)
+        throw new HttpError(400, 'prompt is empty after tokenization', 'BadRequestError', kind === 'chat' ? 'messages' : 'prompt');
       const mt = maxTokens ?? Math.max(1, Math.min(defaultMaxTokens, cfg.maxModelLen - p.length));
       if (p.length + mt > cfg.maxModelLen) {
         throw new HttpError(
@@ -678,7 +715,8 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
       });
     } catch (err) {
       for (const a of added) rank.engine.abort(a);
-      if (err instanceof EngineInputError) throw new HttpError(400, err.message, 'BadRequestError', kind === 'chat' ? 'messages' : 'prompt');
+      if (err instanceof EngineInputError)
+        throw new HttpError(400, err.message, 'BadRequestError', kind === 'chat' ? 'messages' : 'prompt');
       throw err;
     }
 
@@ -741,14 +779,28 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
           if (returnTokenIds) c.token_ids = tokens[i];
           return c;
         }
-        const c: Record<string, unknown> = { index: i, text, logprobs: null, finish_reason: 'length', stop_reason: null, prompt_logprobs: null };
+        const c: Record<string, unknown> = {
+          index: i,
+          text,
+          logprobs: null,
+          finish_reason: 'length',
+          stop_reason: null,
+          prompt_logprobs: null,
+        };
         if (returnTokenIds) {
           c.prompt_token_ids = p;
           c.token_ids = tokens[i];
         }
         return c;
       });
-      const out: Record<string, unknown> = { id, object: kind === 'chat' ? 'chat.completion' : 'text_completion', created, model: loraName ?? model, choices, usage };
+      const out: Record<string, unknown> = {
+        id,
+        object: kind === 'chat' ? 'chat.completion' : 'text_completion',
+        created,
+        model: loraName ?? model,
+        choices,
+        usage,
+      };
       if (returnTokenIds && kind === 'chat') out.prompt_token_ids = prompts[0];
       sendJson(res, 200, out);
     };
@@ -818,7 +870,8 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
     frac('failRequestFraction');
     if (body.dieAfterRequests !== undefined) {
       const v = body.dieAfterRequests;
-      if (v !== null && (typeof v !== 'number' || !Number.isInteger(v) || v < 0)) throw new HttpError(400, 'dieAfterRequests must be a non-negative integer or null', 'BadRequestError', 'dieAfterRequests');
+      if (v !== null && (typeof v !== 'number' || !Number.isInteger(v) || v < 0))
+        throw new HttpError(400, 'dieAfterRequests must be a non-negative integer or null', 'BadRequestError', 'dieAfterRequests');
       faults.dieAfterRequests = v as number | null;
       requestsSinceStart = 0;
     }
@@ -863,7 +916,12 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
         return;
       }
       if (method === 'GET' && url === '/load') {
-        const per = ranks.map((r) => ({ rank: r.rank, running: r.engine.numRunning, waiting: r.engine.numWaiting, kv_usage: r.engine.kvUsage }));
+        const per = ranks.map((r) => ({
+          rank: r.rank,
+          running: r.engine.numRunning,
+          waiting: r.engine.numWaiting,
+          kv_usage: r.engine.kvUsage,
+        }));
         sendJson(res, 200, {
           running: per.reduce((a, p) => a + p.running, 0),
           waiting: per.reduce((a, p) => a + p.waiting, 0),

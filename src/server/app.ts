@@ -589,8 +589,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
           // stops reading altogether would pin the request in the worker's active load: past the stall timeout it is
           // dropped like a disconnect (cancelled, the worker not blamed).
           body.pause();
-          const stall =
-            config.clientStallTimeoutMs > 0 ? setTimeout(() => res.destroy(), config.clientStallTimeoutMs) : undefined;
+          const stall = config.clientStallTimeoutMs > 0 ? setTimeout(() => res.destroy(), config.clientStallTimeoutMs) : undefined;
           res.once('drain', () => {
             clearTimeout(stall);
             body.resume();
@@ -651,7 +650,12 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
 
   async function handleAdmin(req: IncomingMessage, res: ServerResponse, path: string): Promise<void> {
     if (!config.adminToken) {
-      throw new HttpError(404, 'the admin API is disabled (start with --admin-token or KVROUTE_ADMIN_TOKEN)', 'not_found_error', 'not_found');
+      throw new HttpError(
+        404,
+        'the admin API is disabled (start with --admin-token or KVROUTE_ADMIN_TOKEN)',
+        'not_found_error',
+        'not_found',
+      );
     }
     if (!adminAuthorized(req, config.adminToken)) {
       throw new HttpError(401, 'missing or wrong bearer token', 'authentication_error', 'invalid_token', null, {
@@ -775,28 +779,28 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       ...httpServerTimeouts({ headersTimeoutMs: config.headerTimeoutMs, requestTimeoutMs: config.bodyTimeoutMs }),
     },
     (req, res) => {
-    inFlight++;
-    let counted = true;
-    const done = () => {
-      if (counted) {
-        counted = false;
-        inFlight--;
-      }
-    };
-    res.on('close', done);
-    res.on('finish', done);
-    dispatch(req, res).catch((err: unknown) => {
-      if (err instanceof HttpError) {
-        if (err.status >= 500) log.warn({ status: err.status, code: err.code }, err.message);
-        if (!req.complete && err.status !== 413) req.resume(); // an unread body must not stall the connection
-        sendError(res, err);
-        if (err.status === 413) req.destroy();
-        return;
-      }
-      // Anything else is our bug; still answer in the OpenAI shape, and log it with its stack.
-      log.error({ err }, 'unhandled error in request');
-      sendError(res, new HttpError(500, 'internal router error', 'server_error', 'internal_error'));
-    });
+      inFlight++;
+      let counted = true;
+      const done = () => {
+        if (counted) {
+          counted = false;
+          inFlight--;
+        }
+      };
+      res.on('close', done);
+      res.on('finish', done);
+      dispatch(req, res).catch((err: unknown) => {
+        if (err instanceof HttpError) {
+          if (err.status >= 500) log.warn({ status: err.status, code: err.code }, err.message);
+          if (!req.complete && err.status !== 413) req.resume(); // an unread body must not stall the connection
+          sendError(res, err);
+          if (err.status === 413) req.destroy();
+          return;
+        }
+        // Anything else is our bug; still answer in the OpenAI shape, and log it with its stack.
+        log.error({ err }, 'unhandled error in request');
+        sendError(res, new HttpError(500, 'internal router error', 'server_error', 'internal_error'));
+      });
     },
   );
   server.maxRequestsPerSocket = 0;

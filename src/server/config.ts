@@ -80,11 +80,44 @@ export interface ServeConfig {
 
 /** Keys a config file may set (optional ones included). */
 export const CONFIG_KEYS = [
-  'host', 'port', 'workers', 'blockSize', 'policy', 'prefillLoadScale', 'overlapCredit', 'temperature', 'seed',
-  'busyKvFraction', 'busyPrefillTokens', 'queueLimit', 'queueTimeoutMs', 'retries', 'bodyLimitBytes', 'tokenizerDir', 'tokenizerThreads',
-  'remoteTokenize', 'adminToken', 'healthIntervalMs', 'healthTimeoutMs', 'ejectAfter', 'breakerThreshold',
-  'breakerCooldownMs', 'upstreamTimeoutMs', 'shutdownGraceMs', 'metricsPrefix', 'logLevel', 'engineMetricsIntervalMs', 'apiKeys', 'apiKeyFile',
-  'rateLimit', 'allowWorkerHosts', 'headerTimeoutMs', 'bodyTimeoutMs', 'maxJsonDepth', 'clientStallTimeoutMs', 'tierCredit',
+  'host',
+  'port',
+  'workers',
+  'blockSize',
+  'policy',
+  'prefillLoadScale',
+  'overlapCredit',
+  'temperature',
+  'seed',
+  'busyKvFraction',
+  'busyPrefillTokens',
+  'queueLimit',
+  'queueTimeoutMs',
+  'retries',
+  'bodyLimitBytes',
+  'tokenizerDir',
+  'tokenizerThreads',
+  'remoteTokenize',
+  'adminToken',
+  'healthIntervalMs',
+  'healthTimeoutMs',
+  'ejectAfter',
+  'breakerThreshold',
+  'breakerCooldownMs',
+  'upstreamTimeoutMs',
+  'shutdownGraceMs',
+  'metricsPrefix',
+  'logLevel',
+  'engineMetricsIntervalMs',
+  'apiKeys',
+  'apiKeyFile',
+  'rateLimit',
+  'allowWorkerHosts',
+  'headerTimeoutMs',
+  'bodyTimeoutMs',
+  'maxJsonDepth',
+  'clientStallTimeoutMs',
+  'tierCredit',
 ] as const;
 
 export const DEFAULTS: ServeConfig = {
@@ -131,7 +164,10 @@ function positiveInt(name: string, v: string): number {
  * `model` may repeat. Throws an Error with an actionable message.
  */
 export function parseWorkerSpec(spec: string): WorkerSpec {
-  const parts = spec.split(',').map((s) => s.trim()).filter((s) => s.length > 0);
+  const parts = spec
+    .split(',')
+    .map((s) => s.trim())
+    .filter((s) => s.length > 0);
   if (parts.length === 0) throw new Error('empty --worker spec; expected URL[,events=tcp://host:port][,dp=N][,model=NAME]');
   const url = parts[0];
   let parsed: URL;

@@ -220,10 +220,7 @@ export class WorkerSet {
     this.workers.set(worker.id, worker);
     const dp = spec.dp ?? 1;
     for (let r = 0; r < dp; r++) {
-      this.router.addSource(
-        { workerId: worker.id, dpRank: r },
-        { mode: spec.events ? 'events' : 'approx', capacityBlocks: spec.blocks },
-      );
+      this.router.addSource({ workerId: worker.id, dpRank: r }, { mode: spec.events ? 'events' : 'approx', capacityBlocks: spec.blocks });
     }
     await this.hooks.onAdded?.(worker);
     await this.probeOne(worker);

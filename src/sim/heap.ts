@@ -51,7 +51,8 @@ export class EventHeap {
     for (;;) {
       let c = 2 * i + 1;
       if (c >= last) break;
-      if (c + 1 < last && (this.time[c + 1] < this.time[c] || (this.time[c + 1] === this.time[c] && this.order[c + 1] < this.order[c]))) c++;
+      if (c + 1 < last && (this.time[c + 1] < this.time[c] || (this.time[c + 1] === this.time[c] && this.order[c + 1] < this.order[c])))
+        c++;
       if (t < this.time[c] || (t === this.time[c] && s < this.order[c])) break;
       this.move(c, i);
       i = c;

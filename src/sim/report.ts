@@ -38,8 +38,7 @@ const ms = (x: number) => (Number.isFinite(x) ? (x >= 10_000 ? `${(x / 1000).toF
 
 function table(header: string[], rows: string[][], leftCols = 1): string {
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)));
-  const line = (cells: string[]) =>
-    cells.map((c, i) => (i < leftCols ? c.padEnd(widths[i]) : c.padStart(widths[i]))).join('  ');
+  const line = (cells: string[]) => cells.map((c, i) => (i < leftCols ? c.padEnd(widths[i]) : c.padStart(widths[i]))).join('  ');
   return [line(header), widths.map((w) => '-'.repeat(w)).join('  '), ...rows.map(line)].join('\n');
 }
 
@@ -108,7 +107,10 @@ export function formatReport(rep: SimReport): string {
         .join('; '),
     'simulation cost: ' +
       rep.policies
-        .map((p) => `${p.name}${sweep ? ` x${p.rate_scale}` : ''} ${p.sim.wall_s.toFixed(1)} s wall / ${p.sim.cpu_s.toFixed(1)} s cpu (${p.sim.engine_steps.toLocaleString('en-US')} engine steps, ${p.sim.simulated_s.toFixed(0)} s simulated)`)
+        .map(
+          (p) =>
+            `${p.name}${sweep ? ` x${p.rate_scale}` : ''} ${p.sim.wall_s.toFixed(1)} s wall / ${p.sim.cpu_s.toFixed(1)} s cpu (${p.sim.engine_steps.toLocaleString('en-US')} engine steps, ${p.sim.simulated_s.toFixed(0)} s simulated)`,
+        )
         .join('; '),
   ].join('\n');
 }
@@ -148,7 +150,15 @@ function niceMax(v: number): number {
 }
 
 /** Grouped bars: one group per category, one bar per series. */
-function bars(p: Panel, title: string, categories: string[], series: { name: string; values: number[] }[], max: number, fmt: (v: number) => string, refLine?: { value: number; label: string }): string {
+function bars(
+  p: Panel,
+  title: string,
+  categories: string[],
+  series: { name: string; values: number[] }[],
+  max: number,
+  fmt: (v: number) => string,
+  refLine?: { value: number; label: string },
+): string {
   const out: string[] = [`<text x="${p.x}" y="${p.y - 12}" font-weight="bold">${esc(title)}</text>`, axis(p, max, 4, fmt)];
   const groupW = p.w / Math.max(1, categories.length);
   const barW = (groupW * 0.8) / Math.max(1, series.length);
@@ -159,7 +169,9 @@ function bars(p: Panel, title: string, categories: string[], series: { name: str
       if (!Number.isFinite(v)) return;
       const h = Math.min(p.h, (p.h * v) / max);
       const x = gx + k * barW;
-      out.push(`<rect x="${x.toFixed(1)}" y="${(p.y + p.h - h).toFixed(1)}" width="${(barW - 2).toFixed(1)}" height="${h.toFixed(1)}" fill="${PALETTE[k % PALETTE.length]}"><title>${esc(`${cat} ${s.name}: ${fmt(v)}`)}</title></rect>`);
+      out.push(
+        `<rect x="${x.toFixed(1)}" y="${(p.y + p.h - h).toFixed(1)}" width="${(barW - 2).toFixed(1)}" height="${h.toFixed(1)}" fill="${PALETTE[k % PALETTE.length]}"><title>${esc(`${cat} ${s.name}: ${fmt(v)}`)}</title></rect>`,
+      );
     });
     out.push(`<text x="${(gx + groupW * 0.4).toFixed(1)}" y="${p.y + p.h + 16}" text-anchor="middle">${esc(cat)}</text>`);
   });
@@ -173,13 +185,19 @@ function bars(p: Panel, title: string, categories: string[], series: { name: str
 
 function legend(x: number, y: number, names: string[]): string {
   return names
-    .map((n, k) => `<rect x="${x + k * 150}" y="${y - 10}" width="12" height="12" fill="${PALETTE[k % PALETTE.length]}"/><text x="${x + k * 150 + 18}" y="${y}">${esc(n)}</text>`)
+    .map(
+      (n, k) =>
+        `<rect x="${x + k * 150}" y="${y - 10}" width="12" height="12" fill="${PALETTE[k % PALETTE.length]}"/><text x="${x + k * 150 + 18}" y="${y}">${esc(n)}</text>`,
+    )
     .join('\n');
 }
 
 /** Lines of TTFT p90 against rate scale, one per policy (the sweep's knee). */
 function lines(p: Panel, title: string, xs: number[], series: { name: string; values: number[] }[], max: number): string {
-  const out: string[] = [`<text x="${p.x}" y="${p.y - 12}" font-weight="bold">${esc(title)}</text>`, axis(p, max, 4, (v) => `${Math.round(v)}`)];
+  const out: string[] = [
+    `<text x="${p.x}" y="${p.y - 12}" font-weight="bold">${esc(title)}</text>`,
+    axis(p, max, 4, (v) => `${Math.round(v)}`),
+  ];
   const xAt = (i: number) => p.x + (xs.length <= 1 ? p.w / 2 : (p.w * i) / (xs.length - 1));
   xs.forEach((x, i) => out.push(`<text x="${xAt(i).toFixed(1)}" y="${p.y + p.h + 16}" text-anchor="middle">x${x}</text>`));
   series.forEach((s, k) => {
@@ -205,9 +223,13 @@ export function renderSvg(rep: SimReport): string {
   const width = 960;
   const height = rates.length > 1 ? 980 : 680;
   const parts: string[] = [];
-  parts.push(`<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" font-family="sans-serif" font-size="12">`);
+  parts.push(
+    `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" font-family="sans-serif" font-size="12">`,
+  );
   parts.push(`<rect width="100%" height="100%" fill="#fff"/>`);
-  parts.push(`<text x="20" y="28" font-size="16" font-weight="bold">${esc(`kvroute sim: ${rep.trace.source}, ${rep.fleet.workers} workers x ${rep.fleet.gpu_blocks} blocks of ${rep.fleet.block_size}, load x${at}`)}</text>`);
+  parts.push(
+    `<text x="20" y="28" font-size="16" font-weight="bold">${esc(`kvroute sim: ${rep.trace.source}, ${rep.fleet.workers} workers x ${rep.fleet.gpu_blocks} blocks of ${rep.fleet.block_size}, load x${at}`)}</text>`,
+  );
   parts.push(legend(80, 56, names));
   const hitCats = ['pred req-w', 'pred blk-w', 'avail blk-w', 'engine tok-w'];
   parts.push(
@@ -217,7 +239,12 @@ export function renderSvg(rep: SimReport): string {
       hitCats,
       sel.map((p) => ({
         name: p.name,
-        values: [p.hit.predicted_request_weighted, p.hit.predicted_block_weighted, p.hit.available_block_weighted, p.hit.engine_token_weighted],
+        values: [
+          p.hit.predicted_request_weighted,
+          p.hit.predicted_block_weighted,
+          p.hit.available_block_weighted,
+          p.hit.engine_token_weighted,
+        ],
       })),
       1,
       (v) => v.toFixed(2),

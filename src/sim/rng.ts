@@ -20,7 +20,7 @@ export class Rng {
 
   constructor(seed: number, stream = 0) {
     this.a = mix32(seed >>> 0);
-    this.b = mix32((seed / 0x100000000) >>> 0 ^ 0x6a09e667);
+    this.b = mix32(((seed / 0x100000000) >>> 0) ^ 0x6a09e667);
     this.c = mix32(stream ^ 0xbb67ae85);
     this.d = 1;
     for (let i = 0; i < 12; i++) this.nextU32();

@@ -25,7 +25,13 @@ port.on('message', (req: ThreadRequest) => {
       port.postMessage({
         id: req.id,
         ok: true,
-        info: { segmentCaching: tok.segmentCaching, cache: tok.cacheInfo, fastTemplate: tok.chat.fastPath, fastTemplateVerified: tok.chat.fastVerified, fastTemplateMismatch: tok.chat.fastMismatch },
+        info: {
+          segmentCaching: tok.segmentCaching,
+          cache: tok.cacheInfo,
+          fastTemplate: tok.chat.fastPath,
+          fastTemplateVerified: tok.chat.fastVerified,
+          fastTemplateMismatch: tok.chat.fastMismatch,
+        },
       } satisfies ThreadReply);
       return;
     }

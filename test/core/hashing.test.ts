@@ -70,24 +70,20 @@ describe('hashing properties', () => {
 
   it('a change in block i changes every seq[j >= i] and none before', () => {
     fc.assert(
-      fc.property(
-        fc.array(fc.integer({ min: 0, max: 0xffffffff }), { minLength: 32, maxLength: 160 }),
-        fc.nat(),
-        (tokens, pick) => {
-          const bs = 16;
-          const n = Math.floor(tokens.length / bs);
-          const pos = pick % (n * bs);
-          const changed = tokens.slice();
-          changed[pos] = (changed[pos] + 1) >>> 0;
-          const a = computeSeqHashes(tokens, bs);
-          const b = computeSeqHashes(changed, bs);
-          const block = Math.floor(pos / bs);
-          for (let j = 0; j < n; j++) {
-            if (j < block) expect(b[j]).toBe(a[j]);
-            else expect(b[j]).not.toBe(a[j]);
-          }
-        },
-      ),
+      fc.property(fc.array(fc.integer({ min: 0, max: 0xffffffff }), { minLength: 32, maxLength: 160 }), fc.nat(), (tokens, pick) => {
+        const bs = 16;
+        const n = Math.floor(tokens.length / bs);
+        const pos = pick % (n * bs);
+        const changed = tokens.slice();
+        changed[pos] = (changed[pos] + 1) >>> 0;
+        const a = computeSeqHashes(tokens, bs);
+        const b = computeSeqHashes(changed, bs);
+        const block = Math.floor(pos / bs);
+        for (let j = 0; j < n; j++) {
+          if (j < block) expect(b[j]).toBe(a[j]);
+          else expect(b[j]).not.toBe(a[j]);
+        }
+      }),
     );
   });
 

@@ -7,7 +7,14 @@ import type { KvEvent } from '../../src/core/types.ts';
 const BS = 4;
 
 /** A source's engine: sequences of blocks with engine ids unrelated to the router's hash (a counter). */
-function storedFor(tokens: number[], fromBlock: number, toBlock: number, ids: bigint[], blockSize = BS, extra: Partial<KvEvent> = {}): KvEvent {
+function storedFor(
+  tokens: number[],
+  fromBlock: number,
+  toBlock: number,
+  ids: bigint[],
+  blockSize = BS,
+  extra: Partial<KvEvent> = {},
+): KvEvent {
   return {
     kind: 'stored',
     parent: fromBlock === 0 ? null : ids[fromBlock - 1],
@@ -55,18 +62,32 @@ describe('KvIndex', () => {
     idx.addSource(0);
     const tokens = Array.from({ length: 8 }, (_, i) => i);
     expect(idx.apply(3, storedFor(tokens, 0, 1, [1n])).reason).toBe('unknown_source');
-    expect(idx.apply(0, { kind: 'stored', parent: 99n, engineIds: [1n], tokens: tokens.slice(0, 4), blockSize: BS }).reason).toBe('unknown_parent');
-    expect(idx.apply(0, { kind: 'stored', parent: null, engineIds: [1n], tokens: tokens.slice(0, 3), blockSize: BS }).reason).toBe('token_count_mismatch');
-    expect(idx.apply(0, { kind: 'stored', parent: null, engineIds: [1n], tokens: tokens.slice(0, 6), blockSize: 6 }).reason).toBe('block_size_mismatch');
+    expect(idx.apply(0, { kind: 'stored', parent: 99n, engineIds: [1n], tokens: tokens.slice(0, 4), blockSize: BS }).reason).toBe(
+      'unknown_parent',
+    );
+    expect(idx.apply(0, { kind: 'stored', parent: null, engineIds: [1n], tokens: tokens.slice(0, 3), blockSize: BS }).reason).toBe(
+      'token_count_mismatch',
+    );
+    expect(idx.apply(0, { kind: 'stored', parent: null, engineIds: [1n], tokens: tokens.slice(0, 6), blockSize: 6 }).reason).toBe(
+      'block_size_mismatch',
+    );
     expect(idx.apply(0, { kind: 'stored', parent: null, engineIds: [], tokens: [], blockSize: BS }).reason).toBe('empty_event');
     expect(idx.apply(0, { kind: 'removed', engineIds: [42n] }).reason).toBe('unknown_block');
     expect(idx.apply(0, storedFor(tokens, 0, 1, [1n]))).toEqual({ applied: 1, rejected: 0 });
     expect(idx.apply(0, storedFor(tokens, 0, 1, [1n])).reason).toBe('duplicate_block');
-    expect(idx.apply(0, { kind: 'stored', parent: null, engineIds: [5n], tokens: [], blockSize: BS, medium: 'CPU' }).reason).toBe('unsupported_medium');
+    expect(idx.apply(0, { kind: 'stored', parent: null, engineIds: [5n], tokens: [], blockSize: BS, medium: 'CPU' }).reason).toBe(
+      'unsupported_medium',
+    );
     const st = idx.stats();
     expect(st.rejected).toMatchObject({
-      unknown_source: 1, unknown_parent: 1, token_count_mismatch: 1, block_size_mismatch: 1, empty_event: 1,
-      unknown_block: 1, duplicate_block: 1, unsupported_medium: 1,
+      unknown_source: 1,
+      unknown_parent: 1,
+      token_count_mismatch: 1,
+      block_size_mismatch: 1,
+      empty_event: 1,
+      unknown_block: 1,
+      duplicate_block: 1,
+      unsupported_medium: 1,
     });
     expect(st.blocks).toBe(1);
   });
@@ -242,7 +263,9 @@ describe('KvIndex consistency under engine misbehaviour', () => {
     idx.addSource(0);
     const t = Array.from({ length: 16 }, (_, i) => i);
     expect(idx.apply(0, { kind: 'stored', parent: null, engineIds: [1n, 2n], tokens: t.slice(0, 8), blockSize: BS }).rejected).toBe(0);
-    expect(idx.apply(0, { kind: 'stored', parent: 2n, engineIds: [3n], tokens: t.slice(8, 16), blockSize: 2 * BS }).reason).toBe('block_size_mismatch');
+    expect(idx.apply(0, { kind: 'stored', parent: 2n, engineIds: [3n], tokens: t.slice(8, 16), blockSize: 2 * BS }).reason).toBe(
+      'block_size_mismatch',
+    );
     idx.apply(0, { kind: 'removed', engineIds: [2n] });
     holds(idx, 0);
     expect(idx.findMatches(computeSeqHashes(t, BS))[0]).toBe(1);
@@ -282,8 +305,14 @@ describe('U64Map walk order', () => {
       return performance.now() - t0;
     };
     fill((k) => k); // warm up the JIT for both
-    const shuffled = Math.min(fill((k) => order[k]), fill((k) => order[k]));
-    const walked = Math.min(fill((k) => k), fill((k) => k));
+    const shuffled = Math.min(
+      fill((k) => order[k]),
+      fill((k) => order[k]),
+    );
+    const walked = Math.min(
+      fill((k) => k),
+      fill((k) => k),
+    );
     // A walk in home order is ~100x slower here (one probe run per growth phase); a scrambled walk is on par.
     expect(walked / shuffled).toBeLessThan(5);
   });

@@ -23,7 +23,16 @@ describe('kv policy cost (REFERENCE section 5)', () => {
   it('computes prefill and decode blocks exactly', () => {
     const ctx = {
       candidates: [
-        { source: 0, key: 'a', overlapBlocks: 3, cachedBlocks: 0, activePrefillTokens: 8, activeBlocks: 5, activePrefixBlocks: 1, activeRequests: 1 },
+        {
+          source: 0,
+          key: 'a',
+          overlapBlocks: 3,
+          cachedBlocks: 0,
+          activePrefillTokens: 8,
+          activeBlocks: 5,
+          activePrefixBlocks: 1,
+          activeRequests: 1,
+        },
       ],
       promptTokens: 22,
       requestBlocks: 6,
@@ -364,18 +373,21 @@ describe('reuse ledger', () => {
 
   it('ratio of sums = mean of ratios + Cov(n, h) / mean(n) (property)', () => {
     fc.assert(
-      fc.property(fc.array(fc.tuple(fc.integer({ min: 1, max: 500 }), fc.double({ min: 0, max: 1, noNaN: true })), { minLength: 1, maxLength: 50 }), (rows) => {
-        const l = new ReuseLedger();
-        const ns = rows.map(([n]) => n);
-        const hs = rows.map(([n, f]) => Math.floor(f * n) / n);
-        rows.forEach(([n], i) => l.routed('w', n, Math.round(hs[i] * n), 0));
-        const v = l.view();
-        const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
-        const mn = mean(ns);
-        const mh = mean(hs);
-        const cov = mean(ns.map((n, i) => (n - mn) * (hs[i] - mh)));
-        expect(v.predicted.blockWeighted).toBeCloseTo(v.predicted.requestWeighted + cov / mn, 9);
-      }),
+      fc.property(
+        fc.array(fc.tuple(fc.integer({ min: 1, max: 500 }), fc.double({ min: 0, max: 1, noNaN: true })), { minLength: 1, maxLength: 50 }),
+        (rows) => {
+          const l = new ReuseLedger();
+          const ns = rows.map(([n]) => n);
+          const hs = rows.map(([n, f]) => Math.floor(f * n) / n);
+          rows.forEach(([n], i) => l.routed('w', n, Math.round(hs[i] * n), 0));
+          const v = l.view();
+          const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
+          const mn = mean(ns);
+          const mh = mean(hs);
+          const cov = mean(ns.map((n, i) => (n - mn) * (hs[i] - mh)));
+          expect(v.predicted.blockWeighted).toBeCloseTo(v.predicted.requestWeighted + cov / mn, 9);
+        },
+      ),
     );
   });
 });
@@ -404,12 +416,18 @@ describe('offload tiers', () => {
     const t = toks(32, 9); // 8 blocks
     // w0: blocks 0-1 on GPU, blocks 2-5 offloaded to host after the GPU copy is evicted; w1: blocks 0-2 on GPU.
     r.applyEvents('w0', [stored(t, 6, 100n)]);
-    expect(r.applyEvents('w0', [{ kind: 'stored', parent: null, engineIds: [102n, 103n, 104n, 105n], tokens: null, blockSize: BS, medium: 'CPU' }])).toEqual({ applied: 4, rejected: 0 });
+    expect(
+      r.applyEvents('w0', [
+        { kind: 'stored', parent: null, engineIds: [102n, 103n, 104n, 105n], tokens: null, blockSize: BS, medium: 'CPU' },
+      ]),
+    ).toEqual({ applied: 4, rejected: 0 });
     r.applyEvents('w0', [{ kind: 'removed', engineIds: [102n, 103n, 104n, 105n] }]);
     r.applyEvents('w1', [stored(t, 3, 200n)]);
     expect(r.tiers.blocks(0)).toBe(4);
     // An unknown tier block (never announced on GPU) is counted, not invented.
-    expect(r.applyEvents('w0', [{ kind: 'stored', parent: null, engineIds: [999n], tokens: null, blockSize: BS, medium: 'DISK' }])).toMatchObject({ rejected: 1, reason: 'unknown_block' });
+    expect(
+      r.applyEvents('w0', [{ kind: 'stored', parent: null, engineIds: [999n], tokens: null, blockSize: BS, medium: 'DISK' }]),
+    ).toMatchObject({ rejected: 1, reason: 'unknown_block' });
 
     const off = routed(r.route({ requestId: 'off', tokens: t }, 0));
     expect(off.sourceKey).toBe('w1'); // 3 GPU blocks beat 2

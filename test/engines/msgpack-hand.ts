@@ -13,15 +13,15 @@ export function hand(v: HandValue): Buffer {
     if (n >= 0n) {
       if (n < 128n) out.push(Number(n));
       else if (n < 256n) out.push(0xcc, Number(n));
-      else if (n < 65536n) (out.push(0xcd), be(n, 2));
-      else if (n < 1n << 32n) (out.push(0xce), be(n, 4));
-      else (out.push(0xcf), be(n, 8));
+      else if (n < 65536n) out.push(0xcd), be(n, 2);
+      else if (n < 1n << 32n) out.push(0xce), be(n, 4);
+      else out.push(0xcf), be(n, 8);
     } else {
       if (n >= -32n) out.push(Number(n & 0xffn));
-      else if (n >= -128n) (out.push(0xd0), be(n & 0xffn, 1));
-      else if (n >= -32768n) (out.push(0xd1), be(n & 0xffffn, 2));
-      else if (n >= -(1n << 31n)) (out.push(0xd2), be(n & 0xffffffffn, 4));
-      else (out.push(0xd3), be(BigInt.asUintN(64, n), 8));
+      else if (n >= -128n) out.push(0xd0), be(n & 0xffn, 1);
+      else if (n >= -32768n) out.push(0xd1), be(n & 0xffffn, 2);
+      else if (n >= -(1n << 31n)) out.push(0xd2), be(n & 0xffffffffn, 4);
+      else out.push(0xd3), be(BigInt.asUintN(64, n), 8);
     }
   };
   const w = (x: HandValue): void => {
@@ -39,18 +39,18 @@ export function hand(v: HandValue): Buffer {
       const b = Buffer.from(x, 'utf8');
       if (b.length < 32) out.push(0xa0 | b.length);
       else if (b.length < 256) out.push(0xd9, b.length);
-      else (out.push(0xda), be(BigInt(b.length), 2));
+      else out.push(0xda), be(BigInt(b.length), 2);
       out.push(...b);
     } else if (x instanceof Uint8Array) {
       out.push(0xc4, x.length, ...x);
     } else if (Array.isArray(x)) {
       if (x.length < 16) out.push(0x90 | x.length);
-      else (out.push(0xdc), be(BigInt(x.length), 2));
+      else out.push(0xdc), be(BigInt(x.length), 2);
       x.forEach(w);
     } else {
       const keys = Object.keys(x);
       if (keys.length < 16) out.push(0x80 | keys.length);
-      else (out.push(0xde), be(BigInt(keys.length), 2));
+      else out.push(0xde), be(BigInt(keys.length), 2);
       for (const k of keys) {
         w(k);
         w(x[k]);

@@ -16,7 +16,15 @@ describe('SGLang codec', () => {
           ts: 3.25,
           attnDpRank: 2,
           events: [
-            { type: 'BlockStored', blockHashes: [NEG, 7n], parentBlockHash: null, tokenIds: tokens, blockSize: 4, medium: 'GPU', cacheSalt: 'tenant-a' },
+            {
+              type: 'BlockStored',
+              blockHashes: [NEG, 7n],
+              parentBlockHash: null,
+              tokenIds: tokens,
+              blockSize: 4,
+              medium: 'GPU',
+              cacheSalt: 'tenant-a',
+            },
             { type: 'BlockRemoved', blockHashes: [7n] },
             { type: 'AllBlocksCleared' },
           ],
@@ -26,7 +34,14 @@ describe('SGLang codec', () => {
       const d = decodeSglangBatch(payload);
       expect(d.ok).toBe(true);
       expect(d.dataParallelRank).toBe(2);
-      expect(d.events[0]).toMatchObject({ kind: 'stored', engineIds: [NEG, 7n], parent: null, cacheSalt: 'tenant-a', loraName: null, medium: 'GPU' });
+      expect(d.events[0]).toMatchObject({
+        kind: 'stored',
+        engineIds: [NEG, 7n],
+        parent: null,
+        cacheSalt: 'tenant-a',
+        loraName: null,
+        medium: 'GPU',
+      });
       expect(d.events[1]).toMatchObject({ kind: 'removed', engineIds: [7n] });
       expect(d.events[2]).toEqual({ kind: 'cleared' });
       const idx = new KvIndex({ blockSize: 4 });

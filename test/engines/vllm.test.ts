@@ -25,7 +25,15 @@ function sampleBatch(): WireBatch {
     dataParallelRank: 3,
     events: [
       { type: 'BlockStored', blockHashes: [BIG, MID], parentBlockHash: null, tokenIds: tokens, blockSize: 16, medium: 'GPU' },
-      { type: 'BlockStored', blockHashes: [5n], parentBlockHash: MID, tokenIds: tokens.slice(0, 16), blockSize: 16, loraName: 'sql', groupIdx: 0 },
+      {
+        type: 'BlockStored',
+        blockHashes: [5n],
+        parentBlockHash: MID,
+        tokenIds: tokens.slice(0, 16),
+        blockSize: 16,
+        loraName: 'sql',
+        groupIdx: 0,
+      },
       { type: 'BlockRemoved', blockHashes: [5n], medium: 'GPU' },
       { type: 'AllBlocksCleared' },
     ],
@@ -49,7 +57,15 @@ describe('vLLM codec', () => {
         };
         expect(d.events).toHaveLength(4);
         const s0 = d.events[0] as StoredEvent;
-        expect(s0).toMatchObject({ kind: 'stored', parent: null, blockSize: 16, medium: 'GPU', loraName: null, cacheSalt: null, groupIdx: 0 });
+        expect(s0).toMatchObject({
+          kind: 'stored',
+          parent: null,
+          blockSize: 16,
+          medium: 'GPU',
+          loraName: null,
+          cacheSalt: null,
+          groupIdx: 0,
+        });
         expect(s0.engineIds).toEqual([key(BIG), key(MID)]);
         expect(Array.from(s0.tokens!)).toEqual(batch.events[0].type === 'BlockStored' ? batch.events[0].tokenIds : []);
         const s1 = d.events[1] as StoredEvent;
@@ -76,7 +92,11 @@ describe('vLLM codec', () => {
 
   it('omits trailing defaults in the array layout (varying lengths)', () => {
     const short = encodeVllmBatch(
-      { ts: 1, dataParallelRank: null, events: [{ type: 'BlockStored', blockHashes: [1n], parentBlockHash: null, tokenIds: [1, 2], blockSize: 2 }] },
+      {
+        ts: 1,
+        dataParallelRank: null,
+        events: [{ type: 'BlockStored', blockHashes: [1n], parentBlockHash: null, tokenIds: [1, 2], blockSize: 2 }],
+      },
       { format: 'array', hashType: 'u64' },
     );
     // [ts, [["BlockStored", [1], nil, [1,2], 2]]]: batch of 2, event of 5.
@@ -84,7 +104,11 @@ describe('vLLM codec', () => {
     expect(raw).toHaveLength(2);
     expect(raw[1][0]).toHaveLength(5);
     const withGroup = encodeVllmBatch(
-      { ts: 1, dataParallelRank: 0, events: [{ type: 'BlockStored', blockHashes: [1n], parentBlockHash: null, tokenIds: [1, 2], blockSize: 2, groupIdx: 1 }] },
+      {
+        ts: 1,
+        dataParallelRank: 0,
+        events: [{ type: 'BlockStored', blockHashes: [1n], parentBlockHash: null, tokenIds: [1, 2], blockSize: 2, groupIdx: 1 }],
+      },
       { format: 'array', hashType: 'u64' },
     );
     const raw2 = unpack(withGroup) as unknown[][][];
@@ -105,7 +129,17 @@ describe('vLLM codec', () => {
     expect(d.ts).toBe(1789095808.83);
     expect(d.dataParallelRank).toBe(0);
     expect(d.events).toEqual([
-      { kind: 'stored', parent: null, engineIds: [KTHENA_HASH], tokens: KTHENA_TOKENS, blockSize: 16, loraName: null, cacheSalt: null, medium: 'GPU', groupIdx: 0 },
+      {
+        kind: 'stored',
+        parent: null,
+        engineIds: [KTHENA_HASH],
+        tokens: KTHENA_TOKENS,
+        blockSize: 16,
+        loraName: null,
+        cacheSalt: null,
+        medium: 'GPU',
+        groupIdx: 0,
+      },
     ]);
     const idx = new KvIndex({ blockSize: 16 });
     idx.addSource(0);
@@ -131,7 +165,11 @@ describe('vLLM codec', () => {
       expect(d.events).toHaveLength(1);
       expect(d.events[0]).toMatchObject({ kind: 'stored', engineIds: [9n], tokens: t, blockSize: 4, groupIdx: 0 });
     }
-    const removed = [['BlockRemoved', [9n]], ['BlockRemoved', [9n], 'CPU'], ['BlockRemoved', [9n], null, 2]];
+    const removed = [
+      ['BlockRemoved', [9n]],
+      ['BlockRemoved', [9n], 'CPU'],
+      ['BlockRemoved', [9n], null, 2],
+    ];
     const d = decodeVllmBatch(hand([1, removed as never, 1]));
     expect(d.events).toEqual([
       { kind: 'removed', engineIds: [9n], groupIdx: 0 },

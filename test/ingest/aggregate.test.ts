@@ -34,8 +34,16 @@ class RadixEngine {
     }
     if (ids.length === 0) return [];
     const newTokens = tokens.slice(tokens.length - ids.length);
-    if (!perPage) return [{ type: 'BlockStored', blockHashes: ids, parentBlockHash: first, tokenIds: newTokens, blockSize: 1, cacheSalt: salt }];
-    return ids.map((id, j) => ({ type: 'BlockStored', blockHashes: [id], parentBlockHash: j === 0 ? first : ids[j - 1], tokenIds: [newTokens[j]], blockSize: 1, cacheSalt: salt }));
+    if (!perPage)
+      return [{ type: 'BlockStored', blockHashes: ids, parentBlockHash: first, tokenIds: newTokens, blockSize: 1, cacheSalt: salt }];
+    return ids.map((id, j) => ({
+      type: 'BlockStored',
+      blockHashes: [id],
+      parentBlockHash: j === 0 ? first : ids[j - 1],
+      tokenIds: [newTokens[j]],
+      blockSize: 1,
+      cacheSalt: salt,
+    }));
   }
 
   evictLeaves(n: number, pick: (len: number) => number): SglangEvent[] {
@@ -115,7 +123,13 @@ describe('engine blocks smaller than the router block (SGLang page size 1)', () 
       fc.property(
         fc.array(
           fc.oneof(
-            fc.record({ kind: fc.constant('insert' as const), prefix: fc.integer({ min: 0, max: 3 }), extra: fc.array(fc.integer({ min: 0, max: 5 }), { maxLength: 14 }), perPage: fc.boolean(), salt: fc.boolean() }),
+            fc.record({
+              kind: fc.constant('insert' as const),
+              prefix: fc.integer({ min: 0, max: 3 }),
+              extra: fc.array(fc.integer({ min: 0, max: 5 }), { maxLength: 14 }),
+              perPage: fc.boolean(),
+              salt: fc.boolean(),
+            }),
             fc.record({ kind: fc.constant('evict' as const), n: fc.integer({ min: 1, max: 8 }), at: fc.nat() }),
           ),
           { maxLength: 25 },

@@ -88,9 +88,11 @@ describe('ingestion against 4 mock engines', () => {
         const body: Record<string, unknown> = { model: 'm', prompt: prefix.concat(suffix), max_tokens: 1 + Math.floor(rnd() * 30) };
         if (rnd() < 0.25) body.cache_salt = `tenant-${Math.floor(rnd() * 2)}`;
         reqs.push(
-          fetch(m.url + '/v1/completions', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) }).then((res) =>
-            res.text(),
-          ),
+          fetch(m.url + '/v1/completions', {
+            method: 'POST',
+            headers: { 'content-type': 'application/json' },
+            body: JSON.stringify(body),
+          }).then((res) => res.text()),
         );
         if (r % 8 === 7) await Promise.all(reqs.splice(0));
       }

@@ -30,7 +30,20 @@ function corpus(): Buffer[] {
     }
     out.push(
       encodeSglangBatch(
-        { ts: 1, attnDpRank: 1, events: [{ type: 'BlockStored', blockHashes: [1n << 63n, 5n], parentBlockHash: null, tokenIds: [1, 2, 3, 4, 5, 6, 7, 8], blockSize: BS, cacheSalt: 's' }] },
+        {
+          ts: 1,
+          attnDpRank: 1,
+          events: [
+            {
+              type: 'BlockStored',
+              blockHashes: [1n << 63n, 5n],
+              parentBlockHash: null,
+              tokenIds: [1, 2, 3, 4, 5, 6, 7, 8],
+              blockSize: BS,
+              cacheSalt: 's',
+            },
+          ],
+        },
         format,
       ),
     );
@@ -39,12 +52,37 @@ function corpus(): Buffer[] {
 }
 
 const packr = new Packr({ useRecords: false, variableMapSize: true });
-const hashArb = fc.oneof(fc.bigInt({ min: 0n, max: (1n << 64n) - 1n }), fc.bigInt({ min: -(1n << 63n), max: (1n << 63n) - 1n }), fc.integer(), fc.uint8Array({ maxLength: 33 }), fc.constant(null), fc.string());
-const tokensArb = fc.oneof(fc.array(fc.integer({ min: 0, max: 200 }), { maxLength: 12 }), fc.array(fc.anything(), { maxLength: 6 }), fc.constant(null));
-const fieldArb = fc.oneof(fc.constant(null), fc.integer({ min: -2, max: 40 }), fc.string(), fc.constant('GPU'), fc.constant('CPU'), fc.anything());
+const hashArb = fc.oneof(
+  fc.bigInt({ min: 0n, max: (1n << 64n) - 1n }),
+  fc.bigInt({ min: -(1n << 63n), max: (1n << 63n) - 1n }),
+  fc.integer(),
+  fc.uint8Array({ maxLength: 33 }),
+  fc.constant(null),
+  fc.string(),
+);
+const tokensArb = fc.oneof(
+  fc.array(fc.integer({ min: 0, max: 200 }), { maxLength: 12 }),
+  fc.array(fc.anything(), { maxLength: 6 }),
+  fc.constant(null),
+);
+const fieldArb = fc.oneof(
+  fc.constant(null),
+  fc.integer({ min: -2, max: 40 }),
+  fc.string(),
+  fc.constant('GPU'),
+  fc.constant('CPU'),
+  fc.anything(),
+);
 const tagArb = fc.constantFrom('BlockStored', 'BlockRemoved', 'AllBlocksCleared', 'Unknown', '');
 const arrayEventArb = fc
-  .tuple(tagArb, fc.array(hashArb, { maxLength: 4 }), hashArb, tokensArb, fc.oneof(fc.constant(BS), fc.constant(2 * BS), fieldArb), fc.array(fieldArb, { maxLength: 7 }))
+  .tuple(
+    tagArb,
+    fc.array(hashArb, { maxLength: 4 }),
+    hashArb,
+    tokensArb,
+    fc.oneof(fc.constant(BS), fc.constant(2 * BS), fieldArb),
+    fc.array(fieldArb, { maxLength: 7 }),
+  )
   .map(([tag, hashes, parent, tokens, bs, rest]) => [tag, hashes, parent, tokens, bs, ...rest]);
 const mapEventArb = fc.record(
   {
@@ -55,15 +93,28 @@ const mapEventArb = fc.record(
     block_size: fc.oneof(fc.constant(BS), fieldArb),
     medium: fieldArb,
     lora_name: fieldArb,
-    extra_keys: fc.oneof(fc.constant(null), fc.array(fc.oneof(fc.constant(null), fc.array(fc.oneof(fc.string(), fc.tuple(fc.string(), fc.integer()))), fc.anything()), { maxLength: 4 })),
+    extra_keys: fc.oneof(
+      fc.constant(null),
+      fc.array(fc.oneof(fc.constant(null), fc.array(fc.oneof(fc.string(), fc.tuple(fc.string(), fc.integer()))), fc.anything()), {
+        maxLength: 4,
+      }),
+    ),
     group_idx: fieldArb,
     metadata: fc.oneof(fc.constant(null), fc.record({ cache_salt: fc.oneof(fc.string(), fc.anything()) })),
   },
   { requiredKeys: [] },
 );
 const batchArb = fc.oneof(
-  fc.tuple(fc.oneof(fc.double(), fc.anything()), fc.array(fc.oneof(arrayEventArb, mapEventArb, fc.anything()), { maxLength: 5 }), fc.oneof(fc.integer(), fc.constant(null), fc.anything())),
-  fc.record({ ts: fc.double(), events: fc.array(fc.oneof(arrayEventArb, mapEventArb), { maxLength: 5 }), data_parallel_rank: fc.oneof(fc.integer(), fc.constant(null)) }),
+  fc.tuple(
+    fc.oneof(fc.double(), fc.anything()),
+    fc.array(fc.oneof(arrayEventArb, mapEventArb, fc.anything()), { maxLength: 5 }),
+    fc.oneof(fc.integer(), fc.constant(null), fc.anything()),
+  ),
+  fc.record({
+    ts: fc.double(),
+    events: fc.array(fc.oneof(arrayEventArb, mapEventArb), { maxLength: 5 }),
+    data_parallel_rank: fc.oneof(fc.integer(), fc.constant(null)),
+  }),
   fc.anything({ withBigInt: true, withTypedArray: true, withMap: true, withSet: true, withDate: true, withNullPrototype: true }),
 );
 
@@ -102,7 +153,10 @@ describe('ingestion fuzzing', () => {
     index.addSource(0);
     index.addSource(1);
     const escaped: string[] = [];
-    const log: IngestLogger = { info() {}, warn() {}, error: (o, m) => {
+    const log: IngestLogger = {
+      info() {},
+      warn() {},
+      error: (o, m) => {
         // Only a throwing sink/reset callback is an escape; block size reports are expected here.
         if (/threw/.test(m)) escaped.push(`${m} ${String((o as { err?: unknown }).err)}`);
       },
@@ -134,16 +188,26 @@ describe('ingestion fuzzing', () => {
     });
     // A clean source on the same index: garbage on source 0 must never disturb it.
     const cleanEngine = new FakeEngine({ blockSize: BS, capacity: 60, format: 'map', hashType: 'u64', seed: 99, salts: true });
-    const clean = new SourceIngest({ source: { workerId: 'clean', dpRank: 0 }, routerBlockSize: BS, sink: sinkFor(1), onReset: () => index.apply(1, { kind: 'cleared' }), log });
+    const clean = new SourceIngest({
+      source: { workerId: 'clean', dpRank: 0 },
+      routerBlockSize: BS,
+      sink: sinkFor(1),
+      onReset: () => index.apply(1, { kind: 'cleared' }),
+      log,
+    });
 
     let expectedFrameErrors = 0;
     let expectedUndecodable = 0;
     let seq = 0n;
     const t0 = Date.now();
     for (let i = 0; i < FRAMES; i++) {
-      const payload = i % 10 < 7 ? mutate(rnd, base[Math.floor(rnd() * base.length)], base[Math.floor(rnd() * base.length)]) : generated[i % generated.length];
+      const payload =
+        i % 10 < 7
+          ? mutate(rnd, base[Math.floor(rnd() * base.length)], base[Math.floor(rnd() * base.length)])
+          : generated[i % generated.length];
       const r = rnd();
-      if (r < 0.01) seq = BigInt(Math.floor(rnd() * Number(seq + 1n))); // backwards: engine restart
+      if (r < 0.01)
+        seq = BigInt(Math.floor(rnd() * Number(seq + 1n))); // backwards: engine restart
       else if (r < 0.03) seq += BigInt(1 + Math.floor(rnd() * 5)); // gap
       let frames: Uint8Array[];
       const f = rnd();
@@ -191,7 +255,10 @@ describe('ingestion fuzzing', () => {
     for (const { source, event } of index.dump()) rebuilt.apply(source, event);
     expect(rebuilt.blocksOf(0)).toEqual(index.blocksOf(0));
     expect(rebuilt.blocksOf(1)).toEqual(index.blocksOf(1));
-    const probe = computeSeqHashes(Array.from({ length: 64 }, (_, i) => 1000 + i), BS);
+    const probe = computeSeqHashes(
+      Array.from({ length: 64 }, (_, i) => 1000 + i),
+      BS,
+    );
     expect(() => index.findMatches(probe)).not.toThrow();
     index.apply(0, { kind: 'cleared' });
     index.apply(1, { kind: 'cleared' });

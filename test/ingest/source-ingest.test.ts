@@ -6,7 +6,9 @@ import { encodeVllmBatch, vllmFrames, type WireEvent } from '../../src/engines/v
 import { SourceIngest, quietLogger, type IngestLogger, type ReplayFn } from '../../src/ingest/source-ingest.ts';
 import { FakeEngine } from './fake-engine.ts';
 
-function harness(opts: { blockSize?: number; engineBlockSize?: number; replay?: ReplayFn | null; now?: () => number; log?: IngestLogger } = {}) {
+function harness(
+  opts: { blockSize?: number; engineBlockSize?: number; replay?: ReplayFn | null; now?: () => number; log?: IngestLogger } = {},
+) {
   const index = new KvIndex({ blockSize: opts.blockSize ?? 4 });
   index.addSource(0);
   const resets: string[] = [];
@@ -25,7 +27,8 @@ function harness(opts: { blockSize?: number; engineBlockSize?: number; replay?: 
     now: opts.now,
   });
   let seq = 0n;
-  const send = (events: WireEvent[], s = seq++) => ingest.onFrames(vllmFrames('t', s, encodeVllmBatch({ ts: 1, events, dataParallelRank: 0 }, { format: 'map', hashType: 'u64' })));
+  const send = (events: WireEvent[], s = seq++) =>
+    ingest.onFrames(vllmFrames('t', s, encodeVllmBatch({ ts: 1, events, dataParallelRank: 0 }, { format: 'map', hashType: 'u64' })));
   return { index, ingest, resets, send };
 }
 
@@ -35,8 +38,19 @@ describe('SourceIngest', () => {
   it('carries cache_salt from the first block to continuation events', () => {
     const { index, send } = harness();
     const tokens = T(12);
-    send([{ type: 'BlockStored', blockHashes: [1n], parentBlockHash: null, tokenIds: tokens.slice(0, 4), blockSize: 4, extraKeys: [['tenant-a']] }]);
-    send([{ type: 'BlockStored', blockHashes: [2n, 3n], parentBlockHash: 1n, tokenIds: tokens.slice(4), blockSize: 4, extraKeys: [null, null] }]);
+    send([
+      {
+        type: 'BlockStored',
+        blockHashes: [1n],
+        parentBlockHash: null,
+        tokenIds: tokens.slice(0, 4),
+        blockSize: 4,
+        extraKeys: [['tenant-a']],
+      },
+    ]);
+    send([
+      { type: 'BlockStored', blockHashes: [2n, 3n], parentBlockHash: 1n, tokenIds: tokens.slice(4), blockSize: 4, extraKeys: [null, null] },
+    ]);
     expect(index.findMatches(computeSeqHashes(tokens, 4, hashSeed(null, 'tenant-a')))[0]).toBe(3);
     expect(index.findMatches(computeSeqHashes(tokens, 4))[0]).toBe(0);
   });
@@ -44,7 +58,16 @@ describe('SourceIngest', () => {
   it('skips multimodal blocks and their descendants, counted; their removal never reaches the index', () => {
     const { index, ingest, send } = harness();
     const tokens = T(12);
-    send([{ type: 'BlockStored', blockHashes: [1n, 2n], parentBlockHash: null, tokenIds: tokens.slice(0, 8), blockSize: 4, extraKeys: [null, [['img', 0]]] }]);
+    send([
+      {
+        type: 'BlockStored',
+        blockHashes: [1n, 2n],
+        parentBlockHash: null,
+        tokenIds: tokens.slice(0, 8),
+        blockSize: 4,
+        extraKeys: [null, [['img', 0]]],
+      },
+    ]);
     send([{ type: 'BlockStored', blockHashes: [3n], parentBlockHash: 2n, tokenIds: tokens.slice(8), blockSize: 4 }]);
     send([{ type: 'BlockRemoved', blockHashes: [3n, 2n] }]);
     const h = ingest.health();
@@ -103,10 +126,13 @@ describe('SourceIngest', () => {
     expect(ingest.health().cleared).toBe(1);
   });
 
-  it('counts batches whose dp rank is not the subscription\'s, logging once', () => {
+  it("counts batches whose dp rank is not the subscription's, logging once", () => {
     const logged: string[] = [];
     const { ingest } = harness({ log: { info() {}, warn() {}, error: (_o, m) => logged.push(m) } });
-    for (let s = 0n; s < 3n; s++) ingest.onFrames(vllmFrames('t', s, encodeVllmBatch({ ts: 1, events: [], dataParallelRank: 2 }, { format: 'array', hashType: 'u64' })));
+    for (let s = 0n; s < 3n; s++)
+      ingest.onFrames(
+        vllmFrames('t', s, encodeVllmBatch({ ts: 1, events: [], dataParallelRank: 2 }, { format: 'array', hashType: 'u64' })),
+      );
     expect(ingest.health().dpRankMismatchBatches).toBe(3);
     expect(logged).toHaveLength(1);
     expect(logged[0]).toMatch(/dp rank mismatch on w0: batches say rank 2/);

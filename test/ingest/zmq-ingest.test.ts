@@ -118,7 +118,12 @@ describe('ZMQ ingestion', () => {
     cleanups.push(() => sockets.close());
     const { index, ingest, resets } = setup(engine);
     cleanups.push(() => ingest.close());
-    const [key] = await ingest.addWorker({ workerId: 'w0', endpoint: sockets.pubEndpoint, replayEndpoint: sockets.replayEndpoint, topic: 'kv-events' });
+    const [key] = await ingest.addWorker({
+      workerId: 'w0',
+      endpoint: sockets.pubEndpoint,
+      replayEndpoint: sockets.replayEndpoint,
+      topic: 'kv-events',
+    });
     await until(() => ingest.health()[0].connected);
 
     // Batches published before the subscription settles, plus drops on the wire: all recovered by replay.

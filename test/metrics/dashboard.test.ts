@@ -154,7 +154,12 @@ describe('dashboardHandler', () => {
     expect((await fetch(`${base}/elsewhere`)).status).toBe(404); // fell through to the shell
 
     const broken = createServer((req, res) => {
-      if (!dashboardHandler(req, res, () => { throw new Error('state exploded'); })) res.writeHead(418).end();
+      if (
+        !dashboardHandler(req, res, () => {
+          throw new Error('state exploded');
+        })
+      )
+        res.writeHead(418).end();
     });
     await new Promise<void>((r) => broken.listen(0, '127.0.0.1', r));
     const u = `http://127.0.0.1:${(broken.address() as AddressInfo).port}`;

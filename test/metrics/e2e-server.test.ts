@@ -95,6 +95,8 @@ describe('hit-rate truth end to end (server + mock engines with KV events)', () 
     // delivered (usage cached_tokens) covers every request here, and agrees with the engine's counters
     expect(r.overall.delivered.requests).toBe(36);
     expect(Math.abs(r.overall.delivered.tokenWeighted - E)).toBeLessThan(1e-9);
-    expect(r.verdict).toMatch(/^router view accurate: block-weighted \d\.\d{3} vs engine \d\.\d{3}; the histogram's \d\.\d{3} is a mean of ratios pulled down by many short requests$/);
+    expect(r.verdict).toMatch(
+      /^router view accurate: block-weighted \d\.\d{3} vs engine \d\.\d{3}; the histogram's \d\.\d{3} is a mean of ratios pulled down by many short requests$/,
+    );
   });
 });

@@ -39,13 +39,15 @@ function exportedNames(): Set<string> {
 }
 
 /** Grafana's variables, interpolated the way Grafana would with an empty prefix and all workers. */
-const interpolate = (expr: string) =>
-  expr.replaceAll('${prefix}', '').replaceAll('$__rate_interval', '1m').replaceAll('$worker', '.*');
+const interpolate = (expr: string) => expr.replaceAll('${prefix}', '').replaceAll('$__rate_interval', '1m').replaceAll('$worker', '.*');
 
 /** Metric names in a PromQL expression: identifiers that are not functions, keywords, labels or label values. */
 function metricNames(expr: string): string[] {
   const noStrings = expr.replace(/"(?:[^"\\]|\\.)*"/g, '""');
-  const noLabels = noStrings.replace(/\{[^}]*\}/g, '{}').replace(/\[[^\]]*\]/g, '').replace(/\b(?:by|without)\s*\([^)]*\)/g, '');
+  const noLabels = noStrings
+    .replace(/\{[^}]*\}/g, '{}')
+    .replace(/\[[^\]]*\]/g, '')
+    .replace(/\b(?:by|without)\s*\([^)]*\)/g, '');
   const names: string[] = [];
   for (const m of noLabels.matchAll(/[a-zA-Z_:][a-zA-Z0-9_:]*/g)) {
     const after = noLabels.slice(m.index! + m[0].length).trimStart();
@@ -67,7 +69,11 @@ describe('deploy/grafana dashboard', () => {
       const names = metricNames(expr);
       expect(names.length, `${t.panel}: ${t.expr}`).toBeGreaterThan(0);
       for (const n of names) expect(exported.has(n), `${t.panel}: unknown metric ${n} in ${t.expr}`).toBe(true);
-      for (const [open, close] of [['(', ')'], ['{', '}'], ['[', ']']]) {
+      for (const [open, close] of [
+        ['(', ')'],
+        ['{', '}'],
+        ['[', ']'],
+      ]) {
         expect(expr.split(open).length, `${t.panel}: unbalanced ${open} in ${expr}`).toBe(expr.split(close).length);
       }
     }
@@ -81,7 +87,9 @@ describe('deploy/grafana dashboard', () => {
   it('block-weighted is rate(overlap)/rate(isl), request-weighted is rate(_sum)/rate(_count), each labelled as such', () => {
     const squash = (s: string) => interpolate(s).replace(/\s+/g, '');
     const block = all.filter((t) =>
-      /^sum\(rate\(router_kv_overlap_blocks_total\{[^}]*\}\[1m\]\)\)\/sum\(rate\(router_kv_isl_blocks_total\{[^}]*\}\[1m\]\)\)$/.test(squash(t.expr)),
+      /^sum\(rate\(router_kv_overlap_blocks_total\{[^}]*\}\[1m\]\)\)\/sum\(rate\(router_kv_isl_blocks_total\{[^}]*\}\[1m\]\)\)$/.test(
+        squash(t.expr),
+      ),
     );
     expect(block.length).toBeGreaterThanOrEqual(2);
     for (const t of block) expect(t.legendFormat).toMatch(/block-weighted/);
@@ -91,7 +99,9 @@ describe('deploy/grafana dashboard', () => {
     expect(req.length).toBeGreaterThanOrEqual(1);
     for (const t of req) expect(t.legendFormat).toMatch(/request-weighted.*mean of ratios.*NOT comparable/);
     const engine = all.filter((t) =>
-      /^sum\(rate\(router_engine_prefix_cache_hits_total\{[^}]*\}\[1m\]\)\)\/sum\(rate\(router_engine_prefix_cache_queries_total\{[^}]*\}\[1m\]\)\)$/.test(squash(t.expr)),
+      /^sum\(rate\(router_engine_prefix_cache_hits_total\{[^}]*\}\[1m\]\)\)\/sum\(rate\(router_engine_prefix_cache_queries_total\{[^}]*\}\[1m\]\)\)$/.test(
+        squash(t.expr),
+      ),
     );
     expect(engine.length).toBeGreaterThanOrEqual(2);
     for (const t of engine) expect(t.legendFormat).toMatch(/ratio of sums|rate\(hits\)\/rate\(queries\)/);

@@ -90,7 +90,18 @@ describe('hit-rate report on saved scrapes', () => {
   });
 
   it('without engine metrics, the verdict says there is no truth to compare with', () => {
-    const strip = (t: string) => t.split('\n').filter((l) => !l.includes('router_engine_') && !l.includes('engine_cached') && !l.includes('engine_prompt') && !l.includes('predicted_cached') && !l.includes('delivered_hit_rate')).join('\n');
+    const strip = (t: string) =>
+      t
+        .split('\n')
+        .filter(
+          (l) =>
+            !l.includes('router_engine_') &&
+            !l.includes('engine_cached') &&
+            !l.includes('engine_prompt') &&
+            !l.includes('predicted_cached') &&
+            !l.includes('delivered_hit_rate'),
+        )
+        .join('\n');
     const r = buildReport({ from: strip(A), to: strip(B), windowS: 60 });
     expect(r.engineSource).toBe('none');
     expect(r.verdict).toMatch(/^no engine truth in the window .* block-weighted 0\.790; the histogram's 0\.320/);
@@ -157,7 +168,11 @@ describe('kvroute hitrate (the command)', () => {
   });
 
   it('live: scrapes the router twice over the window, and engines directly when the router does not mirror them', async () => {
-    const noMirror = (t: string) => t.split('\n').filter((l) => !l.includes('router_engine_')).join('\n');
+    const noMirror = (t: string) =>
+      t
+        .split('\n')
+        .filter((l) => !l.includes('router_engine_'))
+        .join('\n');
     const router = await sequence([noMirror(A), noMirror(B)]);
     const vllm = (q: number, h: number) =>
       `vllm:prefix_cache_queries_total{engine="0",model_name="m"} ${q}\nvllm:prefix_cache_hits_total{engine="0",model_name="m"} ${h}\n`;
@@ -202,7 +217,10 @@ describe('the identity the docs rely on: ratio_of_sums = mean_of_ratios + Cov(n,
   it('holds for the ledger on any traffic (property)', () => {
     fc.assert(
       fc.property(
-        fc.array(fc.tuple(fc.integer({ min: 1, max: 10_000 }), fc.double({ min: 0, max: 1, noNaN: true })), { minLength: 1, maxLength: 200 }),
+        fc.array(fc.tuple(fc.integer({ min: 1, max: 10_000 }), fc.double({ min: 0, max: 1, noNaN: true })), {
+          minLength: 1,
+          maxLength: 200,
+        }),
         (reqs) => {
           const ledger = new ReuseLedger();
           const n: number[] = [];

@@ -29,15 +29,24 @@ describe('kvroute mocker CLI', () => {
   it('starts, serves, publishes on the reported endpoints, and stops on SIGTERM', async () => {
     const { child, firstLine } = run([
       'mocker',
-      '--port', '0',
-      '--host', '127.0.0.1',
-      '--model', 'cli-model',
-      '--zmq-endpoint', 'tcp://127.0.0.1:*',
-      '--replay-endpoint', 'none',
-      '--data-parallel-size', '2',
-      '--block-size', '32',
-      '--speedup', '100',
-      '--timing', 'first-principles',
+      '--port',
+      '0',
+      '--host',
+      '127.0.0.1',
+      '--model',
+      'cli-model',
+      '--zmq-endpoint',
+      'tcp://127.0.0.1:*',
+      '--replay-endpoint',
+      'none',
+      '--data-parallel-size',
+      '2',
+      '--block-size',
+      '32',
+      '--speedup',
+      '100',
+      '--timing',
+      'first-principles',
     ]);
     const info = JSON.parse(await firstLine);
     expect(info.zmqEndpoints).toHaveLength(2);

@@ -74,7 +74,16 @@ class BrutePool {
 
 /** Runs one "request" on either pool: hit, allocate the rest, register (sharing duplicates). Returns hit length or -1. */
 function admit(
-  p: { match(h: bigint[], m: number): number[]; free(): number; refOf(b: number): number; touch(b: number): void; allocate(): number; lookup(h: bigint): number; register(b: number, h: bigint): void; release(l: number[]): void },
+  p: {
+    match(h: bigint[], m: number): number[];
+    free(): number;
+    refOf(b: number): number;
+    touch(b: number): void;
+    allocate(): number;
+    lookup(h: bigint): number;
+    register(b: number, h: bigint): void;
+    release(l: number[]): void;
+  },
   hashes: bigint[],
 ): { hit: number; held: number[] } | null {
   const hit = p.match(hashes, hashes.length - 1);

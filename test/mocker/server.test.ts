@@ -142,7 +142,9 @@ function readBatch(payload: Buffer) {
 }
 
 describe('mocker KV events over real ZMQ, decoded independently', () => {
-  const combos = (['array', 'map'] as const).flatMap((format) => (['u64', 'i64', 'bytes'] as const).map((hashType) => ({ format, hashType })));
+  const combos = (['array', 'map'] as const).flatMap((format) =>
+    (['u64', 'i64', 'bytes'] as const).map((hashType) => ({ format, hashType })),
+  );
 
   it('every event format x hash type: stored ids, parents, tokens, removals', async () => {
     await Promise.all(
@@ -177,7 +179,9 @@ describe('mocker KV events over real ZMQ, decoded independently', () => {
         expect(s.hashes).toHaveLength(2);
         const truth = dumpAfter1.sort((a, b) => (a.parentEngineId === null ? -1 : b.parentEngineId === null ? 1 : 0));
         if (hashType === 'bytes') {
-          expect(s.hashes.map((h) => Buffer.from(h as Uint8Array).toString('hex'))).toEqual(truth.map((t) => Buffer.from(engineIdBytes(t.engineId)).toString('hex')));
+          expect(s.hashes.map((h) => Buffer.from(h as Uint8Array).toString('hex'))).toEqual(
+            truth.map((t) => Buffer.from(engineIdBytes(t.engineId)).toString('hex')),
+          );
           expect((s.hashes[0] as Uint8Array).length).toBe(32);
           // Like vLLM, the u64 id is the low 64 bits of the bytes form.
           expect(Buffer.from(s.hashes[0] as Uint8Array).readBigUInt64BE(24)).toBe(truth[0].engineId);
@@ -341,14 +345,16 @@ describe('mocker HTTP API', () => {
       const tokens = [...system.slice(0, 16 * (i % 5)), ...range(10 + (i % 7) * 9, 1000 * (i % 6))];
       const stream = i % 2 === 0;
       reqs.push(
-        post(m, '/v1/completions', { prompt: tokens, max_tokens: 1 + (i % 9), stream, stream_options: { include_usage: true } }).then((r) => {
-          expect(r.status).toBe(200);
-          const usage = stream ? (sseChunks(r.text).at(-1) as { usage: Record<string, any> }).usage : r.json().usage;
-          expect(usage.prompt_tokens).toBe(tokens.length);
-          prompt += usage.prompt_tokens;
-          cached += usage.prompt_tokens_details.cached_tokens;
-          completion += usage.completion_tokens;
-        }),
+        post(m, '/v1/completions', { prompt: tokens, max_tokens: 1 + (i % 9), stream, stream_options: { include_usage: true } }).then(
+          (r) => {
+            expect(r.status).toBe(200);
+            const usage = stream ? (sseChunks(r.text).at(-1) as { usage: Record<string, any> }).usage : r.json().usage;
+            expect(usage.prompt_tokens).toBe(tokens.length);
+            prompt += usage.prompt_tokens;
+            cached += usage.prompt_tokens_details.cached_tokens;
+            completion += usage.completion_tokens;
+          },
+        ),
       );
       if (i % 4 === 3) await Promise.all(reqs.splice(0));
     }
@@ -391,7 +397,13 @@ describe('mocker HTTP API', () => {
     const m = await mocker({});
     const prompt = range(30, 2000);
     const want = expectedOutputTokens({ promptTokens: prompt }, 5, 32000);
-    const c = await post(m, '/v1/completions', { prompt, max_tokens: 5, stream: true, stream_options: { include_usage: true }, return_token_ids: true });
+    const c = await post(m, '/v1/completions', {
+      prompt,
+      max_tokens: 5,
+      stream: true,
+      stream_options: { include_usage: true },
+      return_token_ids: true,
+    });
     expect(c.status).toBe(200);
     const chunks = sseChunks(c.text) as any[];
     expect(chunks).toHaveLength(6);
@@ -404,9 +416,18 @@ describe('mocker HTTP API', () => {
     expect(chunks.slice(0, 4).every((ch) => ch.choices[0].finish_reason === null)).toBe(true);
     expect(chunks[4].choices[0].finish_reason).toBe('length');
     expect(chunks[5].choices).toEqual([]);
-    expect(chunks[5].usage).toEqual({ prompt_tokens: 30, completion_tokens: 5, total_tokens: 35, prompt_tokens_details: { cached_tokens: 0 } });
+    expect(chunks[5].usage).toEqual({
+      prompt_tokens: 30,
+      completion_tokens: 5,
+      total_tokens: 35,
+      prompt_tokens_details: { cached_tokens: 0 },
+    });
 
-    const chat = await post(m, '/v1/chat/completions', { messages: [{ role: 'user', content: 'hello there' }], max_tokens: 3, stream: true });
+    const chat = await post(m, '/v1/chat/completions', {
+      messages: [{ role: 'user', content: 'hello there' }],
+      max_tokens: 3,
+      stream: true,
+    });
     const cc = sseChunks(chat.text) as any[];
     expect(cc).toHaveLength(4); // role chunk + 3 content chunks, no usage chunk without include_usage
     expect(cc[0].object).toBe('chat.completion.chunk');
@@ -417,7 +438,12 @@ describe('mocker HTTP API', () => {
     const plain = (await post(m, '/v1/chat/completions', { messages: [{ role: 'user', content: 'hello there' }], max_tokens: 3 })).json();
     expect(plain.object).toBe('chat.completion');
     expect(plain.choices[0].message.role).toBe('assistant');
-    expect(plain.choices[0].message.content).toBe(cc.slice(1).map((x) => x.choices[0].delta.content).join(''));
+    expect(plain.choices[0].message.content).toBe(
+      cc
+        .slice(1)
+        .map((x) => x.choices[0].delta.content)
+        .join(''),
+    );
     expect(plain.usage.prompt_tokens_details.cached_tokens).toBeGreaterThanOrEqual(0);
 
     const multi = (await post(m, '/v1/completions', { prompt: ['a b c', 'd e f g'], max_tokens: 2 })).json();
@@ -547,7 +573,10 @@ describe('mocker faults', () => {
     expect(m.engine.counters.requestsAborted).toBe(1);
     expect(m.engine.kvUsage).toBe(0);
 
-    const res2 = await fetch(m.url + '/v1/completions', { method: 'POST', body: JSON.stringify({ prompt: range(20, 1), max_tokens: 5000, stream: true }) });
+    const res2 = await fetch(m.url + '/v1/completions', {
+      method: 'POST',
+      body: JSON.stringify({ prompt: range(20, 1), max_tokens: 5000, stream: true }),
+    });
     const reader2 = res2.body!.getReader();
     await reader2.read();
     await m.restart();

@@ -44,14 +44,32 @@ describe('kvroute relay', () => {
     const { router, replica } = await startReplica(nats, 'cli-rep');
     try {
       const relay = run([
-        '--nats', nats.url, '--worker', 'cli0', '--events', engine.mocker.zmqEndpoint!, '--replay', engine.mocker.replayEndpoint!,
-        '--url', engine.mocker.url, '--model', 'mock-model', '--heartbeat-ms', '200', '--log-level', 'warn',
+        '--nats',
+        nats.url,
+        '--worker',
+        'cli0',
+        '--events',
+        engine.mocker.zmqEndpoint!,
+        '--replay',
+        engine.mocker.replayEndpoint!,
+        '--url',
+        engine.mocker.url,
+        '--model',
+        'mock-model',
+        '--heartbeat-ms',
+        '200',
+        '--log-level',
+        'warn',
       ]);
       await until(() => replica.workerEntries().some((w) => w.workerId === 'cli0'), 10_000, 'relay registered');
       expect(replica.workerEntries()[0].url).toBe(engine.mocker.url);
       const gen = new PromptGen(3);
       for (let i = 0; i < 20; i++) await complete(engine.mocker.url, gen.next());
-      await until(() => engine.mocker.engine.cachedSeqHashes().size > 0 && converged([{ router }], [engine]), 10_000, 'replica convergence');
+      await until(
+        () => engine.mocker.engine.cachedSeqHashes().size > 0 && converged([{ router }], [engine]),
+        10_000,
+        'replica convergence',
+      );
       relay.kill('SIGTERM');
       const r = await relay.done;
       expect(r.code).toBe(0);
@@ -67,9 +85,22 @@ describe('kvroute relay', () => {
     const { startMocker } = await import('../../src/mocker/server.ts');
     const { NatsRelay } = await import('../../src/transport/nats/relay.ts');
     const { quietLogger } = await import('../../src/ingest/source-ingest.ts');
-    const mocker = await startMocker({ speedup: 1000, defaultMaxTokens: 2, dataParallelSize: 2, engine: { blockSize: 16, numGpuBlocks: 64 } });
+    const mocker = await startMocker({
+      speedup: 1000,
+      defaultMaxTokens: 2,
+      dataParallelSize: 2,
+      engine: { blockSize: 16, numGpuBlocks: 64 },
+    });
     const { router, replica } = await startReplica(nats, 'dp-rep');
-    const relay = new NatsRelay({ servers: nats.url, workerId: 'dp2', events: mocker.zmqEndpoint!, replay: mocker.replayEndpoint, dpRanks: 2, url: mocker.url, log: quietLogger });
+    const relay = new NatsRelay({
+      servers: nats.url,
+      workerId: 'dp2',
+      events: mocker.zmqEndpoint!,
+      replay: mocker.replayEndpoint,
+      dpRanks: 2,
+      url: mocker.url,
+      log: quietLogger,
+    });
     try {
       await relay.start();
       const gen = new PromptGen(13);
@@ -121,7 +152,16 @@ describe('kvroute relay', () => {
 
   it('stops cleanly on SIGTERM while still waiting for NATS', async () => {
     const port = await freePort();
-    const relay = run(['--nats', `nats://127.0.0.1:${port}`, '--worker', 'never', '--events', engine.mocker.zmqEndpoint!, '--log-level', 'warn']);
+    const relay = run([
+      '--nats',
+      `nats://127.0.0.1:${port}`,
+      '--worker',
+      'never',
+      '--events',
+      engine.mocker.zmqEndpoint!,
+      '--log-level',
+      'warn',
+    ]);
     await new Promise((r) => setTimeout(r, 1500));
     relay.kill('SIGTERM');
     expect((await relay.done).code).toBe(0);
@@ -133,12 +173,23 @@ describe('kvroute relay', () => {
     const small = await startEngine('small');
     const { router, replica } = await startReplica(nats, 'split-rep');
     // 512-byte messages: a prefill of a few blocks (80 bytes each) already needs several.
-    const relay = new NatsRelay({ servers: nats.url, workerId: 'small', events: small.mocker.zmqEndpoint!, replay: small.mocker.replayEndpoint, maxMessageBytes: 512, log: quietLogger });
+    const relay = new NatsRelay({
+      servers: nats.url,
+      workerId: 'small',
+      events: small.mocker.zmqEndpoint!,
+      replay: small.mocker.replayEndpoint,
+      maxMessageBytes: 512,
+      log: quietLogger,
+    });
     try {
       await relay.start();
       const gen = new PromptGen(17);
       for (let i = 0; i < 10; i++) await complete(small.mocker.url, gen.next());
-      await until(() => small.mocker.engine.cachedSeqHashes().size > 0 && converged([{ router }], [small]), 10_000, 'split batches applied');
+      await until(
+        () => small.mocker.engine.cachedSeqHashes().size > 0 && converged([{ router }], [small]),
+        10_000,
+        'split batches applied',
+      );
       const engineBatches = relay.health()[0].batches;
       expect(relay.stats()[0].batches).toBeGreaterThan(engineBatches); // some batches became several items
       expect(relay.stats()[0].dropped).toBe(0);

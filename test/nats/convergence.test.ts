@@ -36,7 +36,10 @@ describe('replicas on JetStream', () => {
   it('discover the workers from the registry', async () => {
     await until(() => replicas.every((r) => r.replica.workerEntries().length === 4), 5000, 'registry');
     for (const r of replicas) {
-      const ids = r.replica.workerEntries().map((w) => w.workerId).sort();
+      const ids = r.replica
+        .workerEntries()
+        .map((w) => w.workerId)
+        .sort();
       expect(ids).toEqual(['eng0', 'eng1', 'eng2', 'eng3']);
       expect(r.replica.workerEntries().every((w) => w.url?.startsWith('http://') && w.blockSize === 16)).toBe(true);
       expect(r.router.sourceKeys().sort()).toEqual(['eng0', 'eng1', 'eng2', 'eng3']);

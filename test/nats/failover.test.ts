@@ -11,7 +11,19 @@ import type { KvRouter } from '../../src/core/router.ts';
 import { eventSubject, STREAM } from '../../src/transport/nats/protocol.ts';
 import type { NatsReplica } from '../../src/transport/nats/replica.ts';
 import { NatsServer, until } from './nats-server.ts';
-import { blocksOf, complete, converged, describeDiff, sameSet, startEngine, PromptGen, startRelay, startReplica, traffic, type Engine } from './fleet.ts';
+import {
+  blocksOf,
+  complete,
+  converged,
+  describeDiff,
+  sameSet,
+  startEngine,
+  PromptGen,
+  startRelay,
+  startReplica,
+  traffic,
+  type Engine,
+} from './fleet.ts';
 
 const nats = new NatsServer();
 const engines: Engine[] = [];
@@ -143,7 +155,14 @@ describe('failure behaviour', () => {
     await nats.start();
     await until(() => replicas.every((r) => !r.replica.degraded), 10_000, 'replicas reconnect');
     const after = await streamState();
-    if (process.env.KVROUTE_TEST_LOG) console.log('stream before kill', before, 'after restart', after, replicas.map((r) => r.replica.stats().appliedSeq));
+    if (process.env.KVROUTE_TEST_LOG)
+      console.log(
+        'stream before kill',
+        before,
+        'after restart',
+        after,
+        replicas.map((r) => r.replica.stats().appliedSeq),
+      );
     await expectConverged('convergence after NATS restart');
     for (const r of replicas) {
       expect(r.replica.stats().disconnects).toBeGreaterThanOrEqual(1);
@@ -157,13 +176,21 @@ describe('failure behaviour', () => {
     try {
       const relay = await startRelay(nats, e, { maxPendingItems: 3 });
       for (let i = 0; i < 5; i++) await complete(e.mocker.url, gen.next());
-      await until(() => replicas.every((r) => sameSet(blocksOf(r.router, 'ovf'), e.mocker.engine.cachedSeqHashes())), 10_000, 'ovf indexed');
+      await until(
+        () => replicas.every((r) => sameSet(blocksOf(r.router, 'ovf'), e.mocker.engine.cachedSeqHashes())),
+        10_000,
+        'ovf indexed',
+      );
       await nats.stop();
       for (let i = 0; i < 12; i++) await complete(e.mocker.url, gen.next());
       await until(() => relay.stats()[0].overflows > 0, 5000, 'overflow');
       await nats.start();
       await until(() => relay.stats()[0].pending === 0 && relay.stats()[0].resets > 1, 10_000, 'reset published');
-      await until(() => replicas.every((r) => r.replica.stats().appliedSeq >= relay.stats()[0].lastStreamSeq), 10_000, 'replicas caught up');
+      await until(
+        () => replicas.every((r) => r.replica.stats().appliedSeq >= relay.stats()[0].lastStreamSeq),
+        10_000,
+        'replicas caught up',
+      );
       const truth = e.mocker.engine.cachedSeqHashes();
       for (const r of replicas) {
         const mine = blocksOf(r.router, 'ovf');

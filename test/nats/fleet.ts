@@ -30,7 +30,11 @@ export async function startEngine(id: string, numGpuBlocks = 64): Promise<Engine
   return { id, mocker, relay: null };
 }
 
-export async function startRelay(nats: NatsServer, e: Engine, extra: Partial<ConstructorParameters<typeof NatsRelay>[0]> = {}): Promise<NatsRelay> {
+export async function startRelay(
+  nats: NatsServer,
+  e: Engine,
+  extra: Partial<ConstructorParameters<typeof NatsRelay>[0]> = {},
+): Promise<NatsRelay> {
   const relay = new NatsRelay({
     servers: nats.url,
     workerId: e.id,
@@ -48,9 +52,19 @@ export async function startRelay(nats: NatsServer, e: Engine, extra: Partial<Con
   return relay;
 }
 
-export async function startReplica(nats: NatsServer, id: string, extra: Partial<ConstructorParameters<typeof NatsReplica>[0]> = {}): Promise<{ router: KvRouter; replica: NatsReplica }> {
+export async function startReplica(
+  nats: NatsServer,
+  id: string,
+  extra: Partial<ConstructorParameters<typeof NatsReplica>[0]> = {},
+): Promise<{ router: KvRouter; replica: NatsReplica }> {
   const router = newRouter();
-  const log = process.env.KVROUTE_TEST_LOG ? { info: (o: object, m: string) => console.log(id, m, JSON.stringify(o)), warn: (o: object, m: string) => console.log(id, m, JSON.stringify(o)), error: (o: object, m: string) => console.log(id, m, JSON.stringify(o)) } : quietLogger;
+  const log = process.env.KVROUTE_TEST_LOG
+    ? {
+        info: (o: object, m: string) => console.log(id, m, JSON.stringify(o)),
+        warn: (o: object, m: string) => console.log(id, m, JSON.stringify(o)),
+        error: (o: object, m: string) => console.log(id, m, JSON.stringify(o)),
+      }
+    : quietLogger;
   const replica = new NatsReplica({ servers: nats.url, replicaId: id, log, snapshotIntervalMs: 0, ...extra });
   await replica.start(router);
   return { router, replica };

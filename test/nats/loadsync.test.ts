@@ -25,7 +25,10 @@ function newRouter(): KvRouter {
   return new KvRouter({ blockSize: BS, overlay: false, seed: 3, policy: 'kv' });
 }
 
-async function replica(id: string, extra: Partial<ConstructorParameters<typeof NatsReplica>[0]> = {}): Promise<{ router: KvRouter; replica: NatsReplica }> {
+async function replica(
+  id: string,
+  extra: Partial<ConstructorParameters<typeof NatsReplica>[0]> = {},
+): Promise<{ router: KvRouter; replica: NatsReplica }> {
   const router = newRouter();
   const r = new NatsReplica({ servers: nats.url, replicaId: id, log: quietLogger, snapshotIntervalMs: 0, ...extra });
   await r.start(router);
@@ -39,7 +42,10 @@ beforeAll(async () => {
   // Four workers in the registry (no engines needed: no events, routing is by load alone).
   const kv = await new Kvm(nc).create(REGISTRY_BUCKET, { history: 1 });
   for (const w of WORKERS) {
-    await kv.put(w, encodeWorkerEntry({ workerId: w, url: null, model: 'm', blockSize: BS, dpRanks: [0], relayId: 'test', heartbeatAt: Date.now() }));
+    await kv.put(
+      w,
+      encodeWorkerEntry({ workerId: w, url: null, model: 'm', blockSize: BS, dpRanks: [0], relayId: 'test', heartbeatAt: Date.now() }),
+    );
   }
 });
 
@@ -114,7 +120,11 @@ describe('load sharing', () => {
     const reqs = workload(300, 11);
     const single = newRouter();
     for (const w of WORKERS) single.addSource({ workerId: w, dpRank: 0 });
-    const one = await run(reqs, () => ({ router: single, replica: null }), async () => {});
+    const one = await run(
+      reqs,
+      () => ({ router: single, replica: null }),
+      async () => {},
+    );
 
     const a = await replica('a');
     const b = await replica('b');
@@ -136,14 +146,20 @@ describe('load sharing', () => {
       c.addSource({ workerId: w, dpRank: 0 });
       d.addSource({ workerId: w, dpRank: 0 });
     }
-    const blind = await run(reqs, (i) => ({ router: i % 2 ? d : c, replica: null }), async () => {});
+    const blind = await run(
+      reqs,
+      (i) => ({ router: i % 2 ? d : c, replica: null }),
+      async () => {},
+    );
 
     const total = reqs.reduce((n, q) => n + q.tokens.length, 0);
     for (const w of WORKERS) expect(Math.abs(shared.tokens[w] - one.tokens[w]) / (total / WORKERS.length)).toBeLessThan(0.1);
     expect(Math.abs(shared.spread - one.spread) / one.spread).toBeLessThan(0.1);
     // Without sharing, each router sees only half of the load and the fleet is visibly less even.
     expect(blind.spread).toBeGreaterThan(one.spread * 1.1);
-    console.log(`load spread (mean max-min active prompt tokens): one router ${one.spread.toFixed(0)}, two sharing replicas ${shared.spread.toFixed(0)}, two blind routers ${blind.spread.toFixed(0)}`);
+    console.log(
+      `load spread (mean max-min active prompt tokens): one router ${one.spread.toFixed(0)}, two sharing replicas ${shared.spread.toFixed(0)}, two blind routers ${blind.spread.toFixed(0)}`,
+    );
     await a.replica.close();
     await b.replica.close();
   });
@@ -153,7 +169,10 @@ describe('load sharing', () => {
     // A fake peer announces two requests and then goes silent.
     const seq = new BigUint64Array([1n, 2n, 3n]);
     for (const id of ['p1', 'p2']) {
-      nc.publish(LOAD_SUBJECT, encodeLoad({ kind: 'added', replica: 'ghost', requestId: id, sourceKey: 'w1', seqHashes: seq, promptTokens: 48, overlapBlocks: 0 }));
+      nc.publish(
+        LOAD_SUBJECT,
+        encodeLoad({ kind: 'added', replica: 'ghost', requestId: id, sourceKey: 'w1', seqHashes: seq, promptTokens: 48, overlapBlocks: 0 }),
+      );
     }
     await until(() => a.router.state().inFlight === 2, 3000, 'ghost requests tracked');
     expect(a.router.state().sources.find((s) => s.source === 'w1')!.activeRequests).toBe(2);
@@ -174,8 +193,22 @@ describe('load sharing', () => {
 
   it('ignores registry entries that were stale at start and drops workers whose relay stops heartbeating', async () => {
     const kv = await new Kvm(nc).open(REGISTRY_BUCKET);
-    await kv.put('gone', encodeWorkerEntry({ workerId: 'gone', url: null, model: 'm', blockSize: BS, dpRanks: [0], relayId: 'old', heartbeatAt: Date.now() - 600_000 }));
-    await kv.put('w0', encodeWorkerEntry({ workerId: 'w0', url: null, model: 'm', blockSize: BS, dpRanks: [0], relayId: 'test', heartbeatAt: Date.now() }));
+    await kv.put(
+      'gone',
+      encodeWorkerEntry({
+        workerId: 'gone',
+        url: null,
+        model: 'm',
+        blockSize: BS,
+        dpRanks: [0],
+        relayId: 'old',
+        heartbeatAt: Date.now() - 600_000,
+      }),
+    );
+    await kv.put(
+      'w0',
+      encodeWorkerEntry({ workerId: 'w0', url: null, model: 'm', blockSize: BS, dpRanks: [0], relayId: 'test', heartbeatAt: Date.now() }),
+    );
     const r = await replica('ttl', { workerTtlMs: 800, heartbeatMs: 100 });
     expect(r.router.hasSource('gone')).toBe(false);
     expect(r.router.hasSource('w0')).toBe(true);
@@ -184,7 +217,10 @@ describe('load sharing', () => {
     await until(() => r.router.sourceKeys().length === 0, 5000, 'workers expired');
     expect(r.replica.stats().workersRemoved).toBe(1);
     // A fresh heartbeat brings a worker back.
-    await kv.put('w1', encodeWorkerEntry({ workerId: 'w1', url: null, model: 'm', blockSize: BS, dpRanks: [0], relayId: 'test', heartbeatAt: Date.now() }));
+    await kv.put(
+      'w1',
+      encodeWorkerEntry({ workerId: 'w1', url: null, model: 'm', blockSize: BS, dpRanks: [0], relayId: 'test', heartbeatAt: Date.now() }),
+    );
     await until(() => r.router.hasSource('w1'), 3000, 'worker re-registered');
   });
 });

@@ -25,32 +25,39 @@ import { dumpRouter, loadRouter } from '../../src/transport/nats/replica.ts';
 import { matchesByKey } from './fleet.ts';
 
 const u64 = fc.bigInt({ min: 0n, max: (1n << 64n) - 1n });
-const stored = fc.record({
-  kind: fc.constant('stored' as const),
-  parent: fc.option(u64, { nil: null }),
-  n: fc.integer({ min: 1, max: 4 }),
-  blockSize: fc.constantFrom(4, 16),
-  loraName: fc.option(fc.string({ maxLength: 8 }), { nil: undefined }),
-  cacheSalt: fc.option(fc.string({ maxLength: 8 }), { nil: undefined }),
-  medium: fc.option(fc.constantFrom('GPU', 'CPU'), { nil: undefined }),
-  seed: fc.integer({ min: 0, max: 1000 }),
-}).map((r): KvEvent => {
-  const ev: Record<string, unknown> = {
-    kind: 'stored',
-    parent: r.parent,
-    engineIds: Array.from({ length: r.n }, (_, i) => BigInt(r.seed * 10 + i) * 0x9e3779b97f4a7c15n % (1n << 64n)),
-    tokens: Uint32Array.from({ length: r.n * r.blockSize }, (_, i) => (r.seed + i * 7) % 150_000),
-    blockSize: r.blockSize,
-  };
-  if (r.loraName !== undefined) ev.loraName = r.loraName;
-  if (r.cacheSalt !== undefined) ev.cacheSalt = r.cacheSalt;
-  if (r.medium !== undefined) ev.medium = r.medium;
-  return ev as unknown as KvEvent;
-});
+const stored = fc
+  .record({
+    kind: fc.constant('stored' as const),
+    parent: fc.option(u64, { nil: null }),
+    n: fc.integer({ min: 1, max: 4 }),
+    blockSize: fc.constantFrom(4, 16),
+    loraName: fc.option(fc.string({ maxLength: 8 }), { nil: undefined }),
+    cacheSalt: fc.option(fc.string({ maxLength: 8 }), { nil: undefined }),
+    medium: fc.option(fc.constantFrom('GPU', 'CPU'), { nil: undefined }),
+    seed: fc.integer({ min: 0, max: 1000 }),
+  })
+  .map((r): KvEvent => {
+    const ev: Record<string, unknown> = {
+      kind: 'stored',
+      parent: r.parent,
+      engineIds: Array.from({ length: r.n }, (_, i) => (BigInt(r.seed * 10 + i) * 0x9e3779b97f4a7c15n) % (1n << 64n)),
+      tokens: Uint32Array.from({ length: r.n * r.blockSize }, (_, i) => (r.seed + i * 7) % 150_000),
+      blockSize: r.blockSize,
+    };
+    if (r.loraName !== undefined) ev.loraName = r.loraName;
+    if (r.cacheSalt !== undefined) ev.cacheSalt = r.cacheSalt;
+    if (r.medium !== undefined) ev.medium = r.medium;
+    return ev as unknown as KvEvent;
+  });
 const removed = fc.array(u64, { minLength: 1, maxLength: 5 }).map((ids): KvEvent => ({ kind: 'removed', engineIds: ids }));
 const event = fc.oneof(stored, removed, fc.constant({ kind: 'cleared' } as KvEvent));
 const item: fc.Arbitrary<EventItem> = fc.oneof(
-  fc.record({ kind: fc.constant('batch' as const), seq: fc.bigInt({ min: 0n, max: (1n << 63n) - 1n }), fp: fc.integer({ min: 0, max: 2 ** 32 - 1 }), events: fc.array(event, { maxLength: 4 }) }),
+  fc.record({
+    kind: fc.constant('batch' as const),
+    seq: fc.bigInt({ min: 0n, max: (1n << 63n) - 1n }),
+    fp: fc.integer({ min: 0, max: 2 ** 32 - 1 }),
+    events: fc.array(event, { maxLength: 4 }),
+  }),
   fc.record({ kind: fc.constant('reset' as const), reason: fc.string({ maxLength: 20 }) }),
 );
 
@@ -81,7 +88,21 @@ describe('event messages', () => {
     // Engine ids of 3 bytes (not a multiple of 8) and a block size of 0: both events dropped and counted.
     const packr = new Packr({ useRecords: false });
     const bad = decodeEventMessage(
-      packr.pack([1, [[0, 1n, 0, [[0, null, new Uint8Array(3), null, 16, null, null, null, null, null], [0, null, new Uint8Array(8), null, 0, null, null, null, null, null], [2]]]]]),
+      packr.pack([
+        1,
+        [
+          [
+            0,
+            1n,
+            0,
+            [
+              [0, null, new Uint8Array(3), null, 16, null, null, null, null, null],
+              [0, null, new Uint8Array(8), null, 0, null, null, null, null, null],
+              [2],
+            ],
+          ],
+        ],
+      ]),
     );
     expect(bad!.badEvents).toBe(2);
     expect(bad!.items[0]).toEqual({ kind: 'batch', seq: 1n, fp: 0, events: [{ kind: 'cleared' }] });
@@ -106,7 +127,16 @@ describe('subjects, registry, lifecycle', () => {
   });
 
   it('registry entries round-trip; bad ones are null', () => {
-    const e = { workerId: 'w0', url: 'http://x:8000', model: 'm', blockSize: 16, dpRanks: [0, 1], relayId: 'r', heartbeatAt: 5, resume: { '0': { seq: '12', fp: 7 } } };
+    const e = {
+      workerId: 'w0',
+      url: 'http://x:8000',
+      model: 'm',
+      blockSize: 16,
+      dpRanks: [0, 1],
+      relayId: 'r',
+      heartbeatAt: 5,
+      resume: { '0': { seq: '12', fp: 7 } },
+    };
     expect(decodeWorkerEntry(encodeWorkerEntry(e))).toEqual(e);
     const enc = (v: unknown) => new TextEncoder().encode(JSON.stringify(v));
     expect(decodeWorkerEntry(enc({ ...e, workerId: 'a.b' }))).toBeNull();
@@ -120,12 +150,17 @@ describe('subjects, registry, lifecycle', () => {
     const seqHashes = new BigUint64Array([1n, (1n << 64n) - 1n]);
     const a = { kind: 'added' as const, replica: 'r', requestId: 'q', sourceKey: 'w#1', seqHashes, promptTokens: 40, overlapBlocks: 1 };
     expect(decodeLoad(encodeLoad(a))).toEqual(a);
-    for (const kind of ['first_token', 'finished'] as const) expect(decodeLoad(encodeLoad({ kind, replica: 'r', requestId: 'q' }))).toEqual({ kind, replica: 'r', requestId: 'q' });
-    for (const kind of ['heartbeat', 'hello', 'bye'] as const) expect(decodeLoad(encodeLoad({ kind, replica: 'r' }))).toEqual({ kind, replica: 'r' });
-    fc.assert(fc.property(fc.uint8Array({ maxLength: 40 }), (b) => {
-      const m = decodeLoad(b);
-      expect(m === null || typeof m.replica === 'string').toBe(true);
-    }), { numRuns: 300 });
+    for (const kind of ['first_token', 'finished'] as const)
+      expect(decodeLoad(encodeLoad({ kind, replica: 'r', requestId: 'q' }))).toEqual({ kind, replica: 'r', requestId: 'q' });
+    for (const kind of ['heartbeat', 'hello', 'bye'] as const)
+      expect(decodeLoad(encodeLoad({ kind, replica: 'r' }))).toEqual({ kind, replica: 'r' });
+    fc.assert(
+      fc.property(fc.uint8Array({ maxLength: 40 }), (b) => {
+        const m = decodeLoad(b);
+        expect(m === null || typeof m.replica === 'string').toBe(true);
+      }),
+      { numRuns: 300 },
+    );
   });
 });
 
@@ -142,7 +177,9 @@ describe('snapshots', () => {
       let parent: bigint | null = null;
       for (let b = 0; b < 50; b++) {
         const ids = [id++, id++];
-        a.applyEvents(key, [{ kind: 'stored', parent, engineIds: ids, tokens: Array.from({ length: 8 }, (_, i) => b * 8 + i + key.length), blockSize: 4 }]);
+        a.applyEvents(key, [
+          { kind: 'stored', parent, engineIds: ids, tokens: Array.from({ length: 8 }, (_, i) => b * 8 + i + key.length), blockSize: 4 },
+        ]);
         parent = b % 5 === 4 ? null : ids[1];
       }
     }

@@ -45,21 +45,52 @@ afterAll(async () => {
 describe('kvroute serve --nats', () => {
   it('discovers relayed workers, becomes ready, and routes by their KV events', async () => {
     mockers.forEach((m, i) =>
-      spawnCli(['relay', '--nats', nats.url, '--worker', `eng${i}`, '--events', m.zmqEndpoint!, '--replay', m.replayEndpoint!,
-        '--url', m.url, '--model', 'mock-model', '--log-level', 'warn']),
+      spawnCli([
+        'relay',
+        '--nats',
+        nats.url,
+        '--worker',
+        `eng${i}`,
+        '--events',
+        m.zmqEndpoint!,
+        '--replay',
+        m.replayEndpoint!,
+        '--url',
+        m.url,
+        '--model',
+        'mock-model',
+        '--log-level',
+        'warn',
+      ]),
     );
     const port = await freePort();
     const url = `http://127.0.0.1:${port}`;
-    const router = spawnCli(['serve', '--nats', nats.url, '--port', String(port), '--replica-id', 'r1', '--log-level', 'warn',
-      '--health-interval-ms', '0', '--no-remote-tokenize']);
+    const router = spawnCli([
+      'serve',
+      '--nats',
+      nats.url,
+      '--port',
+      String(port),
+      '--replica-id',
+      'r1',
+      '--log-level',
+      'warn',
+      '--health-interval-ms',
+      '0',
+      '--no-remote-tokenize',
+    ]);
     let stderr = '';
     router.stderr!.on('data', (d) => (stderr += d));
 
     await until(async () => (await health(url)) === 200, 40_000, `router ready (stderr: ${stderr})`);
-    await until(async () => {
-      const state = (await (await fetch(`${url}/debug/state`)).json()) as { router: { sources: unknown[] } };
-      return state.router.sources.length === 2;
-    }, 20_000, 'both relayed workers discovered');
+    await until(
+      async () => {
+        const state = (await (await fetch(`${url}/debug/state`)).json()) as { router: { sources: unknown[] } };
+        return state.router.sources.length === 2;
+      },
+      20_000,
+      'both relayed workers discovered',
+    );
 
     const prompt = Array.from({ length: 640 }, (_, i) => (i * 7919) % 50_000);
     const ask = async () => {
@@ -75,10 +106,14 @@ describe('kvroute serve --nats', () => {
     const first = await ask();
     expect(first.overlap).toBe(0);
     // Wait until the engine's Stored events have crossed relay -> JetStream -> replica.
-    await until(async () => {
-      const state = (await (await fetch(`${url}/debug/state`)).json()) as { router: { index: { blocks: number } } };
-      return state.router.index.blocks >= 40;
-    }, 20_000, 'events indexed through NATS');
+    await until(
+      async () => {
+        const state = (await (await fetch(`${url}/debug/state`)).json()) as { router: { index: { blocks: number } } };
+        return state.router.index.blocks >= 40;
+      },
+      20_000,
+      'events indexed through NATS',
+    );
     const second = await ask();
     expect(second.worker).toBe(first.worker);
     // 640 tokens = 40 full blocks, all cached on that engine; the engine serves 39 of them (never the last token).

@@ -36,7 +36,13 @@ export interface Fleet {
 
 export async function startFleet(
   n: number,
-  opts: { mocker?: Partial<MockerOptions>; serve?: Partial<ServeConfig>; tokenizer?: LocalTokenizer; events?: boolean; logger?: pino.Logger } = {},
+  opts: {
+    mocker?: Partial<MockerOptions>;
+    serve?: Partial<ServeConfig>;
+    tokenizer?: LocalTokenizer;
+    events?: boolean;
+    logger?: pino.Logger;
+  } = {},
 ): Promise<Fleet> {
   const engines = await Promise.all(
     Array.from({ length: n }, (_, i) =>

@@ -88,7 +88,11 @@ describe('hostile input against the real server', () => {
     const request_ = fc.record(
       {
         model: fc.oneof(fc.constant('m'), anyValue),
-        messages: fc.oneof(fc.constant([{ role: 'user', content: 'hi' }]), fc.array(fc.record({ role: anyValue, content: anyValue })), anyValue),
+        messages: fc.oneof(
+          fc.constant([{ role: 'user', content: 'hi' }]),
+          fc.array(fc.record({ role: anyValue, content: anyValue })),
+          anyValue,
+        ),
         prompt: fc.oneof(fc.constant('hi'), fc.array(fc.integer({ min: -5, max: 200_000 }), { maxLength: 40 }), anyValue),
         stream: fc.oneof(fc.boolean(), anyValue),
         stream_options: fc.oneof(fc.record({ include_usage: anyValue }), anyValue),
@@ -162,7 +166,10 @@ describe('hostile input against the real server', () => {
       }
     }
     expect(fleet.server.router.state().inFlight).toBe(0);
-    const ok = await send('/v1/chat/completions', JSON.stringify({ model: 'm', max_tokens: 1, messages: [{ role: 'user', content: 'ok?' }] }));
+    const ok = await send(
+      '/v1/chat/completions',
+      JSON.stringify({ model: 'm', max_tokens: 1, messages: [{ role: 'user', content: 'ok?' }] }),
+    );
     expect(ok.status).toBe(200);
   });
 
@@ -180,7 +187,9 @@ describe('hostile input against the real server', () => {
                 ? '{"model":"m","max_tokens":1,"prompt":"'
                 : '{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"',
           );
-          const post = Buffer.from(where === 'model' ? '","prompt":"x","messages":[{"role":"user","content":"x"}]}' : path === '/v1/completions' ? '"}' : '"}]}');
+          const post = Buffer.from(
+            where === 'model' ? '","prompt":"x","messages":[{"role":"user","content":"x"}]}' : path === '/v1/completions' ? '"}' : '"}]}',
+          );
           const body = Buffer.concat([pre, bad, post]);
           return acceptable(`invalid utf-8 in ${where}`, body, await send(path, body));
         },
@@ -194,7 +203,13 @@ describe('hostile input against the real server', () => {
     await fc.assert(
       fc.asyncProperty(
         endpoint,
-        fc.dictionary(fc.string({ minLength: 1, maxLength: 12 }).filter((k) => !['model', 'messages', 'prompt', 'stream', 'stream_options', 'max_tokens', 'kvroute', '__proto__'].includes(k)), fc.jsonValue({ maxDepth: 2 }), { maxKeys: 6 }),
+        fc.dictionary(
+          fc
+            .string({ minLength: 1, maxLength: 12 })
+            .filter((k) => !['model', 'messages', 'prompt', 'stream', 'stream_options', 'max_tokens', 'kvroute', '__proto__'].includes(k)),
+          fc.jsonValue({ maxDepth: 2 }),
+          { maxKeys: 6 },
+        ),
         async (path, extra) => {
           const body = JSON.stringify({
             ...extra,

@@ -56,7 +56,11 @@ describe('slow clients', () => {
   });
 
   it('a trickled body gets 408 after ~1.5 s', async () => {
-    const r = await slowClient(port, 'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"model":"m",', ' ');
+    const r = await slowClient(
+      port,
+      'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"model":"m",',
+      ' ',
+    );
     expect(r.reply).toMatch(/^HTTP\/1\.1 408/);
     expect(r.ms).toBeGreaterThanOrEqual(1_400);
     expect(r.ms).toBeLessThan(4_000);

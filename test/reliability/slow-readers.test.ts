@@ -27,7 +27,9 @@ function stalledClient(): Promise<Socket> {
   const body = JSON.stringify({ model: 'm', prompt: 'go', max_tokens: 35_000, stream: true });
   return new Promise((resolve) => {
     const c = connect(Number(u.port), u.hostname, () =>
-      c.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`),
+      c.write(
+        `POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`,
+      ),
     );
     c.on('error', () => undefined);
     c.once('data', () => {

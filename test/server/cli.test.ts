@@ -14,7 +14,17 @@ describe('kvroute serve (process)', () => {
   it('documents every setting with its environment variable in --help', () => {
     const r = spawnSync(process.execPath, [CLI, 'serve', '--help'], { encoding: 'utf8' });
     expect(r.status).toBe(0);
-    for (const env of ['KVROUTE_WORKERS', 'KVROUTE_POLICY', 'KVROUTE_BLOCK_SIZE', 'KVROUTE_QUEUE_LIMIT', 'KVROUTE_QUEUE_TIMEOUT_MS', 'KVROUTE_BODY_LIMIT', 'KVROUTE_ADMIN_TOKEN', 'KVROUTE_TOKENIZER', 'KVROUTE_BUSY_PREFILL_TOKENS']) {
+    for (const env of [
+      'KVROUTE_WORKERS',
+      'KVROUTE_POLICY',
+      'KVROUTE_BLOCK_SIZE',
+      'KVROUTE_QUEUE_LIMIT',
+      'KVROUTE_QUEUE_TIMEOUT_MS',
+      'KVROUTE_BODY_LIMIT',
+      'KVROUTE_ADMIN_TOKEN',
+      'KVROUTE_TOKENIZER',
+      'KVROUTE_BUSY_PREFILL_TOKENS',
+    ]) {
       expect(r.stdout).toContain(env);
     }
   });

@@ -96,7 +96,9 @@ export class FakeEngine {
       this.tokenizeCalls++;
       const text = typeof body.prompt === 'string' ? body.prompt : JSON.stringify(body.messages);
       const tokens = Array.from(text, (c) => c.codePointAt(0)!);
-      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ count: tokens.length, max_model_len: 32768, tokens }));
+      res
+        .writeHead(200, { 'content-type': 'application/json' })
+        .end(JSON.stringify({ count: tokens.length, max_model_len: 32768, tokens }));
       return;
     }
     this.lastBody = body;
@@ -130,7 +132,13 @@ export class FakeEngine {
       await sleep(this.opts.firstChunkDelayMs);
       const text = 'x'.repeat(this.opts.chunks);
       const out = chat
-        ? { id, object: 'chat.completion', model: body.model, choices: [{ index: 0, message: { role: 'assistant', content: text }, finish_reason: 'stop' }], usage }
+        ? {
+            id,
+            object: 'chat.completion',
+            model: body.model,
+            choices: [{ index: 0, message: { role: 'assistant', content: text }, finish_reason: 'stop' }],
+            usage,
+          }
         : { id, object: 'text_completion', model: body.model, choices: [{ index: 0, text, finish_reason: 'stop' }], usage };
       res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(out));
       return;
@@ -144,14 +152,21 @@ export class FakeEngine {
         return;
       }
       const chunk = chat
-        ? { id, object: 'chat.completion.chunk', model: body.model, choices: [{ index: 0, delta: i === 0 ? { role: 'assistant', content: 'x' } : { content: 'x' }, finish_reason: null }] }
+        ? {
+            id,
+            object: 'chat.completion.chunk',
+            model: body.model,
+            choices: [{ index: 0, delta: i === 0 ? { role: 'assistant', content: 'x' } : { content: 'x' }, finish_reason: null }],
+          }
         : { id, object: 'text_completion', model: body.model, choices: [{ index: 0, text: 'x', finish_reason: null }] };
       res.write(`data: ${JSON.stringify(chunk)}\n\n`);
     }
     if (closed) return;
     const so = body.stream_options as { include_usage?: boolean } | undefined;
     if (so?.include_usage) {
-      res.write(`data: ${JSON.stringify({ id, object: chat ? 'chat.completion.chunk' : 'text_completion', model: body.model, choices: [], usage })}\n\n`);
+      res.write(
+        `data: ${JSON.stringify({ id, object: chat ? 'chat.completion.chunk' : 'text_completion', model: body.model, choices: [], usage })}\n\n`,
+      );
     }
     res.end('data: [DONE]\n\n');
   }

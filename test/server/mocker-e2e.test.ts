@@ -38,7 +38,10 @@ describe('with the embedded mock fleet (KV events, Qwen3 tokenizer on both sides
         .create({ model: 'mock-model', messages, max_tokens: 8, chat_template_kwargs: { enable_thinking: false } } as never)
         .withResponse();
       const h = response.headers;
-      const reply = data as unknown as { choices: { message: { content: string } }[]; usage: { prompt_tokens: number; prompt_tokens_details: { cached_tokens: number } } };
+      const reply = data as unknown as {
+        choices: { message: { content: string } }[];
+        usage: { prompt_tokens: number; prompt_tokens_details: { cached_tokens: number } };
+      };
       const state = await json(await fetch(`${s.url}/debug/state`));
       const decision = state.recentDecisions[state.recentDecisions.length - 1];
       // The chat template rendered and tokenized by the router gives exactly the engine's prompt.
@@ -66,7 +69,9 @@ describe('without a local tokenizer: the worker’s POST /tokenize', () => {
   let engines: MockerHandle[];
   let s: RunningServer;
   beforeAll(async () => {
-    engines = await Promise.all([0, 1].map((i) => startMocker({ model: 'm', speedup: 20, seed: i, zmqEndpoint: null, replayEndpoint: null })));
+    engines = await Promise.all(
+      [0, 1].map((i) => startMocker({ model: 'm', speedup: 20, seed: i, zmqEndpoint: null, replayEndpoint: null })),
+    );
     s = await serve({ workers: engines.map((e) => ({ url: e.url })), remoteTokenize: true });
   });
   afterAll(async () => {
@@ -80,11 +85,23 @@ describe('without a local tokenizer: the worker’s POST /tokenize', () => {
       const r = await fetch(`${s.url}/v1/chat/completions`, {
         method: 'POST',
         headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ model: 'm', max_tokens: 2, messages: [{ role: 'system', content: system }, { role: 'user', content: q }] }),
+        body: JSON.stringify({
+          model: 'm',
+          max_tokens: 2,
+          messages: [
+            { role: 'system', content: system },
+            { role: 'user', content: q },
+          ],
+        }),
       });
       expect(r.status).toBe(200);
       const body = await json(r);
-      return { worker: r.headers.get('x-kvroute-worker'), overlap: Number(r.headers.get('x-kvroute-overlap-blocks')), isl: Number(r.headers.get('x-kvroute-isl-blocks')), body };
+      return {
+        worker: r.headers.get('x-kvroute-worker'),
+        overlap: Number(r.headers.get('x-kvroute-overlap-blocks')),
+        isl: Number(r.headers.get('x-kvroute-isl-blocks')),
+        body,
+      };
     };
     const a = await ask('first question');
     const b = await ask('second question');

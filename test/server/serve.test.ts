@@ -171,7 +171,13 @@ describe('workers', () => {
   it('tokenizes through the worker’s POST /tokenize when there is no local tokenizer, once per distinct prompt', async () => {
     const engines = await fleet(2);
     const s = await router(engines, { remoteTokenize: true });
-    const body = { model: 'fake-model', messages: [{ role: 'system', content: 'S'.repeat(400) }, { role: 'user', content: 'hi' }] };
+    const body = {
+      model: 'fake-model',
+      messages: [
+        { role: 'system', content: 'S'.repeat(400) },
+        { role: 'user', content: 'hi' },
+      ],
+    };
     const a = await post(`${s.url}/v1/chat/completions`, body);
     const b = await post(`${s.url}/v1/chat/completions`, body);
     expect(Number(a.headers.get('x-kvroute-isl-blocks'))).toBeGreaterThan(20);
@@ -202,7 +208,10 @@ describe('failures', () => {
     expect(s.router.ledger.total.islBlocks).toBe(6 * islPerRequest);
     const text = await (await fetch(`${s.url}/metrics`)).text();
     const sum = (name: string) =>
-      text.split('\n').filter((l) => l.startsWith(name)).reduce((a, l) => a + Number(l.split(' ').pop()), 0);
+      text
+        .split('\n')
+        .filter((l) => l.startsWith(name))
+        .reduce((a, l) => a + Number(l.split(' ').pop()), 0);
     expect(sum('router_kv_isl_blocks_total{')).toBe(6 * islPerRequest);
     expect(sum('router_kv_hit_rate_count{')).toBe(6);
   });

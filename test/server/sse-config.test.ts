@@ -7,7 +7,8 @@ import { loadConfigFile, parseWorkerSpec } from '../../src/server/config.ts';
 import { SseRelay } from '../../src/server/sse.ts';
 
 const chunk = (i: number) => `data: {"id":"c","choices":[{"index":0,"delta":{"content":"t${i}"}}]}\n\n`;
-const usage = 'data: {"id":"c","choices":[],"usage":{"prompt_tokens":100,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":64}}}\n\n';
+const usage =
+  'data: {"id":"c","choices":[],"usage":{"prompt_tokens":100,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":64}}}\n\n';
 const done = 'data: [DONE]\n\n';
 
 function relayAll(relay: SseRelay, pieces: string[]): string {
@@ -58,7 +59,9 @@ describe('SseRelay', () => {
 
   it('removes a usage field riding on a content chunk (continuous usage) when stripping', () => {
     const r = new SseRelay(true);
-    const out = relayAll(r, ['data: {"choices":[{"delta":{"content":"a"}}],"usage":{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens":0}}}\n\n']);
+    const out = relayAll(r, [
+      'data: {"choices":[{"delta":{"content":"a"}}],"usage":{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens":0}}}\n\n',
+    ]);
     expect(JSON.parse(out.slice(6))).toEqual({ choices: [{ delta: { content: 'a' } }] });
     expect(r.usage?.cachedTokens).toBe(0);
   });
@@ -73,7 +76,11 @@ describe('SseRelay', () => {
 
 describe('worker specs and config files', () => {
   it('parses every worker option', () => {
-    expect(parseWorkerSpec('http://gpu1:8000/,events=tcp://gpu1:5557,replay=tcp://gpu1:5558,dp=4,model=qwen,model=lora-a,id=g1,blocks=9000,engine=sglang')).toEqual({
+    expect(
+      parseWorkerSpec(
+        'http://gpu1:8000/,events=tcp://gpu1:5557,replay=tcp://gpu1:5558,dp=4,model=qwen,model=lora-a,id=g1,blocks=9000,engine=sglang',
+      ),
+    ).toEqual({
       engine: 'sglang',
       url: 'http://gpu1:8000',
       events: 'tcp://gpu1:5557',

@@ -27,7 +27,7 @@ describe('fleet simulator', () => {
     expect(stable(c).perRequest!.map((r) => r.worker)).not.toEqual(a.perRequest!.map((r) => r.worker));
   });
 
-  it("engine-delivered hits equal a brute-force recomputation from the routing decisions", () => {
+  it('engine-delivered hits equal a brute-force recomputation from the routing decisions', () => {
     // Requests far apart (everything finishes before the next arrives) and caches that never evict: a request's
     // cached tokens are then its longest prefix of full blocks seen in earlier prompts on the same worker, never
     // counting the last prompt token (vLLM).

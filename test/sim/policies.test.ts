@@ -43,11 +43,23 @@ describe('kv-pressure (the default policy)', () => {
 
   it('falls back to the plain cost when the decode load fills memory, or when capacity is unknown', () => {
     // 400 of 420 blocks would be in use on w0: pressure ~1, the cost is Dynamo's.
-    const tight = ctx([{ ...warmBusy, capacityBlocks: 420 }, { ...coldIdle, capacityBlocks: 420 }], 100);
+    const tight = ctx(
+      [
+        { ...warmBusy, capacityBlocks: 420 },
+        { ...coldIdle, capacityBlocks: 420 },
+      ],
+      100,
+    );
     const r = new KvPressurePolicy().rank(tight);
     expect(r.costs[0]).toBeCloseTo(10 + (400 / 420) * 400);
     expect(r.order[0]).toBe(1);
-    const unknown = ctx([{ ...warmBusy, capacityBlocks: undefined }, { ...coldIdle, capacityBlocks: undefined }], 100);
+    const unknown = ctx(
+      [
+        { ...warmBusy, capacityBlocks: undefined },
+        { ...coldIdle, capacityBlocks: undefined },
+      ],
+      100,
+    );
     expect(new KvPressurePolicy().rank(unknown).order[0]).toBe(new KvPolicy().rank(unknown).order[0]);
   });
 

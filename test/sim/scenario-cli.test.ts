@@ -29,20 +29,52 @@ describe('CLI', () => {
   it('trace gen writes a trace that sim replays, with the JSON shape of the issue', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'kvroute-sim-'));
     const trace = join(dir, 'gsp.jsonl');
-    const gen = await run(process.execPath, [BIN, 'trace', 'gen', '--kind', 'shared-prefix', '--groups', '6', '--prompts-per-group', '8', '--seed', '2', '--out', trace]);
+    const gen = await run(process.execPath, [
+      BIN,
+      'trace',
+      'gen',
+      '--kind',
+      'shared-prefix',
+      '--groups',
+      '6',
+      '--prompts-per-group',
+      '8',
+      '--seed',
+      '2',
+      '--out',
+      trace,
+    ]);
     expect(gen.stdout).toContain('requests          48');
     const out = join(dir, 'r.json');
     const svg = join(dir, 'r.svg');
     const sim = await run(process.execPath, [
-      BIN, 'sim', '--trace', trace, '--workers', '3', '--policy', 'kv,round-robin', '--rate-scale', '1,2',
-      '--gpu-blocks', '4096', '--json', out, '--plot', svg, '--no-progress',
+      BIN,
+      'sim',
+      '--trace',
+      trace,
+      '--workers',
+      '3',
+      '--policy',
+      'kv,round-robin',
+      '--rate-scale',
+      '1,2',
+      '--gpu-blocks',
+      '4096',
+      '--json',
+      out,
+      '--plot',
+      svg,
+      '--no-progress',
     ]);
     expect(sim.stdout).toMatch(/oracle .* block-weighted 0\.\d{3}/);
     const rep = JSON.parse(readFileSync(out, 'utf8'));
     expect(rep.trace.requests).toBe(48);
     expect(rep.oracle).toEqual({ block_weighted: expect.any(Number), request_weighted: expect.any(Number) });
     expect(rep.policies.map((p: { name: string; rate_scale: number }) => `${p.name}@${p.rate_scale}`)).toEqual([
-      'kv@1', 'kv@2', 'round-robin@1', 'round-robin@2',
+      'kv@1',
+      'kv@2',
+      'round-robin@1',
+      'round-robin@2',
     ]);
     for (const p of rep.policies) {
       for (const k of ['predicted_request_weighted', 'predicted_block_weighted', 'available_block_weighted', 'engine_token_weighted']) {

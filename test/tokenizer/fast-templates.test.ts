@@ -11,18 +11,26 @@ const CONFIG = JSON.parse(
 const jinja = new ChatTemplate(CONFIG, { fastPath: false });
 const fast = new ChatTemplate(CONFIG, { verifyEvery: 1 }); // verified on every render: must never switch off
 
-const text = fc.array(
-  fc.oneof(
-    fc.constantFrom('<think>', '</think>', '\n', '\n\n', '<tool_response>', '</tool_response>', 'plan', ' ', 'é', '{"a": 1}'),
-    fc.string({ maxLength: 8 }),
-  ),
-  { maxLength: 8 },
-).map((a) => a.join(''));
+const text = fc
+  .array(
+    fc.oneof(
+      fc.constantFrom('<think>', '</think>', '\n', '\n\n', '<tool_response>', '</tool_response>', 'plan', ' ', 'é', '{"a": 1}'),
+      fc.string({ maxLength: 8 }),
+    ),
+    { maxLength: 8 },
+  )
+  .map((a) => a.join(''));
 const toolCall = fc.record({
   type: fc.constant('function'),
   function: fc.record({
     name: fc.constantFrom('search', 'run_sql', 'get_weather'),
-    arguments: fc.oneof(fc.constant('{"q": "x"}'), fc.dictionary(fc.constantFrom('city', 'n', 'tags'), fc.oneof(fc.string({ maxLength: 5 }), fc.integer(), fc.boolean(), fc.array(fc.integer(), { maxLength: 3 })))),
+    arguments: fc.oneof(
+      fc.constant('{"q": "x"}'),
+      fc.dictionary(
+        fc.constantFrom('city', 'n', 'tags'),
+        fc.oneof(fc.string({ maxLength: 5 }), fc.integer(), fc.boolean(), fc.array(fc.integer(), { maxLength: 3 })),
+      ),
+    ),
   }),
 });
 const message = fc.oneof(
@@ -33,7 +41,14 @@ const message = fc.oneof(
   fc.record({ role: fc.constant('tool'), content: text }),
   fc.record({ role: fc.constant('tool'), content: text.map((t) => `<tool_response>${t}</tool_response>`) }),
 );
-const tool = fc.record({ type: fc.constant('function'), function: fc.record({ name: fc.string({ maxLength: 6 }), description: fc.string({ maxLength: 10 }), parameters: fc.constant({ type: 'object', properties: { q: { type: 'string' } } }) }) });
+const tool = fc.record({
+  type: fc.constant('function'),
+  function: fc.record({
+    name: fc.string({ maxLength: 6 }),
+    description: fc.string({ maxLength: 10 }),
+    parameters: fc.constant({ type: 'object', properties: { q: { type: 'string' } } }),
+  }),
+});
 
 describe('native Qwen3 chat template', () => {
   it('is selected for the real Qwen3 template', () => {

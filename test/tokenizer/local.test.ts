@@ -35,9 +35,11 @@ const piece = fc.constantFrom(
   '\t',
   '<|im_',
 );
-const text = fc.array(fc.oneof(piece, fc.string({ maxLength: 12 }), fc.string({ unit: 'grapheme', maxLength: 6 })), {
-  maxLength: 14,
-}).map((a) => a.join(''));
+const text = fc
+  .array(fc.oneof(piece, fc.string({ maxLength: 12 }), fc.string({ unit: 'grapheme', maxLength: 6 })), {
+    maxLength: 14,
+  })
+  .map((a) => a.join(''));
 const message = fc.record({ role: fc.constantFrom('user', 'assistant', 'system'), content: text });
 
 describe('LocalTokenizer (Qwen3 real files)', () => {
@@ -60,25 +62,21 @@ describe('LocalTokenizer (Qwen3 real files)', () => {
 
   it('property: a growing conversation tokenized turn by turn equals cold tokenization of each render', () => {
     fc.assert(
-      fc.property(
-        fc.array(message, { minLength: 1, maxLength: 8 }),
-        fc.boolean(),
-        (messages, thinking) => {
-          for (let n = 1; n <= messages.length; n++) {
-            const input = {
-              messages: messages.slice(0, n),
-              chat_template_kwargs: { enable_thinking: thinking },
-            };
-            let rendered: string;
-            try {
-              rendered = tok.chat.render(input);
-            } catch {
-              continue; // the template rejects some shapes; the server routes those without affinity
-            }
-            expect(Array.from(tok.encodeChat(input))).toEqual(tok.encodeCold(rendered));
+      fc.property(fc.array(message, { minLength: 1, maxLength: 8 }), fc.boolean(), (messages, thinking) => {
+        for (let n = 1; n <= messages.length; n++) {
+          const input = {
+            messages: messages.slice(0, n),
+            chat_template_kwargs: { enable_thinking: thinking },
+          };
+          let rendered: string;
+          try {
+            rendered = tok.chat.render(input);
+          } catch {
+            continue; // the template rejects some shapes; the server routes those without affinity
           }
-        },
-      ),
+          expect(Array.from(tok.encodeChat(input))).toEqual(tok.encodeCold(rendered));
+        }
+      }),
       { numRuns: 60 },
     );
   });

@@ -19,7 +19,13 @@ const long = (seed: number) =>
 
 describe('tokenizer in a worker thread', () => {
   it('gives the same ids as the in-process tokenizer', async () => {
-    const input = { messages: [{ role: 'system', content: long(1) }, { role: 'user', content: 'hi' }], chat_template_kwargs: { enable_thinking: false } };
+    const input = {
+      messages: [
+        { role: 'system', content: long(1) },
+        { role: 'user', content: 'hi' },
+      ],
+      chat_template_kwargs: { enable_thinking: false },
+    };
     expect(Array.from(await thread.encodeChat(input))).toEqual(Array.from(local.encodeChat(input)));
     expect(Array.from(await thread.encodePrompt('plain text prompt'))).toEqual(Array.from(local.encodePrompt('plain text prompt')));
     expect((await thread.info()).fastTemplate).toBe('qwen3');

@@ -22,8 +22,7 @@ export function kvTerms(ctx: PolicyContext, i: number): { prefill: number; decod
   const c = ctx.candidates[i];
   const { overlapCredit, hostTierCredit, diskTierCredit } = ctx.knobs;
   // Offload tiers (off by default): blocks loadable from host memory or disk save part of their prefill.
-  const credited =
-    c.overlapBlocks + (hostTierCredit ?? 0) * (c.hostTierBlocks ?? 0) + (diskTierCredit ?? 0) * (c.diskTierBlocks ?? 0);
+  const credited = c.overlapBlocks + (hostTierCredit ?? 0) * (c.hostTierBlocks ?? 0) + (diskTierCredit ?? 0) * (c.diskTierBlocks ?? 0);
   const prefill = Math.max(c.activePrefillTokens / ctx.blockSize + ctx.requestBlocks - overlapCredit * credited, 0);
   return { prefill, decode: c.activeBlocks + ctx.requestBlocks - c.activePrefixBlocks };
 }
@@ -133,7 +132,10 @@ export class RandomPolicy implements Policy {
   readonly name = 'random';
 
   rank(ctx: PolicyContext): Ranking {
-    const order = orderByCost(ctx.candidates.map(() => 0), ctx.rng);
+    const order = orderByCost(
+      ctx.candidates.map(() => 0),
+      ctx.rng,
+    );
     return { order, costs: ctx.candidates.map(() => NaN) };
   }
 }

@@ -196,7 +196,12 @@ export function outputToken(seed: number, index: number, vocabSize: number): num
 }
 
 /** The output tokens a request will get: for tests and clients that want to predict them. */
-export function expectedOutputTokens(req: Pick<EngineRequest, 'promptTokens' | 'seed'>, n: number, vocabSize: number, engineSeed = 0): number[] {
+export function expectedOutputTokens(
+  req: Pick<EngineRequest, 'promptTokens' | 'seed'>,
+  n: number,
+  vocabSize: number,
+  engineSeed = 0,
+): number[] {
   const seed = (req.seed ?? promptSeed(req.promptTokens)) ^ engineSeed;
   return Array.from({ length: n }, (_, i) => outputToken(seed, i, vocabSize));
 }
@@ -273,12 +278,15 @@ export class MockEngine {
   addRequest(req: EngineRequest, nowMs: number): void {
     const c = this.config;
     const n = req.promptTokens.length;
-    if (this.requests.has(req.requestId)) throw new EngineInputError(`request id ${req.requestId} is already in the engine`, 'duplicate_request');
+    if (this.requests.has(req.requestId))
+      throw new EngineInputError(`request id ${req.requestId} is already in the engine`, 'duplicate_request');
     if (n === 0) throw new EngineInputError('prompt must contain at least one token', 'empty_prompt');
     for (const t of req.promptTokens) {
-      if (!Number.isInteger(t) || t < 0 || t > 0xffffffff) throw new EngineInputError(`token id ${t} is not an unsigned 32-bit integer`, 'bad_token');
+      if (!Number.isInteger(t) || t < 0 || t > 0xffffffff)
+        throw new EngineInputError(`token id ${t} is not an unsigned 32-bit integer`, 'bad_token');
     }
-    if (!Number.isInteger(req.maxTokens) || req.maxTokens < 1) throw new EngineInputError(`max_tokens must be a positive integer, got ${req.maxTokens}`, 'bad_max_tokens');
+    if (!Number.isInteger(req.maxTokens) || req.maxTokens < 1)
+      throw new EngineInputError(`max_tokens must be a positive integer, got ${req.maxTokens}`, 'bad_max_tokens');
     if (n + req.maxTokens > c.maxModelLen) {
       throw new EngineInputError(
         `This model's maximum context length is ${c.maxModelLen} tokens. However, you requested ${n + req.maxTokens} tokens (${n} in the messages, ${req.maxTokens} in the completion).`,

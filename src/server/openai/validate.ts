@@ -98,10 +98,7 @@ export function parseRequest(endpoint: Endpoint, raw: unknown): ParsedRequest {
     else if (Array.isArray(p) && p.length > 0 && p.every((x) => typeof x === 'string')) promptText = p[0] as string;
     else if (Array.isArray(p) && p.length > 0 && p.every(isTokenArray)) promptIds = p[0] as number[];
     else {
-      throw badRequest(
-        '"prompt" must be a string, a list of strings, a list of token ids, or a list of token-id lists',
-        'prompt',
-      );
+      throw badRequest('"prompt" must be a string, a list of strings, a list of token ids, or a list of token-id lists', 'prompt');
     }
   } else {
     const messages = body.messages;

@@ -55,7 +55,7 @@ export function createSecurity(options: SecurityOptions = {}): Security {
         const token = bearerToken(req.headers);
         if (!token) {
           return unauthorized(
-            'You didn\'t provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).',
+            "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
             'missing_api_key',
           );
         }
@@ -70,7 +70,10 @@ export function createSecurity(options: SecurityOptions = {}): Security {
         const r = limiter.take(bucket);
         if (!r.ok) {
           const spec = limiter.spec;
-          return tooManyRequests(`Rate limit reached: ${spec.rps} requests per second (burst ${spec.burst}) per API key. Retry after the time in Retry-After.`, r.retryAfterMs / 1000);
+          return tooManyRequests(
+            `Rate limit reached: ${spec.rps} requests per second (burst ${spec.burst}) per API key. Retry after the time in Retry-After.`,
+            r.retryAfterMs / 1000,
+          );
         }
       }
       return null;
@@ -102,7 +105,9 @@ export interface TimeoutOptions {
  * (connectionsCheckingInterval, default 30 s), so a timeout of 10 s fires after 10-40 s unless the sweep is faster.
  * These must be passed to createServer: the sweep interval cannot be changed after the server is created.
  */
-export function httpServerTimeouts(o: TimeoutOptions = {}): Pick<ServerOptions, 'headersTimeout' | 'requestTimeout' | 'connectionsCheckingInterval'> {
+export function httpServerTimeouts(
+  o: TimeoutOptions = {},
+): Pick<ServerOptions, 'headersTimeout' | 'requestTimeout' | 'connectionsCheckingInterval'> {
   const headersTimeout = o.headersTimeoutMs ?? 10_000;
   // Node requires requestTimeout >= headersTimeout when both are set (it throws otherwise); 0 disables.
   const requestTimeout = o.requestTimeoutMs ?? 60_000;

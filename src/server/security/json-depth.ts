@@ -15,7 +15,8 @@ export function jsonDepth(buf: Uint8Array, limit = Infinity): number {
   for (let i = 0; i < buf.length; i++) {
     const c = buf[i];
     if (inString) {
-      if (c === 0x5c) i++; // backslash: skip the escaped byte (\" does not end the string)
+      if (c === 0x5c)
+        i++; // backslash: skip the escaped byte (\" does not end the string)
       else if (c === 0x22) inString = false;
       continue;
     }

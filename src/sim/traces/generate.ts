@@ -111,7 +111,7 @@ export function generateSkewed(opts: Partial<SkewedOptions> = {}): TraceRequest[
   });
 
   const sessionFraction = Math.max(0, 1 - o.shortFraction - o.mediumFraction);
-  let horizon = (1.5 * o.requests / o.rate) * 1000;
+  let horizon = ((1.5 * o.requests) / o.rate) * 1000;
   for (;;) {
     const rng = new Rng(o.seed, 1);
     const out: TraceRequest[] = [];
@@ -251,7 +251,7 @@ export function generateMultiTurn(opts: Partial<MultiTurnOptions> = {}): TraceRe
   const system = new Context(ids);
   system.append(o.systemPromptLen);
   const base = system.snapshot();
-  let horizon = (1.5 * o.requests / o.rate) * 1000;
+  let horizon = ((1.5 * o.requests) / o.rate) * 1000;
   for (;;) {
     const rng = new Rng(o.seed, 3);
     const out: TraceRequest[] = [];

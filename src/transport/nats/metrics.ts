@@ -12,17 +12,37 @@ const COUNTERS: ReadonlyArray<readonly [string, CounterKey, string]> = [
   ['router_nats_bad_messages_total', 'badMessages', 'Event stream messages dropped: undecodable or on a subject that names no source.'],
   ['router_nats_bad_events_total', 'badEvents', 'Events dropped from otherwise valid messages because they could not be decoded.'],
   ['router_nats_blocks_applied_total', 'blocksApplied', 'Blocks applied to the index from the event stream (stored and removed).'],
-  ['router_nats_blocks_rejected_total', 'blocksRejected', 'Blocks from the event stream the index rejected (unknown parent, duplicate, ...).'],
-  ['router_nats_resets_total', 'resets', 'Reset markers applied: a source\u2019s blocks cleared because its relay lost track of the engine.'],
-  ['router_nats_stream_gaps_total', 'streamGaps', 'Times stream messages this replica needed were gone (retention or purge): resynchronised.'],
+  [
+    'router_nats_blocks_rejected_total',
+    'blocksRejected',
+    'Blocks from the event stream the index rejected (unknown parent, duplicate, ...).',
+  ],
+  [
+    'router_nats_resets_total',
+    'resets',
+    'Reset markers applied: a source\u2019s blocks cleared because its relay lost track of the engine.',
+  ],
+  [
+    'router_nats_stream_gaps_total',
+    'streamGaps',
+    'Times stream messages this replica needed were gone (retention or purge): resynchronised.',
+  ],
   ['router_nats_disconnects_total', 'disconnects', 'Times the replica lost NATS and routed on its current view (degraded).'],
-  ['router_nats_lifecycle_published_total', 'lifecyclePublished', 'Request lifecycle messages (and heartbeats) published to peer replicas.'],
+  [
+    'router_nats_lifecycle_published_total',
+    'lifecyclePublished',
+    'Request lifecycle messages (and heartbeats) published to peer replicas.',
+  ],
   ['router_nats_lifecycle_publish_errors_total', 'lifecyclePublishErrors', 'Lifecycle messages that could not be published.'],
   ['router_nats_remote_requests_total', 'remoteAdded', 'Requests routed by peer replicas folded into this replica\u2019s active load.'],
   ['router_nats_remote_expired_total', 'remoteExpired', 'Peer requests freed because their replica went silent or left.'],
   ['router_nats_snapshots_written_total', 'snapshotsWritten', 'Index snapshots this replica wrote while holding the lease.'],
   ['router_nats_purged_messages_total', 'purged', 'Stream messages purged after a snapshot covered them.'],
-  ['router_nats_workers_removed_total', 'workersRemoved', 'Workers removed because their registry entry was deleted or its heartbeat expired.'],
+  [
+    'router_nats_workers_removed_total',
+    'workersRemoved',
+    'Workers removed because their registry entry was deleted or its heartbeat expired.',
+  ],
 ];
 
 export function registerReplicaMetrics(replica: NatsReplica, registry: Registry, prefix = ''): void {
@@ -53,7 +73,15 @@ export function registerReplicaMetrics(replica: NatsReplica, registry: Registry,
   gauge('router_nats_applied_stream_seq', 'Last event stream sequence applied to the index.', (s) => s.appliedSeq);
   gauge('router_nats_snapshot_stream_seq', 'Stream sequence covered by the last snapshot loaded or written here.', (s) => s.snapshotSeq);
   gauge('router_nats_peers', 'Peer replicas heard from and not yet expired.', (s) => s.peers);
-  gauge('router_nats_snapshot_write_seconds', 'Duration of the last snapshot write (dump, encode, upload, purge).', (s) => s.snapshotWriteMs / 1000);
-  gauge('router_nats_snapshot_dump_seconds', 'Synchronous part of the last snapshot write: routing on this replica waited this long.', (s) => s.snapshotDumpMs / 1000);
+  gauge(
+    'router_nats_snapshot_write_seconds',
+    'Duration of the last snapshot write (dump, encode, upload, purge).',
+    (s) => s.snapshotWriteMs / 1000,
+  );
+  gauge(
+    'router_nats_snapshot_dump_seconds',
+    'Synchronous part of the last snapshot write: routing on this replica waited this long.',
+    (s) => s.snapshotDumpMs / 1000,
+  );
   gauge('router_nats_snapshot_load_seconds', 'Duration of the snapshot load at start.', (s) => s.snapshotLoadMs / 1000);
 }

@@ -122,13 +122,23 @@ function decodeEvent(w: unknown): KvEvent | null {
     const medium = optStr(w[2]);
     const groupIdx = optInt(w[3]);
     if (!ids || medium === false || groupIdx === false) return null;
-    const ev: { kind: 'removed'; engineIds: bigint[]; medium?: string; groupIdx?: number } = { kind: 'removed', engineIds: Array.from(ids) };
+    const ev: { kind: 'removed'; engineIds: bigint[]; medium?: string; groupIdx?: number } = {
+      kind: 'removed',
+      engineIds: Array.from(ids),
+    };
     if (medium !== undefined) ev.medium = medium;
     if (groupIdx !== undefined) ev.groupIdx = groupIdx;
     return ev;
   }
   if (w[0] !== 0) return null;
-  const parent = w[1] === null ? null : typeof w[1] === 'bigint' ? BigInt.asUintN(64, w[1]) : typeof w[1] === 'number' && Number.isSafeInteger(w[1]) && w[1] >= 0 ? BigInt(w[1]) : undefined;
+  const parent =
+    w[1] === null
+      ? null
+      : typeof w[1] === 'bigint'
+        ? BigInt.asUintN(64, w[1])
+        : typeof w[1] === 'number' && Number.isSafeInteger(w[1]) && w[1] >= 0
+          ? BigInt(w[1])
+          : undefined;
   const ids = bytesU64(w[2]);
   const tokens = w[3] === null ? null : bytesU32(w[3]);
   const blockSize = w[4];

@@ -135,7 +135,6 @@ function emptyBatch(): DecodedBatch {
   };
 }
 
-
 class RankPipe {
   readonly subject: string;
   readonly key: string;
@@ -180,7 +179,10 @@ class RankPipe {
     if (this.outbox.length >= this.relay.maxPendingItems) {
       // The replicas cannot be told what was dropped; a reset makes them treat the source as cold instead.
       this.stats.overflows++;
-      this.relay.log.error({ source: this.key, pending: this.outbox.length }, `relay backlog of ${this.key} overflowed: publishing a reset`);
+      this.relay.log.error(
+        { source: this.key, pending: this.outbox.length },
+        `relay backlog of ${this.key} overflowed: publishing a reset`,
+      );
       this.outbox = [{ kind: 'reset', reason: 'relay_backlog_overflow' }];
     }
     this.outbox.push(item);
@@ -239,11 +241,14 @@ class RankPipe {
       routerBlockSize: r.blockSize,
       sink: (_key, evs) => this.onEvents(evs),
       onReset: (_key, reason) => this.onReset(reason),
-      replay: inner ? (from, onBatch) => inner(from, (seq, payload) => {
-        const b = decodeBatch(payload, r.flavor);
-        if (b.ok) this.remember(seq, b);
-        onBatch(seq, payload);
-      }) : null,
+      replay: inner
+        ? (from, onBatch) =>
+            inner(from, (seq, payload) => {
+              const b = decodeBatch(payload, r.flavor);
+              if (b.ok) this.remember(seq, b);
+              onBatch(seq, payload);
+            })
+        : null,
       log: r.log,
       // The relay primes the tracker itself (resume after the last published seq, or reset + replay from 0).
       catchUp: false,
@@ -289,7 +294,8 @@ class RankPipe {
     if (replayEp && last && last.seq >= 0n) {
       const res = await requestReplay(replayEp, last.seq, collect, { timeoutMs: r.replayTimeoutMs });
       const first = collected[0];
-      resumed = res.ok && first !== undefined && first.seq === last.seq && first.batch.ok && batchFingerprint(first.batch.events) === last.fp;
+      resumed =
+        res.ok && first !== undefined && first.seq === last.seq && first.batch.ok && batchFingerprint(first.batch.events) === last.fp;
       if (!resumed) collected.length = 0;
     }
     let lastFed: bigint | null = null;
@@ -311,7 +317,8 @@ class RankPipe {
       this.onReset(known ? 'relay_restart' : 'relay_start');
       if (replayEp) {
         const res = await requestReplay(replayEp, 0n, collect, { timeoutMs: r.replayTimeoutMs });
-        if (!res.ok) r.log.warn({ source: this.key, reason: res.reason }, `catch-up replay of ${this.key} failed: starting from live events`);
+        if (!res.ok)
+          r.log.warn({ source: this.key, reason: res.reason }, `catch-up replay of ${this.key} failed: starting from live events`);
       }
       for (const c of collected) feed(c.seq, c.batch);
     }
@@ -348,21 +355,30 @@ class RankPipe {
               continue;
             }
             this.stats.conflicts++;
-            r.log.error({ source: this.key, subject: this.subject }, `another writer published on ${this.subject}: is a second relay running for ${r.workerId}?`);
+            r.log.error(
+              { source: this.key, subject: this.subject },
+              `another writer published on ${this.subject}: is a second relay running for ${r.workerId}?`,
+            );
             this.stats.lastStreamSeq = lastMsg?.seq ?? 0;
             continue;
           }
           if (/max.?payload/i.test(String(err))) {
             // Retrying cannot help; the source's state on the replicas is unknown from here: reset it.
             this.stats.dropped++;
-            r.log.error({ source: this.key, bytes: m.data.byteLength }, `message for ${this.subject} exceeds the NATS max_payload: dropped, source reset`);
+            r.log.error(
+              { source: this.key, bytes: m.data.byteLength },
+              `message for ${this.subject} exceeds the NATS max_payload: dropped, source reset`,
+            );
             this.inflight = null;
             this.outbox.unshift({ kind: 'reset', reason: 'message_too_large' });
             continue;
           }
           this.stats.retries++;
           if (this.stats.retries === 1 || this.stats.retries % 100 === 0) {
-            r.log.warn({ source: this.key, err: String(err), retries: this.stats.retries, pending: this.outbox.length }, `publish to ${this.subject} failed: retrying`);
+            r.log.warn(
+              { source: this.key, err: String(err), retries: this.stats.retries, pending: this.outbox.length },
+              `publish to ${this.subject} failed: retrying`,
+            );
           }
           await sleep(backoff);
           backoff = Math.min(backoff * 2, 2000);
@@ -509,7 +525,13 @@ export class NatsRelay {
   async start(): Promise<void> {
     if (this.opts.nc) this.nc = this.opts.nc;
     else {
-      this.nc = await connect({ servers: this.opts.servers ?? '127.0.0.1:4222', maxReconnectAttempts: -1, reconnectTimeWait: 250, waitOnFirstConnect: true, name: `kvroute-relay-${this.workerId}` });
+      this.nc = await connect({
+        servers: this.opts.servers ?? '127.0.0.1:4222',
+        maxReconnectAttempts: -1,
+        reconnectTimeWait: 250,
+        waitOnFirstConnect: true,
+        name: `kvroute-relay-${this.workerId}`,
+      });
       this.ownsConnection = true;
     }
     this.connected = true;

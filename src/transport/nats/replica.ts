@@ -115,7 +115,9 @@ export function dumpRouter(router: KvRouter): SnapshotSource[] {
   for (const { source, event } of router.index.dump()) {
     const key = keys.get(source);
     if (key === undefined || !event.seqHashes) continue;
-    out.push(shuffled({ sourceKey: key, blockSize: event.blockSize, engineIds: BigUint64Array.from(event.engineIds), seqHashes: event.seqHashes }));
+    out.push(
+      shuffled({ sourceKey: key, blockSize: event.blockSize, engineIds: BigUint64Array.from(event.engineIds), seqHashes: event.seqHashes }),
+    );
   }
   return out;
 }
@@ -162,7 +164,14 @@ export function loadRouter(router: KvRouter, sources: readonly SnapshotSource[])
     router.resetSource(s.sourceKey);
     const r = router.applyEvents(s.sourceKey, [
       // The index only indexes engineIds and reads .length: the typed array saves building a million-element array.
-      { kind: 'stored', parent: null, engineIds: s.engineIds as unknown as bigint[], tokens: null, blockSize: s.blockSize, seqHashes: s.seqHashes },
+      {
+        kind: 'stored',
+        parent: null,
+        engineIds: s.engineIds as unknown as bigint[],
+        tokens: null,
+        blockSize: s.blockSize,
+        seqHashes: s.seqHashes,
+      },
     ]);
     blocks += r.applied;
   }
@@ -245,7 +254,13 @@ export class NatsReplica {
     this.router = router;
     if (this.opts.nc) this.nc = this.opts.nc;
     else {
-      this.nc = await connect({ servers: this.opts.servers ?? '127.0.0.1:4222', maxReconnectAttempts: -1, reconnectTimeWait: 250, waitOnFirstConnect: true, name: `kvroute-replica-${this.replicaId}` });
+      this.nc = await connect({
+        servers: this.opts.servers ?? '127.0.0.1:4222',
+        maxReconnectAttempts: -1,
+        reconnectTimeWait: 250,
+        waitOnFirstConnect: true,
+        name: `kvroute-replica-${this.replicaId}`,
+      });
       this.ownsConnection = true;
     }
     this.connectedSince = this.now();
@@ -262,9 +277,11 @@ export class NatsReplica {
     }
     void this.watchRegistry();
 
-    this.loadSub = this.nc.subscribe(LOAD_SUBJECT, { callback: (err, msg) => {
+    this.loadSub = this.nc.subscribe(LOAD_SUBJECT, {
+      callback: (err, msg) => {
         if (!err) this.onLoad(msg.data);
-      } });
+      },
+    });
     const info = await this.plane.jsm.streams.info(STREAM);
     this.targetSeq = info.state.last_seq;
     this.consumeLoop = this.consume();
@@ -276,7 +293,9 @@ export class NatsReplica {
     const snapEvery = this.opts.snapshotIntervalMs ?? 30_000;
     if (snapEvery > 0) {
       // Jitter so replicas started together do not race for the lease on every tick.
-      this.timers.push(setInterval(() => void this.maybeSnapshot(), snapEvery + Math.floor(Math.random() * Math.min(1000, snapEvery / 10))));
+      this.timers.push(
+        setInterval(() => void this.maybeSnapshot(), snapEvery + Math.floor(Math.random() * Math.min(1000, snapEvery / 10))),
+      );
     }
     for (const t of this.timers) t.unref();
     await this.ready;
@@ -414,8 +433,7 @@ export class NatsReplica {
             // The watch starts with the current values: the same staleness rule as the initial load.
             if (!e.isUpdate && this.staleAtStart(e.key, e.value, this.opts.workerTtlMs ?? 30_000)) continue;
             this.onRegistry(e.key, e.value);
-          }
-          else this.dropWorker(e.key, 'deregistered');
+          } else this.dropWorker(e.key, 'deregistered');
         }
       } catch (err) {
         if (this.closed) return;
@@ -446,12 +464,21 @@ export class NatsReplica {
     const known = this.workers.get(key);
     this.workers.set(key, { entry, seenAt: this.now() });
     if (entry.blockSize !== this.router.blockSize && !known) {
-      this.log.error({ worker: key, relay: entry.blockSize, router: this.router.blockSize }, `relay of ${key} runs with another block size`);
+      this.log.error(
+        { worker: key, relay: entry.blockSize, router: this.router.blockSize },
+        `relay of ${key} runs with another block size`,
+      );
     }
     for (const dp of entry.dpRanks) {
-      if (!this.router.hasSource(sourceKey({ workerId: key, dpRank: dp }))) this.router.addSource({ workerId: key, dpRank: dp }, { mode: 'events' });
+      if (!this.router.hasSource(sourceKey({ workerId: key, dpRank: dp })))
+        this.router.addSource({ workerId: key, dpRank: dp }, { mode: 'events' });
     }
-    if (!known || known.entry.url !== entry.url || known.entry.model !== entry.model || known.entry.dpRanks.join() !== entry.dpRanks.join()) {
+    if (
+      !known ||
+      known.entry.url !== entry.url ||
+      known.entry.model !== entry.model ||
+      known.entry.dpRanks.join() !== entry.dpRanks.join()
+    ) {
       this.opts.onWorker?.(key, entry);
     }
   }
@@ -525,7 +552,12 @@ export class NatsReplica {
     switch (m.kind) {
       case 'added': {
         const id = `${m.replica}/${m.requestId}`;
-        if (this.router.trackRemote({ requestId: id, sourceKey: m.sourceKey, seqHashes: m.seqHashes, promptTokens: m.promptTokens, overlapBlocks: m.overlapBlocks }, now)) {
+        if (
+          this.router.trackRemote(
+            { requestId: id, sourceKey: m.sourceKey, seqHashes: m.seqHashes, promptTokens: m.promptTokens, overlapBlocks: m.overlapBlocks },
+            now,
+          )
+        ) {
           peer.requests.add(id);
           this.c.remoteAdded++;
         }
@@ -652,7 +684,11 @@ export class NatsReplica {
       if (prevSeq >= streamSeq) return { streamSeq: prevSeq, bytes: 0, ms: 0, dumpMs, purged: 0 }; // a peer was further along
       await this.plane.snapshots.putBlob(
         // 512 KiB chunks (default 128 KiB): fewer messages for a starting replica to fetch.
-        { name: SNAPSHOT_NAME, description: JSON.stringify({ streamSeq, replica: this.replicaId }), options: { max_chunk_size: 512 * 1024 } },
+        {
+          name: SNAPSHOT_NAME,
+          description: JSON.stringify({ streamSeq, replica: this.replicaId }),
+          options: { max_chunk_size: 512 * 1024 },
+        },
         bytes,
       );
       this.lastSnapshotSeq = streamSeq;
