@@ -177,7 +177,7 @@ async function main(): Promise<void> {
   const fi = measureFind(idx, shortPrompts, longPrompt, 20_000, 2_000);
   await gcLog.settle();
   const idxWindows: Array<readonly [number, number]> = [...r.windows, fi.window];
-  rows['KvIndex'] = {
+  rows.KvIndex = {
     applyTok: fmt(r.blockEvents / (r.applyMs / 1000)),
     memPair: fmt(r.heapDelta / w.finalPairs, 1),
     memBlock: fmt(r.heapDelta / w.distinctFinalBlocks, 1),
@@ -202,11 +202,11 @@ async function main(): Promise<void> {
   // ---- KvIndex, precomputed seqHashes (index cost alone).
   r = await build(w, () => new KvIndex({ blockSize: BLOCK }), false);
   await gcLog.settle();
-  rows['KvIndex'].applySeq = fmt(r.blockEvents / (r.applyMs / 1000));
-  rows['KvIndex'].applySeqCpu = fmt(r.blockEvents / ((r.applyMs * r.cpuShare) / 1000));
+  rows.KvIndex.applySeq = fmt(r.blockEvents / (r.applyMs / 1000));
+  rows.KvIndex.applySeqCpu = fmt(r.blockEvents / ((r.applyMs * r.cpuShare) / 1000));
   idxWindows.push(...r.windows);
-  rows['KvIndex'].gc = gcSummary(idxWindows);
-  log(`KvIndex (seqHashes): ${rows['KvIndex'].applySeq} block events/s, rejected ${r.rejected}, cpu/wall ${fmt(r.cpuShare * 100)}%`);
+  rows.KvIndex.gc = gcSummary(idxWindows);
+  log(`KvIndex (seqHashes): ${rows.KvIndex.applySeq} block events/s, rejected ${r.rejected}, cpu/wall ${fmt(r.cpuShare * 100)}%`);
   r = null as unknown as BuildResult;
 
   if (BASELINE) {
@@ -226,7 +226,7 @@ async function main(): Promise<void> {
     const fn = measureFind(naive, shortPrompts, longPrompt, 5_000, 300);
     await gcLog.settle();
     const naiveWindows: Array<readonly [number, number]> = [...r.windows, fn.window];
-    rows['naive'] = {
+    rows.naive = {
       applyTok: fmt(r.blockEvents / (r.applyMs / 1000)),
       memPair: fmt(r.heapDelta / w.finalPairs, 1),
       memBlock: fmt(r.heapDelta / w.distinctFinalBlocks, 1),
@@ -247,11 +247,11 @@ async function main(): Promise<void> {
     r = null as unknown as BuildResult;
     r = await build(w, () => new NaiveIndex(BLOCK), false);
     await gcLog.settle();
-    rows['naive'].applySeq = fmt(r.blockEvents / (r.applyMs / 1000));
-    rows['naive'].applySeqCpu = fmt(r.blockEvents / ((r.applyMs * r.cpuShare) / 1000));
+    rows.naive.applySeq = fmt(r.blockEvents / (r.applyMs / 1000));
+    rows.naive.applySeqCpu = fmt(r.blockEvents / ((r.applyMs * r.cpuShare) / 1000));
     naiveWindows.push(...r.windows);
-    rows['naive'].gc = gcSummary(naiveWindows);
-    log(`naive (seqHashes): ${rows['naive'].applySeq} block events/s, rejected ${r.rejected}, cpu/wall ${fmt(r.cpuShare * 100)}%`);
+    rows.naive.gc = gcSummary(naiveWindows);
+    log(`naive (seqHashes): ${rows.naive.applySeq} block events/s, rejected ${r.rejected}, cpu/wall ${fmt(r.cpuShare * 100)}%`);
     r = null as unknown as BuildResult;
   }
   await gcLog.settle();
@@ -286,16 +286,16 @@ async function main(): Promise<void> {
   console.log('| metric | KvIndex | naive baseline | target |');
   console.log('|---|---:|---:|---|');
   for (const [label, key, target] of metrics) {
-    console.log(`| ${label} | ${rows['KvIndex'][key]} | ${rows['naive']?.[key] ?? '-'} | ${target} |`);
+    console.log(`| ${label} | ${rows.KvIndex[key]} | ${rows.naive?.[key] ?? '-'} | ${target} |`);
   }
-  if (rows['naive']) {
-    const ratio = (k: string) => (Number(rows['KvIndex'][k].replace(/,/g, '')) / Number(rows['naive'][k].replace(/,/g, ''))).toFixed(2);
+  if (rows.naive) {
+    const ratio = (k: string) => (Number(rows.KvIndex[k].replace(/,/g, '')) / Number(rows.naive[k].replace(/,/g, ''))).toFixed(2);
     console.log(
       `\napply speed-up vs baseline (wall): ${ratio('applyTok')}x with hashing, ${ratio('applySeq')}x with precomputed hashes; ` +
         `per CPU-second: ${ratio('applyTokCpu')}x, ${ratio('applySeqCpu')}x`,
     );
   }
-  console.log(`KvIndex own accounting of its arrays: ${rows['KvIndex'].own}`);
+  console.log(`KvIndex own accounting of its arrays: ${rows.KvIndex.own}`);
   console.log(`longest GC pause anywhere in the run (incl. untimed event generation and the baseline): ${fmt(anyGc, 2)} ms`);
   log(`done (load average ${loadavg()[0].toFixed(2)})`);
 }

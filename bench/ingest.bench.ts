@@ -212,7 +212,7 @@ function inProcess(format: WireFormat, payloads: Buffer[], events: number, block
     onReset: () => {},
   });
   c = process.cpuUsage();
-  payloads.forEach((p, i) => ingest.onFrames(vllmFrames(TOPIC, BigInt(i), p)));
+  for (let i = 0; i < payloads.length; i++) ingest.onFrames(vllmFrames(TOPIC, BigInt(i), payloads[i]));
   c = process.cpuUsage(c);
   const fullMs = (c.user + c.system) / 1000;
   return {

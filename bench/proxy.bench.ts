@@ -184,7 +184,9 @@ async function main(): Promise<void> {
   const streams = arg('streams', 1000);
   const passArgs = ['--chunks', String(arg('chunks', 16)), '--chunk-delay-ms', String(arg('chunk-delay-ms', 10))];
   const children: ChildProcess[] = [];
-  const cleanup = () => children.forEach((c) => c.kill('SIGTERM'));
+  const cleanup = () => {
+    for (const c of children) c.kill('SIGTERM');
+  };
   process.on('exit', cleanup);
   try {
     const up = spawn(process.execPath, ['--import', 'tsx', self, '--role', 'upstream', ...passArgs], { stdio: ['ignore', 'pipe', 'pipe'] });
@@ -236,7 +238,7 @@ async function main(): Promise<void> {
     const ratios = direct.map((d, i) => proxied[i].rps / d.rps).sort((a, b) => a - b);
     console.log(
       `throughput through kvroute: ${((100 * avg(proxied)) / avg(direct)).toFixed(1)}% of direct (mean of runs); ` +
-        `per-round ratios ${ratios.map((r) => (100 * r).toFixed(1) + '%').join(', ')}`,
+        `per-round ratios ${ratios.map((r) => `${(100 * r).toFixed(1)}%`).join(', ')}`,
     );
 
     const agent = new Agent({ connections: 1 });

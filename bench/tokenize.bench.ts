@@ -36,7 +36,7 @@ function text(words: number): string {
     const r = rnd(100);
     if (r < 3) out.push(`\n\n\`\`\`ts\nconst v${rnd(1000)} = await fetch("/api/${WORDS[rnd(WORDS.length)]}");\n\`\`\`\n`);
     else if (r < 8) out.push(String(rnd(100000)));
-    else if (r < 12) out.push(WORDS[rnd(WORDS.length)] + '.');
+    else if (r < 12) out.push(`${WORDS[rnd(WORDS.length)]}.`);
     else if (r < 14) out.push(`${WORDS[rnd(WORDS.length)]}_${WORDS[rnd(WORDS.length)]}()`);
     else out.push(WORDS[rnd(WORDS.length)]);
   }
@@ -47,7 +47,7 @@ type Msg = { role: string; content: string };
 
 /** A conversation of `turns` user/assistant pairs after a system prompt, ending with a user message. */
 function conversation(turns: number, userWords: number, assistantWords: number, systemWords = 2500): Msg[] {
-  const msgs: Msg[] = [{ role: 'system', content: 'You are a coding agent. ' + text(systemWords) }];
+  const msgs: Msg[] = [{ role: 'system', content: `You are a coding agent. ${text(systemWords)}` }];
   for (let t = 0; t < turns; t++) {
     msgs.push({ role: 'user', content: text(userWords) });
     msgs.push({ role: 'assistant', content: text(assistantWords) });
@@ -83,7 +83,7 @@ async function main(): Promise<void> {
       `(checked against Jinja every ${tok.chat.verifyEvery}th render)`,
   );
   // The same template through @huggingface/jinja only, for the cold baseline and the comparison.
-  const jinja = new ChatTemplate(JSON.parse(readFileSync(QWEN3_DIR + 'tokenizer_config.json', 'utf8')), { fastPath: false });
+  const jinja = new ChatTemplate(JSON.parse(readFileSync(`${QWEN3_DIR}tokenizer_config.json`, 'utf8')), { fastPath: false });
 
   // ---------------------------------------------------------------- 1. 100k-token conversation, turn by turn
   const full = conversation(60, 250, 600);

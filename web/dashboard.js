@@ -1,9 +1,10 @@
 // kvroute live dashboard: polls /dashboard/data.json (cumulative totals), keeps the history in the page, and draws
 // each quantity over a trailing window on plain <canvas> (no libraries, no CDN).
 // URL knobs: ?interval=<ms> between polls (default 2000), ?window=<s> trailing window for rates (default 30).
+// biome-ignore lint/suspicious/noRedundantUseStrict: loaded as a classic <script> (web/dashboard.html), not a module
 'use strict';
 
-(function () {
+(() => {
   const params = new URLSearchParams(location.search);
   const INTERVAL_MS = Math.max(100, Number(params.get('interval')) || 2000);
   const WINDOW_S = Math.max(1, Number(params.get('window')) || 30);
@@ -26,7 +27,10 @@
 
   function series(chartId, name, colorIndex) {
     let c = charts.get(chartId);
-    if (!c) charts.set(chartId, (c = new Map()));
+    if (!c) {
+      c = new Map();
+      charts.set(chartId, c);
+    }
     let s = c.get(name);
     if (!s) {
       s = { color: PALETTE[(colorIndex ?? c.size) % PALETTE.length], points: [] };
@@ -50,12 +54,6 @@
       else break;
     }
     return base;
-  }
-
-  function sumWorkers(d, pick) {
-    let n = 0;
-    for (const w of Object.values(d.workers)) n += pick(w) || 0;
-    return n;
   }
 
   function ingest(d) {
@@ -176,21 +174,21 @@
 
   function niceMax(v) {
     if (!(v > 0)) return 1;
-    const p = Math.pow(10, Math.floor(Math.log10(v)));
+    const p = 10 ** Math.floor(Math.log10(v));
     for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
     return 10 * p;
   }
 
   function shortNum(v) {
-    if (Math.abs(v) >= 1e6) return (v / 1e6).toFixed(1) + 'M';
-    if (Math.abs(v) >= 1e3) return (v / 1e3).toFixed(1) + 'k';
+    if (Math.abs(v) >= 1e6) return `${(v / 1e6).toFixed(1)}M`;
+    if (Math.abs(v) >= 1e3) return `${(v / 1e3).toFixed(1)}k`;
     return Number.isInteger(v) ? String(v) : v.toFixed(2);
   }
 
   /** Draws one chart; returns the number of finite points drawn (exposed for tests as data-points). */
   function draw(id) {
-    const canvas = document.getElementById('chart-' + id);
-    const legend = document.getElementById('legend-' + id);
+    const canvas = document.getElementById(`chart-${id}`);
+    const legend = document.getElementById(`legend-${id}`);
     if (!canvas) return 0;
     const dpr = window.devicePixelRatio || 1;
     const cssW = canvas.clientWidth || 400;
@@ -288,7 +286,7 @@
       sw.style.background = s.color;
       const b = document.createElement('b');
       b.textContent = last === null ? '–' : isRatio ? last.toFixed(3) : shortNum(last);
-      item.append(sw, document.createTextNode(name + ' '), b);
+      item.append(sw, document.createTextNode(`${name} `), b);
       legendItems.push(item);
     }
     if (legend) legend.replaceChildren(...legendItems);
@@ -307,7 +305,7 @@
       status.classList.remove('error');
     } catch (err) {
       debug.errors++;
-      debug.lastError = String(err && err.message ? err.message : err);
+      debug.lastError = String(err?.message ? err.message : err);
       status.textContent = `cannot reach the router: ${debug.lastError} (retrying)`;
       status.classList.add('error');
     } finally {

@@ -51,6 +51,6 @@ export function registerHash(program: Command): void {
       }
       const h = computeBlockHashes(tokens, opts.blockSize, hashSeed(opts.lora, opts.salt));
       const dec = (xs: BigUint64Array) => Array.from(xs, (x) => x.toString());
-      process.stdout.write(JSON.stringify({ local: dec(h.local), seq: dec(h.seq) }) + '\n');
+      process.stdout.write(`${JSON.stringify({ local: dec(h.local), seq: dec(h.seq) })}\n`);
     });
 }

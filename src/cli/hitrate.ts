@@ -114,7 +114,7 @@ export function registerHitrate(program: Command): void {
           engines = targets.map((t, i) => ({ name: t.name, from: first[i + 1], to: second[i + 1] }));
         }
         const report = buildReport({ from, to, windowS, engines, prefix: opts.prefix });
-        process.stdout.write(opts.json ? reportJson(report) + '\n' : formatReport(report));
+        process.stdout.write(opts.json ? `${reportJson(report)}\n` : formatReport(report));
       } catch (err) {
         return fail((err as Error).message, err instanceof ScrapeError ? 2 : 1);
       }

@@ -1,6 +1,6 @@
 /** `kvroute mocker`: a mock vLLM engine (OpenAI API, prefix cache, vLLM KV events over ZMQ, vLLM metrics) without a GPU. */
-import { Command, InvalidArgumentError, Option } from 'commander';
-import { startMocker, type MockerOptions } from '../mocker/server.ts';
+import { type Command, InvalidArgumentError, Option } from 'commander';
+import { startMocker, type MockerHandle, type MockerOptions } from '../mocker/server.ts';
 import { DEFAULT_FIRST_PRINCIPLES, DEFAULT_POLYNOMIAL, type TimingModel } from '../mocker/engine/index.ts';
 
 function int(name: string, min = 1) {
@@ -287,7 +287,7 @@ export function registerMocker(program: Command): void {
         '      --zmq-endpoint tcp://*:5567 --replay-endpoint tcp://*:5568 --data-parallel-size 2 --hash-type bytes',
     )
     .action(async (o: Opts) => {
-      let handle;
+      let handle: MockerHandle;
       try {
         handle = await startMocker(mockerOptionsFrom(o));
       } catch (err) {
@@ -296,14 +296,14 @@ export function registerMocker(program: Command): void {
         return;
       }
       process.stdout.write(
-        JSON.stringify({
+        `${JSON.stringify({
           url: handle.url,
           model: o.model,
           zmqEndpoints: handle.zmqEndpoints,
           replayEndpoints: handle.replayEndpoints,
           blockSize: o.blockSize,
           numGpuBlocks: o.numGpuBlocks,
-        }) + '\n',
+        })}\n`,
       );
       const stop = () => {
         void handle.close().then(() => process.exit(0));

@@ -1,8 +1,8 @@
 /** `kvroute serve`: the OpenAI-compatible KV-aware router. */
-import { Command, Option } from 'commander';
+import { type Command, Option } from 'commander';
 import pino from 'pino';
 import { POLICY_NAMES } from '../core/scheduling/policies.ts';
-import { startServer } from '../server/app.ts';
+import { type RunningServer, startServer } from '../server/app.ts';
 import { DEFAULTS, loadConfigFile, parseWorkerSpec, type ServeConfig, type WorkerSpec } from '../server/config.ts';
 import { LOG_REDACT_PATHS, parseRateLimit } from '../server/security/index.ts';
 import { bundledTokenizerDir, startEmbeddedFleet, type EmbeddedFleet } from '../server/embedded.ts';
@@ -394,7 +394,7 @@ export function registerServe(program: Command): void {
       }
       // With --nats, /health says 503 until the snapshot is loaded and the event stream caught up.
       let natsReady = natsUrls.length === 0;
-      let server;
+      let server: RunningServer;
       try {
         server = await startServer(config, { logger: log, readiness: () => natsReady });
       } catch (err) {

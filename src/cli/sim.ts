@@ -9,7 +9,7 @@ import { POLICY_NAMES } from '../core/scheduling/policies.ts';
 import { runFleet, type FleetOptions, type FleetResult } from '../sim/fleet.ts';
 import { computeOracle } from '../sim/oracle.ts';
 import { buildReport, formatReport, renderSvg } from '../sim/report.ts';
-import { scenario, SCENARIOS } from '../sim/scenarios.ts';
+import { type Scenario, scenario, SCENARIOS } from '../sim/scenarios.ts';
 import { TraceHasher } from '../sim/traces/expand.ts';
 import type { TraceRequest } from '../sim/traces/format.ts';
 import { loadTrace } from '../sim/traces/reader.ts';
@@ -141,7 +141,7 @@ export function registerSim(program: Command): void {
       const chosen = o.policy === undefined ? undefined : parsePolicies(o.policy);
       if (typeof chosen === 'string') return fail(chosen);
       if (o.scenario) {
-        let sc;
+        let sc: Scenario;
         try {
           sc = scenario(o.scenario, o.seed);
         } catch (err) {
@@ -241,10 +241,10 @@ export function registerSim(program: Command): void {
         computeOracle(requests),
         results,
       );
-      process.stdout.write(formatReport(report) + '\n');
-      if (o.scenario === 'seed') process.stdout.write(seedVerdict(results[0]) + '\n');
+      process.stdout.write(`${formatReport(report)}\n`);
+      if (o.scenario === 'seed') process.stdout.write(`${seedVerdict(results[0])}\n`);
       try {
-        if (o.json) writeFileSync(o.json, JSON.stringify(report, null, 2) + '\n');
+        if (o.json) writeFileSync(o.json, `${JSON.stringify(report, null, 2)}\n`);
         if (o.plot) writeFileSync(o.plot, renderSvg(report));
       } catch (err) {
         return fail(`cannot write output: ${(err as Error).message}`, 1);

@@ -94,7 +94,7 @@ async function writeTrace(path: string, requests: readonly TraceRequest[]): Prom
     let i = 0;
     const pump = () => {
       while (i < requests.length) {
-        if (!out.write(formatTraceLine(requests[i++]) + '\n')) {
+        if (!out.write(`${formatTraceLine(requests[i++])}\n`)) {
           out.once('drain', pump);
           return;
         }
@@ -165,7 +165,7 @@ export function registerTrace(program: Command): void {
     .action(async (file: string) => {
       try {
         const { requests, stats } = await loadTrace(file);
-        process.stdout.write(formatTraceStats(traceStats(requests)) + '\n');
+        process.stdout.write(`${formatTraceStats(traceStats(requests))}\n`);
         if (stats.badLines > 0) {
           const reasons = [...stats.bad].map(([k, v]) => `${k} ${v} (first at line ${stats.firstBadLine.get(k)})`).join(', ');
           process.stdout.write(`bad lines skipped: ${stats.badLines}: ${reasons}\n`);

@@ -283,7 +283,6 @@ function readExtraKeys(
         last = k;
       } else if (k === null || k === undefined || typeof k === 'number' || typeof k === 'bigint') {
         // Older vLLM put the LoRA's integer id here (lora_int_id); the adapter is already in lora_id / lora_name.
-        continue;
       } else {
         // (identifier, offset) tuples, prompt-embeds digests (bytes), anything else: not hashable from tokens.
         return { salt, firstUnhashable: j };
@@ -374,7 +373,7 @@ function decodeEvent(raw: unknown, flavor: EngineFlavor, sink: Sink): void {
       case 'BlockStored':
         // vLLM: [tag, hashes, parent, tokens, block_size, lora_id, medium, lora_name, extra_keys, group_idx, kind]
         // SGLang: [tag, hashes, parent, tokens, block_size, lora_id, medium, metadata]
-        return pushStored(
+        pushStored(
           {
             hashes: raw[1],
             parent: raw[2],
@@ -390,8 +389,10 @@ function decodeEvent(raw: unknown, flavor: EngineFlavor, sink: Sink): void {
           flavor,
           sink,
         );
+        return;
       case 'BlockRemoved':
-        return pushRemoved(raw[1], raw[2], raw[3], sink);
+        pushRemoved(raw[1], raw[2], raw[3], sink);
+        return;
       case 'AllBlocksCleared':
         sink.events.push({ kind: 'cleared' });
         return;
@@ -408,7 +409,7 @@ function decodeEvent(raw: unknown, flavor: EngineFlavor, sink: Sink): void {
     }
     switch (tag) {
       case 'BlockStored':
-        return pushStored(
+        pushStored(
           {
             hashes: raw.block_hashes,
             parent: raw.parent_block_hash,
@@ -424,8 +425,10 @@ function decodeEvent(raw: unknown, flavor: EngineFlavor, sink: Sink): void {
           flavor,
           sink,
         );
+        return;
       case 'BlockRemoved':
-        return pushRemoved(raw.block_hashes, raw.medium, raw.group_idx, sink);
+        pushRemoved(raw.block_hashes, raw.medium, raw.group_idx, sink);
+        return;
       case 'AllBlocksCleared':
         sink.events.push({ kind: 'cleared' });
         return;

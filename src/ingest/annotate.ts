@@ -141,7 +141,10 @@ export class SourceAnnotator {
     if (ev.medium !== undefined && ev.medium !== GPU_MEDIUM) {
       this.counters.offloadEvents++;
       let tier = this.tiers.get(ev.medium);
-      if (!tier) this.tiers.set(ev.medium, (tier = new Set()));
+      if (!tier) {
+        tier = new Set();
+        this.tiers.set(ev.medium, tier);
+      }
       for (const id of ev.engineIds) tier.add(id);
       return ev;
     }

@@ -107,7 +107,10 @@ export function snapshotOf(samples: readonly Sample[], prefix?: string): Snapsho
   const workers = new Map<string, HitCounters>();
   const workerOf = (name: string) => {
     let w = workers.get(name);
-    if (!w) workers.set(name, (w = emptyCounters()));
+    if (!w) {
+      w = emptyCounters();
+      workers.set(name, w);
+    }
     return w;
   };
   for (const s of samples) {
@@ -420,7 +423,7 @@ export function formatReport(r: HitRateReport): string {
   for (const n of r.notes) out.push(`note: ${n}`);
   out.push('');
   out.push(`verdict: ${r.verdict}`);
-  return out.join('\n') + '\n';
+  return `${out.join('\n')}\n`;
 }
 
 /** JSON form: NaN (no data) becomes null so the output is valid JSON and never reads as 0. */

@@ -480,7 +480,10 @@ export class RouterMetrics {
 
   private eventTotals(sourceKey: string): EventTotals {
     let t = this.events.get(sourceKey);
-    if (!t) this.events.set(sourceKey, (t = emptyEventTotals()));
+    if (!t) {
+      t = emptyEventTotals();
+      this.events.set(sourceKey, t);
+    }
     return t;
   }
 
@@ -520,7 +523,10 @@ export class RouterMetrics {
    */
   ingestTotals(sourceKey: string, totals: IngestCounts & { blind?: boolean }): void {
     let last = this.lastIngestTotals.get(sourceKey);
-    if (!last) this.lastIngestTotals.set(sourceKey, (last = {}));
+    if (!last) {
+      last = {};
+      this.lastIngestTotals.set(sourceKey, last);
+    }
     const inc: IngestCounts & { blind?: boolean } = { blind: totals.blind };
     for (const k of ['gaps', 'replays', 'resets', 'decodeErrors'] as const) {
       const now = totals[k];

@@ -200,7 +200,10 @@ export function engineReadings(
     if (!Number.isFinite(s.value)) continue;
     const key = keyOf(s.labels);
     let r = out.get(key);
-    if (!r) out.set(key, (r = {}));
+    if (!r) {
+      r = {};
+      out.set(key, r);
+    }
     if (s.name === VLLM_QUERIES) r.queries = (r.queries ?? 0) + s.value;
     else if (s.name === VLLM_HITS) r.hits = (r.hits ?? 0) + s.value;
     else r.hitRateGauge = s.value; // one gauge per rank; a model_name split would be unusual and is last-wins
@@ -308,7 +311,10 @@ export class EngineMirror {
 
   private targetState(workerId: string): MirrorTargetState {
     let st = this.targets.get(workerId);
-    if (!st) this.targets.set(workerId, (st = { up: false, scrapes: 0, failures: 0, flavour: 'none' }));
+    if (!st) {
+      st = { up: false, scrapes: 0, failures: 0, flavour: 'none' };
+      this.targets.set(workerId, st);
+    }
     return st;
   }
 
@@ -348,7 +354,10 @@ export class EngineMirror {
     st.flavour = 'none';
     for (const [key, r] of readings) {
       let src = this.sources.get(key);
-      if (!src) this.sources.set(key, (src = { queries: 0, hits: 0, resets: 0 }));
+      if (!src) {
+        src = { queries: 0, hits: 0, resets: 0 };
+        this.sources.set(key, src);
+      }
       const last = this.lastRaw.get(key) ?? {};
       if (r.queries !== undefined || r.hits !== undefined) st.flavour = 'vllm';
       else if (r.hitRateGauge !== undefined && st.flavour === 'none') st.flavour = 'sglang';

@@ -282,7 +282,7 @@ function buildMetrics(reg: Registry, model: string, ranks: Rank[], cfg: EngineCo
     labelNames: ['model_name', 'engine', 'block_size', 'num_gpu_blocks', 'enable_prefix_caching', 'cache_dtype', 'num_cpu_blocks'],
     registers: [reg],
     collect() {
-      each((r, l) =>
+      each((_r, l) =>
         this.set(
           {
             ...l,
@@ -462,7 +462,12 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
     if (batch.length === 0) {
       r.idle = true;
       // Not expected (a lone request always fits), but never leave queued work without a next wake.
-      if (r.engine.hasWork() && !r.timer) r.timer = setTimeout(() => ((r.timer = null), kick(r)), 1);
+      if (r.engine.hasWork() && !r.timer) {
+        r.timer = setTimeout(() => {
+          r.timer = null;
+          kick(r);
+        }, 1);
+      }
       return;
     }
     r.idle = false;
@@ -533,7 +538,7 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
         const id = msg[0];
         // DEALER sends [empty, start_seq]; tolerate a missing empty delimiter.
         const startFrame = msg.length >= 3 ? msg[2] : msg[1];
-        if (!startFrame || startFrame.length !== 8) continue;
+        if (startFrame?.length !== 8) continue;
         const start = startFrame.readBigUInt64BE(0);
         const snapshot = r.buffer.slice();
         for (const b of snapshot) {
@@ -565,7 +570,7 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
         }
       } else if (first) {
         const { sockets, endpoints } = await bindRanks(() => new zmq.Publisher({ linger: 0, sendHighWaterMark: 100_000 }), ep!, dp);
-        sockets.forEach((s, i) => (ranks[i].pub = s));
+        for (const [i, s] of sockets.entries()) ranks[i].pub = s;
         pubEndpoints = endpoints;
       } else {
         for (let i = 0; i < dp; i++) {
@@ -579,7 +584,7 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
       const make = () => new zmq.Router({ linger: 0 });
       if (first) {
         const { sockets, endpoints } = await bindRanks(make, options.replayEndpoint ?? `tcp://${host}:*`, dp);
-        sockets.forEach((s, i) => (ranks[i].replay = s));
+        for (const [i, s] of sockets.entries()) ranks[i].replay = s;
         replayEndpoints = endpoints;
       } else {
         for (let i = 0; i < dp; i++) {

@@ -40,7 +40,7 @@ import {
   type Security,
 } from './security/index.ts';
 import { readUsage, SseRelay } from './sse.ts';
-import { Worker, WorkerSet } from './workers.ts';
+import { type Worker, WorkerSet } from './workers.ts';
 
 export interface RunningServer {
   readonly url: string;

@@ -109,7 +109,7 @@ export class SseRelay {
       out.push(`data: ${JSON.stringify(parsed)}`);
       this.events++;
     }
-    return out.length === 0 ? EMPTY : Buffer.from(out.join('\n\n') + '\n\n');
+    return out.length === 0 ? EMPTY : Buffer.from(`${out.join('\n\n')}\n\n`);
   }
 }
 

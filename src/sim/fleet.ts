@@ -176,7 +176,7 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
     workers.push({ engine, key, busy: false, pendingStep: null, inFlight: [], prefillTokens: 0, requests: 0, windowPrefill: new Map() });
   }
   const workerOf = new Map<string, number>();
-  workers.forEach((w, i) => workerOf.set(w.key, i));
+  for (const [i, w] of workers.entries()) workerOf.set(w.key, i);
 
   const hasher = opts.hasher && opts.hasher.blockSize === bs ? opts.hasher : new TraceHasher(bs);
   const heap = new EventHeap();
@@ -200,7 +200,6 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
   let lastFinish = 0;
   let outputTokens = 0;
   let promptTokensTotal = 0;
-  let engineCachedSum = 0;
   let engineRatioSum = 0;
   let engineReports = 0;
   let nextSweep = 5_000;
@@ -302,7 +301,6 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
           finished++;
           lastFinish = now;
           promptTokensTotal += out.promptTokens;
-          engineCachedSum += out.cachedTokens;
           engineRatioSum += out.cachedTokens / out.promptTokens;
           engineReports++;
         }

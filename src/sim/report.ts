@@ -144,7 +144,7 @@ function axis(p: Panel, max: number, ticks: number, fmt: (v: number) => string):
 
 function niceMax(v: number): number {
   if (!(v > 0)) return 1;
-  const e = Math.pow(10, Math.floor(Math.log10(v)));
+  const e = 10 ** Math.floor(Math.log10(v));
   for (const m of [1, 2, 2.5, 5, 10]) if (m * e >= v) return m * e;
   return 10 * e;
 }
@@ -199,7 +199,7 @@ function lines(p: Panel, title: string, xs: number[], series: { name: string; va
     axis(p, max, 4, (v) => `${Math.round(v)}`),
   ];
   const xAt = (i: number) => p.x + (xs.length <= 1 ? p.w / 2 : (p.w * i) / (xs.length - 1));
-  xs.forEach((x, i) => out.push(`<text x="${xAt(i).toFixed(1)}" y="${p.y + p.h + 16}" text-anchor="middle">x${x}</text>`));
+  for (const [i, x] of xs.entries()) out.push(`<text x="${xAt(i).toFixed(1)}" y="${p.y + p.h + 16}" text-anchor="middle">x${x}</text>`);
   series.forEach((s, k) => {
     const pts = s.values
       .map((v, i) => (Number.isFinite(v) ? `${xAt(i).toFixed(1)},${(p.y + p.h - Math.min(p.h, (p.h * v) / max)).toFixed(1)}` : null))
@@ -271,5 +271,5 @@ export function renderSvg(rep: SimReport): string {
     parts.push(lines({ x: 80, y: 700, w: 840, h: 220 }, 'TTFT p90 (ms) against load (rate scale)', rates, series, max));
   }
   parts.push('</svg>');
-  return parts.join('\n') + '\n';
+  return `${parts.join('\n')}\n`;
 }

@@ -74,7 +74,7 @@ export const qwen3: FastRenderer = (input) => {
   const tools = input.tools && input.tools.length > 0 ? input.tools : null;
   if (tools) {
     out.push('<|im_start|>system\n');
-    if (msgs[0].role === 'system') out.push(msgs[0].content + '\n\n');
+    if (msgs[0].role === 'system') out.push(`${msgs[0].content}\n\n`);
     out.push(
       '# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>',
     );
@@ -87,7 +87,7 @@ export const qwen3: FastRenderer = (input) => {
       '\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n',
     );
   } else if (msgs[0].role === 'system') {
-    out.push('<|im_start|>system\n' + msgs[0].content + '<|im_end|>\n');
+    out.push(`<|im_start|>system\n${msgs[0].content}<|im_end|>\n`);
   }
   let lastQuery = msgs.length - 1;
   for (let i = msgs.length - 1; i >= 0; i--) {
@@ -101,7 +101,7 @@ export const qwen3: FastRenderer = (input) => {
     const m = msgs[i];
     const last = i === msgs.length - 1;
     if (m.role === 'user' || (m.role === 'system' && i > 0)) {
-      out.push('<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n');
+      out.push(`<|im_start|>${m.role}\n${m.content}<|im_end|>\n`);
     } else if (m.role === 'assistant') {
       let content = m.content;
       let reasoning = '';
@@ -115,9 +115,9 @@ export const qwen3: FastRenderer = (input) => {
         reasoning = lstripNl(before[before.length - 1]);
       }
       if (i > lastQuery && (last || reasoning)) {
-        out.push('<|im_start|>' + m.role + '\n<think>\n' + stripNl(reasoning) + '\n</think>\n\n' + lstripNl(content));
+        out.push(`<|im_start|>${m.role}\n<think>\n${stripNl(reasoning)}\n</think>\n\n${lstripNl(content)}`);
       } else {
-        out.push('<|im_start|>' + m.role + '\n' + content);
+        out.push(`<|im_start|>${m.role}\n${content}`);
       }
       const calls = m.tool_calls;
       if (calls !== undefined && calls !== null) {

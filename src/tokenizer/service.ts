@@ -5,7 +5,7 @@
  */
 import { Worker } from 'node:worker_threads';
 import type { ChatPromptInput } from './chat.ts';
-import { LocalTokenizer, type LocalTokenizerOptions } from './local.ts';
+import type { LocalTokenizer, LocalTokenizerOptions } from './local.ts';
 import type { ThreadReply, ThreadRequest } from './thread.ts';
 
 export interface TokenizerService {

@@ -285,7 +285,9 @@ describe('U64Map walk order', () => {
     const big = new U64Map(16);
     for (let i = 0; i < n; i++) big.set((rng() * 2 ** 32) >>> 0, (rng() * 2 ** 32) >>> 0, i);
     const walk: number[] = [];
-    big.forEach((lo, hi, v) => walk.push(lo, hi, v));
+    big.forEach((lo, hi, v) => {
+      walk.push(lo, hi, v);
+    });
     expect(walk.length).toBe(3 * n); // every entry exactly once
     expect(new Set(walk.filter((_, i) => i % 3 === 2)).size).toBe(n);
     // The same keys in a shuffled order: the cost a walk should match.

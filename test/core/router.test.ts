@@ -379,7 +379,9 @@ describe('reuse ledger', () => {
           const l = new ReuseLedger();
           const ns = rows.map(([n]) => n);
           const hs = rows.map(([n, f]) => Math.floor(f * n) / n);
-          rows.forEach(([n], i) => l.routed('w', n, Math.round(hs[i] * n), 0));
+          rows.forEach(([n], i) => {
+            l.routed('w', n, Math.round(hs[i] * n), 0);
+          });
           const v = l.view();
           const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
           const mn = mean(ns);

@@ -88,7 +88,7 @@ describe('ingestion against 4 mock engines', () => {
         const body: Record<string, unknown> = { model: 'm', prompt: prefix.concat(suffix), max_tokens: 1 + Math.floor(rnd() * 30) };
         if (rnd() < 0.25) body.cache_salt = `tenant-${Math.floor(rnd() * 2)}`;
         reqs.push(
-          fetch(m.url + '/v1/completions', {
+          fetch(`${m.url}/v1/completions`, {
             method: 'POST',
             headers: { 'content-type': 'application/json' },
             body: JSON.stringify(body),
@@ -148,7 +148,7 @@ describe('ingestion against 4 mock engines', () => {
       const rnd = mulberry32(9);
       for (let i = 0; i < 24; i++) {
         const prompt = Array.from({ length: 40 + Math.floor(rnd() * 80) }, (_, k) => (k < 32 ? 7 + k : Math.floor(rnd() * 30000)));
-        const res = await fetch(m.url + '/v1/completions', {
+        const res = await fetch(`${m.url}/v1/completions`, {
           method: 'POST',
           headers: { 'content-type': 'application/json', 'x-data-parallel-rank': String(i % 2) },
           body: JSON.stringify({ model: 'm', prompt, max_tokens: 4 }),

@@ -4,7 +4,7 @@ import { SequenceTracker, type TrackerOutput } from '../../src/ingest/sequence-t
 
 const ticketOf = (out: TrackerOutput<string>[]): { ticket: number } => {
   const r = out.find((o) => o.kind === 'replay');
-  if (!r || r.kind !== 'replay') throw new Error('expected a replay request');
+  if (r?.kind !== 'replay') throw new Error('expected a replay request');
   return r;
 };
 

@@ -1,6 +1,6 @@
 import { existsSync } from 'node:fs';
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
-import { createServer, type IncomingMessage, type Server } from 'node:http';
+import { createServer, type IncomingMessage } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -14,6 +14,23 @@ import { RouterMetrics } from '../../src/metrics/registry.ts';
 import { EngineMirror } from '../../src/metrics/scrape.ts';
 
 const BS = 16;
+
+// What page.evaluate callbacks see in the page. The test's tsconfig has no DOM types, hence these minimal shapes.
+/** `window.__kvrouteDashboard`, the debug object web/dashboard.js exposes for tests. */
+interface DashboardDebug {
+  polls: number;
+  pointsDrawn: Record<string, number>;
+}
+interface PageGlobals {
+  __kvrouteDashboard?: DashboardDebug;
+  document: {
+    getElementById(id: string): {
+      width: number;
+      height: number;
+      getContext(kind: '2d'): { getImageData(x: number, y: number, w: number, h: number): { data: Uint8ClampedArray } };
+    };
+  };
+}
 const ARTIFACTS = fileURLToPath(new URL('../../test-artifacts/', import.meta.url));
 
 async function body(req: IncomingMessage): Promise<unknown> {
@@ -200,25 +217,27 @@ describe('live dashboard in headless chromium', () => {
       page.on('requestfailed', (r) => problems.push(`requestfailed: ${r.url()}`));
 
       await page.goto(`${base}/dashboard?interval=200&window=5`);
-      await page.waitForFunction(() => (globalThis as any).__kvrouteDashboard?.polls >= 1, null, { timeout: 5_000 });
+      await page.waitForFunction(() => ((globalThis as unknown as PageGlobals).__kvrouteDashboard?.polls ?? 0) >= 1, null, {
+        timeout: 5_000,
+      });
       for (let round = 0; round < 4; round++) {
         await traffic(round);
         await page.waitForTimeout(100);
       }
-      await page.waitForFunction(() => (globalThis as any).__kvrouteDashboard.polls >= 6, null, { timeout: 5_000 });
+      await page.waitForFunction(() => (globalThis as unknown as PageGlobals).__kvrouteDashboard!.polls >= 6, null, { timeout: 5_000 });
 
       await mkdir(ARTIFACTS, { recursive: true });
       await page.screenshot({ path: join(ARTIFACTS, 'dashboard.png'), fullPage: true });
       expect(existsSync(join(ARTIFACTS, 'dashboard.png'))).toBe(true);
 
-      const points = (await page.evaluate(() => (globalThis as any).__kvrouteDashboard.pointsDrawn)) as Record<string, number>;
+      const points = await page.evaluate(() => (globalThis as unknown as PageGlobals).__kvrouteDashboard!.pointsDrawn);
       for (const chart of ['hitrate', 'prefill', 'active', 'cache', 'events', 'overhead', 'rps']) {
         expect(points[chart], chart).toBeGreaterThan(0);
       }
       // The hit-rate chart really has a line in the first series' colour (#4fc3f7), not just axes.
       const lit = await page.evaluate(() => {
-        // Runs in the page; the test's tsconfig has no DOM types, hence the casts.
-        const c = (globalThis as any).document.getElementById('chart-hitrate');
+        // Runs in the page (see PageGlobals).
+        const c = (globalThis as unknown as PageGlobals).document.getElementById('chart-hitrate');
         const px: Uint8ClampedArray = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
         let n = 0;
         for (let i = 0; i < px.length; i += 4) {
@@ -230,11 +249,13 @@ describe('live dashboard in headless chromium', () => {
 
       // The tiles agree with the router's own ledger.
       const v = shell.router.ledger.view();
+      // biome-ignore lint/performance/useDomNodeTextContent: Playwright Locator method, asserts the rendered text
       const tiles = await page.locator('#tiles').innerText();
       expect(tiles).toContain(v.predicted.blockWeighted.toFixed(3));
       expect(tiles).toContain(v.predicted.requestWeighted.toFixed(3));
       expect(v.predicted.blockWeighted - v.predicted.requestWeighted).toBeGreaterThan(0.2); // skewed traffic: the trap
       expect(await page.locator('#workers tbody tr').count()).toBe(3);
+      // biome-ignore lint/performance/useDomNodeTextContent: Playwright Locator method, asserts the rendered text
       const legend = await page.locator('#legend-hitrate').innerText();
       expect(legend).toContain('engine hits/queries');
 

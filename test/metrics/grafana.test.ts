@@ -39,7 +39,11 @@ function exportedNames(): Set<string> {
 }
 
 /** Grafana's variables, interpolated the way Grafana would with an empty prefix and all workers. */
-const interpolate = (expr: string) => expr.replaceAll('${prefix}', '').replaceAll('$__rate_interval', '1m').replaceAll('$worker', '.*');
+const interpolate = (expr: string) =>
+  expr
+    .replaceAll(/\$\{prefix\}/g, '')
+    .replaceAll('$__rate_interval', '1m')
+    .replaceAll('$worker', '.*');
 
 /** Metric names in a PromQL expression: identifiers that are not functions, keywords, labels or label values. */
 function metricNames(expr: string): string[] {

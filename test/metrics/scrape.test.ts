@@ -22,7 +22,7 @@ function vllmMetrics(byRank: Array<{ queries: number; hits: number }>): string {
     ...byRank.map((r, i) => `vllm:prefix_cache_hits_total{engine="${i}",model_name="Qwen/Qwen3-8B"} ${r.hits.toFixed(1)}`),
     'vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-8B"} 0.25',
   ];
-  return lines.join('\n') + '\n';
+  return `${lines.join('\n')}\n`;
 }
 
 const servers: Server[] = [];

@@ -51,12 +51,12 @@ describe('kvroute mocker CLI', () => {
     const info = JSON.parse(await firstLine);
     expect(info.zmqEndpoints).toHaveLength(2);
     expect(info.replayEndpoints).toEqual([]);
-    const r = await fetch(info.url + '/v1/completions', {
+    const r = await fetch(`${info.url}/v1/completions`, {
       method: 'POST',
       body: JSON.stringify({ model: 'cli-model', prompt: Array.from({ length: 70 }, (_, i) => i), max_tokens: 2 }),
     });
     expect(r.status).toBe(200);
-    const metrics = await (await fetch(info.url + '/metrics')).text();
+    const metrics = await (await fetch(`${info.url}/metrics`)).text();
     expect(metrics).toMatch(/vllm:cache_config_info\{[^}]*block_size="32"/);
     child.kill('SIGTERM');
     const [code] = await once(child, 'exit');

@@ -447,7 +447,9 @@ describe('MockEngine', () => {
                 const out = new BigUint64Array(ev.engineIds.length);
                 hashBlocksInto(ev.tokens, 0, ev.tokens.length, bs, hashSeed(ev.loraName, ev.cacheSalt), parentSeq, out, 0);
                 expect([...out]).toEqual(ev.routerSeqHashes);
-                ev.engineIds.forEach((id, k) => engineToSeq.set(id, out[k]));
+                ev.engineIds.forEach((id, k) => {
+                  engineToSeq.set(id, out[k]);
+                });
               } else {
                 for (const id of ev.engineIds) engineToSeq.delete(id);
               }

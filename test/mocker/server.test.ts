@@ -68,6 +68,25 @@ async function post(m: MockerHandle, path: string, body: unknown, headers: Recor
   return { status: res.status, text, json: () => JSON.parse(text) };
 }
 
+/** The parts of OpenAI-style response bodies and stream chunks these tests read. */
+interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+  prompt_tokens_details: { cached_tokens: number };
+}
+interface CompletionChunk {
+  object: string;
+  id: string;
+  model: string;
+  choices: Array<{ index: number; token_ids: number[]; finish_reason: string | null }>;
+  usage?: Usage;
+}
+interface ChatChunk {
+  object: string;
+  choices: Array<{ delta: { role?: string; content?: string }; finish_reason: string | null }>;
+}
+
 function sseChunks(text: string): unknown[] {
   expect(text.endsWith('data: [DONE]\n\n')).toBe(true);
   const parts = text.split('\n\n').filter((p) => p.length > 0);
@@ -320,7 +339,7 @@ describe('mocker KV events over real ZMQ, decoded independently', () => {
     expect(readBatch(got[0].payload).rank).toBe(1);
     expect(m.engines[1].counters.promptTokens).toBe(20);
     expect(m.engines[0].counters.promptTokens).toBe(0);
-    const metrics = await (await fetch(m.url + '/metrics')).text();
+    const metrics = await (await fetch(`${m.url}/metrics`)).text();
     expect(metrics).toContain('vllm:prompt_tokens_total{model_name="mock-model",engine="1"} 20');
     expect(metrics).toContain('vllm:prompt_tokens_total{model_name="mock-model",engine="0"} 0');
     expect((await post(m, '/v1/completions', { prompt: [1], max_tokens: 1 }, { 'x-data-parallel-rank': '2' })).status).toBe(400);
@@ -328,7 +347,7 @@ describe('mocker KV events over real ZMQ, decoded independently', () => {
 });
 
 function metricValue(text: string, name: string): number {
-  const line = text.split('\n').find((l) => l.startsWith(name + '{') || l.startsWith(name + ' '));
+  const line = text.split('\n').find((l) => l.startsWith(`${name}{`) || l.startsWith(`${name} `));
   if (!line) throw new Error(`metric ${name} not found`);
   return Number(line.slice(line.lastIndexOf(' ') + 1));
 }
@@ -348,7 +367,7 @@ describe('mocker HTTP API', () => {
         post(m, '/v1/completions', { prompt: tokens, max_tokens: 1 + (i % 9), stream, stream_options: { include_usage: true } }).then(
           (r) => {
             expect(r.status).toBe(200);
-            const usage = stream ? (sseChunks(r.text).at(-1) as { usage: Record<string, any> }).usage : r.json().usage;
+            const usage = stream ? (sseChunks(r.text).at(-1) as { usage: Usage }).usage : r.json().usage;
             expect(usage.prompt_tokens).toBe(tokens.length);
             prompt += usage.prompt_tokens;
             cached += usage.prompt_tokens_details.cached_tokens;
@@ -359,7 +378,7 @@ describe('mocker HTTP API', () => {
       if (i % 4 === 3) await Promise.all(reqs.splice(0));
     }
     await Promise.all(reqs);
-    const text = await (await fetch(m.url + '/metrics')).text();
+    const text = await (await fetch(`${m.url}/metrics`)).text();
     expect(cached).toBeGreaterThan(0);
     expect(metricValue(text, 'vllm:prefix_cache_hits_total')).toBe(cached);
     expect(metricValue(text, 'vllm:prefix_cache_queries_total')).toBe(prompt);
@@ -377,7 +396,7 @@ describe('mocker HTTP API', () => {
     await post(m, '/v1/completions', { prompt: rep, max_tokens: 1 });
     const again = (await post(m, '/v1/completions', { prompt: rep, max_tokens: 1 })).json();
     expect(again.usage.prompt_tokens_details.cached_tokens).toBe(48);
-    const load = (await (await fetch(m.url + '/load')).json()) as Record<string, number>;
+    const load = (await (await fetch(`${m.url}/load`)).json()) as Record<string, number>;
     expect(load).toMatchObject({ running: 0, waiting: 0, kv_usage: 0 });
   });
 
@@ -387,8 +406,10 @@ describe('mocker HTTP API', () => {
     const outs = await Promise.all(
       prompts.map((p) => post(m, '/v1/completions', { prompt: p, max_tokens: 40, return_token_ids: true }).then((r) => r.json())),
     );
-    outs.forEach((o, i) => expect(o.choices[0].token_ids).toEqual(expectedOutputTokens({ promptTokens: prompts[i] }, 40, 32000)));
-    const text = await (await fetch(m.url + '/metrics')).text();
+    outs.forEach((o, i) => {
+      expect(o.choices[0].token_ids).toEqual(expectedOutputTokens({ promptTokens: prompts[i] }, 40, 32000));
+    });
+    const text = await (await fetch(`${m.url}/metrics`)).text();
     expect(metricValue(text, 'vllm:num_preemptions_total')).toBeGreaterThan(0);
     expect(metricValue(text, 'vllm:generation_tokens_total')).toBe(240);
   });
@@ -405,7 +426,7 @@ describe('mocker HTTP API', () => {
       return_token_ids: true,
     });
     expect(c.status).toBe(200);
-    const chunks = sseChunks(c.text) as any[];
+    const chunks = sseChunks(c.text) as CompletionChunk[];
     expect(chunks).toHaveLength(6);
     for (const ch of chunks) {
       expect(ch.object).toBe('text_completion');
@@ -428,7 +449,7 @@ describe('mocker HTTP API', () => {
       max_tokens: 3,
       stream: true,
     });
-    const cc = sseChunks(chat.text) as any[];
+    const cc = sseChunks(chat.text) as ChatChunk[];
     expect(cc).toHaveLength(4); // role chunk + 3 content chunks, no usage chunk without include_usage
     expect(cc[0].object).toBe('chat.completion.chunk');
     expect(cc[0].choices[0].delta).toEqual({ role: 'assistant', content: '' });
@@ -447,17 +468,17 @@ describe('mocker HTTP API', () => {
     expect(plain.usage.prompt_tokens_details.cached_tokens).toBeGreaterThanOrEqual(0);
 
     const multi = (await post(m, '/v1/completions', { prompt: ['a b c', 'd e f g'], max_tokens: 2 })).json();
-    expect(multi.choices.map((x: any) => x.index)).toEqual([0, 1]);
+    expect(multi.choices.map((x: { index: number }) => x.index)).toEqual([0, 1]);
     expect(multi.usage.prompt_tokens).toBe(7);
     expect(multi.usage.completion_tokens).toBe(4);
 
-    const models = (await (await fetch(m.url + '/v1/models')).json()) as any;
+    const models = (await (await fetch(`${m.url}/v1/models`)).json()) as { data: Array<Record<string, unknown>> };
     expect(models.data[0]).toMatchObject({ id: 'mock-model', object: 'model', max_model_len: 32768 });
     const tok = (await post(m, '/tokenize', { prompt: 'hello world' })).json();
     expect(tok).toMatchObject({ count: 2, max_model_len: 32768 });
     const detok = (await post(m, '/detokenize', { tokens: tok.tokens })).json();
     expect(detok.prompt).toBe('hello world');
-    expect((await fetch(m.url + '/health')).status).toBe(200);
+    expect((await fetch(`${m.url}/health`)).status).toBe(200);
   });
 
   it('answers bad input with OpenAI-style errors and keeps serving', async () => {
@@ -521,12 +542,12 @@ describe('mocker faults', () => {
     expect((await post(m, '/fault', { failRequestFraction: 2 })).status).toBe(400);
     // Unhealthy: the process answers, the engine does not.
     expect((await post(m, '/fault', { unhealthy: true })).status).toBe(200);
-    expect((await fetch(m.url + '/health')).status).toBe(503);
+    expect((await fetch(`${m.url}/health`)).status).toBe(503);
     const dead = await post(m, '/v1/completions', { prompt: 'x', max_tokens: 1 });
     expect(dead.status).toBe(503);
     expect(dead.json().error.code).toBe(503);
     await post(m, '/fault', { unhealthy: false });
-    expect((await fetch(m.url + '/health')).status).toBe(200);
+    expect((await fetch(`${m.url}/health`)).status).toBe(200);
   });
 
   it('dies after N requests and restarts in place: seq back to 0, cache cleared, no AllBlocksCleared', async () => {
@@ -538,12 +559,12 @@ describe('mocker faults', () => {
     expect(second.usage.prompt_tokens_details.cached_tokens).toBe(32);
     await expect(post(m, '/v1/completions', { prompt: p, max_tokens: 1 })).rejects.toThrow();
     expect(m.dead).toBe(true);
-    await expect(fetch(m.url + '/health')).rejects.toThrow();
+    await expect(fetch(`${m.url}/health`)).rejects.toThrow();
     await sub.waitFor(1);
     m.faults.dieAfterRequests = null;
     await m.restart();
     expect(m.dead).toBe(false);
-    expect((await fetch(m.url + '/health')).status).toBe(200);
+    expect((await fetch(`${m.url}/health`)).status).toBe(200);
     const sub2 = await subscribe(m.zmqEndpoint!);
     const after = (await post(m, '/v1/completions', { prompt: p, max_tokens: 1 })).json();
     expect(after.usage.prompt_tokens_details.cached_tokens).toBe(0);
@@ -559,7 +580,7 @@ describe('mocker faults', () => {
   it('a client that goes away frees its request; a restart drops in-flight streams', async () => {
     const m = await mocker({ speedup: 1 });
     const ac = new AbortController();
-    const res = await fetch(m.url + '/v1/completions', {
+    const res = await fetch(`${m.url}/v1/completions`, {
       method: 'POST',
       body: JSON.stringify({ prompt: range(20, 1), max_tokens: 5000, stream: true }),
       signal: ac.signal,
@@ -573,7 +594,7 @@ describe('mocker faults', () => {
     expect(m.engine.counters.requestsAborted).toBe(1);
     expect(m.engine.kvUsage).toBe(0);
 
-    const res2 = await fetch(m.url + '/v1/completions', {
+    const res2 = await fetch(`${m.url}/v1/completions`, {
       method: 'POST',
       body: JSON.stringify({ prompt: range(20, 1), max_tokens: 5000, stream: true }),
     });
@@ -600,7 +621,7 @@ describe('mocker faults', () => {
     m.faults.slowdown = 5;
     const slow = await run();
     expect(slow).toBeGreaterThan(fast * 2.5);
-    const text = await (await fetch(m.url + '/metrics')).text();
+    const text = await (await fetch(`${m.url}/metrics`)).text();
     // Two requests: TTFT = one prefill step of 10 tokens (16.65 ms modelled), then 5x that.
     const sum = metricValue(text, 'vllm:time_to_first_token_seconds_sum');
     expect(sum).toBeGreaterThan(0.9 * 6 * 0.01665);

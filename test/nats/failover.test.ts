@@ -27,7 +27,7 @@ import {
 
 const nats = new NatsServer();
 const engines: Engine[] = [];
-let replicas: Array<{ router: KvRouter; replica: NatsReplica }> = [];
+const replicas: Array<{ router: KvRouter; replica: NatsReplica }> = [];
 const gen = new PromptGen(99);
 
 async function expectConverged(what: string): Promise<void> {

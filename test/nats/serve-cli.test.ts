@@ -44,7 +44,7 @@ afterAll(async () => {
 
 describe('kvroute serve --nats', () => {
   it('discovers relayed workers, becomes ready, and routes by their KV events', async () => {
-    mockers.forEach((m, i) =>
+    mockers.forEach((m, i) => {
       spawnCli([
         'relay',
         '--nats',
@@ -61,8 +61,8 @@ describe('kvroute serve --nats', () => {
         'mock-model',
         '--log-level',
         'warn',
-      ]),
-    );
+      ]);
+    });
     const port = await freePort();
     const url = `http://127.0.0.1:${port}`;
     const router = spawnCli([

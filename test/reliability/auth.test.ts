@@ -91,7 +91,7 @@ describe('admin API and worker host allow-list', () => {
   it('needs its bearer token (an API key is not an admin token)', async () => {
     expect((await admin('GET', '/admin/workers', undefined, null)).status).toBe(401);
     expect((await admin('GET', '/admin/workers', undefined, KEY)).status).toBe(401);
-    expect((await admin('GET', '/admin/workers', undefined, ADMIN + 'x')).status).toBe(401);
+    expect((await admin('GET', '/admin/workers', undefined, `${ADMIN}x`)).status).toBe(401);
     expect((await admin('GET', '/admin/workers')).status).toBe(200);
   });
 

@@ -35,7 +35,7 @@ describe('API keys', () => {
     expect(set.match(K2)).toBe(fingerprint(K2));
     expect(set.match(K1)).toMatch(/^key-[0-9a-f]{8}$/);
     expect(set.match(K1)).not.toContain(K1.slice(3));
-    expect(set.match(K1 + 'x')).toBeNull();
+    expect(set.match(`${K1}x`)).toBeNull();
     expect(set.match('')).toBeNull();
     expect(set.match(K1.slice(0, -1))).toBeNull();
   });

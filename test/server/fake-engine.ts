@@ -62,7 +62,7 @@ export class FakeEngine {
     let key = '';
     let stillHitting = true;
     for (let b = 0; (b + 1) * bs <= tokens.length; b++) {
-      key += tokens.slice(b * bs, (b + 1) * bs).join(',') + '|';
+      key += `${tokens.slice(b * bs, (b + 1) * bs).join(',')}|`;
       if (stillHitting && this.blocks.has(key)) hit++;
       else stillHitting = false;
       this.blocks.add(key);

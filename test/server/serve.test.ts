@@ -425,7 +425,7 @@ describe('operations', () => {
   it('refuses deeply nested request bodies with 400, never a 500', async () => {
     const engines = await fleet(1);
     const s = await router(engines);
-    const content = '['.repeat(20_000) + '"x"' + ']'.repeat(20_000); // JSON.stringify itself would overflow on it
+    const content = `${'['.repeat(20_000)}"x"${']'.repeat(20_000)}`; // JSON.stringify itself would overflow on it
     const r = await post(`${s.url}/v1/chat/completions`, `{"model":"fake-model","messages":[{"role":"user","content":${content}}]}`);
     expect(r.status).toBe(400);
     expect((await json(r)).error.code).toBe('nesting_too_deep');

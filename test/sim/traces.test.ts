@@ -40,7 +40,7 @@ describe('Mooncake reader', () => {
 
   it('round-trips the format', () => {
     const r: TraceRequest = { timestamp: 12, inputLength: 1030, outputLength: 9, hashIds: [0, 5, 9] };
-    expect(parseTraceText(formatTraceLine(r) + '\n')).toEqual([r]);
+    expect(parseTraceText(`${formatTraceLine(r)}\n`)).toEqual([r]);
   });
 });
 

@@ -86,10 +86,10 @@ describe('LocalTokenizer (Qwen3 real files)', () => {
     // As a client sends it: each request ends with a user message; the answer comes back in the next request.
     const turn1 = [
       { role: 'system', content: 'You are terse.' },
-      { role: 'user', content: long + 'first' },
+      { role: 'user', content: `${long}first` },
     ];
     tok.encodeChat({ messages: turn1 });
-    const turn2 = [...turn1, { role: 'assistant', content: 'ok ' + long }, { role: 'user', content: 'second' }];
+    const turn2 = [...turn1, { role: 'assistant', content: `ok ${long}` }, { role: 'user', content: 'second' }];
     tok.encodeChat({ messages: turn2 });
     const turn3 = [...turn2, { role: 'assistant', content: 'fine' }, { role: 'user', content: 'and now something new' }];
     const ids = tok.encodeChat({ messages: turn3 });

@@ -117,7 +117,7 @@ export async function loadApiKeys(src: KeySources): Promise<LoadedKeys> {
     const st = await stat(src.file);
     if ((st.mode & 0o004) !== 0) warnings.push(`API key file ${src.file} is readable by every user (chmod 600 it)`);
     const fromFile = splitKeys(text);
-    fromFile.forEach((k, i) => checkKey(k, `${src.file} (key ${i + 1})`));
+    for (const [i, k] of fromFile.entries()) checkKey(k, `${src.file} (key ${i + 1})`);
     if (fromFile.length === 0) throw new Error(`--api-key-file ${src.file} holds no key`);
     keys.push(...fromFile);
   }

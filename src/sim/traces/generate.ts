@@ -140,7 +140,7 @@ export function generateSkewed(opts: Partial<SkewedOptions> = {}): TraceRequest[
         const ctx = new Context(ids, agents[rng.int(0, agents.length - 1)]);
         ctx.append(rng.logNormal(4000, 0.6));
         let t = start;
-        for (let turn = 0; t < horizon; turn++) {
+        while (t < horizon) {
           const output = rng.logNormal(150, 0.8);
           out.push(request(t, ctx, output));
           if (rng.chance(1 / o.meanTurns)) break;

@@ -639,7 +639,7 @@ export class NatsReplica {
     const value = new TextEncoder().encode(JSON.stringify({ holder: this.replicaId, until: now + ttl }));
     try {
       const e = await this.plane.lease.get(LEASE_KEY);
-      if (!e || e.operation !== 'PUT') {
+      if (e?.operation !== 'PUT') {
         await this.plane.lease.create(LEASE_KEY, value);
         return true;
       }
