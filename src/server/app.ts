@@ -24,7 +24,8 @@ import { LocalTokenizer } from '../tokenizer/local.ts';
 import { inlineTokenizer, threadTokenizer, type TokenizerService } from '../tokenizer/service.ts';
 import { RemoteTokenizer } from '../tokenizer/remote.ts';
 import { workerFromUnknown, type ServeConfig, type WorkerSpec } from './config.ts';
-import { badRequest, HttpError, sendError, sseErrorFrame } from './openai/errors.ts';
+import { readBody, sendJson } from '../http/body.ts';
+import { badRequest, HttpError, sendError, sseErrorFrame } from '../http/errors.ts';
 import { parseRequest, upstreamBody, type Endpoint, type ParsedRequest } from './openai/validate.ts';
 import { RequestQueue } from './queue.ts';
 import {
@@ -81,46 +82,6 @@ interface RecentDecision {
 }
 
 const RECENT_MAX = 64;
-
-/** Reads the request body up to `limit` bytes; 413 beyond (checked on Content-Length first, then while reading). */
-function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
-  const declared = Number(req.headers['content-length']);
-  if (Number.isFinite(declared) && declared > limit) {
-    return Promise.reject(tooLarge(limit));
-  }
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let size = 0;
-    req.on('data', (c: Buffer) => {
-      size += c.length;
-      if (size > limit) {
-        req.removeAllListeners('data');
-        req.resume();
-        reject(tooLarge(limit));
-        return;
-      }
-      chunks.push(c);
-    });
-    req.on('end', () => resolve(Buffer.concat(chunks, size)));
-    req.on('error', reject);
-    // A client that hangs up mid-body: settle instead of leaving the handler waiting for an end that never comes.
-    req.on('close', () => {
-      if (!req.complete) reject(badRequest('the client closed the connection before sending the whole body', null, 'incomplete_body'));
-    });
-  });
-}
-
-function tooLarge(limit: number): HttpError {
-  return new HttpError(413, `request body exceeds the limit of ${limit} bytes`, 'invalid_request_error', 'request_too_large', null, {
-    connection: 'close',
-  });
-}
-
-function sendJson(res: ServerResponse, status: number, value: unknown, headers: Record<string, string> = {}): void {
-  const body = JSON.stringify(value, (_k, v) => (typeof v === 'bigint' ? v.toString() : v));
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), ...headers });
-  res.end(body);
-}
 
 /** Hop-by-hop and length headers are the proxy's own business; everything else from the engine passes through. */
 const SKIP_RESPONSE_HEADERS = new Set(['connection', 'keep-alive', 'transfer-encoding', 'content-length', 'date', 'server']);

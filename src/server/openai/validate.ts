@@ -4,7 +4,7 @@
  */
 import type { KvKnobs } from '../../core/types.ts';
 import type { ChatPromptInput } from '../../tokenizer/chat.ts';
-import { badRequest } from './errors.ts';
+import { badRequest } from '../../http/errors.ts';
 
 export type Endpoint = 'chat' | 'completions';
 

@@ -3,7 +3,7 @@
  * throws it as its HttpError (`toHttpError`) or writes it directly (`sendDenial`), so the wiring is one line.
  */
 import type { ServerResponse } from 'node:http';
-import { errorBody, HttpError, type ErrorType } from '../openai/errors.ts';
+import { type ErrorCode, type ErrorType, errorBody, HttpError } from '../../http/errors.ts';
 
 /** OpenAI answers 401 with `invalid_request_error`/`invalid_api_key`, 429 with `rate_limit_exceeded`. */
 export type DenialType = 'authentication_error' | 'permission_error' | 'rate_limit_error' | 'invalid_request_error';
@@ -12,16 +12,16 @@ export interface Denial {
   readonly status: 401 | 403 | 408 | 429;
   readonly message: string;
   readonly type: DenialType;
-  readonly code: string;
+  readonly code: ErrorCode;
   readonly headers: Readonly<Record<string, string>>;
 }
 
-export function unauthorized(message: string, code = 'invalid_api_key'): Denial {
+export function unauthorized(message: string, code: ErrorCode = 'invalid_api_key'): Denial {
   // WWW-Authenticate tells generic HTTP clients which scheme to use (RFC 9110 requires it on 401).
   return { status: 401, message, type: 'authentication_error', code, headers: { 'www-authenticate': 'Bearer' } };
 }
 
-export function forbidden(message: string, code = 'forbidden'): Denial {
+export function forbidden(message: string, code: ErrorCode = 'forbidden'): Denial {
   return { status: 403, message, type: 'permission_error', code, headers: {} };
 }
 
@@ -37,7 +37,6 @@ export function denialBody(d: Denial): string {
 
 /** The server's own error class, so `throw toHttpError(d)` goes through its usual error path. */
 export function toHttpError(d: Denial): HttpError {
-  // ErrorType in openai/errors.ts does not list permission/rate-limit types; the body is a plain string either way.
   return new HttpError(d.status, d.message, d.type as ErrorType, d.code, null, { ...d.headers });
 }
 

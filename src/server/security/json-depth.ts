@@ -3,7 +3,7 @@
  * JSON.stringify (the proxy re-serialises the body) and template rendering recurse, and overflow the stack at a few
  * thousand levels: a 100 kB body of `[[[[...` then costs a 500. Real requests nest < 20 levels.
  */
-import { badRequest, type HttpError } from '../openai/errors.ts';
+import { badRequest, type HttpError } from '../../http/errors.ts';
 
 export const DEFAULT_MAX_JSON_DEPTH = 64;
 
