@@ -47,10 +47,11 @@ interface SourceState {
   /** Router blocks per engine block (engine block size / router block size), learned from events; 0 until then. */
   split: number;
   /**
-   * Extra engine ids naming a slot this source already held (rare: engines dedupe identical prefixes), so that
-   * removing one of them keeps the block until the last is gone.
+   * Extra references to router blocks this source already held when another of its engine blocks covered them too
+   * (rare: a second engine id for the same prefix, or, with engine blocks of several router blocks, two engine blocks
+   * sharing their first router blocks), so that removing one engine block keeps what the others still cover.
    */
-  aliases: Map<number, number> | null;
+  refs: Map<number, number> | null;
 }
 
 const NONE = -1;
@@ -131,7 +132,7 @@ export class KvIndex {
     }
     if (this.sources[source]) return;
     this.holders.fleet(source);
-    this.sources[source] = { engineIds: new U64Map(64, this.capped), cachedBlocks: 0, split: 0, aliases: null };
+    this.sources[source] = { engineIds: new U64Map(64, this.capped), cachedBlocks: 0, split: 0, refs: null };
     if (this.scores.length <= source) {
       const n = Math.max(source + 1, 2 * this.scores.length);
       this.scores = new Int32Array(n);
@@ -280,23 +281,19 @@ export class KvIndex {
 
   /**
    * Makes `source` hold router blocks view[from .. from + split) (one engine block) chained below `prev`; returns the
-   * last block's slot. A second engine id for blocks the source already holds becomes an alias.
+   * last block's slot. A block the source already holds gains a reference instead.
    */
   private holdChain(source: number, state: SourceState, view: Int32Array, from: number, split: number, prev: number): number {
     let slot = prev;
-    let alreadyHeld = true;
     for (let i = from; i < from + split; i++) {
       slot = this.slotFor(view[2 * i], view[2 * i + 1], slot);
       if (i === from) this.chainFirst = slot;
       // slotFor may have grown `rec`: read it afterwards.
-      if (this.holders.add(this.rec, slot * REC + HOLDERS, source)) {
-        state.cachedBlocks++;
-        alreadyHeld = false;
+      if (this.holders.add(this.rec, slot * REC + HOLDERS, source)) state.cachedBlocks++;
+      else {
+        state.refs ??= new Map();
+        state.refs.set(slot, (state.refs.get(slot) ?? 0) + 1);
       }
-    }
-    if (alreadyHeld) {
-      state.aliases ??= new Map();
-      state.aliases.set(slot, (state.aliases.get(slot) ?? 0) + 1);
     }
     return slot;
   }
@@ -368,23 +365,25 @@ export class KvIndex {
     state.engineIds.deleteAt(pos);
     // A mapping to a block the cap pruned since is stale: the block is already gone.
     if (this.gen && this.gen[slot] !== generation) return false;
-    const aliases = state.aliases?.get(slot) ?? 0;
-    if (aliases > 0) {
-      if (aliases === 1) state.aliases!.delete(slot);
-      else state.aliases!.set(slot, aliases - 1);
-      return true;
-    }
     this.dropChain(source, state, slot, state.split);
     return true;
   }
 
-  /** Removes the source from `slot` and up to `split - 1` ancestors (the router blocks of one engine block). */
+  /**
+   * Removes the source from `slot` and up to `split - 1` ancestors (the router blocks of one engine block), except
+   * from blocks another of its engine blocks still covers (a reference is dropped instead).
+   */
   private dropChain(source: number, state: SourceState, slot: number, split: number): void {
     let s = slot;
     for (let m = 0; m < split && s !== NONE; m++) {
       const next = this.rec[s * REC + PARENT] - 1;
       // Past the first block the slot comes from a parent link, which may be stale (its block freed since).
-      if (m === 0 || this.isLive(s)) {
+      if (m > 0 && !this.isLive(s)) break;
+      const refs = state.refs?.get(s) ?? 0;
+      if (refs > 0) {
+        if (refs === 1) state.refs!.delete(s);
+        else state.refs!.set(s, refs - 1);
+      } else {
         const at = s * REC + HOLDERS;
         if (this.holders.remove(this.rec, at, source)) {
           state.cachedBlocks--;
@@ -407,7 +406,7 @@ export class KvIndex {
       const slot = map.valueAt(positions[j]);
       if (!this.gen || this.gen[slot] === map.auxAt(positions[j])) slots[k++] = slot;
     }
-    state.aliases = null;
+    state.refs = null;
     for (let j = 0; j < k; j++) this.dropChain(source, state, slots[j], state.split);
     map.clear();
     state.cachedBlocks = 0;
@@ -682,7 +681,9 @@ export class KvIndex {
     const k = this.holders.collect(this.rec, slot * REC + HOLDERS, this.ids);
     for (let j = 0; j < k; j++) {
       const state = this.sources[this.ids[j]];
-      if (state) state.cachedBlocks--;
+      if (!state) continue;
+      state.cachedBlocks--;
+      state.refs?.delete(slot); // the slot will be reused: a reference left here would protect another block
     }
     this.prunedBlocks++;
     this.freeSlot(slot);
