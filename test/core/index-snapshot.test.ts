@@ -153,7 +153,9 @@ describe('KvRouter.snapshot / restore', () => {
     restored.addSource({ workerId: 'a', dpRank: 0 });
     restored.addSource({ workerId: 'b', dpRank: 0 });
     expect(restored.restore(snap.data()).rejected).toEqual([]);
-    seqs.forEach((s, i) => expect(overlapByKey(restored, s)).toEqual(before[i]));
+    seqs.forEach((s, i) => {
+      expect(overlapByKey(restored, s)).toEqual(before[i]);
+    });
     expect(restored.index.findMatches(new BigUint64Array([123n]))[1]).toBe(0);
   });
 
