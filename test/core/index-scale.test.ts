@@ -24,7 +24,7 @@ describe('U64Map', () => {
     fc.assert(
       fc.property(fc.integer({ min: 1, max: 2 ** 31 }), fc.boolean(), fc.boolean(), (seed, sequential, robinHood) => {
         const rand = rng(seed);
-        const map = new U64Map(4, true, robinHood);
+        const map = new U64Map(4, true, { robinHood });
         const model = new Map<string, [number, number]>();
         const keys: Array<[number, number]> = [];
         for (let step = 0; step < 4000; step++) {
@@ -75,7 +75,7 @@ describe('U64Map', () => {
 
   it('keeps Robin Hood runs ordered by home through growth and deletions (what its early-stopping search relies on)', () => {
     const rand = rng(9);
-    const map = new U64Map(16, 2, true);
+    const map = new U64Map(16, 2, { robinHood: true });
     const live: Array<[number, number]> = [];
     for (let step = 0; step < 50_000; step++) {
       if (live.length < 2000 || rand() < 0.5) {

@@ -1,7 +1,7 @@
 /**
  * Open-addressing hash map from a u64 key (as lo/hi u32 halves) to a non-negative int32 value plus optional extra int32
- * fields, on one typed array. The one hash table of the core: engine-id maps, the index's sequence-hash table (whose
- * extra fields are the block's holders), the approximate index and the mock engine's cache all use it.
+ * fields, on one typed array. The one hash table of the core: engine-id maps, the index's sequence-hash table, the
+ * approximate index and the mock engine's cache all use it.
  *
  * Why not `Map<bigint, number>`: a JS Map costs ~80-200 bytes per entry, allocates a bigint per lookup and gives the
  * GC millions of objects to trace; this map costs 12 bytes per cell plus 4 per extra field, never allocates on lookup
@@ -11,7 +11,7 @@
  * Capacity is m * 2^k cells with m in 4..7, not only powers of two: the table grows by ~1.6x at 80% load, so it sits
  * between ~50% and 80% full, where a power-of-two table at 75% sits between 37% and 75% (up to 2.7 cells per entry);
  * the index's memory per block depends on it. The home stays integer arithmetic (the top bits of the mixed key times
- * m, shifted): a floating-point range reduction measured twice as slow per lookup.
+ * m, shifted): a floating-point range reduction was about twice as slow per lookup in an A/B run (outside the benches).
  */
 const MAX_LOAD = 0.8;
 const GROWTH = 1.5;
@@ -32,9 +32,25 @@ function mixOf(lo: number, hi: number): number {
   return Math.imul(lo ^ Math.imul(hi, 0x85ebca6b), 0x9e3779b1) >>> 0;
 }
 
-/** Home cell of a key in a table of `homeShift`/`homeMult` (exported for owners' inlined probes; see U64Map.cells). */
-export function homeOf(lo: number, hi: number, homeShift: number, homeMult: number): number {
-  return Math.imul(mixOf(lo, hi) >>> homeShift, homeMult) >>> 3;
+/**
+ * Home cell of a key in a table of `homeShift`/`homeMult` built with `hashedKeys` (exported for owners' inlined
+ * probes; see U64Map.cells): the low half is already uniform, so it is used as is.
+ */
+export function homeOfHashed(lo: number, homeShift: number, homeMult: number): number {
+  return Math.imul(lo >>> homeShift, homeMult) >>> 3;
+}
+
+export interface U64MapOptions {
+  /**
+   * Robin Hood placement: runs kept sorted by home (ties by the mixed key), a new key taking the place of the first
+   * entry that sorts after it, so no key sits far from its home whatever the insertion order. First-come linear
+   * probing (the default, cheaper to insert) leaves the newest keys at the ends of their runs.
+   */
+  readonly robinHood?: boolean;
+  /** Keys are already uniform hashes (xxh3 outputs): the home comes from the low half as is, without mixing. */
+  readonly hashedKeys?: boolean;
+  /** Load that triggers growth (default 0.8). */
+  readonly maxLoad?: number;
 }
 
 function gcd(a: number, b: number): number {
@@ -54,29 +70,32 @@ export class U64Map {
   homeShift: number;
   homeMult: number;
   private count = 0;
+  private readonly robinHood: boolean;
+  private readonly hashed: boolean;
+  private readonly maxLoad: number;
 
   /**
    * @param initialCapacity entries expected before the first growth
    * @param fields extra int32 fields per entry (`true`: one, the "aux" field)
-   * @param robinHood Robin Hood placement: a new key takes the place of any entry nearer its own home and pushes it
-   *   on, so no key sits far from its home whatever the insertion order. First-come linear probing (the default,
-   *   cheaper to insert) leaves the newest keys at the ends of their runs; the index's sequence-hash table uses Robin
-   *   Hood because the newest blocks are the ones prompts look up (its walk measured 1.3x faster).
+   * @param options placement, key distribution and load (see U64MapOptions)
    */
   constructor(
     initialCapacity = 16,
     fields: boolean | number = false,
-    private readonly robinHood = false,
+    private readonly options: U64MapOptions = {},
   ) {
     const extra = fields === true ? 1 : fields === false ? 0 : fields;
     if (!Number.isInteger(extra) || extra < 0) throw new RangeError(`extra fields must be a non-negative integer, got ${fields}`);
     this.stride = 3 + extra;
-    const [cap, mult, b] = sizeFor(Math.max(MIN_CAPACITY, Math.ceil(initialCapacity / MAX_LOAD)));
+    this.robinHood = options.robinHood ?? false;
+    this.hashed = options.hashedKeys ?? false;
+    this.maxLoad = options.maxLoad ?? MAX_LOAD;
+    if (!(this.maxLoad > 0 && this.maxLoad < 1)) throw new RangeError(`maxLoad must be in (0, 1), got ${options.maxLoad}`);
+    const [cap, mult, b] = sizeFor(Math.max(MIN_CAPACITY, Math.ceil(initialCapacity / this.maxLoad)));
     this.cap = cap;
     this.homeMult = mult;
     this.homeShift = 32 - b;
     this.cells = new Int32Array(this.cap * this.stride);
-    this.carry = new Int32Array(this.stride);
   }
 
   get size(): number {
@@ -93,9 +112,14 @@ export class U64Map {
     return this.cells.byteLength;
   }
 
+  /** The key as a uniform u32 (the home is its top bits, scaled). */
+  private mix(lo: number, hi: number): number {
+    return this.hashed ? lo >>> 0 : mixOf(lo, hi);
+  }
+
   /** Home cell of a key. */
   home(lo: number, hi: number): number {
-    return Math.imul(mixOf(lo, hi) >>> this.homeShift, this.homeMult) >>> 3;
+    return Math.imul(this.mix(lo, hi) >>> this.homeShift, this.homeMult) >>> 3;
   }
 
   /** Cell position of a key, or -1. The position is valid until the next insert or delete. */
@@ -105,7 +129,7 @@ export class U64Map {
     const cap = this.cap;
     lo |= 0;
     hi |= 0;
-    let i = Math.imul(mixOf(lo, hi) >>> this.homeShift, this.homeMult) >>> 3;
+    let i = Math.imul(this.mix(lo, hi) >>> this.homeShift, this.homeMult) >>> 3;
     for (;;) {
       const at = i * stride;
       if (cells[at + 2] === 0) return -1;
@@ -148,7 +172,7 @@ export class U64Map {
    * Returns the entry's position (valid until the next insert or delete).
    */
   set(lo: number, hi: number, value: number, aux = 0): number {
-    if (this.count + 1 > this.cap * MAX_LOAD) this.grow();
+    if (this.count + 1 > this.cap * this.maxLoad) this.grow();
     lo |= 0;
     hi |= 0;
     const pos = this.locate(lo, hi);
@@ -161,7 +185,7 @@ export class U64Map {
 
   /** Inserts a key that is absent and returns -1, or leaves a present one alone and returns its value. */
   insert(lo: number, hi: number, value: number, aux = 0): number {
-    if (this.count + 1 > this.cap * MAX_LOAD) this.grow();
+    if (this.count + 1 > this.cap * this.maxLoad) this.grow();
     lo |= 0;
     hi |= 0;
     const pos = this.locate(lo, hi);
@@ -170,84 +194,57 @@ export class U64Map {
     return -1;
   }
 
-  /** Distance from home of the insertion point `locate` last returned. */
-  private locateDistance = 0;
-
   /**
-   * The key's position, or ~(where it goes). Robin Hood tables keep every run ordered by home, so the search stops
-   * at the first entry nearer its home than the key would be.
+   * The key's position, or ~(where it goes). Robin Hood tables keep every run sorted by (home, mixed key), so the
+   * search stops at the first entry that sorts after the key: the key is absent and belongs there.
    */
   private locate(lo: number, hi: number): number {
     const cells = this.cells;
     const stride = this.stride;
     const cap = this.cap;
-    let i = this.home(lo, hi);
+    const shift = this.homeShift;
+    const mult = this.homeMult;
+    const mix = this.mix(lo, hi);
+    let i = Math.imul(mix >>> shift, mult) >>> 3;
     let d = 0;
     for (;;) {
       const at = i * stride;
       if (cells[at + 2] === 0) break;
       if (cells[at] === lo && cells[at + 1] === hi) return i;
       if (this.robinHood) {
-        const h = this.home(cells[at], cells[at + 1]);
-        if ((i >= h ? i - h : i + cap - h) < d) break;
+        const m = this.mix(cells[at], cells[at + 1]);
+        const h = Math.imul(m >>> shift, mult) >>> 3;
+        const dOcc = i >= h ? i - h : i + cap - h;
+        if (dOcc < d || (dOcc === d && m > mix)) break;
       }
       if (++i === cap) i = 0;
       d++;
     }
-    this.locateDistance = d;
     return ~i;
   }
 
   private insertAt(i: number, lo: number, hi: number, value: number, aux: number): number {
     this.count++;
-    const at = i * this.stride;
-    if (!this.robinHood || this.cells[at + 2] === 0) {
-      const cells = this.cells;
-      cells[at] = lo;
-      cells[at + 1] = hi;
-      cells[at + 2] = value + 1;
-      for (let f = 3; f < this.stride; f++) cells[at + f] = 0;
-      if (this.stride > 3) cells[at + 3] = aux;
-      return i;
-    }
-    const carry = this.carry;
-    carry.fill(0);
-    carry[0] = lo;
-    carry[1] = hi;
-    carry[2] = value + 1;
-    if (this.stride > 3) carry[3] = aux;
-    this.place(i, this.locateDistance);
-    return i;
-  }
-
-  /** The entry being placed by `place` (one cell). */
-  private carry: Int32Array;
-
-  /** Puts `carry` at position i (its distance from home d), pushing richer entries on, Robin Hood style. */
-  private place(i: number, d: number): void {
     const cells = this.cells;
     const stride = this.stride;
-    const cap = this.cap;
-    const carry = this.carry;
-    for (;;) {
-      const at = i * stride;
-      if (cells[at + 2] === 0) {
-        cells.set(carry, at);
-        return;
+    if (this.robinHood && cells[i * stride + 2] !== 0) {
+      // Shift the rest of the run on by one cell (it stays sorted; each moved entry is one further from home).
+      const cap = this.cap;
+      let e = i;
+      while (cells[e * stride + 2] !== 0) if (++e === cap) e = 0;
+      while (e !== i) {
+        const from = e === 0 ? cap - 1 : e - 1;
+        for (let f = 0; f < stride; f++) cells[e * stride + f] = cells[from * stride + f];
+        e = from;
       }
-      const h = this.home(cells[at], cells[at + 1]);
-      const dOcc = i >= h ? i - h : i + cap - h;
-      if (dOcc < d) {
-        for (let f = 0; f < stride; f++) {
-          const t = cells[at + f];
-          cells[at + f] = carry[f];
-          carry[f] = t;
-        }
-        d = dOcc;
-      }
-      if (++i === cap) i = 0;
-      d++;
     }
+    const at = i * stride;
+    cells[at] = lo;
+    cells[at + 1] = hi;
+    cells[at + 2] = value + 1;
+    for (let f = 3; f < stride; f++) cells[at + f] = 0;
+    if (stride > 3) cells[at + 3] = aux;
+    return i;
   }
 
   /** Removes a key; returns its value or -1. */
@@ -271,13 +268,13 @@ export class U64Map {
     for (;;) {
       const at = i * stride;
       if (cells[at + 2] === 0) break;
-      const h = Math.imul(mixOf(cells[at], cells[at + 1]) >>> qShift, mult) >>> 3;
+      const h = Math.imul(this.mix(cells[at], cells[at + 1]) >>> qShift, mult) >>> 3;
       // Move entry i into the hole if its home does not lie cyclically in (hole, i].
       const inRange = hole <= i ? h > hole && h <= i : h > hole || h <= i;
       if (!inRange) {
-        cells.copyWithin(hole * stride, at, at + stride);
+        for (let f = 0; f < stride; f++) cells[hole * stride + f] = cells[at + f];
         hole = i;
-      }
+      } else if (this.robinHood) break; // a sorted run: nothing after an entry that stays can move either
       if (++i === cap) i = 0;
     }
     cells[hole * stride + 2] = 0;
@@ -291,7 +288,7 @@ export class U64Map {
 
   /** An independent copy (a typed-array copy: snapshots take one without walking the entries). */
   clone(): U64Map {
-    const copy = new U64Map(0, this.stride - 3, this.robinHood);
+    const copy = new U64Map(0, this.stride - 3, this.options);
     copy.cells = this.cells.slice();
     copy.cap = this.cap;
     copy.homeShift = this.homeShift;
@@ -365,17 +362,17 @@ export class U64Map {
     this.homeShift = 32 - b;
     this.cells = new Int32Array(cap * stride);
     const cells = this.cells;
-    // Old position order is fine: every key goes into a table already at its final size, so nothing clusters.
-    const carry = this.carry;
-    for (let at = 0; at < old.length; at += stride) {
+    // Old position order from a run start is (home, mixed key) order, cyclically, and a new home is monotone in the
+    // mixed key too: plain linear probing in that order keeps Robin Hood runs sorted, and nothing clusters (the table
+    // is already at its final size).
+    const oldCap = old.length / stride;
+    let p0 = 0;
+    while (old[p0 * stride + 2] !== 0) p0++;
+    for (let k = 0; k < oldCap; k++) {
+      const p = p0 + k < oldCap ? p0 + k : p0 + k - oldCap;
+      const at = p * stride;
       if (old[at + 2] === 0) continue;
       let i = this.home(old[at], old[at + 1]);
-      if (this.robinHood) {
-        // Keys of equal old home come in any order, so runs must be re-sorted: Robin Hood placement does it.
-        for (let f = 0; f < stride; f++) carry[f] = old[at + f];
-        this.place(i, 0);
-        continue;
-      }
       while (cells[i * stride + 2] !== 0) if (++i === cap) i = 0;
       for (let f = 0; f < stride; f++) cells[i * stride + f] = old[at + f];
     }
