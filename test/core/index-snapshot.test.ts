@@ -255,7 +255,7 @@ describe('KvRouter.snapshot / restore', () => {
     });
   });
 
-  it('exports engine ids in the scrambled walk order, with router hashes split per engine block', () => {
+  it('exports router hashes split per engine block, with parent positions', () => {
     const src = makeRouter(['a']);
     src.applyEvents('a', [
       {
@@ -275,5 +275,25 @@ describe('KvRouter.snapshot / restore', () => {
     expect(byId.get(1n)).toEqual([10n, 11n, -1]);
     expect(byId.get(2n)).toEqual([12n, 13n, first]);
     expect(src.snapshot().source('missing')).toBeNull();
+  });
+
+  it('exports in steps of bounded work with the same result as one piece', () => {
+    const rand = createRng(8);
+    const seqs = sequences(rand, 30, 16);
+    const engines = new Engines(rand, ['a'], seqs, 2);
+    const router = makeRouter(['a']);
+    for (let i = 0; i < 400; i++) engines.step((k, ev) => router.applyEvents(k, [ev]));
+    const snap = router.snapshot();
+    const whole = snap.source('a')!;
+    const steps = snap.sourceSteps('a', 16);
+    let pauses = 0;
+    let r = steps.next();
+    while (!r.done) {
+      pauses++;
+      r = steps.next();
+    }
+    expect(pauses).toBeGreaterThan(whole.engineIds.length / 16);
+    expect(r.value).toEqual(whole);
+    expect(snap.sourceSteps('missing').next()).toEqual({ done: true, value: null });
   });
 });

@@ -3,7 +3,7 @@
  *
  * Taking one is two steps so that the caller never waits long: `KvIndex.capture()` copies the index's typed arrays
  * (slot records and the engine-id tables: a memory copy, the only part that must be synchronous to be consistent),
- * then each source's arrays are built from that private copy, one source per call, while the live index goes on
+ * then each source's arrays are built from that private copy, in steps of bounded work, while the live index goes on
  * changing. Nothing here allocates a bigint per block.
  */
 import type { U64Map } from './u64-map.ts';
@@ -37,11 +37,11 @@ export interface RouterSnapshotData {
 }
 
 const NONE = -1;
+/** Default work per export step: ~1-2 ms. */
+const EXPORT_STEP = 65_536;
 
 /** The copy `KvIndex.capture()` takes; sources are named by index number. */
 export class IndexCapture {
-  private slotToEntry: Int32Array | null = null;
-
   constructor(
     /** Router block size. */
     readonly blockSize: number,
@@ -63,11 +63,20 @@ export class IndexCapture {
     return this.maps.get(source)?.engineIds.size ?? 0;
   }
 
-  /**
-   * One source's arrays, O(its blocks). Engine ids come out in their table's scrambled walk order, so even a loader
-   * that inserts them one by one into a growing table stays linear.
-   */
+  /** One source's arrays, O(its blocks), in one synchronous piece (exportSteps spreads the same work). */
   exportSource(source: number): SourceBlocks | null {
+    const steps = this.exportSteps(source, Number.POSITIVE_INFINITY);
+    let r = steps.next();
+    while (!r.done) r = steps.next();
+    return r.value;
+  }
+
+  /**
+   * One source's arrays, built in steps of at most `budget` units of work (a table cell scanned or an engine id
+   * handled: ~10-30 ns each); the generator's return value is the result. Engine ids come out in table order (a
+   * sequential scan): restoreSource sizes its table for all of them first, so any order loads in linear time.
+   */
+  *exportSteps(source: number, budget = EXPORT_STEP): Generator<void, SourceBlocks | null, void> {
     const m = this.maps.get(source);
     if (!m) return null;
     const { split, engineIds: map } = m;
@@ -75,47 +84,60 @@ export class IndexCapture {
     const REC = this.recStride;
     const gen = this.gen;
     const total = map.size;
-    const positions = new Int32Array(total);
-    const k = map.positions(positions);
     const cells = map.cells;
     const stride = map.stride;
+    const cap = map.capacity;
     const ids = new BigUint64Array(total);
     const ids32 = new Int32Array(ids.buffer);
     const hashes = new BigUint64Array(total * split);
     const h32 = new Int32Array(hashes.buffer);
     const lastSlot = new Int32Array(total);
     const parentSlot = new Int32Array(total);
+    let work = 0;
     let n = 0;
-    for (let j = 0; j < k; j++) {
-      const at = positions[j] * stride;
+    for (let p = 0; p < cap; p++) {
+      if (++work >= budget) {
+        work = 0;
+        yield;
+      }
+      const at = p * stride;
+      if (cells[at + 2] === 0) continue;
       const slot = cells[at + 2] - 1;
       if (gen && gen[slot] !== cells[at + 3]) continue; // pruned by the cap since
       // The engine block's router blocks, from its last up through parent links, written first block first.
       let s = slot;
-      let m = split - 1;
-      for (; m >= 0 && s !== NONE; m--) {
-        const h = 2 * (n * split + m);
+      let k = split - 1;
+      for (; k >= 0 && s !== NONE; k--) {
+        const h = 2 * (n * split + k);
         h32[h] = rec[s * REC];
         h32[h + 1] = rec[s * REC + 1];
-        if (m > 0) s = rec[s * REC + 2] - 1;
+        if (k > 0) s = rec[s * REC + 2] - 1;
       }
-      if (m >= 0) continue; // a chain cut short (its ancestors were pruned): not restorable as one engine block
+      if (k >= 0) continue; // a chain cut short (its ancestors were pruned): not restorable as one engine block
       ids32[2 * n] = cells[at];
       ids32[2 * n + 1] = cells[at + 1];
       lastSlot[n] = slot;
-      parentSlot[n] = s === NONE ? NONE : rec[s * REC + 2] - 1;
+      parentSlot[n] = rec[s * REC + 2] - 1;
       n++;
     }
-    // Parent positions: slot of each engine block's last router block -> its position (one array for all sources).
-    this.slotToEntry ??= new Int32Array(rec.length / REC).fill(NONE);
-    const bySlot = this.slotToEntry;
-    for (let j = 0; j < n; j++) bySlot[lastSlot[j]] = j;
+    // Parent positions: the slot of each engine block's last router block -> its position + 1.
+    const bySlot = new Int32Array(rec.length / REC);
+    for (let j = 0; j < n; j++) {
+      bySlot[lastSlot[j]] = j + 1;
+      if (++work >= budget) {
+        work = 0;
+        yield;
+      }
+    }
     const parents = new Int32Array(n);
     for (let j = 0; j < n; j++) {
       const p = parentSlot[j];
-      parents[j] = p === NONE || p >= bySlot.length ? NONE : bySlot[p];
+      parents[j] = p === NONE || p >= bySlot.length ? NONE : bySlot[p] - 1;
+      if (++work >= budget) {
+        work = 0;
+        yield;
+      }
     }
-    for (let j = 0; j < n; j++) bySlot[lastSlot[j]] = NONE;
     return {
       blockSize: split * this.blockSize,
       engineIds: n === total ? ids : ids.slice(0, n),
@@ -127,7 +149,7 @@ export class IndexCapture {
 
 /**
  * A router's snapshot, keyed by source key: the capture plus the names of its sources. `source(key)` builds one
- * source's arrays (O(its blocks)); a shell that must not stall exports source by source between event-loop turns.
+ * source's arrays (O(its blocks)); a shell that must not stall runs `sourceSteps(key)` between event-loop turns.
  */
 export class RouterSnapshot {
   readonly keys: readonly string[];
@@ -150,10 +172,21 @@ export class RouterSnapshot {
     return n === undefined ? 0 : this.capture.entries(n);
   }
 
-  /** One source's arrays, or null for a key not in the snapshot. */
+  /** One source's arrays, or null for a key not in the snapshot (one synchronous piece of O(its blocks)). */
   source(key: string): SourceSnapshot | null {
     const n = this.names.get(key);
     const blocks = n === undefined ? null : this.capture.exportSource(n);
+    return blocks ? { key, ...blocks } : null;
+  }
+
+  /**
+   * The same in steps of bounded work (see IndexCapture.exportSteps): `next()` until `done`, yielding to the event
+   * loop in between; the final value is the source's arrays (null for a key not in the snapshot).
+   */
+  *sourceSteps(key: string, budget?: number): Generator<void, SourceSnapshot | null, void> {
+    const n = this.names.get(key);
+    if (n === undefined) return null;
+    const blocks = yield* this.capture.exportSteps(n, budget);
     return blocks ? { key, ...blocks } : null;
   }
 
