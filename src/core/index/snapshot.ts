@@ -120,8 +120,40 @@ export class IndexCapture {
       parentSlot[n] = rec[s * REC + 2] - 1;
       n++;
     }
-    // Parent positions: the slot of each engine block's last router block -> its position + 1.
-    const bySlot = new Int32Array(rec.length / REC);
+    const parents = new Int32Array(n);
+    // Parent positions: the slot of each engine block's last router block -> its position + 1, in an array over all
+    // slots that exports share (cleared after use; an export running while another holds it gets its own).
+    const shared = this.bySlot !== null && !this.bySlotBusy;
+    const bySlot = shared ? this.bySlot! : new Int32Array(rec.length / REC);
+    if (this.bySlot === null) this.bySlot = bySlot;
+    const owned = bySlot === this.bySlot;
+    if (owned) this.bySlotBusy = true;
+    try {
+      yield* this.parentPositions(bySlot, lastSlot, parentSlot, parents, n, budget, work);
+    } finally {
+      for (let j = 0; j < n; j++) bySlot[lastSlot[j]] = 0;
+      if (owned) this.bySlotBusy = false;
+    }
+    return {
+      blockSize: split * this.blockSize,
+      engineIds: n === total ? ids : ids.slice(0, n),
+      seqHashes: n === total ? hashes : hashes.slice(0, n * split),
+      parents,
+    };
+  }
+
+  private bySlot: Int32Array | null = null;
+  private bySlotBusy = false;
+
+  private *parentPositions(
+    bySlot: Int32Array,
+    lastSlot: Int32Array,
+    parentSlot: Int32Array,
+    parents: Int32Array,
+    n: number,
+    budget: number,
+    work: number,
+  ): Generator<void, void, void> {
     for (let j = 0; j < n; j++) {
       bySlot[lastSlot[j]] = j + 1;
       if (++work >= budget) {
@@ -129,7 +161,6 @@ export class IndexCapture {
         yield;
       }
     }
-    const parents = new Int32Array(n);
     for (let j = 0; j < n; j++) {
       const p = parentSlot[j];
       parents[j] = p === NONE || p >= bySlot.length ? NONE : bySlot[p] - 1;
@@ -138,12 +169,6 @@ export class IndexCapture {
         yield;
       }
     }
-    return {
-      blockSize: split * this.blockSize,
-      engineIds: n === total ? ids : ids.slice(0, n),
-      seqHashes: n === total ? hashes : hashes.slice(0, n * split),
-      parents,
-    };
   }
 }
 
