@@ -77,7 +77,7 @@ const hostList = list(z.string().min(1), {
 export const serveSchema = z.strictObject({
   workers: withDefault(
     list(workerSchema, {
-      accepts: WORKER_SPEC_GRAMMAR,
+      accepts: `worker specs ${WORKER_SPEC_GRAMMAR}`,
       separators: /[\s;]+/,
       detailed: true,
       range: `${WORKER_SPEC_GRAMMAR}; the variable: specs separated by spaces or ";"`,

@@ -288,7 +288,10 @@ function check(
   if (r.success) return r.data;
   const issue = r.error.issues[0];
   const from = fromOf(source, entry, file, source === 'file' ? [key, ...issue.path] : []);
-  if (entry.kind.detailed) throw new SettingError(`${settingLabel(entry)}: ${issue.message} (from ${from})`);
+  // A detailed kind's own messages (a bad worker spec, a bad CIDR) say more than its range; a wrong type at the top does not.
+  if (entry.kind.detailed && (issue.code === 'custom' || issue.path.length > 0)) {
+    throw new SettingError(`${settingLabel(entry)}: ${issue.message} (from ${from})`);
+  }
   throw new SettingError(`${settingLabel(entry)} must be ${entry.kind.accepts}, got ${showValue(shown, entry.secret)} (from ${from})`);
 }
 
