@@ -159,11 +159,6 @@ export function choiceArg<T extends string>(name: string, choices: readonly T[])
   return (text) => ((choices as readonly string[]).includes(text) ? (text as T) : fail(name, `one of ${choices.join(', ')}`, text));
 }
 
-/** commander parser for a repeatable option whose values may also be lists: every occurrence is split and kept. */
-export function listArg(separators: RegExp = /[\s,]+/): (text: string, previous?: string[]) => string[] {
-  return (text, previous = []) => [...previous, ...splitList(text, separators)];
-}
-
 /** commander parser: a ZMQ endpoint (tcp://*:5557, ipc://..., or "none" when `none` is allowed). */
 export function zmqEndpointArg(name: string, options: { none?: boolean; connectable?: boolean } = {}): (text: string) => string {
   const pattern = options.connectable ? /^tcp:\/\/[^:/*]+:\d+$/ : ZMQ_ENDPOINT;

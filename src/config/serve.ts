@@ -31,7 +31,7 @@ import {
   withDefault,
 } from './settings.ts';
 import { LOG_LEVELS } from './parsers.ts';
-import { splitWorkerSpecs, WORKER_SPEC_GRAMMAR, workerSchema } from './worker-spec.ts';
+import { WORKER_SPEC_GRAMMAR, workerSchema } from './worker-spec.ts';
 
 export { parseWorkerSpec, type WorkerSpec, workerFromUnknown } from './worker-spec.ts';
 
@@ -464,6 +464,3 @@ export async function loadConfigFile(path: string): Promise<Partial<ServeConfig>
   const { config, sources } = resolveSettings(serveSchema, { file });
   return Object.fromEntries(Object.entries(config).filter(([k]) => sources[k] === 'file')) as Partial<ServeConfig>;
 }
-
-/** `--worker` values and KVROUTE_WORKERS: several specs per value. */
-export { splitWorkerSpecs };

@@ -5,7 +5,7 @@
  * into fields here and every form is then checked by the same zod object schema.
  */
 import { z } from 'zod';
-import { intText, splitList, ZMQ_ENDPOINT } from './parsers.ts';
+import { intText, ZMQ_ENDPOINT } from './parsers.ts';
 
 export interface WorkerSpec {
   /** Base URL of the engine's OpenAI server, e.g. http://10.0.0.5:8000. */
@@ -133,9 +133,4 @@ export function parseWorkerSpec(spec: string): WorkerSpec {
 /** A worker given as an object (config file, admin API) or as a spec string. Throws an Error with an actionable message. */
 export function workerFromUnknown(value: unknown): WorkerSpec {
   return parse(value);
-}
-
-/** KVROUTE_WORKERS (and each --worker) may hold several specs separated by whitespace or ';'. */
-export function splitWorkerSpecs(text: string): string[] {
-  return splitList(text, /[\s;]+/);
 }
