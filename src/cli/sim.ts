@@ -5,6 +5,7 @@
 import { writeFileSync } from 'node:fs';
 import type { Command } from 'commander';
 import cliProgress from 'cli-progress';
+import { intArg, numberArg, numberListArg, splitList } from '../config/parsers.ts';
 import { POLICY_NAMES } from '../core/scheduling/policies.ts';
 import { runFleet, type FleetOptions, type FleetResult } from '../sim/fleet.ts';
 import { computeOracle } from '../sim/oracle.ts';
@@ -26,7 +27,7 @@ interface SimCliOptions {
   policy?: string;
   blockSize?: number;
   gpuBlocks?: number;
-  rateScale: string;
+  rateScale: number[];
   eventDelayMs: number;
   overlay: boolean;
   prefillLoadScale?: number;
@@ -39,40 +40,10 @@ interface SimCliOptions {
   progress: boolean;
 }
 
-function int(name: string, min: number) {
-  return (v: string) => {
-    const n = Number(v);
-    if (!Number.isInteger(n) || n < min) throw new Error(`${name} must be an integer >= ${min}, got "${v}"`);
-    return n;
-  };
-}
-
-function nonNeg(name: string) {
-  return (v: string) => {
-    const n = Number(v);
-    if (!(n >= 0) || !Number.isFinite(n)) throw new Error(`${name} must be a non-negative number, got "${v}"`);
-    return n;
-  };
-}
-
-/** "0.5,1,2" -> [0.5, 1, 2], or an error message. */
-export function parseRateScales(text: string): number[] | string {
-  const out: number[] = [];
-  for (const part of text.split(',')) {
-    const v = Number(part.trim());
-    if (!(v > 0) || !Number.isFinite(v)) return `--rate-scale values must be positive numbers, got "${part}"`;
-    out.push(v);
-  }
-  return out.length > 0 ? out : '--rate-scale needs at least one value';
-}
-
 const KNOWN_POLICIES: readonly string[] = POLICY_NAMES;
 
 export function parsePolicies(text: string): string[] | string {
-  const names = text
-    .split(',')
-    .map((s) => s.trim())
-    .filter(Boolean);
+  const names = splitList(text, /\s*,\s*/);
   for (const n of names) {
     if (!KNOWN_POLICIES.includes(n)) return `unknown policy "${n}"; known: ${KNOWN_POLICIES.join(', ')}`;
   }
@@ -98,27 +69,53 @@ export function registerSim(program: Command): void {
     )
     .option('--trace <file>', 'Mooncake-format JSONL trace (see `kvroute trace gen`)')
     .option('--scenario <name>', `a built-in scenario instead of --trace: ${SCENARIOS.join(', ')} (seed: the 0.32-vs-0.77 case)`)
-    .option('--limit <n>', 'replay only the first N requests', int('--limit', 1))
-    .option('--workers <n>', 'engines in the fleet (default 8; scenario: its own)', int('--workers', 1))
+    .option('--limit <n>', 'replay only the first N requests', intArg('--limit', { min: 1 }))
+    .option('--workers <n>', 'engines in the fleet (default 8; scenario: its own)', intArg('--workers', { min: 1 }))
     .option('--policy <list>', `comma-separated policies: ${KNOWN_POLICIES.join(', ')} (default kv-pressure,kv,round-robin)`)
     .option(
       '--block-size <n>',
       'router and engine block size in tokens; must divide 512 for trace fidelity (default 16)',
-      int('--block-size', 1),
+      intArg('--block-size', { min: 1 }),
     )
     .option(
       '--gpu-blocks <n>',
       `KV blocks per engine (default ${DEFAULT_CAPACITY_TOKENS.toLocaleString('en-US')} tokens' worth)`,
-      int('--gpu-blocks', 1),
+      intArg('--gpu-blocks', { min: 1 }),
     )
-    .option('--rate-scale <list>', 'arrival-rate multipliers, comma-separated: 2 = twice the trace load', '1')
-    .option('--event-delay-ms <ms>', 'delay from an engine step to the router applying its KV events', nonNeg('--event-delay-ms'), 5)
+    .option(
+      '--rate-scale <list>',
+      'arrival-rate multipliers, comma-separated: 2 = twice the trace load',
+      numberListArg('--rate-scale', { min: 0, minExclusive: true }),
+      [1],
+    )
+    .option(
+      '--event-delay-ms <ms>',
+      'delay from an engine step to the router applying its KV events',
+      numberArg('--event-delay-ms', { min: 0 }),
+      5,
+    )
     .option('--no-overlay', "disable the router's predicted overlay (in-flight siblings credited before their KV events)")
-    .option('--overlay-grace-ms <ms>', 'how long a finished request still counts in the overlay', nonNeg('--overlay-grace-ms'))
-    .option('--prefill-load-scale <x>', 'kv knob: weight of prefill load against decode load (default 1)', nonNeg('--prefill-load-scale'))
-    .option('--overlap-credit <x>', 'kv knob: prefill blocks saved per overlapping block (default 1)', nonNeg('--overlap-credit'))
-    .option('--temperature <t>', 'kv knob: 0 picks the minimum cost, > 0 samples a softmax (default 0)', nonNeg('--temperature'))
-    .option('--seed <n>', 'seed for the router and the engines (and the scenario generator)', int('--seed', 0), 1)
+    .option(
+      '--overlay-grace-ms <ms>',
+      'how long a finished request still counts in the overlay',
+      numberArg('--overlay-grace-ms', { min: 0 }),
+    )
+    .option(
+      '--prefill-load-scale <x>',
+      'kv knob: weight of prefill load against decode load (default 1)',
+      numberArg('--prefill-load-scale', { min: 0 }),
+    )
+    .option(
+      '--overlap-credit <x>',
+      'kv knob: prefill blocks saved per overlapping block (default 1)',
+      numberArg('--overlap-credit', { min: 0 }),
+    )
+    .option(
+      '--temperature <t>',
+      'kv knob: 0 picks the minimum cost, > 0 samples a softmax (default 0)',
+      numberArg('--temperature', { min: 0 }),
+    )
+    .option('--seed <n>', 'seed for the router and the engines (and the scenario generator)', intArg('--seed', { min: 0 }), 1)
     .option('--json <file>', 'write the full results as JSON')
     .option('--plot <file>', 'write an SVG chart of hit rates and TTFT per policy')
     .option('--no-progress', 'no progress bar on stderr')
@@ -132,8 +129,7 @@ export function registerSim(program: Command): void {
     )
     .action(async (o: SimCliOptions) => {
       if (!o.trace === !o.scenario) return fail('give exactly one of --trace FILE or --scenario NAME');
-      const rates = parseRateScales(o.rateScale);
-      if (typeof rates === 'string') return fail(rates);
+      const rates = o.rateScale;
       let requests: TraceRequest[];
       let source: string;
       let base: Omit<FleetOptions, 'policy' | 'onProgress'>;

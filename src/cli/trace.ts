@@ -1,6 +1,7 @@
 /** `kvroute trace gen|stats`: synthetic traces in the Mooncake JSONL format, and the shape of any trace. */
 import { createWriteStream } from 'node:fs';
 import type { Command } from 'commander';
+import { choiceArg, intArg, numberArg } from '../config/parsers.ts';
 import { formatTraceLine, type TraceRequest } from '../sim/traces/format.ts';
 import {
   generateMultiTurn,
@@ -14,30 +15,6 @@ import {
 } from '../sim/traces/generate.ts';
 import { loadTrace } from '../sim/traces/reader.ts';
 import { formatTraceStats, traceStats } from '../sim/traces/stats.ts';
-
-function positiveInt(name: string) {
-  return (v: string) => {
-    const n = Number(v);
-    if (!Number.isInteger(n) || n <= 0) throw new Error(`${name} must be a positive integer, got "${v}"`);
-    return n;
-  };
-}
-
-function nonNegInt(name: string) {
-  return (v: string) => {
-    const n = Number(v);
-    if (!Number.isInteger(n) || n < 0) throw new Error(`${name} must be a non-negative integer, got "${v}"`);
-    return n;
-  };
-}
-
-function positiveNumber(name: string) {
-  return (v: string) => {
-    const n = v === 'inf' ? Infinity : Number(v);
-    if (!(n > 0)) throw new Error(`${name} must be a positive number, got "${v}"`);
-    return n;
-  };
-}
 
 interface GenOptions {
   kind: string;
@@ -124,28 +101,23 @@ export function registerTrace(program: Command): void {
         `                 a unique question, shuffled (defaults: ${SHARED_PREFIX_DEFAULTS.groups} x ${SHARED_PREFIX_DEFAULTS.promptsPerGroup}, system ${SHARED_PREFIX_DEFAULTS.systemPromptLen}, question ${SHARED_PREFIX_DEFAULTS.questionLen}, output ${SHARED_PREFIX_DEFAULTS.outputLen})\n` +
         `  multi-turn     plain chat sessions over a shared system prompt (defaults: ${MULTI_TURN_DEFAULTS.requests} requests, ${MULTI_TURN_DEFAULTS.meanTurns} turns on average)`,
     )
-    .requiredOption('--kind <kind>', `one of ${TRACE_KINDS.join(', ')}`)
-    .option('--requests <n>', 'number of requests', positiveInt('--requests'))
-    .option('--seed <n>', 'generator seed', nonNegInt('--seed'), 1)
+    .requiredOption('--kind <kind>', `one of ${TRACE_KINDS.join(', ')}`, choiceArg('--kind', TRACE_KINDS))
+    .option('--requests <n>', 'number of requests', intArg('--requests', { min: 1 }))
+    .option('--seed <n>', 'generator seed', intArg('--seed', { min: 0 }), 1)
     .option('--out <file>', 'write the trace here (JSONL); without it only the stats are printed')
     .option(
       '--rate <rps>',
       'mean arrival rate in requests per second ("inf" sends all at once: shared-prefix only)',
-      positiveNumber('--rate'),
+      numberArg('--rate', { min: 0, minExclusive: true }, { infinity: true }),
     )
-    .option('--groups <n>', 'shared-prefix: number of groups', positiveInt('--groups'))
-    .option('--prompts-per-group <n>', 'shared-prefix: prompts per group', positiveInt('--prompts-per-group'))
-    .option('--system-prompt-len <n>', 'shared-prefix, multi-turn: system prompt tokens', nonNegInt('--system-prompt-len'))
-    .option('--question-len <n>', 'shared-prefix: question tokens', positiveInt('--question-len'))
-    .option('--output-len <n>', 'shared-prefix: output tokens', positiveInt('--output-len'))
-    .option('--mean-turns <n>', 'skewed, multi-turn: mean turns per session', positiveNumber('--mean-turns'))
+    .option('--groups <n>', 'shared-prefix: number of groups', intArg('--groups', { min: 1 }))
+    .option('--prompts-per-group <n>', 'shared-prefix: prompts per group', intArg('--prompts-per-group', { min: 1 }))
+    .option('--system-prompt-len <n>', 'shared-prefix, multi-turn: system prompt tokens', intArg('--system-prompt-len', { min: 0 }))
+    .option('--question-len <n>', 'shared-prefix: question tokens', intArg('--question-len', { min: 1 }))
+    .option('--output-len <n>', 'shared-prefix: output tokens', intArg('--output-len', { min: 1 }))
+    .option('--mean-turns <n>', 'skewed, multi-turn: mean turns per session', numberArg('--mean-turns', { min: 0, minExclusive: true }))
     .addHelpText('after', '\nExample:\n  kvroute trace gen --kind skewed --requests 5000 --seed 7 --out /tmp/skewed.jsonl')
     .action(async (o: GenOptions) => {
-      if (!(TRACE_KINDS as readonly string[]).includes(o.kind)) {
-        process.stderr.write(`kvroute trace gen: unknown --kind "${o.kind}"; known: ${TRACE_KINDS.join(', ')}\n`);
-        process.exitCode = 2;
-        return;
-      }
       const requests = generateTrace(o);
       if (o.out) {
         try {

@@ -23,7 +23,7 @@ import type { EngineMirror } from '../metrics/scrape.ts';
 import { LocalTokenizer } from '../tokenizer/local.ts';
 import { inlineTokenizer, threadTokenizer, type TokenizerService } from '../tokenizer/service.ts';
 import { RemoteTokenizer } from '../tokenizer/remote.ts';
-import { workerFromUnknown, type ServeConfig, type WorkerSpec } from './config.ts';
+import { type ServeConfig, type WorkerSpec, workerFromUnknown } from '../config/serve.ts';
 import { readBody, sendJson } from '../http/body.ts';
 import { badRequest, HttpError, sendError, sseErrorFrame } from '../http/errors.ts';
 import { parseRequest, upstreamBody, type Endpoint, type ParsedRequest } from './openai/validate.ts';

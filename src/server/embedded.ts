@@ -6,7 +6,7 @@ import { existsSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { startMocker, type MockerHandle } from '../mocker/server.ts';
-import type { WorkerSpec } from './config.ts';
+import type { WorkerSpec } from '../config/worker-spec.ts';
 
 export interface EmbeddedFleet {
   readonly workers: WorkerSpec[];

@@ -5,7 +5,7 @@
 import { Pool, request } from 'undici';
 import type { KvRouter } from '../core/router.ts';
 import { sourceKey } from '../core/types.ts';
-import type { WorkerSpec } from './config.ts';
+import type { WorkerSpec } from '../config/worker-spec.ts';
 
 export interface ModelCard {
   id: string;

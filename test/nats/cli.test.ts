@@ -37,7 +37,7 @@ describe('kvroute relay', () => {
   it('rejects a malformed endpoint', async () => {
     const r = await run(['--nats', nats.url, '--worker', 'x', '--events', 'localhost:5557']).done;
     expect(r.code).not.toBe(0);
-    expect(r.stderr).toMatch(/--events must look like tcp:\/\/host:port/);
+    expect(r.stderr).toMatch(/--events must be a tcp:\/\/host:port endpoint/);
   });
 
   it('feeds a replica and stops cleanly on SIGTERM', async () => {
