@@ -76,6 +76,9 @@ export interface ServeConfig {
   clientStallTimeoutMs: number;
   /** Credit offload-tier blocks (host 0.75, disk 0.25 of a GPU block) in the kv policy. */
   tierCredit: boolean;
+  /** A separate listener for /metrics and /dashboard (absent: served on the main port). */
+  metricsHost?: string;
+  metricsPort?: number;
 }
 
 /** Keys a config file may set (optional ones included). */

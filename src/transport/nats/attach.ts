@@ -33,9 +33,11 @@ export async function attachToServer(running: RunningServer, options: ReplicaOpt
     }
     if (!entry.url) return; // no HTTP endpoint to proxy to: its blocks are indexed, requests cannot go there
     if (workers.get(id)) await workers.remove(id); // URL, model or ranks changed
-    await workers.add({ id, url: entry.url, dp: entry.dpRanks.length, models: entry.model ? [entry.model] : undefined });
-    // WorkerSet adds sources without events as approximate; these are fed by the stream.
-    for (const dp of entry.dpRanks) router.addSource({ workerId: id, dpRank: dp }, { mode: 'events' });
+    // Events mode: these workers' KV events come from the stream, not from a ZMQ subscription of this server.
+    await workers.add(
+      { id, url: entry.url, dp: entry.dpRanks.length, models: entry.model ? [entry.model] : undefined },
+      { mode: 'events' },
+    );
   };
   const replica = new NatsReplica({
     ...options,
