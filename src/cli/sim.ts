@@ -6,7 +6,7 @@ import { writeFileSync } from 'node:fs';
 import type { Command } from 'commander';
 import cliProgress from 'cli-progress';
 import { POLICY_NAMES } from '../core/scheduling/policies.ts';
-import { runFleet, type FleetOptions, type FleetResult } from '../sim/fleet.ts';
+import { type FleetOptions, type FleetResult, runFleet, SIM_DISPATCH_DEFAULTS } from '../sim/fleet.ts';
 import { computeOracle } from '../sim/oracle.ts';
 import { buildReport, formatReport, renderSvg } from '../sim/report.ts';
 import { type Scenario, scenario, SCENARIOS } from '../sim/scenarios.ts';
@@ -34,6 +34,14 @@ interface SimCliOptions {
   temperature?: number;
   overlayGraceMs?: number;
   seed: number;
+  busyPrefillTokens?: number;
+  busyKvFraction?: number;
+  queueLimit?: number;
+  queueTimeoutMs?: number;
+  retries?: number;
+  breakerThreshold?: number;
+  breakerCooldownMs?: number;
+  engineFailures?: number;
   json?: string;
   plot?: string;
   progress: boolean;
@@ -94,7 +102,9 @@ export function registerSim(program: Command): void {
         'step timing); KV events flow back to the router after --event-delay-ms, first-token and finish hooks fire at ' +
         'their simulated times. Per policy: predicted hit (request- and block-weighted), available hit, engine-delivered ' +
         'hit (token-weighted, engine counters), TTFT p50/p90/p99 overall and by prompt length, throughput, prefill-load ' +
-        'imbalance (max/mean), preemptions; plus the oracle (infinite shared cache) on the same trace.',
+        'imbalance (max/mean), preemptions; plus the oracle (infinite shared cache) on the same trace. Requests go ' +
+        'through the same core dispatcher as `kvroute serve` (busy thresholds, queue, retries, breakers, with the ' +
+        'same setting names): the report counts requests served, queued, refused (by reason) and retried.',
     )
     .option('--trace <file>', 'Mooncake-format JSONL trace (see `kvroute trace gen`)')
     .option('--scenario <name>', `a built-in scenario instead of --trace: ${SCENARIOS.join(', ')} (seed: the 0.32-vs-0.77 case)`)
@@ -119,6 +129,30 @@ export function registerSim(program: Command): void {
     .option('--overlap-credit <x>', 'kv knob: prefill blocks saved per overlapping block (default 1)', nonNeg('--overlap-credit'))
     .option('--temperature <t>', 'kv knob: 0 picks the minimum cost, > 0 samples a softmax (default 0)', nonNeg('--temperature'))
     .option('--seed <n>', 'seed for the router and the engines (and the scenario generator)', int('--seed', 0), 1)
+    .option(
+      '--busy-prefill-tokens <n>',
+      'as serve: a worker is busy with more active prefill tokens than this',
+      int('--busy-prefill-tokens', 0),
+    )
+    .option(
+      '--busy-kv-fraction <x>',
+      'as serve: a worker is busy above this fraction of its KV blocks in active use',
+      nonNeg('--busy-kv-fraction'),
+    )
+    .option(
+      '--queue-limit <n>',
+      'as serve: requests waiting while all workers are busy; beyond: refused (queue_full)',
+      int('--queue-limit', 0),
+    )
+    .option('--queue-timeout-ms <ms>', 'as serve: longest wait in the queue before a refusal (queue_timeout)', int('--queue-timeout-ms', 1))
+    .option('--retries <n>', 'as serve: retries on the next-best worker after an attempt fails before answering', int('--retries', 0))
+    .option('--breaker-threshold <n>', "as serve: consecutive failures that open a worker's circuit breaker", int('--breaker-threshold', 1))
+    .option('--breaker-cooldown-ms <ms>', 'as serve: time an open breaker waits before one trial request', int('--breaker-cooldown-ms', 0))
+    .option(
+      '--engine-failures <fraction>',
+      'fraction of attempts that fail before the engine answers (as a 500), seeded (default 0)',
+      nonNeg('--engine-failures'),
+    )
     .option('--json <file>', 'write the full results as JSON')
     .option('--plot <file>', 'write an SVG chart of hit rates and TTFT per policy')
     .option('--no-progress', 'no progress bar on stderr')
@@ -190,8 +224,23 @@ export function registerSim(program: Command): void {
             ...(o.temperature !== undefined && { temperature: o.temperature }),
           },
           ...(o.overlayGraceMs !== undefined && { overlayGraceMs: o.overlayGraceMs }),
+          ...((o.busyPrefillTokens !== undefined || o.busyKvFraction !== undefined) && {
+            busy: { activePrefillTokens: o.busyPrefillTokens, activeBlockFraction: o.busyKvFraction },
+          }),
         },
+        dispatch: {
+          ...SIM_DISPATCH_DEFAULTS,
+          ...(o.queueLimit !== undefined && { queueLimit: o.queueLimit }),
+          ...(o.queueTimeoutMs !== undefined && { queueTimeoutMs: o.queueTimeoutMs }),
+          ...(o.retries !== undefined && { retries: o.retries }),
+          breaker: {
+            threshold: o.breakerThreshold ?? SIM_DISPATCH_DEFAULTS.breaker.threshold,
+            cooldownMs: o.breakerCooldownMs ?? SIM_DISPATCH_DEFAULTS.breaker.cooldownMs,
+          },
+        },
+        engineFailures: o.engineFailures,
       };
+      if (o.engineFailures !== undefined && o.engineFailures >= 1) return fail('--engine-failures must be below 1');
       if (512 % blockSize !== 0) {
         process.stderr.write(`kvroute sim: note: block size ${blockSize} does not divide 512; trace blocks straddle router blocks\n`);
       }
