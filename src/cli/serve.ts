@@ -403,7 +403,7 @@ export function registerServe(program: Command): void {
       }
       let replica: { close(): Promise<void> } | null = null;
       if (natsUrls.length > 0) {
-        const { attachToServer } = await import('../transport/nats/attach.ts');
+        const { attachToServer } = await import('../server/nats.ts');
         log.info({ nats: natsUrls }, 'joining the replicas on NATS: loading the index snapshot and catching up');
         replica = await attachToServer(server, {
           servers: natsUrls,

@@ -5,7 +5,7 @@
 import type { Logger } from 'pino';
 import type { KvRouter } from '../core/router.ts';
 import type { KvEvent } from '../core/types.ts';
-import { EventIngest } from '../ingest/ingest.ts';
+import { EventIngest } from '../transport/event-ingest.ts';
 import type { RouterMetrics } from '../metrics/registry.ts';
 import type { Worker } from './workers.ts';
 

@@ -7,11 +7,11 @@
  *   the NATS registry added to / removed from its WorkerSet (their sources kept in events mode: their events come
  *   from the stream, not from a ZMQ subscription of the server).
  */
-import type { KvRouter } from '../../core/router.ts';
-import type { RunningServer } from '../../server/app.ts';
-import { registerReplicaMetrics } from './metrics.ts';
-import { NatsReplica, type ReplicaOptions } from './replica.ts';
-import type { WorkerEntry } from './protocol.ts';
+import type { KvRouter } from '../core/router.ts';
+import type { RunningServer } from './app.ts';
+import { registerReplicaMetrics } from '../transport/nats/metrics.ts';
+import { NatsReplica, type ReplicaOptions } from '../transport/nats/replica.ts';
+import type { WorkerEntry } from '../transport/nats/protocol.ts';
 
 export function shareLifecycle(router: KvRouter, replica: NatsReplica): () => void {
   // The replica announces only requests it routed itself (peers' requests are tracked under `<peer>/<id>`).
