@@ -100,6 +100,7 @@ export function registerRelay(program: Command): void {
         process.once('SIGINT', () => resolve());
         process.once('SIGTERM', () => resolve());
       });
+      log.info({ nats: opts.nats, worker: opts.worker }, 'connecting to NATS (waits until it is reachable; SIGTERM stops)');
       try {
         await Promise.race([relay.start(), stopped]);
       } catch (err) {

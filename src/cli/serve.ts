@@ -71,7 +71,7 @@ export function registerServe(program: Command): void {
       }
       let replica: { close(): Promise<void> } | null = null;
       if (natsUrls.length > 0) {
-        const { attachToServer } = await import('../transport/nats/attach.ts');
+        const { attachToServer } = await import('../server/nats.ts');
         log.info({ nats: natsUrls }, 'joining the replicas on NATS: loading the index snapshot and catching up');
         replica = await attachToServer(server, {
           servers: natsUrls,
@@ -88,7 +88,8 @@ export function registerServe(program: Command): void {
       }
       log.info(
         { url: server.url, workers: config.workers.length, policy: config.policy, blockSize: config.blockSize },
-        `kvroute listening on ${server.url} (OpenAI API at ${server.url}/v1)`,
+        `kvroute listening on ${server.url} (OpenAI API at ${server.url}/v1)` +
+          (server.metricsUrl ? `; metrics and dashboard on ${server.metricsUrl}` : ''),
       );
       let stopping = false;
       const stop = (signal: string) => {

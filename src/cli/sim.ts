@@ -6,8 +6,9 @@ import { writeFileSync } from 'node:fs';
 import type { Command } from 'commander';
 import cliProgress from 'cli-progress';
 import { intArg, numberArg, numberListArg, splitList } from '../config/parsers.ts';
+import { ADMISSION_SETTINGS, addServeOptions, serveSettingsFrom } from '../config/serve.ts';
 import { POLICY_NAMES } from '../core/scheduling/policies.ts';
-import { runFleet, type FleetOptions, type FleetResult } from '../sim/fleet.ts';
+import { type FleetOptions, type FleetResult, runFleet, SIM_DISPATCH_DEFAULTS } from '../sim/fleet.ts';
 import { computeOracle } from '../sim/oracle.ts';
 import { buildReport, formatReport, renderSvg } from '../sim/report.ts';
 import { type Scenario, scenario, SCENARIOS } from '../sim/scenarios.ts';
@@ -35,6 +36,7 @@ interface SimCliOptions {
   temperature?: number;
   overlayGraceMs?: number;
   seed: number;
+  engineFailures?: number;
   json?: string;
   plot?: string;
   progress: boolean;
@@ -55,8 +57,11 @@ function fail(message: string, code = 2): void {
   process.exitCode = code;
 }
 
+/** The admission settings `kvroute sim` shares with `kvroute serve`: same flags, ranges, defaults (src/config/serve.ts). */
+const SIM_ADMISSION = [...ADMISSION_SETTINGS, 'breakerThreshold', 'breakerCooldownMs'] as const;
+
 export function registerSim(program: Command): void {
-  program
+  const sim = program
     .command('sim')
     .summary('replay a trace through simulated engines behind the real router and compare routing policies')
     .description(
@@ -65,7 +70,9 @@ export function registerSim(program: Command): void {
         'step timing); KV events flow back to the router after --event-delay-ms, first-token and finish hooks fire at ' +
         'their simulated times. Per policy: predicted hit (request- and block-weighted), available hit, engine-delivered ' +
         'hit (token-weighted, engine counters), TTFT p50/p90/p99 overall and by prompt length, throughput, prefill-load ' +
-        'imbalance (max/mean), preemptions; plus the oracle (infinite shared cache) on the same trace.',
+        'imbalance (max/mean), preemptions; plus the oracle (infinite shared cache) on the same trace. Requests go ' +
+        'through the same core dispatcher as `kvroute serve` (busy thresholds, queue, retries, breakers, with the ' +
+        'same setting names): the report counts requests served, queued, refused (by reason) and retried.',
     )
     .option('--trace <file>', 'Mooncake-format JSONL trace (see `kvroute trace gen`)')
     .option('--scenario <name>', `a built-in scenario instead of --trace: ${SCENARIOS.join(', ')} (seed: the 0.32-vs-0.77 case)`)
@@ -116,9 +123,16 @@ export function registerSim(program: Command): void {
       numberArg('--temperature', { min: 0 }),
     )
     .option('--seed <n>', 'seed for the router and the engines (and the scenario generator)', intArg('--seed', { min: 0 }), 1)
+    .option(
+      '--engine-failures <fraction>',
+      'fraction of attempts that fail before the engine answers (as a 500), seeded (default 0)',
+      numberArg('--engine-failures', { min: 0 }),
+    )
     .option('--json <file>', 'write the full results as JSON')
     .option('--plot <file>', 'write an SVG chart of hit rates and TTFT per policy')
-    .option('--no-progress', 'no progress bar on stderr')
+    .option('--no-progress', 'no progress bar on stderr');
+  addServeOptions(sim, SIM_ADMISSION, true);
+  sim
     .addHelpText(
       'after',
       '\nExamples:\n' +
@@ -127,7 +141,14 @@ export function registerSim(program: Command): void {
         '  kvroute sim --trace t.jsonl --policy kv,round-robin --rate-scale 0.5,1,2,4\n' +
         '  kvroute sim --scenario seed',
     )
-    .action(async (o: SimCliOptions) => {
+    .action(async (o: SimCliOptions, cmd: Command) => {
+      let admission: ReturnType<typeof serveSettingsFrom<(typeof SIM_ADMISSION)[number]>>;
+      try {
+        // Flags only: KVROUTE_* variables configure the router, not a simulation.
+        admission = serveSettingsFrom(cmd, SIM_ADMISSION, { env: {} });
+      } catch (err) {
+        return fail((err as Error).message);
+      }
       if (!o.trace === !o.scenario) return fail('give exactly one of --trace FILE or --scenario NAME');
       const rates = o.rateScale;
       let requests: TraceRequest[];
@@ -186,8 +207,20 @@ export function registerSim(program: Command): void {
             ...(o.temperature !== undefined && { temperature: o.temperature }),
           },
           ...(o.overlayGraceMs !== undefined && { overlayGraceMs: o.overlayGraceMs }),
+          ...((admission.busyPrefillTokens !== undefined || admission.busyKvFraction !== undefined) && {
+            busy: { activePrefillTokens: admission.busyPrefillTokens, activeBlockFraction: admission.busyKvFraction },
+          }),
         },
+        dispatch: {
+          ...SIM_DISPATCH_DEFAULTS,
+          queueLimit: admission.queueLimit,
+          queueTimeoutMs: admission.queueTimeoutMs,
+          retries: admission.retries,
+          breaker: { threshold: admission.breakerThreshold, cooldownMs: admission.breakerCooldownMs },
+        },
+        engineFailures: o.engineFailures,
       };
+      if (o.engineFailures !== undefined && o.engineFailures >= 1) return fail('--engine-failures must be below 1');
       if (512 % blockSize !== 0) {
         process.stderr.write(`kvroute sim: note: block size ${blockSize} does not divide 512; trace blocks straddle router blocks\n`);
       }

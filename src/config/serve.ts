@@ -385,9 +385,9 @@ export const ADMISSION_SETTINGS = [
 /** `--config`: not a setting itself (a config file cannot name another), but read the same ways. */
 export const CONFIG_OPTION = { flag: '-c, --config <file>', env: 'KVROUTE_CONFIG' } as const;
 
-/** Adds serve settings' options to any command (all, or `keys`, e.g. `ADMISSION_SETTINGS`). */
-export function addServeOptions(command: Command, keys?: readonly ServeSettingKey[]): Command {
-  return addSettingsOptions(command, serveSchema, keys);
+/** Adds serve settings' options to any command (all, or `keys`, e.g. `ADMISSION_SETTINGS`; `flagsOnly` for other commands). */
+export function addServeOptions(command: Command, keys?: readonly ServeSettingKey[], flagsOnly = false): Command {
+  return addSettingsOptions(command, serveSchema, keys, flagsOnly);
 }
 
 /** The given serve settings of a parsed command, checked, defaults filled in (for another command: pass `env: {}`). */

@@ -187,20 +187,23 @@ export function settingLabel(entry: SettingMeta): string {
   return `${longFlag(entry)} (${entry.env})`;
 }
 
-function helpText(key: string, entry: SettingEntry): string {
+function helpText(key: string, entry: SettingEntry, flagsOnly: boolean): string {
   const notes: string[] = [];
   if (entry.kind.range) notes.push(entry.kind.range);
   if (entry.default !== undefined && !(Array.isArray(entry.default) && entry.default.length === 0)) {
     notes.push(`default: ${entry.kind.show(entry.default)}`);
   }
-  notes.push(`env: ${entry.env}${entry.kind.arg === 'switch' ? '=true|false' : ''}`, `config: ${key}`);
+  if (!flagsOnly) notes.push(`env: ${entry.env}${entry.kind.arg === 'switch' ? '=true|false' : ''}`, `config: ${key}`);
   return `${entry.help} (${notes.join('; ')})`;
 }
 
-/** Adds the settings' options to a command (all of the schema's, or `keys`): flag, help with range, default and variable. */
-export function addSettingsOptions(command: Command, schema: SettingsSchema, keys?: readonly string[]): Command {
+/**
+ * Adds the settings' options to a command (all of the schema's, or `keys`): flag, help with range, default and variable.
+ * `flagsOnly`: another command borrowing the settings as flags (its help names no variable or config key).
+ */
+export function addSettingsOptions(command: Command, schema: SettingsSchema, keys?: readonly string[], flagsOnly = false): Command {
   for (const { key, entry } of settingsOf(schema, keys)) {
-    const option = new Option(entry.flag, helpText(key, entry));
+    const option = new Option(entry.flag, helpText(key, entry, flagsOnly));
     // No commander parsing or env: the resolver reads every source itself, so it knows where a bad value came from.
     if (entry.kind.arg === 'list') option.argParser((v: string, previous: string[] = []) => [...previous, v]);
     if (entry.group) option.helpGroup(entry.group);

@@ -312,9 +312,16 @@ export class KvRouter {
     const candidates: Candidate[] = [];
     const busySources: string[] = [];
     let bestOverlap = 0;
+    // Source-level filters: allow (the eligible set), exclude (sources a retry moves away from), busy (thresholds).
+    let allowed = 0;
+    let excluded = 0;
     for (const entry of this.sources.values()) {
       if (req.allow && !req.allow.has(entry.key)) continue;
-      if (req.exclude?.has(entry.key)) continue;
+      allowed++;
+      if (req.exclude?.has(entry.key)) {
+        excluded++;
+        continue;
+      }
       const s = entry.index;
       const activePrefixBlocks = this.active.activePrefix(s, seqHashes, view);
       let ov = s < fromIndex.length ? fromIndex[s] : 0;
@@ -351,8 +358,10 @@ export class KvRouter {
       return {
         kind: 'refused',
         requestId: req.requestId,
-        reason: busySources.length > 0 ? 'all_busy' : 'no_sources',
+        reason: allowed === 0 ? 'no_sources' : excluded === allowed ? 'all_excluded' : 'all_busy',
         busySources,
+        seqHashes,
+        promptTokens,
       };
     }
 

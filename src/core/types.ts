@@ -159,8 +159,12 @@ export interface RouteDecision {
 export interface RouteRefusal {
   readonly kind: 'refused';
   readonly requestId: string;
-  readonly reason: 'no_sources' | 'all_busy' | 'duplicate_request';
+  /** no_sources: none allowed; all_excluded: every allowed source was excluded; all_busy: the rest were busy. */
+  readonly reason: 'no_sources' | 'all_excluded' | 'all_busy' | 'duplicate_request';
   readonly busySources: readonly string[];
+  /** The request's hashes, when computed before the refusal (a caller that retries later reuses them). */
+  readonly seqHashes?: BigUint64Array;
+  readonly promptTokens?: number;
 }
 
 export type RouteResult = RouteDecision | RouteRefusal;

@@ -43,6 +43,8 @@ export type ErrorCode =
   | 'model_not_found'
   | 'no_workers'
   | 'no_healthy_workers'
+  | 'no_workers_for_role'
+  | 'subset_unavailable'
   | 'all_busy'
   | 'queue_full'
   | 'queue_timeout'

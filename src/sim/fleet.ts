@@ -1,16 +1,23 @@
 /**
  * The fleet simulator: a trace replayed on a virtual clock through N engine models (src/mocker/engine, unchanged)
- * behind the real KvRouter. No sleeps, no timers: a heap of timed events drives everything.
+ * behind the same core the server runs: the Dispatcher (eligibility, busy thresholds, queue, retries, breakers) around
+ * the KvRouter. No sleeps, no timers: a heap of timed events drives everything.
  *
- *   arrival    router.route() -> engine.addRequest(); an idle engine starts a step at once
- *   step end   outputs become visible: first token -> router.firstToken(), finish -> router.finish(cached tokens);
- *              the step's KV events are queued for the router, delivered `eventDelayMs` later (as over ZMQ);
- *              the engine starts its next step if it has work
+ *   arrival    dispatcher.submit() -> dispatch: engine.addRequest() (an idle engine starts a step at once)
+ *                                   | queued (every source busy) | refused (counted by reason)
+ *   step end   outputs become visible: first token -> dispatcher.firstToken(), finish -> dispatcher.finish(cached
+ *              tokens); both free load, so queued requests may be dispatched; the step's KV events are queued for the
+ *              router, delivered `eventDelayMs` later (as over ZMQ); the engine starts its next step if it has work
  *   delivery   router.applyEvents() with the engine's events, exactly as live mode feeds them
+ *   failure    with `engineFailures` > 0, an attempt fails before its engine answers (as a 500 would) and is reported
+ *              `failureLatencyMs` later: the dispatcher retries it elsewhere or refuses it, and breakers open
+ *   wake       dispatcher.tick() at the time it asks for (queue timeouts, sweeps)
  *
  * Engine events are core-shaped already (Stored carries the new blocks' tokens; the router hashes them itself and maps
  * the engine's sha256-chain ids to its own hashes), so no conversion is needed at this edge.
  */
+import { type DispatchEffect, Dispatcher, type DispatchOptions, type RefusalCode } from '../core/dispatch/dispatcher.ts';
+import { createRng } from '../core/rng.ts';
 import { KvRouter, type KvRouterOptions } from '../core/router.ts';
 import type { Policy } from '../core/scheduling/policy.ts';
 import type { KvEvent } from '../core/types.ts';
@@ -44,7 +51,22 @@ export interface FleetOptions {
   readonly onProgress?: (done: number, total: number) => void;
   /** A hasher to share between runs at the same block size (its memo makes later runs cheaper). */
   readonly hasher?: TraceHasher;
+  /** Admission as `kvroute serve` has it (queue, retries, breaker); busy thresholds go in `router.busy`. */
+  readonly dispatch?: Partial<DispatchOptions>;
+  /** Fraction of attempts that fail before their engine answers (seeded). Default 0. */
+  readonly engineFailures?: number;
+  /** Delay before a failed attempt is noticed, ms. Default 2. */
+  readonly failureLatencyMs?: number;
 }
+
+/** The serve defaults for admission (src/server/config.ts), so a simulation admits as the live router does. */
+export const SIM_DISPATCH_DEFAULTS: DispatchOptions = {
+  queueLimit: 1024,
+  queueTimeoutMs: 30_000,
+  retries: 2,
+  breaker: { threshold: 5, cooldownMs: 10_000 },
+  sweepIntervalMs: 5_000,
+};
 
 export interface LatencySummary {
   readonly requests: number;
@@ -100,7 +122,22 @@ export interface FleetResult {
   readonly per_worker: ReadonlyArray<{ readonly worker: string; readonly requests: number; readonly prefill_tokens: number }>;
   /** Cached blocks the engines evicted to make room. */
   readonly blocks_evicted: number;
-  readonly requests: { readonly routed: number; readonly finished: number; readonly rejected: number };
+  /**
+   * served: answered by an engine; queued: waited in the dispatcher's queue at least once; refused: answered with a
+   * refusal (by reason in `refusals`); retried: attempts that failed and were retried elsewhere.
+   */
+  readonly requests: {
+    readonly served: number;
+    readonly queued: number;
+    readonly refused: number;
+    readonly retried: number;
+    readonly routed: number;
+    readonly finished: number;
+    readonly rejected: number;
+  };
+  readonly refusals: Partial<Record<RefusalCode | 'engine_rejected', number>>;
+  /** Over requests that waited in the queue (NaN when none did). */
+  readonly queue_wait_ms: { readonly p50: number; readonly p99: number; readonly max: number };
   readonly events: { readonly applied: number; readonly rejected: number };
   /** wall_s is elapsed time; cpu_s this process's user+system CPU (the fairer figure on a shared machine). */
   readonly sim: { readonly simulated_s: number; readonly wall_s: number; readonly cpu_s: number; readonly engine_steps: number };
@@ -117,6 +154,8 @@ export const TTFT_BUCKETS: ReadonlyArray<{ name: string; max: number }> = [
 const ARRIVAL = 0;
 const STEP_END = 1;
 const DELIVER = 2;
+const WAKE = 3;
+const FAIL = 4;
 
 interface WorkerState {
   readonly engine: MockEngine;
@@ -163,6 +202,11 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
     seed: opts.seed ?? 0,
     ...opts.router,
   });
+  const dispatcher = new Dispatcher(router, { ...SIM_DISPATCH_DEFAULTS, ...opts.dispatch });
+  const failRate = opts.engineFailures ?? 0;
+  if (!(failRate >= 0 && failRate < 1)) throw new RangeError(`engine failure fraction must be in [0, 1), got ${failRate}`);
+  const failRng = createRng(((opts.seed ?? 0) ^ 0x5eed_fa11) >>> 0);
+  const failLatency = opts.failureLatencyMs ?? 2;
   const workers: WorkerState[] = [];
   for (let w = 0; w < opts.workers; w++) {
     const engine = new MockEngine({
@@ -172,7 +216,8 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
       seed: (opts.seed ?? 0) + w,
       ...opts.engine,
     });
-    const key = router.addSource({ workerId: `w${w}`, dpRank: 0 }, { mode: 'events', capacityBlocks: opts.gpuBlocks });
+    const key = `w${w}`;
+    dispatcher.addWorker({ id: key, mode: 'events', capacityBlocks: opts.gpuBlocks }, 0);
     workers.push({ engine, key, busy: false, pendingStep: null, inFlight: [], prefillTokens: 0, requests: 0, windowPrefill: new Map() });
   }
   const workerOf = new Map<string, number>();
@@ -194,7 +239,13 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
 
   let routed = 0;
   let finished = 0;
-  let rejected = 0;
+  let served = 0;
+  let refused = 0;
+  let retried = 0;
+  let engineRejected = 0;
+  const refusals: Partial<Record<RefusalCode | 'engine_rejected', number>> = {};
+  const queuedIds = new Set<string>();
+  const queueWaits: number[] = [];
   let eventsApplied = 0;
   let eventsRejected = 0;
   let lastFinish = 0;
@@ -202,8 +253,10 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
   let promptTokensTotal = 0;
   let engineRatioSum = 0;
   let engineReports = 0;
-  let nextSweep = 5_000;
+  let wakeAt = Infinity;
+  let arrived = 0;
   const progressEvery = Math.max(1, Math.floor(n / 200));
+  const indexOf = (id: string) => Number(id.slice(1));
 
   const startStep = (w: number, now: number) => {
     const ws = workers[w];
@@ -222,33 +275,37 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
     heap.push(now + res.durationMs, STEP_END, w);
   };
 
-  const ev = { time: 0, kind: 0, arg: 0 };
-  while (heap.pop(ev)) {
-    const now = ev.time;
-    if (ev.kind === ARRIVAL) {
-      const i = ev.arg;
-      const req = requests[i];
-      if (now >= nextSweep) {
-        router.sweep(now);
-        nextSweep = now + 5_000;
-      }
-      const id = `r${i}`;
-      const seqHashes = hasher.seqHashes(req);
-      const decision = router.route({ requestId: id, seqHashes, promptTokens: req.inputLength }, now);
-      if (decision.kind !== 'routed') {
-        rejected++;
+  /** Carries out the dispatcher's effects, in order, then makes sure it is woken when it asks. */
+  const apply = (effects: DispatchEffect[], now: number): void => {
+    for (let k = 0; k < effects.length; k++) {
+      const e = effects[k];
+      if (e.kind === 'finished') continue;
+      const i = indexOf(e.requestId);
+      if (e.kind === 'reject') {
+        refused++;
+        refusals[e.code] = (refusals[e.code] ?? 0) + 1;
+        if (queuedIds.delete(e.requestId)) queueWaits.push(e.queuedMs);
         continue;
       }
-      const w = workerOf.get(decision.sourceKey)!;
+      if (e.attempt > 0) retried++;
+      if (queuedIds.delete(e.requestId)) queueWaits.push(e.queuedMs);
+      const w = workerOf.get(e.decision.sourceKey)!;
+      if (failRate > 0 && failRng() < failRate) {
+        heap.push(now + failLatency, FAIL, i);
+        continue;
+      }
+      const req = requests[i];
       try {
         workers[w].engine.addRequest(
-          { requestId: id, promptTokens: expandTokensArray(req), maxTokens: Math.max(1, req.outputLength) },
+          { requestId: e.requestId, promptTokens: expandTokensArray(req), maxTokens: Math.max(1, req.outputLength) },
           now,
         );
       } catch (err) {
         if (!(err instanceof EngineInputError)) throw err;
-        router.finish(id, { outcome: 'error' }, now);
-        rejected++;
+        // The engine refuses the prompt (too long): the request's fault, answered as the engine's 400 would be.
+        engineRejected++;
+        refusals.engine_rejected = (refusals.engine_rejected ?? 0) + 1;
+        apply(dispatcher.finish(e.requestId, { outcome: 'error' }, now), now);
         continue;
       }
       routed++;
@@ -256,19 +313,45 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
       const rec: RequestRecord = {
         index: i,
         worker: w,
-        arrivalMs: now,
+        arrivalMs: arrival[i],
         promptTokens: req.inputLength,
-        islBlocks: decision.islBlocks,
-        overlapBlocks: decision.overlapBlocks,
-        bestOverlapBlocks: decision.bestOverlapBlocks,
+        islBlocks: e.decision.islBlocks,
+        overlapBlocks: e.decision.overlapBlocks,
+        bestOverlapBlocks: e.decision.bestOverlapBlocks,
         firstTokenMs: NaN,
         finishMs: NaN,
         cachedTokens: -1,
       };
-      recordOf.set(id, rec);
+      recordOf.set(e.requestId, rec);
       if (opts.keepRequests) records[i] = rec;
       if (!workers[w].busy) startStep(w, now);
-      if (opts.onProgress && (routed % progressEvery === 0 || routed === n)) opts.onProgress(routed, n);
+    }
+    const at = dispatcher.nextWakeAt(now);
+    if (at !== undefined && at < wakeAt) {
+      wakeAt = at;
+      heap.push(Math.max(now, at), WAKE, 0);
+    }
+  };
+
+  const ev = { time: 0, kind: 0, arg: 0 };
+  while (heap.pop(ev)) {
+    const now = ev.time;
+    if (ev.kind === WAKE) {
+      if (now < wakeAt) continue; // superseded by an earlier wake that already ran
+      wakeAt = Infinity;
+      apply(dispatcher.tick(now), now);
+    } else if (ev.kind === FAIL) {
+      apply(dispatcher.failed(`r${ev.arg}`, 'injected engine failure', now), now);
+    } else if (ev.kind === ARRIVAL) {
+      const i = ev.arg;
+      const req = requests[i];
+      const id = `r${i}`;
+      const seqHashes = hasher.seqHashes(req);
+      const effects = dispatcher.submit({ requestId: id, model: 'sim', seqHashes, promptTokens: req.inputLength }, now);
+      if (effects.length === 0) queuedIds.add(id);
+      apply(effects, now);
+      arrived++;
+      if (opts.onProgress && (arrived % progressEvery === 0 || arrived === n)) opts.onProgress(arrived, n);
     } else if (ev.kind === STEP_END) {
       const w = ev.arg;
       const ws = workers[w];
@@ -281,7 +364,7 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
         const rec = recordOf.get(out.requestId);
         if (!rec) continue;
         if (out.firstToken) {
-          router.firstToken(out.requestId, now);
+          apply(dispatcher.firstToken(out.requestId, now), now);
           rec.firstTokenMs = now;
           rec.cachedTokens = out.cachedTokens;
           const t = now - rec.arrivalMs;
@@ -295,8 +378,9 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
           ws.windowPrefill.set(win, (ws.windowPrefill.get(win) ?? 0) + computed);
         }
         if (out.finished) {
-          router.finish(out.requestId, { cachedTokens: out.cachedTokens }, now);
+          apply(dispatcher.finish(out.requestId, { outcome: 'ok', cachedTokens: out.cachedTokens }, now), now);
           rec.finishMs = now;
+          served++;
           recordOf.delete(out.requestId);
           finished++;
           lastFinish = now;
@@ -351,11 +435,19 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
     preemptions,
     per_worker: workers.map((w) => ({ worker: w.key, requests: w.requests, prefill_tokens: w.prefillTokens })),
     blocks_evicted: evicted,
-    requests: { routed, finished, rejected },
+    requests: { served, queued: queueWaits.length, refused, retried, routed, finished, rejected: refused + engineRejected },
+    refusals,
+    queue_wait_ms: queueSummary(queueWaits),
     events: { applied: eventsApplied, rejected: eventsRejected },
     sim: { simulated_s: span, wall_s: (performance.now() - wall0) / 1000, cpu_s: cpuSeconds(cpu0), engine_steps: steps },
     perRequest: opts.keepRequests ? (records.filter(Boolean) as RequestRecord[]) : undefined,
   };
+}
+
+function queueSummary(waits: number[]): { p50: number; p99: number; max: number } {
+  if (waits.length === 0) return { p50: NaN, p99: NaN, max: NaN };
+  const sorted = Float64Array.from(waits).sort();
+  return { p50: percentileSorted(sorted, 50), p99: percentileSorted(sorted, 99), max: sorted[sorted.length - 1] };
 }
 
 function cpuSeconds(since: NodeJS.CpuUsage): number {

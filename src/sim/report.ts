@@ -98,6 +98,17 @@ export function formatReport(rep: SimReport): string {
     'TTFT p50 / p90 ms (requests) by prompt length:',
     table(['policy', ...(sweep ? ['rate'] : []), ...buckets], bucketRows, sweep ? 2 : 1),
     '',
+    'admission (served / queued / refused / retried attempts; queue wait p50 / p99 ms; refusals):',
+    ...rep.policies.map((p) => {
+      const r = p.requests;
+      const q = p.queue_wait_ms;
+      const why = Object.entries(p.refusals)
+        .map(([k, v]) => `${k} ${v}`)
+        .join(', ');
+      const wait = r.queued > 0 ? `${ms(q.p50)} / ${ms(q.p99)}` : '-';
+      return `  ${p.name}${sweep ? ` x${p.rate_scale}` : ''}: ${r.served} / ${r.queued} / ${r.refused} / ${r.retried}; ${wait}${why ? `; ${why}` : ''}`;
+    }),
+    '',
     'requests per worker (min / max): ' +
       rep.policies
         .map((p) => {

@@ -13,7 +13,8 @@ import { computeSeqHashes } from '../../src/core/hashing.ts';
 import type { KvEvent } from '../../src/core/types.ts';
 import { decodeBatch, decodeVllmBatch, vllmFrames } from '../../src/engines/vllm.ts';
 import { decodeSglangBatch, encodeSglangBatch } from '../../src/engines/sglang.ts';
-import { SourceIngest, type IngestLogger, type ReplayFn } from '../../src/ingest/source-ingest.ts';
+import { SourceIngest, type ReplayFn } from '../../src/ingest/source-ingest.ts';
+import type { LogSink } from '../../src/log.ts';
 import { FakeEngine, mulberry32 } from './fake-engine.ts';
 import { hand, KTHENA_BATCH } from '../engines/msgpack-hand.ts';
 
@@ -153,7 +154,7 @@ describe('ingestion fuzzing', () => {
     index.addSource(0);
     index.addSource(1);
     const escaped: string[] = [];
-    const log: IngestLogger = {
+    const log: LogSink = {
       info() {},
       warn() {},
       error: (o, m) => {

@@ -7,8 +7,8 @@ import { Publisher, Router } from 'zeromq';
 import { KvIndex } from '../../src/core/index/kv-index.ts';
 import type { KvEvent } from '../../src/core/types.ts';
 import { REPLAY_END_SEQ } from '../../src/engines/vllm.ts';
-import { EventIngest } from '../../src/ingest/ingest.ts';
-import { quietLogger } from '../../src/ingest/source-ingest.ts';
+import { EventIngest } from '../../src/transport/event-ingest.ts';
+import { quietLog } from '../../src/log.ts';
 import { requestReplay } from '../../src/transport/replay.ts';
 import { FakeEngine } from './fake-engine.ts';
 
@@ -97,7 +97,7 @@ function setup(engine: FakeEngine) {
       resets.push(reason);
       index.apply(0, { kind: 'cleared' });
     },
-    log: quietLogger,
+    log: quietLog,
     replayTimeoutMs: 300,
     reconnectIntervalMs: 20,
     reconnectMaxIntervalMs: 100,

@@ -20,11 +20,28 @@ afterAll(async () => {
   await nats.dispose();
 });
 
-function run(args: string[]): { done: Promise<{ code: number | null; stderr: string }>; kill: (sig: NodeJS.Signals) => void } {
-  const p = spawn(process.execPath, ['bin/kvroute.mjs', 'relay', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+function run(args: string[]): {
+  done: Promise<{ code: number | null; stderr: string }>;
+  kill: (sig: NodeJS.Signals) => void;
+  waitFor: (re: RegExp) => Promise<void>;
+} {
+  const p = spawn(process.execPath, ['bin/kvroute.mjs', 'relay', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
   let stderr = '';
-  p.stderr.on('data', (d) => (stderr += d));
-  return { done: new Promise((resolve) => p.on('exit', (code) => resolve({ code, stderr }))), kill: (s) => p.kill(s) };
+  let out = '';
+  p.stderr.on('data', (d) => {
+    stderr += d;
+  });
+  p.stdout.on('data', (d) => {
+    out += d;
+  });
+  const waitFor = async (re: RegExp) => {
+    const end = Date.now() + 20_000;
+    while (!re.test(out + stderr)) {
+      if (Date.now() > end) throw new Error(`relay never printed ${re}: ${out}${stderr}`);
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  };
+  return { done: new Promise((resolve) => p.on('exit', (code) => resolve({ code, stderr }))), kill: (s) => p.kill(s), waitFor };
 }
 
 describe('kvroute relay', () => {
@@ -84,7 +101,7 @@ describe('kvroute relay', () => {
   it('relays every data-parallel rank of an engine to its own subject', async () => {
     const { startMocker } = await import('../../src/mocker/server.ts');
     const { NatsRelay } = await import('../../src/transport/nats/relay.ts');
-    const { quietLogger } = await import('../../src/ingest/source-ingest.ts');
+    const { quietLog } = await import('../../src/log.ts');
     const mocker = await startMocker({
       speedup: 1000,
       defaultMaxTokens: 2,
@@ -99,7 +116,7 @@ describe('kvroute relay', () => {
       replay: mocker.replayEndpoint,
       dpRanks: 2,
       url: mocker.url,
-      log: quietLogger,
+      log: quietLog,
     });
     try {
       await relay.start();
@@ -160,16 +177,18 @@ describe('kvroute relay', () => {
       '--events',
       engine.mocker.zmqEndpoint!,
       '--log-level',
-      'warn',
+      'info',
     ]);
-    await new Promise((r) => setTimeout(r, 1500));
+    // Signal only once it says it is waiting (start-up takes a while on a loaded machine).
+    await relay.waitFor(/connecting to NATS/);
+    await new Promise((r) => setTimeout(r, 300));
     relay.kill('SIGTERM');
     expect((await relay.done).code).toBe(0);
   });
 
   it('splits engine batches bigger than a message across messages, losing nothing', async () => {
     const { NatsRelay } = await import('../../src/transport/nats/relay.ts');
-    const { quietLogger } = await import('../../src/ingest/source-ingest.ts');
+    const { quietLog } = await import('../../src/log.ts');
     const small = await startEngine('small');
     const { router, replica } = await startReplica(nats, 'split-rep');
     // 512-byte messages: a prefill of a few blocks (80 bytes each) already needs several.
@@ -179,7 +198,7 @@ describe('kvroute relay', () => {
       events: small.mocker.zmqEndpoint!,
       replay: small.mocker.replayEndpoint,
       maxMessageBytes: 512,
-      log: quietLogger,
+      log: quietLog,
     });
     try {
       await relay.start();

@@ -92,3 +92,52 @@ describe('fleet simulator', () => {
     expect(b.throughput_tokens_per_s).toBeGreaterThan(a.throughput_tokens_per_s * 2);
   });
 });
+
+describe('fleet simulator: admission through the core dispatcher', () => {
+  const burst = generateMultiTurn({ requests: 200, seed: 3, rate: 60 });
+
+  it('queues under busy thresholds, refuses past the queue limit or timeout, and accounts for every request', () => {
+    const r = runFleet(burst, {
+      workers: 2,
+      policy: 'kv-pressure',
+      blockSize: 16,
+      gpuBlocks: 4000,
+      seed: 2,
+      rateScale: 8,
+      router: { busy: { activePrefillTokens: 2000 } },
+      dispatch: { queueLimit: 10, queueTimeoutMs: 300 },
+    });
+    const q = r.requests;
+    expect(q.queued).toBeGreaterThan(0);
+    expect(q.refused).toBeGreaterThan(0);
+    expect((r.refusals.queue_full ?? 0) + (r.refusals.queue_timeout ?? 0)).toBe(q.refused);
+    expect(q.served + q.refused).toBe(200); // nothing lost
+    expect(r.queue_wait_ms.p99).toBeLessThanOrEqual(300);
+    expect(r.queue_wait_ms.p50).toBeGreaterThan(0);
+  });
+
+  it('retries injected engine failures elsewhere; a single worker with retries 0 refuses them as upstream_failed', () => {
+    const base = { policy: 'kv', blockSize: 16, gpuBlocks: 4000, seed: 4, engineFailures: 0.2 } as const;
+    const many = runFleet(burst, { ...base, workers: 4, dispatch: { retries: 3, breaker: { threshold: 1000, cooldownMs: 1 } } });
+    expect(many.requests.retried).toBeGreaterThan(20);
+    expect(many.requests.served + many.requests.refused).toBe(200);
+    const one = runFleet(burst, { ...base, workers: 1, dispatch: { retries: 0, breaker: { threshold: 1000, cooldownMs: 1 } } });
+    expect(one.refusals.upstream_failed).toBeGreaterThan(20);
+    expect(one.requests.served + one.requests.refused).toBe(200);
+    expect(one.requests.retried).toBe(0);
+  });
+
+  it('breakers open on a failing fleet: requests are refused no_healthy_workers while they cool down', () => {
+    const r = runFleet(burst, {
+      workers: 2,
+      policy: 'kv',
+      blockSize: 16,
+      gpuBlocks: 4000,
+      seed: 5,
+      engineFailures: 0.9,
+      dispatch: { retries: 1, breaker: { threshold: 2, cooldownMs: 500 } },
+    });
+    expect(r.refusals.no_healthy_workers).toBeGreaterThan(0);
+    expect(r.requests.served + r.requests.refused).toBe(200);
+  });
+});

@@ -19,7 +19,8 @@ import { jetstream, JetStreamApiCodes, JetStreamApiError, type JetStreamClient }
 import { randomBytes } from 'node:crypto';
 import { sourceKey, type KvEvent } from '../../core/types.ts';
 import { decodeBatch, type DecodedBatch, type EngineFlavor } from '../../engines/vllm.ts';
-import { consoleLogger, SourceIngest, type IngestLogger } from '../../ingest/source-ingest.ts';
+import { SourceIngest } from '../../ingest/source-ingest.ts';
+import { consoleLog, type LogSink } from '../../log.ts';
 import type { SourceHealth } from '../../ingest/health.ts';
 import { replayClient, requestReplay } from '../replay.ts';
 import { rankEndpoint, ZmqSource } from '../zmq-source.ts';
@@ -65,7 +66,7 @@ export interface RelayOptions {
   readonly publishTimeoutMs?: number;
   readonly replayTimeoutMs?: number;
   readonly limits?: StreamLimits;
-  readonly log?: IngestLogger;
+  readonly log?: LogSink;
 }
 
 export interface RelayRankStats {
@@ -471,7 +472,7 @@ export class NatsRelay {
   readonly maxMessageBytes: number;
   readonly publishTimeoutMs: number;
   readonly replayTimeoutMs: number;
-  readonly log: IngestLogger;
+  readonly log: LogSink;
   nc!: NatsConnection;
   js!: JetStreamClient;
   plane!: EventPlane;
@@ -499,7 +500,7 @@ export class NatsRelay {
     this.maxMessageBytes = opts.maxMessageBytes ?? 512 * 1024;
     this.publishTimeoutMs = opts.publishTimeoutMs ?? 5000;
     this.replayTimeoutMs = opts.replayTimeoutMs ?? 1000;
-    this.log = opts.log ?? consoleLogger;
+    this.log = opts.log ?? consoleLog;
     for (let r = 0; r < dp; r++) this.pipes.push(new RankPipe(this, r));
   }
 

@@ -20,7 +20,7 @@ import { DeliverPolicy, jetstream, type ConsumerMessages, type JetStreamClient }
 import { randomBytes } from 'node:crypto';
 import type { KvRouter } from '../../core/router.ts';
 import { parseSourceKey, sourceKey, type RouteDecision } from '../../core/types.ts';
-import { consoleLogger, type IngestLogger } from '../../ingest/source-ingest.ts';
+import { consoleLog, type LogSink } from '../../log.ts';
 import {
   decodeEventMessage,
   decodeLoad,
@@ -56,7 +56,7 @@ export interface ReplicaOptions {
   /** A worker whose relay has not refreshed its entry for this long (while we were connected) is removed. Default 30 s. */
   readonly workerTtlMs?: number;
   readonly limits?: StreamLimits;
-  readonly log?: IngestLogger;
+  readonly log?: LogSink;
   readonly now?: () => number;
   /** Registry changes, for the server to add or drop the worker's HTTP endpoint. `entry` null: the worker left. */
   readonly onWorker?: (workerId: string, entry: WorkerEntry | null) => void;
@@ -195,7 +195,7 @@ export class NatsReplica {
   private loadSub: Subscription | null = null;
   private timers: NodeJS.Timeout[] = [];
   private readonly now: () => number;
-  private readonly log: IngestLogger;
+  private readonly log: LogSink;
   private readonly peers = new Map<string, Peer>();
   private readonly local = new Map<string, Added>();
   private readonly workers = new Map<string, { entry: WorkerEntry; seenAt: number }>();
@@ -209,7 +209,7 @@ export class NatsReplica {
   constructor(private readonly opts: ReplicaOptions = {}) {
     this.replicaId = opts.replicaId ?? `r-${randomBytes(4).toString('hex')}`;
     this.now = opts.now ?? Date.now;
-    this.log = opts.log ?? consoleLogger;
+    this.log = opts.log ?? consoleLog;
     this.ready = new Promise((r) => (this.resolveReady = r));
     this.c = {
       replicaId: this.replicaId,

@@ -7,11 +7,11 @@
  *   the NATS registry added to / removed from its WorkerSet (their sources kept in events mode: their events come
  *   from the stream, not from a ZMQ subscription of the server).
  */
-import type { KvRouter } from '../../core/router.ts';
-import type { RunningServer } from '../../server/app.ts';
-import { registerReplicaMetrics } from './metrics.ts';
-import { NatsReplica, type ReplicaOptions } from './replica.ts';
-import type { WorkerEntry } from './protocol.ts';
+import type { KvRouter } from '../core/router.ts';
+import type { RunningServer } from './app.ts';
+import { registerReplicaMetrics } from '../transport/nats/metrics.ts';
+import { NatsReplica, type ReplicaOptions } from '../transport/nats/replica.ts';
+import type { WorkerEntry } from '../transport/nats/protocol.ts';
 
 export function shareLifecycle(router: KvRouter, replica: NatsReplica): () => void {
   // The replica announces only requests it routed itself (peers' requests are tracked under `<peer>/<id>`).
@@ -33,9 +33,11 @@ export async function attachToServer(running: RunningServer, options: ReplicaOpt
     }
     if (!entry.url) return; // no HTTP endpoint to proxy to: its blocks are indexed, requests cannot go there
     if (workers.get(id)) await workers.remove(id); // URL, model or ranks changed
-    await workers.add({ id, url: entry.url, dp: entry.dpRanks.length, models: entry.model ? [entry.model] : undefined });
-    // WorkerSet adds sources without events as approximate; these are fed by the stream.
-    for (const dp of entry.dpRanks) router.addSource({ workerId: id, dpRank: dp }, { mode: 'events' });
+    // Events mode: these workers' KV events come from the stream, not from a ZMQ subscription of this server.
+    await workers.add(
+      { id, url: entry.url, dp: entry.dpRanks.length, models: entry.model ? [entry.model] : undefined },
+      { mode: 'events' },
+    );
   };
   const replica = new NatsReplica({
     ...options,
