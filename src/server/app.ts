@@ -26,7 +26,7 @@ import { RemoteTokenizer } from '../tokenizer/remote.ts';
 import { workerFromUnknown, type ServeConfig, type WorkerSpec } from './config.ts';
 import { readBody, sendJson } from '../http/body.ts';
 import { badRequest, HttpError, sendError, sseErrorFrame } from '../http/errors.ts';
-import { parseRequest, upstreamBody, type Endpoint, type ParsedRequest } from './openai/validate.ts';
+import { parseRequest, upstreamBody, type Endpoint, type ParsedRequest } from '../openai/request.ts';
 import { RequestQueue } from './queue.ts';
 import {
   adminAuthorized,

@@ -2,9 +2,9 @@
  * Validation of the two proxied endpoints. Only what routing needs is checked strictly (model, prompt or messages,
  * stream flags, kvroute's own knobs); everything else is the engine's business and passes through untouched.
  */
-import type { KvKnobs } from '../../core/types.ts';
-import type { ChatPromptInput } from '../../tokenizer/chat.ts';
-import { badRequest } from '../../http/errors.ts';
+import type { KvKnobs } from '../core/types.ts';
+import type { ChatPromptInput } from '../tokenizer/chat.ts';
+import { badRequest } from '../http/errors.ts';
 
 export type Endpoint = 'chat' | 'completions';
 
