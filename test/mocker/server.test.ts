@@ -3,6 +3,7 @@ import * as zmq from 'zeromq';
 import { startMocker, type MockerHandle, type MockerOptions } from '../../src/mocker/server.ts';
 import { DEFAULT_POLYNOMIAL, engineIdBytes, expectedOutputTokens } from '../../src/mocker/engine/index.ts';
 import { computeSeqHashes } from '../../src/core/hashing.ts';
+import { replayEndpointFor } from '../../src/mocker/zmq.ts';
 import { asBig, decodeMsgpack, type Msg } from './independent-msgpack.ts';
 
 const open: MockerHandle[] = [];
@@ -638,5 +639,35 @@ describe('mocker faults', () => {
     expect(slow).toBeLessThan(20 * prefillS);
     // At speedup 1 a step is delivered its modelled duration later: a loaded machine can only make this longer.
     expect(wallMs).toBeGreaterThanOrEqual(5 * prefillS * 1000 * 0.95);
+  });
+});
+
+describe('mocker replay endpoint default', () => {
+  const rule = (events: string | null, ranks = 1, connect = false, replay?: string | null) =>
+    replayEndpointFor({ events, ranks, connect, replay, host: '127.0.0.1' });
+
+  it('is the port after the event ports (event port + ranks), free when the event port is, none without events', () => {
+    expect(rule('tcp://*:5557')).toBe('tcp://*:5558');
+    expect(rule('tcp://*:5557', 4)).toBe('tcp://*:5561');
+    expect(rule('tcp://10.0.0.5:7000', 2)).toBe('tcp://10.0.0.5:7002');
+    expect(rule('tcp://127.0.0.1:*', 2)).toBe('tcp://127.0.0.1:*');
+    expect(rule('tcp://127.0.0.1:0')).toBe('tcp://127.0.0.1:*');
+    expect(rule('tcp://router:5557', 1, true)).toBe('tcp://127.0.0.1:*');
+    expect(rule('ipc:///tmp/kv')).toBe('tcp://127.0.0.1:*');
+    expect(rule(null)).toBe(null);
+    // Given endpoints are used as given.
+    expect(rule('tcp://*:5557', 1, false, 'tcp://*:6000')).toBe('tcp://*:6000');
+    expect(rule('tcp://*:5557', 1, false, null)).toBe(null);
+  });
+
+  it('overlapping event and replay ports are refused before anything binds; events off means no replay socket', async () => {
+    await expect(
+      startMocker({ zmqEndpoint: 'tcp://127.0.0.1:45001', replayEndpoint: 'tcp://*:45002', dataParallelSize: 2 }),
+    ).rejects.toThrow(/replay ports 45002-45003 overlap event ports 45001-45002/);
+    await expect(startMocker({ zmqEndpoint: 'tcp://*:45001', replayEndpoint: 'tcp://*:45001' })).rejects.toThrow(/overlap/);
+    const m = await mocker({ zmqEndpoint: null });
+    expect(m.zmqEndpoint).toBe(null);
+    expect(m.replayEndpoint).toBe(null);
+    expect((await post(m, '/v1/completions', { prompt: range(20, 1), max_tokens: 1 })).status).toBe(200);
   });
 });
