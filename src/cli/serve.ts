@@ -5,7 +5,7 @@ import { POLICY_NAMES } from '../core/scheduling/policies.ts';
 import { type RunningServer, startServer } from '../server/app.ts';
 import { DEFAULTS, loadConfigFile, parseWorkerSpec, type ServeConfig, type WorkerSpec } from '../server/config.ts';
 import { LOG_REDACT_PATHS, parseRateLimit } from '../server/security/index.ts';
-import { bundledTokenizerDir, startEmbeddedFleet, type EmbeddedFleet } from '../server/embedded.ts';
+import { bundledTokenizerDir, startEmbeddedFleet, type EmbeddedFleet } from '../mocker/embedded.ts';
 
 function int(name: string, min = 0) {
   return (v: string): number => {
