@@ -3,6 +3,7 @@
  * prefix cache queries and hits in tokens, prompt and generation tokens, preemptions, running and waiting requests, KV
  * usage, the cache config info gauge, and TTFT and end-to-end latency histograms (in modelled seconds).
  */
+import type { ServerResponse } from 'node:http';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { EngineConfig, MockEngine } from './engine/index.ts';
 
@@ -97,6 +98,13 @@ export class EngineMetrics {
 
   observeE2e(rank: number, seconds: number): void {
     this.e2e.observe(this.labels[rank], seconds);
+  }
+
+  /** `GET /metrics`: Prometheus text. */
+  async serve(res: ServerResponse): Promise<void> {
+    const text = await this.registry.metrics();
+    res.writeHead(200, { 'content-type': this.registry.contentType });
+    res.end(text);
   }
 
   /** A restart: histograms back to empty (counters and gauges follow the reset engines). */

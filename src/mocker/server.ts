@@ -9,7 +9,7 @@
 import { EngineMetrics } from './metrics.ts';
 import { MockEngine, type EngineConfig } from './engine/index.ts';
 import { FaultInjector } from './faults.ts';
-import { MockHttpServer } from './http.ts';
+import { MockHttpServer, type PostHandler } from './http.ts';
 import { OpenAiSurface } from './openai.ts';
 import { Rank, RankLoop } from './rank-loop.ts';
 import { loadHfTokenizer, SimpleTokenizer, type MockTokenizer } from './tokenizer.ts';
@@ -83,34 +83,29 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
   });
 
   const surface = openai.routes();
-  const generation = (route: keyof typeof surface.post) => {
-    const handler = surface.post[route];
-    return async (...args: Parameters<typeof handler>) => {
-      // The crash fault counts generation requests: request N+1 finds the instance dead.
+  // The crash fault counts generation requests: request N+1 finds the instance dead.
+  const counted =
+    (handler: PostHandler): PostHandler =>
+    async (req, res, body) => {
       if (faults.countRequest()) {
-        args[0].socket.destroy();
+        req.socket.destroy();
         await die();
         return;
       }
-      await handler(...args);
+      await handler(req, res, body);
     };
-  };
   const http = new MockHttpServer(
     host,
     {
       get: {
         ...surface.get,
-        '/metrics': async (_req, res) => {
-          const text = await metrics.registry.metrics();
-          res.writeHead(200, { 'content-type': metrics.registry.contentType });
-          res.end(text);
-        },
+        '/metrics': (_req, res) => metrics.serve(res),
         '/fault': (_req, res) => faults.show(res),
       },
       post: {
         ...surface.post,
-        '/v1/completions': generation('/v1/completions'),
-        '/v1/chat/completions': generation('/v1/chat/completions'),
+        '/v1/completions': counted(surface.post['/v1/completions']),
+        '/v1/chat/completions': counted(surface.post['/v1/chat/completions']),
         '/fault': (_req, res, body) => faults.handle(res, body, { restart, die }),
       },
     },
