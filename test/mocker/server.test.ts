@@ -505,6 +505,8 @@ describe('mocker HTTP API', () => {
       ['/v1/completions', { prompt: 'x', stream_options: { include_usage: true } }, 400, 'stream_options'],
       ['/v1/completions', { prompt: 'x', cache_salt: '' }, 400, 'cache_salt'],
       ['/v1/completions', { prompt: 'x', n: 2 }, 400, 'n'],
+      ['/v1/completions', { prompt: 'x', seed: 1.5 }, 400, 'seed'],
+      ['/v1/completions', { prompt: 'x', return_token_ids: 'yes' }, 400, 'return_token_ids'],
       ['/v1/chat/completions', { messages: [{ role: 'user', content: 'x' }], max_completion_tokens: 0 }, 400, 'max_completion_tokens'],
       ['/tokenize', { prompt: 'x', model: 'nope' }, 404, 'model'],
       ['/v1/chat/completions', { messages: [{ role: 'user', content: 'x' }], chat_template_kwargs: 3 }, 400, 'chat_template_kwargs'],
@@ -551,6 +553,11 @@ describe('mocker faults', () => {
     expect(f.json().faults.failRequestFraction).toBe(0);
     expect((await post(m, '/v1/completions', { prompt: 'x', max_tokens: 1 })).status).toBe(200);
     expect((await post(m, '/fault', { failRequestFraction: 2 })).status).toBe(400);
+    // A refused patch changes nothing, not even its valid fields.
+    const refused = await post(m, '/fault', { failRequestFraction: 0.5, slowdown: -1 });
+    expect(refused.status).toBe(400);
+    expect(refused.json().error).toMatchObject({ param: 'slowdown', code: 400, type: 'BadRequestError' });
+    expect(m.faults.failRequestFraction).toBe(0);
     // Unhealthy: the process answers, the engine does not.
     expect((await post(m, '/fault', { unhealthy: true })).status).toBe(200);
     expect((await fetch(`${m.url}/health`)).status).toBe(503);
