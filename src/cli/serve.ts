@@ -4,7 +4,7 @@ import pino from 'pino';
 import { addServeOptions, CONFIG_OPTION, serveConfigFromCommand } from '../config/serve.ts';
 import { type RunningServer, startServer } from '../server/app.ts';
 import { LOG_REDACT_PATHS } from '../server/security/index.ts';
-import { bundledTokenizerDir, startEmbeddedFleet, type EmbeddedFleet } from '../server/embedded.ts';
+import { bundledTokenizerDir, startEmbeddedFleet, type EmbeddedFleet } from '../mocker/embedded.ts';
 
 export function registerServe(program: Command): void {
   const serve = program

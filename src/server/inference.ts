@@ -14,7 +14,7 @@ import type { RemoteTokenizer } from '../tokenizer/remote.ts';
 import type { TokenizerService } from '../tokenizer/service.ts';
 import type { ServeConfig } from '../config/serve.ts';
 import type { Lifecycle } from './lifecycle.ts';
-import { type Endpoint, type ParsedRequest, parseRequest, upstreamBody } from './openai/validate.ts';
+import { type Endpoint, type ParsedRequest, parseJsonBody, parseRequest, upstreamBody } from '../openai/request.ts';
 import { proxyAttempt } from './proxy.ts';
 import { refusalError } from './refusals.ts';
 import { checkJsonDepth } from './security/index.ts';
@@ -96,14 +96,8 @@ export async function handleInference(
   // Deep nesting would overflow the stack in JSON.stringify or the template; refuse it before parsing.
   const tooDeep = checkJsonDepth(raw, config.maxJsonDepth);
   if (tooDeep) throw tooDeep;
-  let json: unknown;
   const text = raw.toString('utf8');
-  try {
-    json = JSON.parse(text);
-  } catch (err) {
-    throw badRequest(`request body is not valid JSON: ${(err as Error).message}`, null, 'invalid_json');
-  }
-  const parsed = parseRequest(endpoint, json);
+  const parsed = parseRequest(endpoint, parseJsonBody(text));
   if (parsed.policy && !(POLICY_NAMES as readonly string[]).includes(parsed.policy)) {
     throw badRequest(`unknown policy "${parsed.policy}"; known: ${POLICY_NAMES.join(', ')}`, 'kvroute.policy');
   }

@@ -10,7 +10,7 @@ import type { DispatchAttempt } from '../core/dispatch/dispatcher.ts';
 import { sseErrorFrame } from '../http/errors.ts';
 import type { RouterMetrics } from '../metrics/registry.ts';
 import type { Lifecycle } from './lifecycle.ts';
-import type { ParsedRequest } from './openai/validate.ts';
+import type { ParsedRequest } from '../openai/request.ts';
 import { readUsage, SseRelay } from './sse.ts';
 import type { Worker } from './workers.ts';
 

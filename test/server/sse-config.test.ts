@@ -129,7 +129,7 @@ describe('worker specs and config files', () => {
 
 describe('upstreamBody', () => {
   it('reuses the client bytes, appending the usage request to streams without it', async () => {
-    const { parseRequest, upstreamBody } = await import('../../src/server/openai/validate.ts');
+    const { parseRequest, upstreamBody } = await import('../../src/openai/request.ts');
     const raw = '{"model":"m","prompt":[1,2,3],"stream":true}  \n';
     const out = upstreamBody(parseRequest('completions', JSON.parse(raw)), raw);
     expect(JSON.parse(out)).toEqual({ model: 'm', prompt: [1, 2, 3], stream: true, stream_options: { include_usage: true } });
