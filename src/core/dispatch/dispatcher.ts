@@ -225,6 +225,11 @@ export class Dispatcher {
     this.rates = new PrefillRates((options.prefillTokensPerSecond ?? 0) / 1000);
   }
 
+  /** The name of the band a priority falls in. */
+  bandOf(priority: number): string {
+    return this.queue.bands[this.queue.bandOf(priority)].name;
+  }
+
   /** The flow-control bands, in the order they are served. */
   get bands(): readonly string[] {
     return this.queue.bands.map((b) => b.name);
