@@ -32,9 +32,15 @@ export function inlineTokenizer(tok: LocalTokenizer): TokenizerService {
   };
 }
 
+// Compiled (dist/, what ships) the thread body is plain JavaScript; run from the TypeScript sources (tests, tsx) the
+// thread needs tsx's loader registered in it first, which thread-entry.mjs does.
+const THREAD_ENTRY = import.meta.url.endsWith('.ts')
+  ? new URL('./thread-entry.mjs', import.meta.url)
+  : new URL('./thread.js', import.meta.url);
+
 /** Starts a worker thread holding the tokenizer of `dir`; resolves once it has loaded (or rejects with why not). */
 export async function threadTokenizer(dir: string, options?: LocalTokenizerOptions): Promise<TokenizerService> {
-  const worker = new Worker(new URL('./thread-entry.mjs', import.meta.url), { workerData: { dir, options } });
+  const worker = new Worker(THREAD_ENTRY, { workerData: { dir, options } });
   const pending = new Map<number, { resolve: (r: ThreadReply) => void; reject: (e: Error) => void }>();
   let nextId = 1;
   let dead: Error | null = null;
