@@ -3,6 +3,7 @@
  */
 import { Command } from 'commander';
 import { registerHash } from './hash.ts';
+import { guardStartup } from './startup-guard.ts';
 
 const program = new Command();
 program
@@ -23,12 +24,15 @@ registerHash(program);
 (await import('./serve.ts')).registerServe(program);
 (await import('./relay.ts')).registerRelay(program);
 
+const commandLabel = () => `kvroute${program.args[0] ? ` ${program.args[0]}` : ''}`;
+const settled = guardStartup(commandLabel);
 try {
   await program.parseAsync(process.argv);
+  settled();
 } catch (err) {
+  settled();
   // A bad setting or an unusable resource at startup: say what is wrong in one line, not a stack trace.
-  const command = program.args[0] ?? '';
-  process.stderr.write(`kvroute${command ? ` ${command}` : ''}: ${(err as Error).message}\n`);
+  process.stderr.write(`${commandLabel()}: ${(err as Error).message}\n`);
   if (process.env.KVROUTE_DEBUG) process.stderr.write(`${(err as Error).stack}\n`);
   process.exit(2);
 }
