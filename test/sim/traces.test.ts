@@ -142,7 +142,7 @@ describe('oracle', () => {
 });
 
 describe('generators', () => {
-  it('skewed has the production shape of REFERENCE section 6', () => {
+  it('skewed has the production shape of docs/protocols.md §6', () => {
     const r = generateSkewed({ requests: 6000, seed: 1 });
     const s = traceStats(r);
     expect(s.requests).toBe(6000);
