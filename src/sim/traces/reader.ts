@@ -22,8 +22,10 @@ async function isGzip(path: string): Promise<boolean> {
 
 /** The decoded text of a trace file, decompressed on the fly when it is gzip (`.jsonl.gz`). */
 export async function openTraceText(path: string): Promise<Readable> {
+  // Sniff first: a missing file rejects here, before any stream exists that could emit an unhandled 'error'.
+  const gzip = await isGzip(path);
   const raw = createReadStream(path);
-  if (!(await isGzip(path))) return raw.setEncoding('utf8');
+  if (!gzip) return raw.setEncoding('utf8');
   // pipeline: a read error of the file reaches the reader as an error of the decoded stream, and destroying the decoded
   // stream closes the file. Errors are seen by whoever reads the returned stream.
   return pipeline(raw, createGunzip(), () => undefined).setEncoding('utf8');
