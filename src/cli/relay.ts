@@ -114,6 +114,7 @@ export function registerRelay(program: Command): void {
         process.once('SIGINT', () => resolve());
         process.once('SIGTERM', () => resolve());
       });
+      log.info({ nats: opts.nats, worker: opts.worker }, 'relay starting: connecting to NATS and the engine');
       try {
         await Promise.race([relay.start(), stopped]);
       } catch (err) {

@@ -20,11 +20,22 @@ afterAll(async () => {
   await nats.dispose();
 });
 
-function run(args: string[]): { done: Promise<{ code: number | null; stderr: string }>; kill: (sig: NodeJS.Signals) => void } {
-  const p = spawn(process.execPath, ['bin/kvroute.mjs', 'relay', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+function run(args: string[]): {
+  done: Promise<{ code: number | null; stderr: string }>;
+  started: Promise<void>;
+  kill: (sig: NodeJS.Signals) => void;
+} {
+  const p = spawn(process.execPath, ['bin/kvroute.mjs', 'relay', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
   let stderr = '';
+  let stdout = '';
   p.stderr.on('data', (d) => (stderr += d));
-  return { done: new Promise((resolve) => p.on('exit', (code) => resolve({ code, stderr }))), kill: (s) => p.kill(s) };
+  const started = new Promise<void>((resolve) => {
+    p.stdout.on('data', (d) => {
+      stdout += d;
+      if (stdout.includes('relay starting')) resolve();
+    });
+  });
+  return { done: new Promise((resolve) => p.on('exit', (code) => resolve({ code, stderr }))), started, kill: (s) => p.kill(s) };
 }
 
 describe('kvroute relay', () => {
@@ -160,9 +171,12 @@ describe('kvroute relay', () => {
       '--events',
       engine.mocker.zmqEndpoint!,
       '--log-level',
-      'warn',
+      'info',
     ]);
-    await new Promise((r) => setTimeout(r, 1500));
+    // Signal once it has said it is starting (its handlers are in place), not after a guessed delay: a loaded machine
+    // can take longer than any fixed wait just to load the CLI.
+    await relay.started;
+    await new Promise((r) => setTimeout(r, 500)); // well inside the wait for NATS
     relay.kill('SIGTERM');
     expect((await relay.done).code).toBe(0);
   });
