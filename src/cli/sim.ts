@@ -157,7 +157,7 @@ export function registerSim(program: Command): void {
     .addHelpText(
       'after',
       '\nExamples:\n' +
-        '  kvroute sim --trace ../shared/data/mooncake_conversation_trace.jsonl --workers 8 --block-size 512 --gpu-blocks 8192 \\\n' +
+        '  kvroute sim --trace data/traces/mooncake_conversation_trace.jsonl.gz --workers 8 --block-size 512 --gpu-blocks 8192 \\\n' +
         '      --policy kv,round-robin,random,least-loaded,prefix-hash --json out.json --plot out.svg\n' +
         '  kvroute sim --trace t.jsonl --policy kv,round-robin --rate-scale 0.5,1,2,4\n' +
         '  kvroute sim --scenario seed\n' +

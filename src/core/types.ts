@@ -45,7 +45,7 @@ export interface StoredEvent {
   readonly tokens: ArrayLike<number> | null;
   readonly blockSize: number;
   readonly seqHashes?: BigUint64Array;
-  /** LoRA adapter name the blocks were computed under (feeds the hash seed, REFERENCE section 1). */
+  /** LoRA adapter name the blocks were computed under (feeds the hash seed, docs/protocols.md §1). */
   readonly loraName?: string | null;
   /** cache_salt of the request that created the first block (feeds the hash seed). */
   readonly cacheSalt?: string | null;
@@ -90,7 +90,7 @@ export interface OverlapScores {
   readonly overlap: Map<number, number>;
 }
 
-/** Knobs of the kv cost policy that a request may override (REFERENCE section 5). */
+/** Knobs of the kv cost policy that a request may override (docs/protocols.md §5). */
 export interface KvKnobs {
   /** Weight of prefill load against decode load. Default 1. */
   readonly prefillLoadScale: number;

@@ -1,7 +1,7 @@
 /**
  * Named scenarios for `kvroute sim --scenario NAME`.
  *
- * seed: the case that started the project (REFERENCE section 6). Production traffic with 44% of requests under
+ * seed: the case that started the project (docs/protocols.md §6). Production traffic with 44% of requests under
  * 1,800 tokens, a mean near 14k and a tail past 130k, on a fleet small enough to evict. The router's per-request
  * histogram read 0.320 while the engines' counters read 0.767; block-weighted router counters read 0.790. The
  * scenario replays the skewed generator on such a fleet and shows the three numbers side by side.

@@ -93,7 +93,7 @@ export const SKEWED_DEFAULTS: SkewedOptions = {
 };
 
 /**
- * REFERENCE section 6's production shape: about 44% of requests under 1,800 tokens and mostly cold, a mean near 14k
+ * docs/protocols.md §6's production shape: about 44% of requests under 1,800 tokens and mostly cold, a mean near 14k
  * and a tail past 130k made of agentic sessions whose context grows turn by turn (tool output appended each turn), so
  * a few long warm requests hold most of the blocks while many short cold ones hold most of the requests.
  */
