@@ -19,6 +19,7 @@ import { KvRouter, TIER_CREDIT_ON } from '../core/router.ts';
 import { sendJson } from '../http/body.ts';
 import { HttpError, sendError } from '../http/errors.ts';
 import { dashboardHandler } from '../metrics/dashboard.ts';
+import { FlowMetrics } from '../metrics/flow.ts';
 import { RouterMetrics } from '../metrics/registry.ts';
 import type { EngineMirror } from '../metrics/scrape.ts';
 import { LocalTokenizer } from '../tokenizer/local.ts';
@@ -28,6 +29,7 @@ import { authorizeDebug, handleAdmin } from './admin.ts';
 import type { ServeConfig } from '../config/serve.ts';
 import { ServerEvents } from './events.ts';
 import { handleInference, type InferenceContext, type RecentDecision } from './inference.ts';
+import { sessionHeaderNames } from './identity.ts';
 import { Lifecycle } from './lifecycle.ts';
 import {
   createSecurity,
@@ -51,6 +53,7 @@ export interface RunningServer {
   readonly metricsUrl: string | null;
   readonly router: KvRouter;
   readonly dispatcher: Dispatcher;
+  readonly lifecycle: Lifecycle;
   readonly workers: WorkerSet;
   readonly metrics: RouterMetrics;
   readonly tokenizer: TokenizerService | null;
@@ -139,9 +142,17 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     queueTimeoutMs: config.queueTimeoutMs,
     retries: config.retries,
     breaker: { threshold: config.breakerThreshold, cooldownMs: config.breakerCooldownMs },
+    flow: { bands: config.bands, order: config.queueOrder, weights: config.tenantWeights },
+    tokenBudgets: config.tenantTokenBudgets,
+    sessions: { ttlMs: config.sessionTtlMs, loadFactor: config.sessionLoadFactor },
+    prefillTokensPerSecond: config.prefillTokensPerSecond,
   });
   const metrics = new RouterMetrics({ router, prefix: config.metricsPrefix });
-  const lifecycle = new Lifecycle(dispatcher, metrics, log);
+  const flowMetrics = new FlowMetrics(metrics.registry, metrics.prefix, () => dispatcher.census(), [
+    ...Object.keys(config.tenantWeights ?? {}),
+    ...Object.keys(config.tenantTokenBudgets ?? {}).filter((t) => t !== '*'),
+  ]);
+  const lifecycle = new Lifecycle(dispatcher, metrics, flowMetrics, log);
   const tokenizer = await buildTokenizer(config, options, log);
   const remote = config.remoteTokenize ? new RemoteTokenizer() : null;
   const events = new ServerEvents(router, metrics, log, config.blockSize);
@@ -196,6 +207,8 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     noteRouted: (key) => events.routed(key),
     nextRequestId: () => `kvr-${idPrefix}-${++seq}`,
     recent,
+    guard,
+    sessionHeaders: sessionHeaderNames(config),
   };
   const admin = { config, log, guard, workers };
 
@@ -210,6 +223,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       workers: workers.list().map((w) => w.toJSON()),
       events: events.health(),
       queue: dispatcher.state(now).queue,
+      flow: { outcomes: Object.fromEntries(flowMetrics.totals.byOutcome), sessions: flowMetrics.totals.sessions },
       inFlight,
       tokenizer: tokenizer ? { local: true, mode: tokenizer.kind, ...(await tokenizer.info().catch(() => ({}))) } : { local: false },
       recentDecisions: recent,
@@ -350,6 +364,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     metricsUrl,
     router,
     dispatcher,
+    lifecycle,
     workers,
     metrics,
     tokenizer,

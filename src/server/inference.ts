@@ -17,7 +17,8 @@ import type { Lifecycle } from './lifecycle.ts';
 import { type Endpoint, type ParsedRequest, parseJsonBody, parseRequest, upstreamBody } from '../openai/request.ts';
 import { proxyAttempt } from './proxy.ts';
 import { refusalError } from './refusals.ts';
-import { checkJsonDepth } from './security/index.ts';
+import { requestIdentity } from './identity.ts';
+import { checkJsonDepth, type Security } from './security/index.ts';
 import type { WorkerSet } from './workers.ts';
 
 export interface RecentDecision {
@@ -49,6 +50,9 @@ export interface InferenceContext {
   readonly noteRouted: (sourceKey: string) => void;
   readonly nextRequestId: () => string;
   readonly recent: RecentDecision[];
+  readonly guard: Security;
+  /** Session headers to read, in order. */
+  readonly sessionHeaders: readonly string[];
 }
 
 /** A client's x-request-id, if it is a short printable token; anything else is ignored rather than echoed. */
@@ -101,6 +105,7 @@ export async function handleInference(
   if (parsed.policy && !(POLICY_NAMES as readonly string[]).includes(parsed.policy)) {
     throw badRequest(`unknown policy "${parsed.policy}"; known: ${POLICY_NAMES.join(', ')}`, 'kvroute.policy');
   }
+  const identity = requestIdentity(req, parsed.body, ctx.guard, ctx.sessionHeaders);
   // Answer an unknown model or a dead fleet before spending time on tokenization; the real decision comes later.
   const pre = dispatcher.precheck(parsed.model, Date.now());
   if (pre) {
@@ -124,7 +129,7 @@ export async function handleInference(
   const path = endpoint === 'chat' ? '/v1/chat/completions' : '/v1/completions';
 
   let step = await lifecycle.submit(
-    { requestId, model: parsed.model, tokens, cacheSalt: parsed.cacheSalt, policy: parsed.policy, knobs: parsed.knobs },
+    { requestId, model: parsed.model, tokens, cacheSalt: parsed.cacheSalt, policy: parsed.policy, knobs: parsed.knobs, ...identity },
     abort.signal,
   );
   for (;;) {
