@@ -128,6 +128,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       prefillLoadScale: config.prefillLoadScale,
       overlapCredit: config.overlapCredit,
       temperature: config.temperature,
+      decodeOverlapCredit: config.decodeOverlapCredit,
       ...(config.tierCredit ? TIER_CREDIT_ON : {}),
     },
     seed: config.seed,
@@ -139,6 +140,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     queueTimeoutMs: config.queueTimeoutMs,
     retries: config.retries,
     breaker: { threshold: config.breakerThreshold, cooldownMs: config.breakerCooldownMs },
+    pd: { minUncachedTokens: config.disaggMinUncachedTokens },
   });
   const metrics = new RouterMetrics({ router, prefix: config.metricsPrefix });
   const lifecycle = new Lifecycle(dispatcher, metrics, log);
