@@ -462,7 +462,8 @@ export class RouterMetrics {
   finished(f: FinishedRequest, extra?: { outputTokens?: number }): void {
     const worker = { worker: this.label(f.sourceKey) };
     const cached = f.cachedTokens;
-    if (cached !== undefined && Number.isFinite(cached) && cached >= 0 && f.promptTokens > 0) {
+    // The decode leg of a disaggregated request reports the transferred KV as cached: not a prefix hit, not counted.
+    if (f.accounted && cached !== undefined && Number.isFinite(cached) && cached >= 0 && f.promptTokens > 0) {
       this.engineCachedTokens.inc(worker, cached);
       this.enginePromptTokens.inc(worker, f.promptTokens);
       this.predictedCachedTokens.inc(worker, f.predictedCachedTokens);

@@ -19,6 +19,7 @@ import { KvRouter, TIER_CREDIT_ON } from '../core/router.ts';
 import { sendJson } from '../http/body.ts';
 import { HttpError, sendError } from '../http/errors.ts';
 import { dashboardHandler } from '../metrics/dashboard.ts';
+import { PdMetrics } from '../metrics/pd.ts';
 import { RouterMetrics } from '../metrics/registry.ts';
 import type { EngineMirror } from '../metrics/scrape.ts';
 import { LocalTokenizer } from '../tokenizer/local.ts';
@@ -143,6 +144,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     pd: { minUncachedTokens: config.disaggMinUncachedTokens },
   });
   const metrics = new RouterMetrics({ router, prefix: config.metricsPrefix });
+  const pd = new PdMetrics(metrics.registry, config.metricsPrefix, () => dispatcher.pdStats);
   const lifecycle = new Lifecycle(dispatcher, metrics, log);
   const tokenizer = await buildTokenizer(config, options, log);
   const remote = config.remoteTokenize ? new RemoteTokenizer() : null;
@@ -198,6 +200,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     noteRouted: (key) => events.routed(key),
     nextRequestId: () => `kvr-${idPrefix}-${++seq}`,
     recent,
+    pd,
   };
   const admin = { config, log, guard, workers };
 
