@@ -83,6 +83,8 @@ describe('P/D decisions', () => {
     const c = attempt(d.submit({ requestId: 'long', model: 'm', tokens: toks(40, 2000) }, 0));
     expect(c.path).toBe('disaggregated');
     expect(d.pdStats.decodeOnly).toEqual({ short: 1, sequences: 1 });
+    // A prompt of unknown length (no tokenizer) cannot be judged short: it is disaggregated.
+    expect(attempt(d.submit({ requestId: 'unknown', model: 'm', tokens: [] }, 0)).path).toBe('disaggregated');
   });
 
   it('a fleet without prefill workers is aggregated; prefill workers never take aggregated requests', () => {

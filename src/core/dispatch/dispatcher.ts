@@ -582,7 +582,8 @@ export class Dispatcher {
       const uncached = result.promptTokens - result.overlapBlocks * this.router.blockSize;
       let onlyCause: string | undefined;
       if ((sub.sequences ?? 1) > 1) onlyCause = 'sequences';
-      else if (uncached <= this.minUncached) onlyCause = 'short';
+      // An unknown prompt (no tokenizer, tokenization failed: 0 tokens) cannot be judged short: it is disaggregated.
+      else if (result.promptTokens > 0 && uncached <= this.minUncached) onlyCause = 'short';
       if (onlyCause === undefined) {
         const r = this.routePrefill(t, w.engine, now);
         if (r.kind === 'busy') {
