@@ -3,7 +3,7 @@
  * cause, transferred tokens and prefill retries (the dispatcher's counters, read at scrape time so they cannot drift
  * from the core), and per-leg durations as the router sees them (measured by the shell).
  */
-import { Counter, Histogram, type Registry } from 'prom-client';
+import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
 import { HANDOFF_FAILURES, PD_PATHS, type PdStats } from '../core/dispatch/dispatcher.ts';
 import { LATENCY_BUCKETS } from './registry.ts';
 
@@ -18,9 +18,27 @@ export class PdMetrics {
     decode: { sum: 0, count: 0 },
   };
 
-  constructor(registry: Registry, prefix: string, stats: () => PdStats) {
+  constructor(
+    registry: Registry,
+    prefix: string,
+    stats: () => PdStats,
+    /** Every source with its worker's role (for router_worker_role). */
+    roles: () => Iterable<{ readonly sourceKey: string; readonly role: string }> = () => [],
+  ) {
     const registers = [registry];
     const p = prefix;
+    new Gauge({
+      name: `${p}router_worker_role`,
+      help:
+        "1 per worker source and its role (both, prefill, decode). kvroute hitrate leaves decode workers' engine counters out of " +
+        'the overall engine figure: a decode engine counts the prompts whose KV it received as prefix-cache queries.',
+      labelNames: ['worker', 'role'],
+      registers,
+      collect() {
+        this.reset();
+        for (const r of roles()) this.set({ worker: r.sourceKey, role: r.role }, 1);
+      },
+    });
     // Counters fed from the core's totals: each scrape adds what grew since the last one.
     const fromTotals = <L extends string>(
       name: string,

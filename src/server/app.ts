@@ -16,6 +16,7 @@ import type { AddressInfo } from 'node:net';
 import pino, { type Logger } from 'pino';
 import { Dispatcher } from '../core/dispatch/dispatcher.ts';
 import { KvRouter, TIER_CREDIT_ON } from '../core/router.ts';
+import { parseSourceKey } from '../core/types.ts';
 import { sendJson } from '../http/body.ts';
 import { HttpError, sendError } from '../http/errors.ts';
 import { dashboardHandler } from '../metrics/dashboard.ts';
@@ -144,7 +145,13 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     pd: { minUncachedTokens: config.disaggMinUncachedTokens },
   });
   const metrics = new RouterMetrics({ router, prefix: config.metricsPrefix });
-  const pd = new PdMetrics(metrics.registry, config.metricsPrefix, () => dispatcher.pdStats);
+  const pd = new PdMetrics(
+    metrics.registry,
+    config.metricsPrefix,
+    () => dispatcher.pdStats,
+    () => dispatcher.workers().flatMap((w) => w.sourceKeys.map((sourceKey) => ({ sourceKey, role: w.role }))),
+  );
+  metrics.setDecodeSources((key) => dispatcher.worker(parseSourceKey(key).workerId)?.role === 'decode');
   const lifecycle = new Lifecycle(dispatcher, metrics, log);
   const tokenizer = await buildTokenizer(config, options, log);
   const remote = config.remoteTokenize ? new RemoteTokenizer() : null;
