@@ -242,6 +242,15 @@ export async function pdAttempt(ctx: PdContext, a: PdAttemptRequest): Promise<Pd
       }
       return { kind: 'done' };
     }
+    if (!sglang) {
+      try {
+        JSON.parse(prefill.text!);
+      } catch {
+        // A 200 that is not the JSON answer vLLM writes: the prefill worker failed, another may not.
+        legAbort.abort();
+        return { kind: 'prefill_failed', message: `${prefillWorker.id}: the prefill answer is not JSON: ${prefill.text!.slice(0, 100)}` };
+      }
+    }
     const cachedTokens = prefillCachedTokens(prefill.text!);
     let transferParams: string | undefined;
     if (!sglang) {
