@@ -130,6 +130,31 @@ describe.each(['vllm', 'sglang'] as const)('P/D fleet, %s handoff', (protocol) =
     expect(s.dispatcher.pdStats.paths.decode_fallback).toBe(1);
   });
 
+  it('DP ranks on both roles: each leg runs on the rank the router chose', async () => {
+    const p = await mock({ role: 'prefill', protocol, bootstrapPort: 0 }, 31, { dataParallelSize: 2 });
+    const d = await mock({ role: 'decode', protocol }, 32, { dataParallelSize: 2 });
+    const w = (m: MockerHandle, id: string, role: string) => ({
+      url: m.url,
+      id,
+      events: m.zmqEndpoint!,
+      dp: 2,
+      role,
+      engine: protocol,
+      ...(m.bootstrapPort !== null ? { bootstrap: m.bootstrapPort } : {}),
+      models: ['m'],
+    });
+    const s = await router([w(p, 'p0', 'prefill'), w(d, 'd0', 'decode')]);
+    const chosen = { p: [0, 0], d: [0, 0] };
+    for (let i = 0; i < 6; i++) {
+      const r = await streamCompletion(s, randomTokens(200, 100 + i), 2);
+      chosen.p[r.headers.get('x-kvroute-prefill-worker') === 'p0#1' ? 1 : 0]++;
+      chosen.d[r.headers.get('x-kvroute-worker') === 'd0#1' ? 1 : 0]++;
+    }
+    expect(p.engines.map((e) => e.counters.requestsFinished)).toEqual(chosen.p);
+    expect(d.engines.map((e) => e.counters.requestsFinished)).toEqual(chosen.d);
+    expect(chosen.d[0] > 0 && chosen.d[1] > 0).toBe(true); // the decode leg balances the ranks
+  });
+
   it('client disconnect cancels both legs', async () => {
     const f = await pdFleet(protocol, { prefill: 1, decode: 1 });
     for (const m of f.prefill) m.faults.slowdown = 400; // a prefill that takes seconds
