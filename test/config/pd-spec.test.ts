@@ -1,5 +1,9 @@
 /** P/D fields of a worker: the spec string, the object form (config file, admin API) and the NATS registry entry. */
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
+import { loadConfigFile } from '../../src/config/serve.ts';
 import { parseWorkerSpec, workerFromUnknown } from '../../src/config/worker-spec.ts';
 import { decodeWorkerEntry, encodeWorkerEntry } from '../../src/transport/nats/protocol.ts';
 
@@ -20,6 +24,21 @@ describe('worker role and bootstrap port', () => {
     expect(() => parseWorkerSpec('http://a:1,bootstrap=0')).toThrow('worker option bootstrap=0 must be a port in [1, 65535]');
     expect(() => parseWorkerSpec('http://a:1,bootstrap=x')).toThrow('must be a port');
     expect(() => workerFromUnknown({ url: 'http://a:1', bootstrap: 70000 })).toThrow('must be a port');
+  });
+
+  it('the config file gives roles and the P/D settings; a bad threshold is refused', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'kvroute-pd-'));
+    const good = join(dir, 'pd.yaml');
+    writeFileSync(
+      good,
+      'workers:\n  - {url: "http://p0:30000", role: prefill, engine: sglang, bootstrap: 8999}\n  - "http://d0:30001,role=decode,engine=sglang"\ndisaggMinUncachedTokens: 64\ndecodeOverlapCredit: 0.5\n',
+    );
+    const c = await loadConfigFile(good);
+    expect(c.workers?.map((w) => w.role)).toEqual(['prefill', 'decode']);
+    expect([c.disaggMinUncachedTokens, c.decodeOverlapCredit]).toEqual([64, 0.5]);
+    const bad = join(dir, 'bad.yaml');
+    writeFileSync(bad, 'disaggMinUncachedTokens: -1\n');
+    await expect(loadConfigFile(bad)).rejects.toThrow(/disagg-min-uncached-tokens/);
   });
 
   it('the registry entry carries role, engine and bootstrap port, and entries of older relays still decode', () => {
