@@ -144,7 +144,7 @@ export function registerSim(program: Command): void {
     .option('--decode-workers <n>', 'disaggregated prefill/decode: decode workers', intArg('--decode-workers', { min: 1 }))
     .option(
       '--disagg-min-uncached-tokens <list>',
-      "P/D: conditional disaggregation thresholds to compare, comma-separated (as serve's setting; default 256)",
+      "P/D: conditional disaggregation thresholds to compare, comma-separated (as serve's setting; default 1024)",
       numberListArg('--disagg-min-uncached-tokens', { min: 0 }),
     )
     .option(

@@ -136,7 +136,9 @@ export const serveSchema = z.strictObject({
     help: 'credit KV blocks engines offloaded to host memory (0.75 of a GPU block) or disk (0.25) in the kv policies',
     group: G.routing,
   }),
-  disaggMinUncachedTokens: withDefault(integer({ min: 0 }), 256, {
+  // 1,024: the largest threshold whose decode-side prefill step (≈ 32 ms in the timing model, plus the batch's decode
+  // step) stays within a 50 ms per-token ITL SLO; the simulator's sweep behind it is in bench/RESULTS.md (P/D).
+  disaggMinUncachedTokens: withDefault(integer({ min: 0 }), 1024, {
     flag: '--disagg-min-uncached-tokens <n>',
     env: 'KVROUTE_DISAGG_MIN_UNCACHED_TOKENS',
     help:
