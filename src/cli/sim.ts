@@ -8,7 +8,9 @@ import cliProgress from 'cli-progress';
 import { intArg, numberArg, numberListArg, splitList } from '../config/parsers.ts';
 import { ADMISSION_SETTINGS, addServeOptions, serveSettingsFrom } from '../config/serve.ts';
 import { POLICY_NAMES } from '../core/scheduling/policies.ts';
-import { type FleetOptions, type FleetResult, runFleet, SIM_DISPATCH_DEFAULTS } from '../sim/fleet.ts';
+import { DEFAULTS } from '../config/serve.ts';
+import { DEFAULT_TRANSFER, type FleetOptions, type FleetResult, runFleet, SIM_DISPATCH_DEFAULTS } from '../sim/fleet.ts';
+import { formatPdTable } from '../sim/pd-report.ts';
 import { computeOracle } from '../sim/oracle.ts';
 import { buildReport, formatReport, renderSvg } from '../sim/report.ts';
 import { type Scenario, scenario, SCENARIOS } from '../sim/scenarios.ts';
@@ -39,6 +41,12 @@ interface SimCliOptions {
   engineFailures?: number;
   queueOrders?: string;
   excludeTenant?: string[];
+  prefillWorkers?: number;
+  decodeWorkers?: number;
+  disaggMinUncachedTokens?: number[];
+  decodeOverlapCredit?: number;
+  kvTransferBandwidth: number;
+  kvBytesPerToken: number;
   json?: string;
   plot?: string;
   progress: boolean;
@@ -148,6 +156,34 @@ export function registerSim(program: Command): void {
     .option(
       '--queue-orders <list>',
       'queue orders to compare, comma-separated: fair (bands, fair queuing across tenants) and/or fifo (default fair; scenario: its own)',
+    )
+    .option(
+      '--prefill-workers <n>',
+      'disaggregated prefill/decode: prefill workers (with --decode-workers; replaces --workers)',
+      intArg('--prefill-workers', { min: 0 }),
+    )
+    .option('--decode-workers <n>', 'disaggregated prefill/decode: decode workers', intArg('--decode-workers', { min: 1 }))
+    .option(
+      '--disagg-min-uncached-tokens <list>',
+      "P/D: conditional disaggregation thresholds to compare, comma-separated (as serve's setting; default 1024)",
+      numberListArg('--disagg-min-uncached-tokens', { min: 0 }),
+    )
+    .option(
+      '--decode-overlap-credit <x>',
+      "P/D: the decode leg's overlap credit (as serve's setting; default 0)",
+      numberArg('--decode-overlap-credit', { min: 0 }),
+    )
+    .option(
+      '--kv-transfer-bandwidth <bytes/s>',
+      'P/D: KV transfer bandwidth between a prefill and a decode worker',
+      numberArg('--kv-transfer-bandwidth', { min: 1 }),
+      DEFAULT_TRANSFER.bytesPerS,
+    )
+    .option(
+      '--kv-bytes-per-token <n>',
+      'P/D: KV bytes per token moved',
+      numberArg('--kv-bytes-per-token', { min: 1 }),
+      DEFAULT_TRANSFER.bytesPerToken,
     )
     .option('--json <file>', 'write the full results as JSON')
     .option('--plot <file>', 'write an SVG chart of hit rates and TTFT per policy')
@@ -263,7 +299,19 @@ export function registerSim(program: Command): void {
           sessions: { ttlMs: admission.sessionTtlMs, loadFactor: admission.sessionLoadFactor },
         },
         engineFailures: o.engineFailures,
+        ...(o.prefillWorkers !== undefined || o.decodeWorkers !== undefined
+          ? {
+              prefillWorkers: o.prefillWorkers ?? 0,
+              decodeWorkers: o.decodeWorkers ?? 1,
+              transfer: { bytesPerS: o.kvTransferBandwidth, bytesPerToken: o.kvBytesPerToken },
+            }
+          : {}),
       };
+      const withCredit: typeof fleet =
+        o.decodeOverlapCredit === undefined
+          ? fleet
+          : { ...fleet, router: { ...fleet.router, knobs: { ...fleet.router?.knobs, decodeOverlapCredit: o.decodeOverlapCredit } } };
+      const thresholds = o.disaggMinUncachedTokens ?? [DEFAULTS.disaggMinUncachedTokens];
       if (o.engineFailures !== undefined && o.engineFailures >= 1) return fail('--engine-failures must be below 1');
       if (512 % blockSize !== 0) {
         process.stderr.write(`kvroute sim: note: block size ${blockSize} does not divide 512; trace blocks straddle router blocks\n`);
@@ -272,7 +320,7 @@ export function registerSim(program: Command): void {
       const orderList = o.queueOrders ? splitList(o.queueOrders) : [...(scenarioOrders ?? ['fair'])];
       for (const q of orderList) if (q !== 'fair' && q !== 'fifo') return fail(`--queue-orders values must be fair or fifo, got "${q}"`);
       const queueOrders = orderList as Array<'fair' | 'fifo'>;
-      const runs = policies.length * rates.length * queueOrders.length;
+      const runs = policies.length * rates.length * queueOrders.length * thresholds.length;
       const bar =
         o.progress && process.stderr.isTTY
           ? new cliProgress.SingleBar(
@@ -291,18 +339,25 @@ export function registerSim(program: Command): void {
       for (const policy of policies) {
         for (const order of queueOrders) {
           for (const rateScale of rates) {
-            const label = `${policy}${queueOrders.length > 1 ? ` ${order}` : ''} x${rateScale}`;
-            const r = runFleet(requests, {
-              ...fleet,
-              policy,
-              rateScale,
-              hasher,
-              dispatch: { ...fleet.dispatch, flow: { ...fleet.dispatch?.flow, order } },
-              onProgress: bar ? (k) => bar.update(done + k, { run: label }) : undefined,
-            });
-            done += requests.length;
-            bar?.update(done, { run: label });
-            results.push(r);
+            for (const minUncached of thresholds) {
+              const label = `${policy}${queueOrders.length > 1 ? ` ${order}` : ''} x${rateScale}${fleet.decodeWorkers ? ` N=${minUncached}` : ''}`;
+              const r = runFleet(requests, {
+                ...withCredit,
+                dispatch: {
+                  ...SIM_DISPATCH_DEFAULTS,
+                  ...fleet.dispatch,
+                  flow: { ...fleet.dispatch?.flow, order },
+                  pd: { minUncachedTokens: minUncached },
+                },
+                policy,
+                rateScale,
+                hasher,
+                onProgress: bar ? (k) => bar.update(done + k, { run: label }) : undefined,
+              });
+              done += requests.length;
+              bar?.update(done, { run: label });
+              results.push(r);
+            }
           }
         }
       }
@@ -311,7 +366,7 @@ export function registerSim(program: Command): void {
       const report = buildReport(
         { ...stats, source },
         {
-          workers: fleet.workers,
+          workers: fleet.decodeWorkers !== undefined ? (fleet.prefillWorkers ?? 0) + fleet.decodeWorkers : fleet.workers,
           block_size: blockSize,
           gpu_blocks: fleet.gpuBlocks,
           event_delay_ms: fleet.eventDelayMs ?? 5,
@@ -321,6 +376,7 @@ export function registerSim(program: Command): void {
         results,
       );
       process.stdout.write(`${formatReport(report)}\n`);
+      process.stdout.write(`${formatPdTable(results)}\n`);
       if (o.scenario === 'seed') process.stdout.write(`${seedVerdict(results[0])}\n`);
       try {
         if (o.json) writeFileSync(o.json, `${JSON.stringify(report, null, 2)}\n`);

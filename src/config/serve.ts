@@ -154,6 +154,22 @@ export const serveSchema = z.strictObject({
     help: 'credit KV blocks engines offloaded to host memory (0.75 of a GPU block) or disk (0.25) in the kv policies',
     group: G.routing,
   }),
+  // 1,024: the largest threshold whose decode-side prefill step (≈ 32 ms in the timing model, plus the batch's decode
+  // step) stays within a 50 ms per-token ITL SLO; the simulator's sweep behind it is in bench/RESULTS.md (P/D).
+  disaggMinUncachedTokens: withDefault(integer({ min: 0 }), 1024, {
+    flag: '--disagg-min-uncached-tokens <n>',
+    env: 'KVROUTE_DISAGG_MIN_UNCACHED_TOKENS',
+    help:
+      'P/D fleets: a request whose uncached prompt tokens on its decode worker are at most this is served there alone ' +
+      '(no prefill leg); 0 disaggregates every request with an uncached token',
+    group: G.routing,
+  }),
+  decodeOverlapCredit: withDefault(number({ min: 0 }), 0, {
+    flag: '--decode-overlap-credit <x>',
+    env: 'KVROUTE_DECODE_OVERLAP_CREDIT',
+    help: "P/D fleets: blocks credited on the decode leg per block the decode worker holds (when decode workers' caches are reused)",
+    group: G.routing,
+  }),
   busyKvFraction: optional(number({ min: 0, max: 1, minExclusive: true }), {
     flag: '--busy-kv-fraction <x>',
     env: 'KVROUTE_BUSY_KV_FRACTION',

@@ -1,6 +1,7 @@
 /**
  * Worker specs: the one definition of a worker, whether it comes as a `--worker` / KVROUTE_WORKERS string
- * (`URL[,events=tcp://host:port][,replay=tcp://host:port][,dp=N][,model=NAME][,id=NAME][,blocks=N][,engine=vllm|sglang]`),
+ * (`URL[,events=tcp://host:port][,replay=tcp://host:port][,dp=N][,model=NAME][,id=NAME][,blocks=N][,engine=vllm|sglang]
+ * [,role=prefill|decode|both][,bootstrap=PORT]`),
  * as an item of a config file's `workers` list, or as the body of POST /admin/workers. The string grammar is split
  * into fields here and every form is then checked by the same zod object schema.
  */
@@ -22,13 +23,21 @@ export interface WorkerSpec {
   readonly models?: readonly string[];
   /** KV capacity in blocks per rank (for the busy fraction). */
   readonly blocks?: number;
-  /** Event wire flavour of the engine (default vllm). */
+  /** Event wire flavour of the engine and, for disaggregated serving, its handoff protocol (default vllm). */
   readonly engine?: 'vllm' | 'sglang';
+  /** Disaggregated serving: prefill, decode, or both (default: aggregated serving). */
+  readonly role?: 'prefill' | 'decode' | 'both';
+  /** SGLang prefill workers: the engine's --disaggregation-bootstrap-port (default 8998). */
+  readonly bootstrap?: number;
 }
 
+/** SGLang's default --disaggregation-bootstrap-port. */
+export const DEFAULT_BOOTSTRAP_PORT = 8998;
+
 export const WORKER_SPEC_GRAMMAR =
-  'URL[,events=tcp://host:port][,replay=tcp://host:port][,dp=N][,model=NAME][,id=NAME][,blocks=N][,engine=vllm|sglang]';
-const OPTIONS = ['events', 'replay', 'dp', 'model', 'id', 'blocks', 'engine'] as const;
+  'URL[,events=tcp://host:port][,replay=tcp://host:port][,dp=N][,model=NAME][,id=NAME][,blocks=N][,engine=vllm|sglang]' +
+  '[,role=prefill|decode|both][,bootstrap=PORT]';
+const OPTIONS = ['events', 'replay', 'dp', 'model', 'id', 'blocks', 'engine', 'role', 'bootstrap'] as const;
 const show = (v: unknown) => (typeof v === 'string' ? `"${v}"` : JSON.stringify(v));
 
 const url = z
@@ -66,6 +75,14 @@ const workerObject = z
       model: z.union([modelName, z.array(modelName)]).optional(),
       models: z.union([modelName, z.array(modelName)]).optional(),
       engine: z.enum(['vllm', 'sglang'], { error: (iss) => `worker option engine=${show(iss.input)} must be vllm or sglang` }).optional(),
+      role: z
+        .enum(['prefill', 'decode', 'both'], { error: (iss) => `worker option role=${show(iss.input)} must be prefill, decode or both` })
+        .optional(),
+      bootstrap: z
+        .int({ error: (iss) => `worker option bootstrap=${show(iss.input)} must be a port in [1, 65535]` })
+        .min(1, { error: (iss) => `worker option bootstrap=${show(iss.input)} must be a port in [1, 65535]` })
+        .max(65535, { error: (iss) => `worker option bootstrap=${show(iss.input)} must be a port in [1, 65535]` })
+        .optional(),
     },
     {
       error: (iss) =>
@@ -84,6 +101,8 @@ const workerObject = z
     if (models.length > 0) out.models = models;
     if (o.blocks !== undefined) out.blocks = o.blocks;
     if (o.engine !== undefined) out.engine = o.engine;
+    if (o.role !== undefined) out.role = o.role;
+    if (o.bootstrap !== undefined) out.bootstrap = o.bootstrap;
     return out;
   });
 
@@ -102,7 +121,7 @@ function specFields(spec: string): Record<string, unknown> | string {
     const value = kv.slice(eq + 1);
     if (!(OPTIONS as readonly string[]).includes(key)) return `unknown worker option "${key}" in "${spec}" (known: ${OPTIONS.join(', ')})`;
     if (key === 'model') out.models = [...((out.models as string[] | undefined) ?? []), value];
-    else if (key === 'dp' || key === 'blocks') out[key] = intText(value) ?? value;
+    else if (key === 'dp' || key === 'blocks' || key === 'bootstrap') out[key] = intText(value) ?? value;
     else out[key] = value;
   }
   return out;

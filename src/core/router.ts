@@ -15,6 +15,7 @@ import { KvIndex } from './index/kv-index.ts';
 import { isLowerTier, TierIndex } from './tiers.ts';
 import { predictedCachedTokens, ReuseLedger } from './ledger.ts';
 import { createRng, type Rng } from './rng.ts';
+import { PD_POLICY_NAMES } from './scheduling/pd.ts';
 import { createPolicy, DEFAULT_POLICY, POLICY_NAMES } from './scheduling/policies.ts';
 import type { Candidate, Policy } from './scheduling/policy.ts';
 import {
@@ -114,6 +115,8 @@ export interface FinishedRequest {
   readonly routedAt: number;
   readonly firstTokenAt?: number;
   readonly finishedAt: number;
+  /** In the reuse ledger (false for the decode leg of a disaggregated request: its cache hit is not the one served). */
+  readonly accounted: boolean;
 }
 
 /**
@@ -136,6 +139,8 @@ interface RequestRecord {
   readonly overlapBlocks: number;
   readonly bestOverlapBlocks: number;
   readonly routedAt: number;
+  /** Recorded in the ledger (routed); false until `account` for a leg routed with `account: false`. */
+  accounted: boolean;
 }
 
 export class KvRouter {
@@ -295,7 +300,11 @@ export class KvRouter {
       return { kind: 'refused', requestId: req.requestId, reason: 'duplicate_request', busySources: [] };
     }
     const policyName = req.policy ?? this.defaultPolicy;
-    if (!this.policies.has(policyName) && !(POLICY_NAMES as readonly string[]).includes(policyName)) {
+    if (
+      !this.policies.has(policyName) &&
+      !(POLICY_NAMES as readonly string[]).includes(policyName) &&
+      !(PD_POLICY_NAMES as readonly string[]).includes(policyName)
+    ) {
       throw new RangeError(`unknown policy "${policyName}"; known: ${POLICY_NAMES.join(', ')}`);
     }
     const t0 = this.clock?.() ?? 0;
@@ -388,7 +397,8 @@ export class KvRouter {
       startedAt: now,
     });
     if (entry.mode === 'approx') this.approx.record(chosen.source, seqHashes, now);
-    this.ledger.routed(entry.key, requestBlocks, chosen.overlapBlocks, bestOverlap);
+    const accounted = req.account ?? true;
+    if (accounted) this.ledger.routed(entry.key, requestBlocks, chosen.overlapBlocks, bestOverlap);
     this.records.set(req.requestId, {
       sourceKey: entry.key,
       promptTokens,
@@ -396,6 +406,7 @@ export class KvRouter {
       overlapBlocks: chosen.overlapBlocks,
       bestOverlapBlocks: bestOverlap,
       routedAt: now,
+      accounted,
     });
 
     const scored: CandidateScore[] = ranking.order.map((i) => {
@@ -454,6 +465,7 @@ export class KvRouter {
       overlapBlocks: remote.overlapBlocks,
       bestOverlapBlocks: remote.overlapBlocks,
       routedAt: now,
+      accounted: false,
     });
     return true;
   }
@@ -478,6 +490,26 @@ export class KvRouter {
     if (load(candidates[order[at]]) > bound) return 'overloaded';
     if (at > 0) order.unshift(...order.splice(at, 1));
     return 'kept';
+  }
+
+  /**
+   * Records a routing made with `account: false` in the ledger (the decode leg becomes the served one when its
+   * request falls back to decode alone). False when unknown or already accounted.
+   */
+  account(requestId: string): boolean {
+    const r = this.records.get(requestId);
+    if (!r || r.accounted || r.remote) return false;
+    r.accounted = true;
+    this.ledger.routed(r.sourceKey, r.islBlocks, r.overlapBlocks, r.bestOverlapBlocks);
+    return true;
+  }
+
+  /**
+   * Takes a routing back as if it never happened (a leg chosen and then not sent): load freed, ledger entry removed,
+   * no overlay grace entry. Returns false for an unknown id.
+   */
+  withdraw(requestId: string): boolean {
+    return this.finish(requestId, { outcome: 'retried' }, -Infinity) !== undefined;
   }
 
   private isBusy(entry: SourceEntry, activeBlocks: number, activePrefillTokens: number): boolean {
@@ -513,9 +545,9 @@ export class KvRouter {
     const active = this.active.free(requestId, now);
     const predicted = predictedCachedTokens(record.overlapBlocks, record.promptTokens, this.blockSize);
     const cached = info.cachedTokens;
-    if (info.outcome === 'retried' && !record.remote) {
+    if (info.outcome === 'retried' && record.accounted) {
       this.ledger.unrouted(record.sourceKey, record.islBlocks, record.overlapBlocks, record.bestOverlapBlocks);
-    } else if (!record.remote && cached !== undefined && Number.isFinite(cached) && cached >= 0) {
+    } else if (record.accounted && cached !== undefined && Number.isFinite(cached) && cached >= 0) {
       this.ledger.delivered(record.sourceKey, record.promptTokens, cached, predicted);
     }
     const finished: FinishedRequest = {
@@ -530,6 +562,7 @@ export class KvRouter {
       routedAt: record.routedAt,
       firstTokenAt: active?.firstTokenAt,
       finishedAt: now,
+      accounted: record.accounted,
     };
     for (const o of this.observers) o.finished?.(finished);
     return finished;

@@ -102,6 +102,8 @@ export interface KvKnobs {
   readonly hostTierCredit?: number;
   /** Credit per block held on disk (offload tier). 0 = off; 0.25 when on. */
   readonly diskTierCredit?: number;
+  /** Decode leg of a disaggregated pair: blocks credited per block the decode worker already holds. Default 0. */
+  readonly decodeOverlapCredit?: number;
 }
 
 export interface RouteRequest {
@@ -127,6 +129,12 @@ export interface RouteRequest {
    * within (1 + loadFactor) x the candidates' mean load + the request's blocks.
    */
   readonly prefer?: { readonly sourceKey: string; readonly loadFactor: number };
+
+  /**
+   * Record this routing in the reuse ledger (default true). The decode leg of a disaggregated request is not: the
+   * prefix hit that matters is the prefill worker's. `KvRouter.account` records it later if it becomes the served leg.
+   */
+  readonly account?: boolean;
 }
 
 /** One candidate's view at routing time, kept in the decision for debugging and for retries (next best). */

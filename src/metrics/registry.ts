@@ -80,6 +80,8 @@ export class RouterMetrics {
   private readonly health = new Map<string, boolean>();
   private readonly blind = new Map<string, boolean>();
   private readonly lastIngestTotals = new Map<string, IngestCounts>();
+  /** Decode workers of a P/D fleet (by source key): their engine counters are not prefix-cache truth. */
+  private decodeSource: (sourceKey: string) => boolean = () => false;
 
   // Plain totals for the dashboard (prom-client's async get() is too heavy for a 2 s poll, and these are exact).
   private readonly overhead = new Map<OverheadPhase, SumCount>(OVERHEAD_PHASES.map((p) => [p, { sum: 0, count: 0 }]));
@@ -462,7 +464,8 @@ export class RouterMetrics {
   finished(f: FinishedRequest, extra?: { outputTokens?: number }): void {
     const worker = { worker: this.label(f.sourceKey) };
     const cached = f.cachedTokens;
-    if (cached !== undefined && Number.isFinite(cached) && cached >= 0 && f.promptTokens > 0) {
+    // The decode leg of a disaggregated request reports the transferred KV as cached: not a prefix hit, not counted.
+    if (f.accounted && cached !== undefined && Number.isFinite(cached) && cached >= 0 && f.promptTokens > 0) {
       this.engineCachedTokens.inc(worker, cached);
       this.enginePromptTokens.inc(worker, f.promptTokens);
       this.predictedCachedTokens.inc(worker, f.predictedCachedTokens);
@@ -554,6 +557,14 @@ export class RouterMetrics {
     return this.mirror.start();
   }
 
+  /**
+   * Marks the decode workers of a disaggregated fleet: a decode engine counts every prompt whose KV it received as a
+   * prefix-cache query, so the dashboard's engine hit rate leaves them out (the prefill pool is the truth).
+   */
+  setDecodeSources(isDecode: (sourceKey: string) => boolean): void {
+    this.decodeSource = isDecode;
+  }
+
   /** Use an already constructed mirror (tests, or a shell that starts it itself) for the dashboard's engine series. */
   attachMirror(mirror: EngineMirror): void {
     this.mirror = mirror;
@@ -598,7 +609,7 @@ export class RouterMetrics {
       inFlight: st.inFlight,
       index: { blocks: st.index.blocks, pairs: st.index.pairs, bytes: st.index.bytes },
       reuse: { ...ledger.total },
-      engine: this.mirror ? this.mirror.totals() : null,
+      engine: this.mirror ? this.mirror.totals(this.decodeSource) : null,
       overhead: Object.fromEntries([...this.overhead].map(([k, v]) => [k, { ...v }])) as DashboardState['overhead'],
       ttft: { ...this.ttft },
       itl: { ...this.itl },

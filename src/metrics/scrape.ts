@@ -392,10 +392,12 @@ export class EngineMirror {
   }
 
   /** Totals over all sources, for the dashboard. */
-  totals(): { queries: number; hits: number } {
+  /** Sums over the sources; `skip` leaves some out (decode workers of a P/D fleet count received KV as queries). */
+  totals(skip?: (sourceKey: string) => boolean): { queries: number; hits: number } {
     let queries = 0;
     let hits = 0;
-    for (const s of this.sources.values()) {
+    for (const [key, s] of this.sources) {
+      if (skip?.(key)) continue;
       queries += s.queries;
       hits += s.hits;
     }

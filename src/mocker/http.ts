@@ -34,7 +34,8 @@ export function asVllmError(err: unknown): HttpError {
 }
 
 export type GetHandler = (req: IncomingMessage, res: ServerResponse) => void | Promise<void>;
-export type PostHandler = (req: IncomingMessage, res: ServerResponse, body: Record<string, unknown>) => void | Promise<void>;
+/** `raw` is the body's text (values JSON.parse would round, like SGLang's 63-bit bootstrap_room, are read from it). */
+export type PostHandler = (req: IncomingMessage, res: ServerResponse, body: Record<string, unknown>, raw: string) => void | Promise<void>;
 
 export interface Routes {
   readonly get: Readonly<Record<string, GetHandler>>;
@@ -60,8 +61,8 @@ export class MockHttpServer {
       if (get) return await get(req, res);
       const post = method === 'POST' ? this.routes.post[url] : undefined;
       if (!post) throw vllmError(404, `no route ${method} ${url}`);
-      const raw = await readBody(req, BODY_LIMIT_BYTES);
-      await post(req, res, requireObject(parseJsonBody(raw.toString('utf8'))));
+      const raw = (await readBody(req, BODY_LIMIT_BYTES)).toString('utf8');
+      await post(req, res, requireObject(parseJsonBody(raw)), raw);
     } catch (err) {
       const e = asVllmError(err);
       this.onError(e);

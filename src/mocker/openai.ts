@@ -13,7 +13,9 @@ import type { FaultInjector } from './faults.ts';
 import { vllmError, type Routes } from './http.ts';
 import type { Rank, RankLoop } from './rank-loop.ts';
 import { startAnswer } from './responses.ts';
+import type { MockPd, PdPlan } from './pd.ts';
 import type { MockTokenizer } from './tokenizer.ts';
+import { rawMember } from '../openai/raw-json.ts';
 import type { ChatPromptInput } from '../tokenizer/chat.ts';
 
 /** vLLM's generation parameters the mock engine acts on (the rest of a request passes through, as in vLLM). */
@@ -57,6 +59,8 @@ export interface OpenAiSurfaceOptions {
   readonly faults: FaultInjector;
   readonly promptTokensDetails: boolean;
   readonly defaultMaxTokens: number;
+  /** A side of a disaggregated pair (absent: aggregated serving). */
+  readonly pd?: MockPd;
 }
 
 export class OpenAiSurface {
@@ -71,8 +75,9 @@ export class OpenAiSurface {
         '/load': (_req, res) => this.load(res),
       },
       post: {
-        '/v1/completions': (req, res, body) => this.generate('completions', req, res, body),
-        '/v1/chat/completions': (req, res, body) => this.generate('chat', req, res, body),
+        '/v1/completions': (req, res, body, raw) => this.generate('completions', req, res, body, raw),
+        '/v1/chat/completions': (req, res, body, raw) => this.generate('chat', req, res, body, raw),
+        ...this.o.pd?.routes(),
         '/tokenize': (_req, res, body) => this.tokenize(res, body),
         '/detokenize': (_req, res, body) => this.detokenize(res, body),
       },
@@ -144,7 +149,13 @@ export class OpenAiSurface {
     }
   }
 
-  private async generate(endpoint: Endpoint, req: IncomingMessage, res: ServerResponse, body: Record<string, unknown>): Promise<void> {
+  private async generate(
+    endpoint: Endpoint,
+    req: IncomingMessage,
+    res: ServerResponse,
+    body: Record<string, unknown>,
+    raw = '',
+  ): Promise<void> {
     const { tokenizer, config: cfg, loop } = this.o;
     const request = parseOpenAiRequest(endpoint, body);
     const gen = parseGenerationParams(endpoint, body);
@@ -165,17 +176,51 @@ export class OpenAiSurface {
         );
       }
     }
-    const rank = this.pickRank(req);
+    const pd = this.o.pd;
+    let rank = this.pickRank(req);
+    if (pd?.protocol === 'sglang' && pd.role === 'prefill' && loop.ranks.length > 1) {
+      // SGLang: a prefill's DP rank is bootstrap_room mod its DP size.
+      const room = rawMember(raw, 'bootstrap_room');
+      if (room !== undefined && /^\d+$/.test(room)) rank = loop.ranks[Number(BigInt(room) % BigInt(loop.ranks.length))];
+    }
     this.o.faults.checkGeneration();
 
     const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${randomBytes(16).toString('hex')}`;
-    const engineIds = prompts.map((_, i) => `${id}-${i}`);
     const arrivalMs = loop.modelNow(rank);
+    let gone = false;
+    res.on('close', () => {
+      if (!res.writableFinished) gone = true;
+    });
+    let plan: PdPlan | null = null;
+    if (pd && prompts.length === 1) {
+      plan = await pd.plan(rank.engine, prompts[0], body, raw, () => gone, { loraName, cacheSalt: request.cacheSalt });
+      if (gone) return;
+      if (plan?.failure) {
+        if (!request.stream) throw vllmError(500, plan.failure);
+        // vLLM streams: the head is out before the engine fails the request; the error comes in-band.
+        res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+        res.write(
+          `data: ${JSON.stringify({ error: { object: 'error', message: plan.failure, type: 'InternalServerError', param: null, code: 500 } })}\n\n`,
+        );
+        res.end('data: [DONE]\n\n');
+        return;
+      }
+    }
+    const engineIds = prompts.map((_, i) => (plan?.requestId && i === 0 ? plan.requestId : `${id}-${i}`));
     const added: string[] = [];
     try {
       prompts.forEach((p, i) => {
         rank.engine.addRequest(
-          { requestId: engineIds[i], promptTokens: p, maxTokens: maxTokensFor(p), loraName, cacheSalt: request.cacheSalt, seed: gen.seed },
+          {
+            requestId: engineIds[i],
+            promptTokens: p,
+            maxTokens: plan?.maxTokens ?? maxTokensFor(p),
+            loraName,
+            cacheSalt: request.cacheSalt,
+            seed: gen.seed,
+            preloadedTokens: plan?.preloadedTokens,
+            holdOnFinish: plan?.holdOnFinish,
+          },
           arrivalMs,
         );
         added.push(engineIds[i]);
@@ -197,6 +242,8 @@ export class OpenAiSurface {
       returnTokenIds: gen.returnTokenIds,
       promptTokensDetails: this.o.promptTokensDetails,
       arrivalMs,
+      extra: plan?.extra,
+      onComplete: plan?.onComplete,
     });
     for (const [i, sink] of answer.sinks.entries()) rank.sinks.set(engineIds[i], sink);
     res.on('close', () => {

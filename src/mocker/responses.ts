@@ -25,6 +25,10 @@ export interface AnswerOptions {
   readonly promptTokensDetails: boolean;
   /** Modelled arrival time of the request. */
   readonly arrivalMs: number;
+  /** Top-level fields added to a whole (non-streamed) answer when it is complete (a vLLM prefill's kv_transfer_params). */
+  readonly extra?: () => Record<string, unknown>;
+  /** Called once every prompt finished, before the answer is written (a P/D leg's handoff). */
+  readonly onComplete?: () => void;
 }
 
 /** An answer in progress: its sinks (one per prompt). */
@@ -74,6 +78,7 @@ export function startAnswer(res: ServerResponse, tokenizer: MockTokenizer, o: An
     pending = '';
   };
   const finishAll = () => {
+    o.onComplete?.();
     flush();
     done = true;
     let pt = 0;
@@ -117,7 +122,15 @@ export function startAnswer(res: ServerResponse, tokenizer: MockTokenizer, o: An
       }
       return c;
     });
-    const out: Record<string, unknown> = { id, object: chat ? 'chat.completion' : 'text_completion', created, model, choices, usage };
+    const out: Record<string, unknown> = {
+      id,
+      object: chat ? 'chat.completion' : 'text_completion',
+      created,
+      model,
+      choices,
+      usage,
+      ...o.extra?.(),
+    };
     if (returnTokenIds && chat) out.prompt_token_ids = prompts[0];
     sendJson(res, 200, out);
   };

@@ -11,6 +11,7 @@ import { MockEngine, type EngineConfig } from './engine/index.ts';
 import { FaultInjector } from './faults.ts';
 import { MockHttpServer, type PostHandler } from './http.ts';
 import { OpenAiSurface } from './openai.ts';
+import { MockPd } from './pd.ts';
 import { Rank, RankLoop } from './rank-loop.ts';
 import { loadHfTokenizer, SimpleTokenizer, type MockTokenizer } from './tokenizer.ts';
 import type { MockerHandle, MockerOptions, MockerStats } from './types.ts';
@@ -71,6 +72,17 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
     onFirstToken: (rank, s) => metrics.observeTtft(rank, s),
     onFinished: (rank, s) => metrics.observeE2e(rank, s),
   });
+  let port = 0;
+  const pd =
+    options.pd && options.pd.role !== 'both'
+      ? new MockPd(
+          options.pd,
+          host === '0.0.0.0' || host === '::' ? '127.0.0.1' : host,
+          () => port,
+          speedup,
+          `mock-${(options.seed ?? 12345).toString(16)}-${process.pid}-${Date.now() % 1e6}`,
+        )
+      : null;
   const openai = new OpenAiSurface({
     model,
     loraModules: new Set(options.loraModules ?? []),
@@ -80,19 +92,20 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
     faults,
     promptTokensDetails: options.enablePromptTokensDetails ?? true,
     defaultMaxTokens: options.defaultMaxTokens ?? 16,
+    pd: pd ?? undefined,
   });
 
   const surface = openai.routes();
   // The crash fault counts generation requests: request N+1 finds the instance dead.
   const counted =
     (handler: PostHandler): PostHandler =>
-    async (req, res, body) => {
+    async (req, res, body, raw) => {
       if (faults.countRequest()) {
         req.socket.destroy();
         await die();
         return;
       }
-      await handler(req, res, body);
+      await handler(req, res, body, raw);
     };
   const http = new MockHttpServer(
     host,
@@ -114,12 +127,14 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
     },
   );
 
-  const port = await http.listen(options.port ?? 0);
+  port = await http.listen(options.port ?? 0);
   try {
     await zmq.open();
+    await pd?.open();
   } catch (err) {
     await http.close();
     zmq.close();
+    await pd?.close();
     throw err;
   }
 
@@ -129,6 +144,7 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
     zmq.reset();
     metrics.reset();
     faults.restarted();
+    pd?.reset();
   }
 
   async function die(): Promise<void> {
@@ -155,6 +171,7 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
     dropInFlight();
     closed = true;
     zmq.close();
+    await pd?.close();
     if (!wasDead) await http.close();
   }
 
@@ -179,6 +196,10 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
     stats,
     get dead() {
       return dead;
+    },
+    pd,
+    get bootstrapPort() {
+      return pd?.bootstrapPort ?? null;
     },
     close,
     restart,

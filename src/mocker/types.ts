@@ -1,6 +1,7 @@
 /** The mock engine's public API: its options, live faults, counters and the handle `startMocker` returns. */
 import type { HashType, WireFormat } from '../engines/vllm.ts';
 import type { EngineConfig, MockEngine } from './engine/index.ts';
+import type { MockPd, MockPdOptions } from './pd.ts';
 
 export interface MockerFaults {
   /** Fraction of event batches not sent on PUB (they still take a seq and stay replayable: a gap to recover). */
@@ -56,6 +57,8 @@ export interface MockerOptions {
   faults?: Partial<MockerFaults>;
   /** Seed of the fault dice. */
   seed?: number;
+  /** A side of a disaggregated prefill/decode pair (role prefill or decode), speaking vLLM's or SGLang's handoff. */
+  pd?: MockPdOptions;
 }
 
 export interface MockerStats {
@@ -83,6 +86,10 @@ export interface MockerHandle {
   readonly faults: MockerFaults;
   readonly stats: MockerStats;
   readonly dead: boolean;
+  /** The P/D side (leases, rooms, counters), when started with a role. */
+  readonly pd: MockPd | null;
+  /** SGLang prefill: the bootstrap server's port. */
+  readonly bootstrapPort: number | null;
   close(): Promise<void>;
   /** Restart in place: in-flight requests dropped, cache and counters cleared, seq back to 0; no AllBlocksCleared. */
   restart(): Promise<void>;

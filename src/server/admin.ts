@@ -62,7 +62,9 @@ export async function handleAdmin(ctx: AdminContext, req: IncomingMessage, res: 
     try {
       value = JSON.parse(raw.toString('utf8'));
     } catch {
-      throw badRequest('body must be JSON: {"url": ..., "events"?, "replay"?, "dp"?, "model"?, "id"?} or {"spec": "URL,..."}');
+      throw badRequest(
+        'body must be JSON: {"url": ..., "events"?, "replay"?, "dp"?, "model"?, "id"?, "role"?, "engine"?, "bootstrap"?} or {"spec": "URL,..."}',
+      );
     }
     let spec: WorkerSpec;
     try {

@@ -16,10 +16,12 @@ import type { AddressInfo } from 'node:net';
 import pino, { type Logger } from 'pino';
 import { Dispatcher } from '../core/dispatch/dispatcher.ts';
 import { KvRouter, TIER_CREDIT_ON } from '../core/router.ts';
+import { parseSourceKey } from '../core/types.ts';
 import { sendJson } from '../http/body.ts';
 import { HttpError, sendError } from '../http/errors.ts';
 import { dashboardHandler } from '../metrics/dashboard.ts';
 import { FlowMetrics } from '../metrics/flow.ts';
+import { PdMetrics } from '../metrics/pd.ts';
 import { RouterMetrics } from '../metrics/registry.ts';
 import type { EngineMirror } from '../metrics/scrape.ts';
 import { LocalTokenizer } from '../tokenizer/local.ts';
@@ -131,6 +133,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       prefillLoadScale: config.prefillLoadScale,
       overlapCredit: config.overlapCredit,
       temperature: config.temperature,
+      decodeOverlapCredit: config.decodeOverlapCredit,
       ...(config.tierCredit ? TIER_CREDIT_ON : {}),
     },
     seed: config.seed,
@@ -146,12 +149,20 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     tokenBudgets: config.tenantTokenBudgets,
     sessions: { ttlMs: config.sessionTtlMs, loadFactor: config.sessionLoadFactor },
     prefillTokensPerSecond: config.prefillTokensPerSecond,
+    pd: { minUncachedTokens: config.disaggMinUncachedTokens },
   });
   const metrics = new RouterMetrics({ router, prefix: config.metricsPrefix });
   const flowMetrics = new FlowMetrics(metrics.registry, metrics.prefix, () => dispatcher.census(), [
     ...Object.keys(config.tenantWeights ?? {}),
     ...Object.keys(config.tenantTokenBudgets ?? {}).filter((t) => t !== '*'),
   ]);
+  const pd = new PdMetrics(
+    metrics.registry,
+    config.metricsPrefix,
+    () => dispatcher.pdStats,
+    () => dispatcher.workers().flatMap((w) => w.sourceKeys.map((sourceKey) => ({ sourceKey, role: w.role }))),
+  );
+  metrics.setDecodeSources((key) => dispatcher.worker(parseSourceKey(key).workerId)?.role === 'decode');
   const lifecycle = new Lifecycle(dispatcher, metrics, flowMetrics, log);
   const tokenizer = await buildTokenizer(config, options, log);
   const remote = config.remoteTokenize ? new RemoteTokenizer() : null;
@@ -209,6 +220,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     recent,
     guard,
     sessionHeaders: sessionHeaderNames(config),
+    pd,
   };
   const admin = { config, log, guard, workers };
 

@@ -15,6 +15,8 @@ import type { TokenizerService } from '../tokenizer/service.ts';
 import type { ServeConfig } from '../config/serve.ts';
 import type { Lifecycle } from './lifecycle.ts';
 import { type Endpoint, type ParsedRequest, parseJsonBody, parseRequest, upstreamBody } from '../openai/request.ts';
+import type { PdMetrics } from '../metrics/pd.ts';
+import { pdAttempt, type PdOutcome } from './pd.ts';
 import { proxyAttempt } from './proxy.ts';
 import { refusalError } from './refusals.ts';
 import { requestIdentity } from './identity.ts';
@@ -26,6 +28,9 @@ export interface RecentDecision {
   at: number;
   model: string;
   worker: string;
+  prefillWorker?: string;
+  prefillOverlapBlocks?: number;
+  path: string;
   policy: string;
   promptTokens: number;
   islBlocks: number;
@@ -53,6 +58,15 @@ export interface InferenceContext {
   readonly guard: Security;
   /** Session headers to read, in order. */
   readonly sessionHeaders: readonly string[];
+  readonly pd: PdMetrics;
+}
+
+/** Sequences a request asks for (n × prompts): more than one cannot share one P/D handoff. */
+function sequencesOf(parsed: ParsedRequest): number {
+  const n = typeof parsed.body.n === 'number' && Number.isInteger(parsed.body.n) && parsed.body.n > 1 ? parsed.body.n : 1;
+  const p = parsed.body.prompt;
+  const prompts = Array.isArray(p) && p.length > 0 && (typeof p[0] === 'string' || Array.isArray(p[0])) ? p.length : 1;
+  return n * prompts;
 }
 
 /** A client's x-request-id, if it is a short printable token; anything else is ignored rather than echoed. */
@@ -129,7 +143,16 @@ export async function handleInference(
   const path = endpoint === 'chat' ? '/v1/chat/completions' : '/v1/completions';
 
   let step = await lifecycle.submit(
-    { requestId, model: parsed.model, tokens, cacheSalt: parsed.cacheSalt, policy: parsed.policy, knobs: parsed.knobs, ...identity },
+    {
+      requestId,
+      model: parsed.model,
+      tokens,
+      cacheSalt: parsed.cacheSalt,
+      policy: parsed.policy,
+      knobs: parsed.knobs,
+      sequences: sequencesOf(parsed),
+      ...identity,
+    },
     abort.signal,
   );
   for (;;) {
@@ -145,13 +168,49 @@ export async function handleInference(
     const attempt: DispatchAttempt = step;
     note(ctx, attempt, parsed.model, clientRequestId);
     const worker = ctx.workers.get(attempt.workerId);
-    const outcome = worker
-      ? await proxyAttempt(
-          { lifecycle, metrics, log: ctx.log, clientStallTimeoutMs: config.clientStallTimeoutMs },
-          { attempt, worker, parsed, body, path, res, signal: abort.signal, t0, clientRequestId, tokenizeS },
-        )
-      : { kind: 'failed' as const, message: `${attempt.workerId}: removed` };
+    const prefillWorker = attempt.prefill ? ctx.workers.get(attempt.prefill.workerId) : undefined;
+    const attemptCtx = { lifecycle, metrics, log: ctx.log, clientStallTimeoutMs: config.clientStallTimeoutMs, pd: ctx.pd };
+    let outcome: PdOutcome;
+    if (!worker) outcome = { kind: 'failed', message: `${attempt.workerId}: removed` };
+    else if (attempt.prefill && !prefillWorker) outcome = { kind: 'prefill_failed', message: `${attempt.prefill.workerId}: removed` };
+    else if (attempt.prefill && prefillWorker) {
+      outcome = await pdAttempt(attemptCtx, {
+        attempt,
+        decodeWorker: worker,
+        prefillWorker,
+        parsed,
+        clientText: text,
+        upstreamBody: body,
+        path,
+        res,
+        signal: abort.signal,
+        t0,
+        clientRequestId,
+        tokenizeS,
+      });
+    } else {
+      outcome = await proxyAttempt(attemptCtx, {
+        attempt,
+        worker,
+        parsed,
+        body,
+        path,
+        res,
+        signal: abort.signal,
+        t0,
+        clientRequestId,
+        tokenizeS,
+      });
+    }
     if (outcome.kind === 'done') return;
+    if (outcome.kind === 'prefill_failed') {
+      ctx.log.warn(
+        { requestId, worker: attempt.prefill?.workerId, attempt: attempt.prefill?.attempt, error: outcome.message },
+        'prefill leg failed before answering',
+      );
+      step = await lifecycle.prefillFailed(requestId, outcome.message, abort.signal);
+      continue;
+    }
     // Failed before the first byte: the dispatcher takes the attempt back and picks the next best without this worker.
     ctx.log.warn(
       { requestId, worker: attempt.workerId, attempt: attempt.attempt, error: outcome.message },
@@ -168,6 +227,8 @@ function note(ctx: InferenceContext, a: DispatchAttempt, model: string, clientRe
       requestId: a.requestId,
       clientRequestId,
       worker: d.sourceKey,
+      prefillWorker: a.prefill?.decision.sourceKey,
+      path: a.path,
       policy: d.policy,
       promptTokens: d.promptTokens,
       islBlocks: d.islBlocks,
@@ -185,6 +246,8 @@ function note(ctx: InferenceContext, a: DispatchAttempt, model: string, clientRe
     at: Date.now(),
     model,
     worker: d.sourceKey,
+    ...(a.prefill ? { prefillWorker: a.prefill.decision.sourceKey, prefillOverlapBlocks: a.prefill.decision.overlapBlocks } : {}),
+    path: a.path,
     policy: d.policy,
     promptTokens: d.promptTokens,
     islBlocks: d.islBlocks,

@@ -10,6 +10,7 @@ import type {
   Dispatcher,
   DispatchRefusal,
   FinishReport,
+  PrefillReport,
   Submission,
 } from '../core/dispatch/dispatcher.ts';
 import type { FlowMetrics } from '../metrics/flow.ts';
@@ -46,6 +47,16 @@ export class Lifecycle {
   /** The attempt failed before the engine answered: resolves with the next attempt or the final refusal. */
   failed(requestId: string, error: string, signal: AbortSignal): Promise<NextStep> {
     return this.wait(requestId, signal, () => this.dispatcher.failed(requestId, error, this.now()));
+  }
+
+  /** The prefill leg failed before answering: resolves with a new prefill leg, decode alone, or the final refusal. */
+  prefillFailed(requestId: string, error: string, signal: AbortSignal): Promise<NextStep> {
+    return this.wait(requestId, signal, () => this.dispatcher.prefillFailed(requestId, error, this.now()));
+  }
+
+  /** The prefill leg answered (its cached tokens are the request's delivered reuse). */
+  prefillDone(requestId: string, report: PrefillReport): void {
+    this.apply(this.dispatcher.prefillDone(requestId, report, this.now()));
   }
 
   firstToken(requestId: string): void {

@@ -36,7 +36,15 @@ export async function attachToServer(running: RunningServer, options: ReplicaOpt
     if (workers.get(id)) await workers.remove(id); // URL, model or ranks changed
     // Events mode: these workers' KV events come from the stream, not from a ZMQ subscription of this server.
     await workers.add(
-      { id, url: entry.url, dp: entry.dpRanks.length, models: entry.model ? [entry.model] : undefined },
+      {
+        id,
+        url: entry.url,
+        dp: entry.dpRanks.length,
+        models: entry.model ? [entry.model] : undefined,
+        role: entry.role,
+        engine: entry.engine,
+        bootstrap: entry.bootstrapPort,
+      },
       { mode: 'events' },
     );
   };

@@ -7,6 +7,7 @@
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher as UndiciDispatcher } from 'undici';
 import type { DispatchAttempt } from '../core/dispatch/dispatcher.ts';
+import type { RouteDecision } from '../core/types.ts';
 import { sseErrorFrame } from '../http/errors.ts';
 import type { RouterMetrics } from '../metrics/registry.ts';
 import type { Lifecycle } from './lifecycle.ts';
@@ -48,6 +49,33 @@ export interface AttemptRequest {
   readonly t0: number;
   readonly clientRequestId: string | null;
   readonly tokenizeS: number;
+  /** Upstream request headers on top of the defaults (a P/D leg's X-Request-Id). */
+  readonly requestHeaders?: Readonly<Record<string, string>>;
+  /** The request already sent (a P/D decode leg sent together with its prefill leg). */
+  readonly upstream?: Promise<UndiciDispatcher.ResponseData>;
+  /** Response headers on top of the defaults (x-kvroute-prefill-worker, the overlap of the cache that served). */
+  readonly responseHeaders?: Readonly<Record<string, string>>;
+  /** The decision the routing metrics count (the prefill leg of a disaggregated request); default the attempt's. */
+  readonly accounted?: RouteDecision;
+  /**
+   * Rewrite the client's usage.prompt_tokens_details.cached_tokens to this figure (a disaggregated request: the decode
+   * engine's count is the transferred KV, not a prefix hit); `null`: the prefill did not say, the field is removed.
+   */
+  readonly cachedTokensOverride?: number | null;
+  /** A stream whose first event is an error failed before answering (a decode leg that could not load its KV). */
+  readonly failOnLeadingError?: boolean;
+  /** Called once at the first token (per-leg durations). */
+  readonly onFirstToken?: () => void;
+}
+
+/** Sets or removes usage.prompt_tokens_details.cached_tokens in place. */
+export function rewriteCachedTokens(usage: Record<string, unknown>, cached: number | null): void {
+  const details = usage.prompt_tokens_details;
+  if (cached === null) {
+    if (details && typeof details === 'object') delete (details as Record<string, unknown>).cached_tokens;
+    return;
+  }
+  usage.prompt_tokens_details = { ...(details && typeof details === 'object' ? details : {}), cached_tokens: cached };
 }
 
 export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Promise<AttemptOutcome> {
@@ -61,7 +89,7 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
   const commit = () => {
     if (committed) return;
     committed = true;
-    metrics.routed(decision, { tokenize: a.tokenizeS });
+    metrics.routed(a.accounted ?? decision, { tokenize: a.tokenizeS });
   };
   const cancelled = (): AttemptOutcome => {
     commit();
@@ -73,16 +101,19 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
     'x-request-id': a.clientRequestId ?? requestId,
   };
   if (worker.sourceKeys.length > 1) headers['x-data-parallel-rank'] = String(decision.source.dpRank);
-  const ours = {
+  Object.assign(headers, a.requestHeaders);
+  const ours: Record<string, string> = {
     'x-kvroute-worker': decision.sourceKey,
     'x-kvroute-overlap-blocks': String(decision.overlapBlocks),
     'x-kvroute-isl-blocks': String(decision.islBlocks),
     'x-kvroute-request-id': requestId,
     'x-request-id': a.clientRequestId ?? requestId,
+    ...a.responseHeaders,
   };
+  const override = a.cachedTokensOverride;
   let upstream: UndiciDispatcher.ResponseData;
   try {
-    upstream = await worker.pool.request({ method: 'POST', path: a.path, headers, body: a.body, signal });
+    upstream = await (a.upstream ?? worker.pool.request({ method: 'POST', path: a.path, headers, body: a.body, signal }));
   } catch (err) {
     return signal.aborted ? cancelled() : { kind: 'failed', message: `${worker.id}: ${(err as Error).message}` };
   }
@@ -108,14 +139,20 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
     const ok = upstream.statusCode === 200;
     if (ok) {
       try {
-        const usage = readUsage((JSON.parse(buf.toString('utf8')) as { usage?: unknown }).usage);
+        const answer = JSON.parse(buf.toString('utf8')) as { usage?: unknown };
+        const usage = readUsage(answer.usage);
         cachedTokens = usage?.cachedTokens;
         outputTokens = usage?.completionTokens;
+        if (override !== undefined && answer.usage && typeof answer.usage === 'object') {
+          rewriteCachedTokens(answer.usage as Record<string, unknown>, override);
+          buf = Buffer.from(JSON.stringify(answer));
+        }
       } catch {
         /* not JSON: nothing to learn, still forward it */
       }
       // Non-streaming answers arrive whole: the first token is not observable apart from the end.
       lifecycle.firstToken(requestId);
+      a.onFirstToken?.();
       metrics.firstToken(decision.sourceKey, (performance.now() - a.t0) / 1000);
     }
     // A 4xx is the request's fault, not the worker's: the breaker counts it as an answer.
@@ -127,24 +164,46 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
     return { kind: 'done' };
   }
 
-  // Streaming: headers go out now; from here on failures are reported in-band.
-  commit();
-  res.writeHead(200, copyHeaders(upstream.headers, { ...ours, 'cache-control': 'no-cache' }));
-  res.flushHeaders();
-  const relay = new SseRelay(!parsed.clientWantsUsage);
+  // Streaming: headers go out with the first event (at once, unless a leading error event must be caught first); from
+  // there on failures are reported in-band.
+  const relay = new SseRelay(
+    !parsed.clientWantsUsage,
+    override === undefined ? undefined : (usage) => rewriteCachedTokens(usage, override),
+  );
+  let headSent = false;
+  const sendHead = () => {
+    if (headSent) return;
+    headSent = true;
+    commit();
+    res.writeHead(200, copyHeaders(upstream.headers, { ...ours, 'cache-control': 'no-cache' }));
+    res.flushHeaders();
+  };
+  if (!a.failOnLeadingError) sendHead();
   let first = true;
   let last = 0;
   let failure: string | null = null;
+  let leadingError: string | null = null;
   // 'data' events rather than an async iterator: one promise less per chunk on the hottest path of the proxy.
   await new Promise<void>((resolve) => {
     const body = upstream.body;
     body.on('data', (chunk: Buffer) => {
       const out = relay.push(chunk);
       if (out.length === 0) return;
+      if (!headSent) {
+        if (relay.sawError && relay.events <= 1) {
+          // Nothing reached the client: the leg failed before answering, and the dispatcher may retry it.
+          leadingError = `${worker.id}: error before the first token: ${out.toString('utf8').slice(0, 200)}`;
+          body.destroy();
+          resolve();
+          return;
+        }
+        sendHead();
+      }
       const tNow = performance.now();
       if (first) {
         first = false;
         lifecycle.firstToken(requestId); // prefill load just dropped: queued requests may route now
+        a.onFirstToken?.();
         metrics.firstToken(decision.sourceKey, (tNow - a.t0) / 1000);
       } else {
         metrics.token(decision.sourceKey, (tNow - last) / 1000);
@@ -164,18 +223,28 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
       }
     });
     body.once('end', () => {
+      if (leadingError) return;
+      if (!headSent && !signal.aborted) {
+        leadingError = `${worker.id} closed the stream before its first event`;
+        resolve();
+        return;
+      }
       const rest = relay.flush();
       if (rest.length > 0 && !res.destroyed) res.write(rest);
       if (!relay.sawDone && !signal.aborted) failure = `${worker.id} closed the stream before [DONE]`;
       resolve();
     });
     body.once('error', (err: Error) => {
-      if (!signal.aborted) failure = `${worker.id}: stream failed: ${err.message}`;
+      if (leadingError) return;
+      if (!headSent && !signal.aborted) leadingError = `${worker.id}: stream failed before its first event: ${err.message}`;
+      else if (!signal.aborted) failure = `${worker.id}: stream failed: ${err.message}`;
       resolve();
     });
   });
+  if (leadingError && !signal.aborted) return { kind: 'failed', message: leadingError };
   if (signal.aborted || res.destroyed) {
     // The client went away: the upstream was aborted with it; free the load.
+    commit();
     if (!upstream.body.destroyed) upstream.body.destroy();
     lifecycle.finish(requestId, { outcome: 'cancelled', cachedTokens: relay.usage?.cachedTokens });
     return { kind: 'done' };

@@ -45,8 +45,14 @@ export class SseRelay {
   /** Data events forwarded (not counting [DONE]). */
   events = 0;
 
-  /** @param stripUsage remove usage chunks (the client did not ask for them). */
-  constructor(private readonly stripUsage: boolean) {}
+  /**
+   * @param stripUsage remove usage chunks (the client did not ask for them).
+   * @param rewriteUsage changes a usage object the client gets, in place (a disaggregated request's cached tokens).
+   */
+  constructor(
+    private readonly stripUsage: boolean,
+    private readonly rewriteUsage?: (usage: Record<string, unknown>) => void,
+  ) {}
 
   /** Feeds one upstream chunk; returns the bytes to forward now (possibly empty). */
   push(chunk: Buffer): Buffer {
@@ -99,7 +105,10 @@ export class SseRelay {
       }
       this.usage = readUsage(parsed.usage) ?? this.usage;
       if (!this.stripUsage) {
-        out.push(ev);
+        if (this.rewriteUsage && typeof parsed.usage === 'object') {
+          this.rewriteUsage(parsed.usage as Record<string, unknown>);
+          out.push(`data: ${JSON.stringify(parsed)}`);
+        } else out.push(ev);
         if (Array.isArray(parsed.choices) && parsed.choices.length > 0) this.events++;
         continue;
       }

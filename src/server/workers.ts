@@ -7,7 +7,7 @@ import { Pool, request } from 'undici';
 import type { BreakerState } from '../core/dispatch/breaker.ts';
 import type { DispatchEffect, Dispatcher } from '../core/dispatch/dispatcher.ts';
 import type { WorkerState } from '../core/dispatch/fleet.ts';
-import type { WorkerSpec } from '../config/worker-spec.ts';
+import { DEFAULT_BOOTSTRAP_PORT, type WorkerSpec } from '../config/worker-spec.ts';
 
 export interface ModelCard {
   id: string;
@@ -62,6 +62,15 @@ export class Worker {
 
   get healthy(): boolean {
     return this.core.healthy;
+  }
+
+  get role(): 'prefill' | 'decode' | 'both' {
+    return this.core.role;
+  }
+
+  /** SGLang prefill: the bootstrap server's port (the spec's bootstrap=, default 8998). */
+  get bootstrapPort(): number {
+    return this.spec.bootstrap ?? DEFAULT_BOOTSTRAP_PORT;
   }
 
   get breaker(): BreakerState {
@@ -127,6 +136,8 @@ export class Worker {
       events: this.spec.events ?? null,
       mode: this.core.config.mode,
       role: this.core.role,
+      engine: this.core.engine,
+      ...(this.core.role === 'prefill' && this.core.engine === 'sglang' ? { bootstrap: this.bootstrapPort } : {}),
       dp: this.sourceKeys.length,
       sources: this.sourceKeys,
       healthy: this.healthy,
@@ -182,6 +193,8 @@ export class WorkerSet {
         mode: options.mode ?? (spec.events ? 'events' : 'approx'),
         capacityBlocks: spec.blocks,
         models: spec.models,
+        role: spec.role,
+        engine: spec.engine,
       },
       Date.now(),
     );

@@ -57,7 +57,20 @@ export interface FleetOptions {
   readonly engineFailures?: number;
   /** Delay before a failed attempt is noticed, ms. Default 2. */
   readonly failureLatencyMs?: number;
+  /**
+   * Disaggregated prefill/decode: this many prefill workers and `decodeWorkers` decode workers (vLLM flavour) replace
+   * `workers`. A disaggregated request prefills one token on its prefill worker, whose blocks stay held while the KV
+   * moves (bytes per token × tokens the decode worker lacks / bandwidth), then decodes on its decode worker.
+   */
+  readonly prefillWorkers?: number;
+  readonly decodeWorkers?: number;
+  readonly transfer?: { readonly bytesPerToken: number; readonly bytesPerS: number };
+  /** The SLO that goodput counts against (defaults: TTFT <= 2 s, ITL <= 50 ms). */
+  readonly slo?: { readonly ttftMs: number; readonly itlMs: number };
 }
+
+/** The KV of an 8B model (2 · 36 layers · 8 KV heads · 128 · 2 bytes) over 400 Gb/s RDMA. */
+export const DEFAULT_TRANSFER = { bytesPerToken: 147_456, bytesPerS: 50e9 } as const;
 
 /** The serve defaults for admission (src/server/config.ts), so a simulation admits as the live router does. */
 export const SIM_DISPATCH_DEFAULTS: DispatchOptions = {
@@ -155,6 +168,20 @@ export interface FleetResult {
   /** wall_s is elapsed time; cpu_s this process's user+system CPU (the fairer figure on a shared machine). */
   readonly sim: { readonly simulated_s: number; readonly wall_s: number; readonly cpu_s: number; readonly engine_steps: number };
   readonly perRequest?: readonly RequestRecord[];
+  /** Inter-token latency per request: (finish - first token) / (output tokens - 1), requests with 2+ output tokens. */
+  readonly itl_ms: LatencySummary;
+  /** Requests within the SLO (TTFT and ITL), as a fraction of served requests and per second of simulated time. */
+  readonly goodput: { readonly ttft_ms: number; readonly itl_ms: number; readonly fraction: number; readonly per_s: number };
+  /** Disaggregated runs: the dispatcher's path counts and handoff counters, transfer time per handed-off request. */
+  readonly pd?: {
+    readonly prefill_workers: number;
+    readonly decode_workers: number;
+    readonly min_uncached_tokens: number;
+    readonly paths: Record<string, number>;
+    readonly decode_only: Record<string, number>;
+    readonly transferred_tokens: number;
+    readonly transfer_ms: LatencySummary;
+  };
 }
 
 export interface GroupLatency extends LatencySummary {
@@ -237,10 +264,12 @@ const STEP_END = 1;
 const DELIVER = 2;
 const WAKE = 3;
 const FAIL = 4;
+const TRANSFER = 5;
 
 interface WorkerState {
   readonly engine: MockEngine;
   readonly key: string;
+  readonly role: 'both' | 'prefill' | 'decode';
   busy: boolean;
   pendingStep: StepResult | null;
   /** Event batches in flight to the router, in delivery order. */
@@ -272,7 +301,16 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
   const windowMs = opts.imbalanceWindowMs ?? 60_000;
   const bs = opts.blockSize;
   if (!(rateScale > 0)) throw new RangeError(`rate scale must be positive, got ${rateScale}`);
-  if (!Number.isInteger(opts.workers) || opts.workers < 1) throw new RangeError(`workers must be a positive integer, got ${opts.workers}`);
+  const pdMode = opts.prefillWorkers !== undefined || opts.decodeWorkers !== undefined;
+  const nPrefill = opts.prefillWorkers ?? 0;
+  const nDecode = opts.decodeWorkers ?? 0;
+  if (pdMode && (!Number.isInteger(nPrefill) || nPrefill < 0 || !Number.isInteger(nDecode) || nDecode < 1)) {
+    throw new RangeError(`P/D needs decode workers >= 1 and prefill workers >= 0, got ${nPrefill} and ${nDecode}`);
+  }
+  const nWorkers = pdMode ? nPrefill + nDecode : opts.workers;
+  if (!Number.isInteger(nWorkers) || nWorkers < 1) throw new RangeError(`workers must be a positive integer, got ${nWorkers}`);
+  const transfer = opts.transfer ?? DEFAULT_TRANSFER;
+  const slo = opts.slo ?? { ttftMs: 2000, itlMs: 50 };
 
   let maxLen = 1;
   for (const r of requests) maxLen = Math.max(maxLen, r.inputLength + Math.max(1, r.outputLength));
@@ -289,7 +327,8 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
   const failRng = createRng(((opts.seed ?? 0) ^ 0x5eed_fa11) >>> 0);
   const failLatency = opts.failureLatencyMs ?? 2;
   const workers: WorkerState[] = [];
-  for (let w = 0; w < opts.workers; w++) {
+  for (let w = 0; w < nWorkers; w++) {
+    const role = !pdMode ? 'both' : w < nPrefill ? 'prefill' : 'decode';
     const engine = new MockEngine({
       blockSize: bs,
       numGpuBlocks: opts.gpuBlocks,
@@ -297,9 +336,19 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
       seed: (opts.seed ?? 0) + w,
       ...opts.engine,
     });
-    const key = `w${w}`;
-    dispatcher.addWorker({ id: key, mode: 'events', capacityBlocks: opts.gpuBlocks }, 0);
-    workers.push({ engine, key, busy: false, pendingStep: null, inFlight: [], prefillTokens: 0, requests: 0, windowPrefill: new Map() });
+    const key = !pdMode ? `w${w}` : role === 'prefill' ? `p${w}` : `d${w - nPrefill}`;
+    dispatcher.addWorker({ id: key, mode: 'events', capacityBlocks: opts.gpuBlocks, role }, 0);
+    workers.push({
+      engine,
+      key,
+      role,
+      busy: false,
+      pendingStep: null,
+      inFlight: [],
+      prefillTokens: 0,
+      requests: 0,
+      windowPrefill: new Map(),
+    });
   }
   const workerOf = new Map<string, number>();
   for (const [i, w] of workers.entries()) workerOf.set(w.key, i);
@@ -359,6 +408,36 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
   let arrived = 0;
   const progressEvery = Math.max(1, Math.floor(n / 200));
   const indexOf = (id: string) => Number(id.slice(1));
+  const itl: number[] = [];
+  let good = 0;
+  const transferMs: number[] = [];
+  /** Prefill legs in flight by leg id: the request and where its decode leg goes. */
+  const prefillLegs = new Map<string, { requestId: string; i: number; decodeWorker: number; prefillWorker: number }>();
+  /** KV transfers in flight, by a running number (the heap event's argument). */
+  const transfers = new Map<number, { requestId: string; i: number; decodeWorker: number; prefillWorker: number; legId: string }>();
+  let transferSeq = 0;
+  /** The served leg's cached tokens (the prefill's for a disaggregated request). */
+  const servedCached = new Map<string, number>();
+  let deliveredPrompt = 0;
+  let deliveredCached = 0;
+
+  const addDecode = (requestId: string, i: number, w: number, now: number, preloaded?: number): boolean => {
+    const req = requests[i];
+    try {
+      workers[w].engine.addRequest(
+        { requestId, promptTokens: expandTokensArray(req), maxTokens: Math.max(1, req.outputLength), preloadedTokens: preloaded },
+        now,
+      );
+    } catch (err) {
+      if (!(err instanceof EngineInputError)) throw err;
+      engineRejected++;
+      refusals.engine_rejected = (refusals.engine_rejected ?? 0) + 1;
+      apply(dispatcher.finish(requestId, { outcome: 'error' }, now), now);
+      return false;
+    }
+    if (!workers[w].busy) startStep(w, now);
+    return true;
+  };
 
   const startStep = (w: number, now: number) => {
     const ws = workers[w];
@@ -404,19 +483,25 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
         continue;
       }
       const req = requests[i];
-      try {
-        workers[w].engine.addRequest(
-          { requestId: e.requestId, promptTokens: expandTokensArray(req), maxTokens: Math.max(1, req.outputLength) },
-          now,
-        );
-      } catch (err) {
-        if (!(err instanceof EngineInputError)) throw err;
-        // The engine refuses the prompt (too long): the request's fault, answered as the engine's 400 would be.
-        engineRejected++;
-        refusals.engine_rejected = (refusals.engine_rejected ?? 0) + 1;
-        apply(dispatcher.finish(e.requestId, { outcome: 'error' }, now), now);
-        continue;
-      }
+      if (e.prefill) {
+        // The prefill leg first: one token on the prefill worker, its blocks held for the decode side.
+        const pw = workerOf.get(e.prefill.decision.sourceKey)!;
+        try {
+          workers[pw].engine.addRequest(
+            { requestId: e.prefill.legId, promptTokens: expandTokensArray(req), maxTokens: 1, holdOnFinish: true },
+            now,
+          );
+        } catch (err) {
+          if (!(err instanceof EngineInputError)) throw err;
+          engineRejected++;
+          refusals.engine_rejected = (refusals.engine_rejected ?? 0) + 1;
+          apply(dispatcher.finish(e.requestId, { outcome: 'error' }, now), now);
+          continue;
+        }
+        prefillLegs.set(e.prefill.legId, { requestId: e.requestId, i, decodeWorker: w, prefillWorker: pw });
+        workers[pw].requests++;
+        if (!workers[pw].busy) startStep(pw, now);
+      } else if (!addDecode(e.requestId, i, w, now)) continue;
       routed++;
       workers[w].requests++;
       const rec: RequestRecord = {
@@ -433,7 +518,6 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
       };
       recordOf.set(e.requestId, rec);
       if (opts.keepRequests) records[i] = rec;
-      if (!workers[w].busy) startStep(w, now);
     }
     const at = dispatcher.nextWakeAt(now);
     if (at !== undefined && at < wakeAt) {
@@ -476,12 +560,40 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
       apply(effects, now);
       arrived++;
       if (opts.onProgress && (arrived % progressEvery === 0 || arrived === n)) opts.onProgress(arrived, n);
+    } else if (ev.kind === TRANSFER) {
+      const t = transfers.get(ev.arg)!;
+      transfers.delete(ev.arg);
+      workers[t.prefillWorker].engine.releaseHeld(t.legId);
+      addDecode(t.requestId, t.i, t.decodeWorker, now, requests[t.i].inputLength);
     } else if (ev.kind === STEP_END) {
       const w = ev.arg;
       const ws = workers[w];
       const res = ws.pendingStep!;
       ws.pendingStep = null;
       for (const out of res.outputs) {
+        if (ws.role === 'prefill') {
+          // A prefill leg: its one token is the handoff, not the client's.
+          if (out.firstToken) {
+            const computed = out.promptTokens - out.cachedTokens;
+            ws.prefillTokens += computed;
+            const win = Math.floor(now / windowMs);
+            ws.windowPrefill.set(win, (ws.windowPrefill.get(win) ?? 0) + computed);
+          }
+          if (!out.finished) continue;
+          const leg = prefillLegs.get(out.requestId);
+          if (!leg) continue;
+          prefillLegs.delete(out.requestId);
+          servedCached.set(leg.requestId, out.cachedTokens);
+          apply(dispatcher.prefillDone(leg.requestId, { cachedTokens: out.cachedTokens }, now), now);
+          const dws = workers[leg.decodeWorker];
+          const lacking = Math.max(0, out.promptTokens - dws.engine.prefixHitTokens(expandTokensArray(requests[leg.i])));
+          const ms = ((lacking * transfer.bytesPerToken) / transfer.bytesPerS) * 1000;
+          transferMs.push(ms);
+          const id = transferSeq++;
+          transfers.set(id, { ...leg, legId: out.requestId });
+          heap.push(now + ms, TRANSFER, id);
+          continue;
+        }
         outputTokens += out.newTokens.length;
         // Most outputs are plain decode tokens: look the request up only when its lifecycle changes.
         if (!out.firstToken && !out.finished) continue;
@@ -490,7 +602,7 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
         if (out.firstToken) {
           apply(dispatcher.firstToken(out.requestId, now), now);
           rec.firstTokenMs = now;
-          rec.cachedTokens = out.cachedTokens;
+          rec.cachedTokens = servedCached.get(out.requestId) ?? out.cachedTokens;
           const t = now - rec.arrivalMs;
           ttft.push(t);
           let b = 0;
@@ -507,12 +619,19 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
         if (out.finished) {
           apply(dispatcher.finish(out.requestId, { outcome: 'ok', cachedTokens: out.cachedTokens }, now), now);
           rec.finishMs = now;
+          const ttftMs = rec.firstTokenMs - rec.arrivalMs;
+          const perToken = out.completionTokens > 1 ? (now - rec.firstTokenMs) / (out.completionTokens - 1) : NaN;
+          if (Number.isFinite(perToken)) itl.push(perToken);
+          if (ttftMs <= slo.ttftMs && !(perToken > slo.itlMs)) good++;
+          deliveredPrompt += out.promptTokens;
+          deliveredCached += rec.cachedTokens;
+          servedCached.delete(out.requestId);
           served++;
           recordOf.delete(out.requestId);
           finished++;
           lastFinish = now;
           promptTokensTotal += out.promptTokens;
-          engineRatioSum += out.cachedTokens / out.promptTokens;
+          engineRatioSum += rec.cachedTokens / out.promptTokens;
           engineReports++;
         }
       }
@@ -550,7 +669,9 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
       predicted_block_weighted: view.predicted.blockWeighted,
       available_request_weighted: view.available.requestWeighted,
       available_block_weighted: view.available.blockWeighted,
-      engine_token_weighted: queries > 0 ? hits / queries : NaN,
+      // In a P/D fleet the decode engines' counters include prompts whose KV they received: the served legs' reports
+      // (the prefill's for a disaggregated request) are the truth there.
+      engine_token_weighted: pdMode ? (deliveredPrompt > 0 ? deliveredCached / deliveredPrompt : NaN) : queries > 0 ? hits / queries : NaN,
       engine_request_weighted: engineReports > 0 ? engineRatioSum / engineReports : NaN,
       predicted_token_weighted: view.delivered.predictedTokenWeighted,
     },
@@ -572,6 +693,21 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
     events: { applied: eventsApplied, rejected: eventsRejected },
     sim: { simulated_s: span, wall_s: (performance.now() - wall0) / 1000, cpu_s: cpuSeconds(cpu0), engine_steps: steps },
     perRequest: opts.keepRequests ? (records.filter(Boolean) as RequestRecord[]) : undefined,
+    itl_ms: summarize(itl),
+    goodput: { ttft_ms: slo.ttftMs, itl_ms: slo.itlMs, fraction: served > 0 ? good / served : NaN, per_s: good / span },
+    ...(pdMode
+      ? {
+          pd: {
+            prefill_workers: nPrefill,
+            decode_workers: nDecode,
+            min_uncached_tokens: opts.dispatch?.pd?.minUncachedTokens ?? 0,
+            paths: { ...dispatcher.pdStats.paths },
+            decode_only: { ...dispatcher.pdStats.decodeOnly },
+            transferred_tokens: dispatcher.pdStats.transferredTokens,
+            transfer_ms: summarize(transferMs),
+          },
+        }
+      : {}),
   };
 }
 

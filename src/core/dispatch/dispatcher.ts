@@ -14,13 +14,28 @@
  *   cancel    the client left: queued -> dropped; in flight -> finished as cancelled (the worker is not blamed)
  *   tick      queue timeouts, stale requests, breakers cooling down; call it at nextWakeAt()
  *
+ * Disaggregated prefill/decode (a fleet with prefill workers for the model): the decode leg is routed first on the
+ * decode pool (pd-decode); when the uncached part of the prompt on that worker is at most `pd.minUncachedTokens`, or the
+ * request has several sequences (n > 1, several prompts: one handoff cannot serve them), it is served there alone
+ * (path decode_rule); otherwise the prefill leg is routed on the prefill pool of the same engine flavour (pd-prefill) and
+ * the attempt carries both legs (path disaggregated). No usable prefill worker: decode alone (decode_fallback).
+ *
+ *   prefillDone     the prefill answered: its load drops; its record (and delivered cached tokens) closes when the
+ *                   decode side has the KV (the decode's first token), so leased blocks count until pulled
+ *   prefillFailed   the prefill failed before answering: a new prefill leg elsewhere (bounded by retries), else decode alone
+ *   failed          the decode leg failed before answering: both legs taken back, a new pair (vLLM: the old lease is gone)
+ *   cancel          both legs finished as cancelled
+ * The ledger counts the prefill leg of a disaggregated request (the prefix hit that matters) and the decode leg only
+ * when it is served alone. Paths, fallbacks and handoff failures are counted in `pdStats`.
+ *
  * Every call returns the effects the shell must carry out (send an attempt, answer a refusal, count a finished request),
  * in order. The core never calls back into a shell.
  */
 import type { FinishedRequest, KvRouter } from '../router.ts';
+import { PD_DECODE_POLICY, PD_PREFILL_POLICY } from '../scheduling/pd.ts';
 import type { KvKnobs, RouteDecision } from '../types.ts';
 import type { BreakerOptions, BreakerState } from './breaker.ts';
-import { type EligibilityRefusal, eligibility, type WorkerConfig, type WorkerRole, WorkerState } from './fleet.ts';
+import { type EligibilityRefusal, type EngineFlavor, eligibility, type WorkerConfig, type WorkerRole, WorkerState } from './fleet.ts';
 import { TokenBudgets } from './budget.ts';
 import { type FlowItem, type FlowOptions, FlowQueue } from './flow.ts';
 import { type SessionEntry, SessionTable } from './sessions.ts';
@@ -35,6 +50,8 @@ export interface DispatchOptions {
   readonly breaker: BreakerOptions;
   /** Period of the stale-request sweep, ms. Default 10 s. */
   readonly sweepIntervalMs?: number;
+  /** Disaggregated prefill/decode. */
+  readonly pd?: PdOptions;
   /** Priority bands, fair queuing across tenants (docs/flow-control.md). Default: one band, fair across tenants. */
   readonly flow?: FlowOptions;
   /** Tokens per minute by tenant (`*`: every other tenant); unlimited when absent. */
@@ -51,6 +68,48 @@ export interface DispatchOptions {
 /** Tenant of requests that name none. */
 export const DEFAULT_TENANT = 'default';
 
+export interface PdOptions {
+  /**
+   * Conditional disaggregation: a request whose uncached prompt tokens on its decode worker are at most this many is
+   * served there alone (its own prefill). Default 0: every request with an uncached token is disaggregated.
+   */
+  readonly minUncachedTokens?: number;
+}
+
+/**
+ * How a request was served: aggregated (no prefill pool for its model), disaggregated (a prefill and a decode leg),
+ * decode_rule (decode alone by the conditional rule), decode_fallback (decode alone: no usable prefill worker).
+ */
+export type PdPath = 'aggregated' | 'disaggregated' | 'decode_rule' | 'decode_fallback';
+export const PD_PATHS: readonly PdPath[] = ['aggregated', 'disaggregated', 'decode_rule', 'decode_fallback'];
+
+/** Why a handoff did not go as planned. */
+export type HandoffFailure = 'prefill_failed' | 'no_kv_transfer_params' | 'decode_failed' | 'cancelled';
+export const HANDOFF_FAILURES: readonly HandoffFailure[] = ['prefill_failed', 'no_kv_transfer_params', 'decode_failed', 'cancelled'];
+
+export interface PdStats {
+  /** Requests finished (served, failed or cancelled), by their final path. */
+  readonly paths: Record<PdPath, number>;
+  /** Why a request was served on decode alone: short (the rule), sequences (n > 1), or the prefill pool's refusal. */
+  readonly decodeOnly: Record<string, number>;
+  readonly handoffFailures: Record<HandoffFailure, number>;
+  /** Prompt tokens whose KV was handed from a prefill to a decode worker (the decode leg's first token came). */
+  transferredTokens: number;
+  /** Prefill legs sent again on another prefill worker. */
+  prefillRetries: number;
+}
+
+/** The prefill leg of a disaggregated attempt. */
+export interface PrefillLeg {
+  /** The router's id of this leg (the decode leg keeps the request's id). */
+  readonly legId: string;
+  readonly decision: RouteDecision;
+  readonly workerId: string;
+  readonly trial: boolean;
+  /** 0 for the first prefill leg of the request, then 1, 2, ... */
+  readonly attempt: number;
+}
+
 export interface Submission {
   readonly requestId: string;
   readonly model: string;
@@ -66,6 +125,8 @@ export interface Submission {
   readonly roles?: ReadonlySet<WorkerRole>;
   /** Source keys the request is restricted to (a gateway's endpoint subset). */
   readonly subset?: ReadonlySet<string>;
+  /** Sequences the request asks for (n × prompts). More than one cannot share one handoff: served on decode alone. */
+  readonly sequences?: number;
   /** Who is asking (the API key's name, or a header); default `default`. */
   readonly tenant?: string;
   /** Lower runs first (vLLM's meaning). Default 0. */
@@ -109,6 +170,12 @@ export interface DispatchAttempt {
   readonly queuedMs: number;
   /** Why the previous attempt failed (retries only). */
   readonly previousError?: string;
+  /** How the request is served; the decision above is the decode (or only) leg. */
+  readonly path: PdPath;
+  /** The prefill leg, when disaggregated: send it first (vLLM) or together with the decode leg (SGLang). */
+  readonly prefill?: PrefillLeg;
+  /** The engine flavour of the worker(s): the handoff protocol. */
+  readonly engine: EngineFlavor;
   readonly tenant: string;
   /** The request's band (flow control). */
   readonly band: string;
@@ -145,6 +212,20 @@ export interface FinishReport {
   readonly outputTokens?: number;
 }
 
+export interface PrefillReport {
+  /** The prefill answer's usage.prompt_tokens_details.cached_tokens (the prefix hit that matters); undefined: unknown. */
+  readonly cachedTokens?: number;
+  /** vLLM: the answer carried kv_transfer_params (without them the decode side recomputes; counted). */
+  readonly transferParams?: boolean;
+}
+
+interface PrefillState {
+  readonly leg: PrefillLeg;
+  readonly worker: WorkerState;
+  done: boolean;
+  cachedTokens?: number;
+}
+
 interface Tracked {
   readonly sub: Submission;
   /** Attempts dispatched so far. */
@@ -156,9 +237,18 @@ interface Tracked {
   enqueuedAt?: number;
   queuedMs: number;
   worker?: WorkerState;
+  lastError?: string;
+  path?: PdPath;
+  /** The decode (or only) leg's decision of the attempt in flight. */
+  decision?: RouteDecision;
+  prefill?: PrefillState;
+  /** The decode leg produced its first token (the KV is on the decode side). */
+  decodeStarted: boolean;
+  prefillAttempts: number;
+  /** Prefill sources excluded by failed prefill legs. */
+  readonly prefillExcluded: Set<string>;
   /** The source of the current attempt. */
   sourceKey?: string;
-  lastError?: string;
   readonly tenant: string;
   readonly priority: number;
   readonly band: string;
@@ -168,6 +258,8 @@ interface Tracked {
   dispatchedAt?: number;
   prefillAhead?: number;
   ownPrefill?: number;
+  /** The session outcome of the current attempt. */
+  session?: SessionOutcome;
 }
 
 type TryResult =
@@ -212,12 +304,21 @@ export class Dispatcher {
   private readonly sweepMs: number;
   private nextSweepAt = 0;
   private closed = false;
+  private readonly minUncached: number;
+  readonly pdStats: PdStats = {
+    paths: { aggregated: 0, disaggregated: 0, decode_rule: 0, decode_fallback: 0 },
+    decodeOnly: {},
+    handoffFailures: { prefill_failed: 0, no_kv_transfer_params: 0, decode_failed: 0, cancelled: 0 },
+    transferredTokens: 0,
+    prefillRetries: 0,
+  };
 
   constructor(
     readonly router: KvRouter,
     readonly options: DispatchOptions,
   ) {
     this.sweepMs = options.sweepIntervalMs ?? 10_000;
+    this.minUncached = options.pd?.minUncachedTokens ?? 0;
     this.queue = new FlowQueue(options.flow);
     this.budgets = new TokenBudgets(options.tokenBudgets ?? {});
     this.sessions = new SessionTable(options.sessions?.ttlMs ?? 600_000, options.sessions?.capacity ?? 100_000);
@@ -338,6 +439,9 @@ export class Dispatcher {
       attempts: 0,
       excluded: new Set(),
       queuedMs: 0,
+      decodeStarted: false,
+      prefillAttempts: 0,
+      prefillExcluded: new Set(),
       tenant,
       priority,
       band: band.name,
@@ -383,6 +487,12 @@ export class Dispatcher {
     w.inFlight = Math.max(0, w.inFlight - 1);
     w.breaker.failure(requestId, now);
     this.router.finish(requestId, { outcome: 'retried' }, now);
+    if (t.prefill) {
+      // The decode side failed: the prefill's lease (vLLM) or its bootstrap room (SGLang) is lost with it. The prefill
+      // worker did its part and is not blamed; the whole pair is routed again.
+      this.pdStats.handoffFailures.decode_failed++;
+      this.dropPrefill(t, 'retried');
+    }
     for (const k of w.sourceKeys) t.excluded.add(k);
     t.lastError = error;
     const out: DispatchEffect[] = [];
@@ -409,7 +519,68 @@ export class Dispatcher {
     if (first && t?.worker && t.dispatchedAt !== undefined) {
       this.rates.observe(t.sourceKey ?? '', (t.prefillAhead ?? 0) + (t.ownPrefill ?? 0), now - t.dispatchedAt);
     }
-    return this.drain(now);
+    const out: DispatchEffect[] = [];
+    if (t && !t.decodeStarted) {
+      t.decodeStarted = true;
+      if (t.prefill) {
+        this.pdStats.transferredTokens += t.promptTokens ?? 0;
+        // The decode side holds the KV now: the prefill worker's leased blocks are free.
+        if (t.prefill.done) this.closePrefill(t, 'ok', now, out);
+      }
+    }
+    return this.drain(now, out);
+  }
+
+  /** The prefill leg answered (the KV is computed and, for vLLM, leased until the decode side pulls it). */
+  prefillDone(requestId: string, report: PrefillReport, now: number): DispatchEffect[] {
+    const t = this.tracked.get(requestId);
+    const p = t?.prefill;
+    if (!t || !p || p.done) return [];
+    p.done = true;
+    p.cachedTokens = report.cachedTokens;
+    if (report.transferParams === false) this.pdStats.handoffFailures.no_kv_transfer_params++;
+    this.router.firstToken(p.leg.legId, now);
+    p.worker.breaker.success(p.leg.legId);
+    const out: DispatchEffect[] = [];
+    if (t.decodeStarted) this.closePrefill(t, 'ok', now, out);
+    return this.drain(now, out);
+  }
+
+  /**
+   * The prefill leg failed before answering: a new prefill leg on another prefill worker (bounded by retries), or the
+   * request is served on its decode worker alone. The decode leg keeps its worker (it did nothing wrong).
+   */
+  prefillFailed(requestId: string, error: string, now: number): DispatchEffect[] {
+    const t = this.tracked.get(requestId);
+    const p = t?.prefill;
+    if (!t || !p || p.done || !t.worker) return [];
+    this.pdStats.handoffFailures.prefill_failed++;
+    p.worker.breaker.failure(p.leg.legId, now);
+    for (const k of p.worker.sourceKeys) t.prefillExcluded.add(k);
+    this.dropPrefill(t, 'retried');
+    t.lastError = error;
+    const out: DispatchEffect[] = [];
+    const w = t.worker;
+    const decision = this.currentDecision(t);
+    let leg: PrefillState | undefined;
+    let cause = 'prefill_retries_exhausted';
+    if (t.prefillAttempts <= this.options.retries && decision) {
+      const r = this.routePrefill(t, w.engine, now);
+      if (r.kind === 'routed') leg = r.state;
+      else cause = r.kind === 'busy' ? 'prefill_busy' : r.cause;
+    }
+    if (!decision) return this.drain(now, out);
+    if (leg) {
+      this.pdStats.prefillRetries++;
+      t.prefill = leg;
+      out.push(this.attemptEffect(t, w, decision, t.attempts - 1, false, 'disaggregated'));
+    } else {
+      this.router.account(requestId);
+      t.path = 'decode_fallback';
+      this.pdStats.decodeOnly[cause] = (this.pdStats.decodeOnly[cause] ?? 0) + 1;
+      out.push(this.attemptEffect(t, w, decision, t.attempts - 1, false, 'decode_fallback'));
+    }
+    return this.drain(now, out);
   }
 
   finish(requestId: string, report: FinishReport, now: number): DispatchEffect[] {
@@ -424,6 +595,12 @@ export class Dispatcher {
     if (report.outputTokens) this.budgets.charge(t.tenant, report.outputTokens, now);
     const f = this.router.finish(requestId, { outcome: report.outcome, cachedTokens: report.cachedTokens }, now);
     const out: DispatchEffect[] = f ? [{ kind: 'finished', request: f }] : [];
+    if (t.prefill) {
+      if (report.outcome === 'cancelled' && !t.decodeStarted) this.pdStats.handoffFailures.cancelled++;
+      this.closePrefill(t, t.prefill.done ? 'ok' : 'cancelled', now, out);
+    }
+    const path = t.path ?? 'aggregated';
+    this.pdStats.paths[path]++;
     return this.drain(now, out);
   }
 
@@ -456,6 +633,7 @@ export class Dispatcher {
         this.tracked.delete(id);
         t.worker.inFlight = Math.max(0, t.worker.inFlight - 1);
         t.worker.breaker.release(id);
+        if (t.prefill) this.dropPrefill(t, 'cancelled');
       }
     }
     return this.drain(now, out);
@@ -515,8 +693,10 @@ export class Dispatcher {
       breaker: ReturnType<WorkerState['breaker']['toJSON']>;
       inFlight: number;
     }>;
+    pd: PdStats;
   } {
     return {
+      pd: this.pdStats,
       queue: {
         length: this.queue.length,
         limit: this.options.queueLimit,
@@ -576,6 +756,7 @@ export class Dispatcher {
     t.worker = undefined;
     w.inFlight = Math.max(0, w.inFlight - 1);
     w.breaker.release(t.sub.requestId);
+    if (t.prefill) this.dropPrefill(t, 'retried');
     this.router.finish(t.sub.requestId, { outcome: 'retried' }, now);
   }
 
@@ -599,6 +780,7 @@ export class Dispatcher {
   /** The whole pipeline for one try, at this moment: worker filters, then the router's filters, scorers and picker. */
   private tryRoute(t: Tracked, now: number): TryResult {
     const sub = t.sub;
+    const pd = this.hasPrefillPool(sub.model);
     const el = eligibility(this.workerStates.values(), { model: sub.model, roles: sub.roles, subset: sub.subset }, now);
     if (el.kind === 'ineligible') return { kind: 'refused', code: el.reason, message: el.message };
     const preferred = sub.sessionId ? this.sessions.get(sub.sessionId, now) : undefined;
@@ -610,10 +792,12 @@ export class Dispatcher {
         promptTokens: t.promptTokens ?? sub.promptTokens,
         loraName: el.loraName,
         cacheSalt: sub.cacheSalt,
-        policy: sub.policy,
+        // The decode leg of a P/D fleet balances decode load and KV memory; an aggregated fleet runs its policy.
+        policy: pd ? PD_DECODE_POLICY : sub.policy,
         knobs: sub.knobs,
         allow: el.allow,
         exclude: t.excluded,
+        account: !pd,
         ...(preferred ? { prefer: { sourceKey: preferred, loadFactor: this.sessionLoadFactor } } : {}),
       },
       now,
@@ -632,6 +816,35 @@ export class Dispatcher {
     const w = el.workers.get(result.source.workerId)!;
     t.seqHashes = result.seqHashes;
     t.promptTokens = result.promptTokens;
+    let path: PdPath = 'aggregated';
+    if (pd) {
+      const uncached = result.promptTokens - result.overlapBlocks * this.router.blockSize;
+      let onlyCause: string | undefined;
+      if ((sub.sequences ?? 1) > 1) onlyCause = 'sequences';
+      // An unknown prompt (no tokenizer, tokenization failed: 0 tokens) cannot be judged short: it is disaggregated.
+      else if (result.promptTokens > 0 && uncached <= this.minUncached) onlyCause = 'short';
+      if (onlyCause === undefined) {
+        const r = this.routePrefill(t, w.engine, now);
+        if (r.kind === 'busy') {
+          // Every prefill source is busy: the request waits like any busy one (its decode routing is taken back).
+          this.router.withdraw(sub.requestId);
+          return { kind: 'busy' };
+        }
+        if (r.kind === 'routed') {
+          t.prefill = r.state;
+          path = 'disaggregated';
+        } else {
+          onlyCause = r.cause;
+          path = 'decode_fallback';
+        }
+      } else path = 'decode_rule';
+      if (path !== 'disaggregated') {
+        this.router.account(sub.requestId);
+        this.pdStats.decodeOnly[onlyCause!] = (this.pdStats.decodeOnly[onlyCause!] ?? 0) + 1;
+      }
+    }
+    t.path = path;
+    t.decision = result;
     t.worker = w;
     t.sourceKey = result.sourceKey;
     t.dispatchedAt = now;
@@ -643,29 +856,107 @@ export class Dispatcher {
     const queuedMs = t.queuedMs + (t.enqueuedAt !== undefined ? now - t.enqueuedAt : 0);
     t.queuedMs = queuedMs;
     t.enqueuedAt = undefined;
-    let session: SessionOutcome | undefined;
+    t.session = undefined;
     if (sub.sessionId) {
       const entry = this.sessions.set(sub.sessionId, result.sourceKey, now);
       const outcome = preferred === undefined ? 'new' : preferred === result.sourceKey ? 'kept' : 'moved';
       const reason = outcome === 'moved' && result.affinity !== 'kept' ? result.affinity : undefined;
-      session = { id: sub.sessionId, outcome, ...(reason ? { reason } : {}), entry };
+      t.session = { id: sub.sessionId, outcome, ...(reason ? { reason } : {}), entry };
     }
+    return { kind: 'dispatch', effect: this.attemptEffect(t, w, result, attempt, trial, path) };
+  }
+
+  private attemptEffect(
+    t: Tracked,
+    w: WorkerState,
+    decision: RouteDecision,
+    attempt: number,
+    trial: boolean,
+    path: PdPath,
+  ): DispatchAttempt {
     return {
       kind: 'dispatch',
-      effect: {
-        kind: 'dispatch',
-        requestId: sub.requestId,
-        attempt,
-        decision: result,
-        workerId: w.id,
-        trial,
-        queuedMs,
-        tenant: t.tenant,
-        band: t.band,
-        ...(attempt > 0 && t.lastError ? { previousError: t.lastError } : {}),
-        ...(session ? { session } : {}),
-      },
+      requestId: t.sub.requestId,
+      attempt,
+      decision,
+      workerId: w.id,
+      trial,
+      queuedMs: t.queuedMs,
+      ...(attempt > 0 && t.lastError ? { previousError: t.lastError } : {}),
+      path,
+      ...(t.prefill && path === 'disaggregated' ? { prefill: t.prefill.leg } : {}),
+      engine: w.engine,
+      tenant: t.tenant,
+      band: t.band,
+      ...(t.session ? { session: t.session } : {}),
     };
+  }
+
+  private currentDecision(t: Tracked): RouteDecision | undefined {
+    return t.decision;
+  }
+
+  /** Whether any worker (in any state) serves the model as a prefill worker: the fleet is disaggregated for it. */
+  private hasPrefillPool(model: string): boolean {
+    for (const w of this.workerStates.values()) if (w.role === 'prefill' && w.serves(model)) return true;
+    return false;
+  }
+
+  /** The prefill leg: the prefill pool of the decode worker's engine flavour, chasing the cache (pd-prefill). */
+  private routePrefill(
+    t: Tracked,
+    engine: EngineFlavor,
+    now: number,
+  ): { kind: 'routed'; state: PrefillState } | { kind: 'busy' } | { kind: 'none'; cause: string } {
+    const sub = t.sub;
+    const el = eligibility(this.workerStates.values(), { model: sub.model, roles: PREFILL_ROLES, subset: sub.subset, engine }, now);
+    if (el.kind === 'ineligible') return { kind: 'none', cause: el.reason };
+    const legId = `${sub.requestId}/prefill${t.prefillAttempts}`;
+    const r = this.router.route(
+      {
+        requestId: legId,
+        seqHashes: t.seqHashes,
+        promptTokens: t.promptTokens,
+        loraName: el.loraName,
+        cacheSalt: sub.cacheSalt,
+        policy: PD_PREFILL_POLICY,
+        knobs: sub.knobs,
+        allow: el.allow,
+        exclude: t.prefillExcluded,
+      },
+      now,
+    );
+    if (r.kind === 'refused') {
+      if (r.reason === 'all_busy') return { kind: 'busy' };
+      return { kind: 'none', cause: r.reason === 'all_excluded' ? 'prefill_retries_exhausted' : r.reason };
+    }
+    const pw = el.workers.get(r.source.workerId)!;
+    pw.inFlight++;
+    const trial = pw.breaker.reserve(legId, now);
+    const leg: PrefillLeg = { legId, decision: r, workerId: pw.id, trial, attempt: t.prefillAttempts++ };
+    return { kind: 'routed', state: { leg, worker: pw, done: false } };
+  }
+
+  /** Closes the prefill leg's record: its delivered cached tokens reach the ledger (a served prefill). */
+  private closePrefill(t: Tracked, outcome: 'ok' | 'cancelled', now: number, out: DispatchEffect[]): void {
+    const p = t.prefill;
+    if (!p) return;
+    t.prefill = undefined;
+    p.worker.inFlight = Math.max(0, p.worker.inFlight - 1);
+    if (outcome === 'cancelled') p.worker.breaker.release(p.leg.legId);
+    const f = this.router.finish(p.leg.legId, { outcome, cachedTokens: p.cachedTokens }, now);
+    if (f) out.push({ kind: 'finished', request: f });
+  }
+
+  /** Takes the prefill leg back (retried elsewhere) or ends it without a verdict on its worker. */
+  private dropPrefill(t: Tracked, outcome: 'retried' | 'cancelled'): void {
+    const p = t.prefill;
+    if (!p) return;
+    t.prefill = undefined;
+    p.worker.inFlight = Math.max(0, p.worker.inFlight - 1);
+    p.worker.breaker.release(p.leg.legId);
+    if (outcome === 'retried') this.router.withdraw(p.leg.legId);
+    else this.router.finish(p.leg.legId, { outcome: 'cancelled' }, -Infinity);
   }
 
   /**
@@ -701,3 +992,5 @@ export class Dispatcher {
     return out;
   }
 }
+
+const PREFILL_ROLES: ReadonlySet<WorkerRole> = new Set<WorkerRole>(['prefill']);

@@ -16,6 +16,9 @@ import { Breaker, type BreakerOptions } from './breaker.ts';
 export type WorkerRole = 'both' | 'prefill' | 'decode';
 export const WORKER_ROLES: readonly WorkerRole[] = ['both', 'prefill', 'decode'];
 
+/** The engine flavour: the handoff protocol of a disaggregated pair follows it (a vLLM decode pulls only from vLLM). */
+export type EngineFlavor = 'vllm' | 'sglang';
+
 /** What the configuration says about a worker (spec, admin API, registry). */
 export interface WorkerConfig {
   readonly id: string;
@@ -28,12 +31,15 @@ export interface WorkerConfig {
   /** Models served, when configured (then never overridden by discovery). */
   readonly models?: readonly string[];
   readonly role?: WorkerRole;
+  /** Engine flavour (default vllm). */
+  readonly engine?: EngineFlavor;
 }
 
 export class WorkerState {
   readonly id: string;
   readonly sourceKeys: readonly string[];
   readonly role: WorkerRole;
+  readonly engine: EngineFlavor;
   readonly fixedModels: boolean;
   readonly fixedCapacity: boolean;
   models: ReadonlySet<string>;
@@ -52,6 +58,7 @@ export class WorkerState {
     const dp = config.dpRanks ?? 1;
     this.sourceKeys = Array.from({ length: dp }, (_, r) => sourceKey({ workerId: config.id, dpRank: r }));
     this.role = config.role ?? 'both';
+    this.engine = config.engine ?? 'vllm';
     this.fixedModels = (config.models?.length ?? 0) > 0;
     this.fixedCapacity = config.capacityBlocks !== undefined;
     this.models = new Set(config.models ?? []);
@@ -88,9 +95,11 @@ export interface EligibilityQuery {
   readonly roles?: ReadonlySet<WorkerRole>;
   /** Source keys the request is restricted to (a gateway's endpoint subset). */
   readonly subset?: ReadonlySet<string>;
+  /** Only workers of this engine flavour (the prefill leg must speak its decode worker's handoff protocol). */
+  readonly engine?: EngineFlavor;
 }
 
-const AGGREGATED: ReadonlySet<WorkerRole> = new Set<WorkerRole>(['both', 'decode']);
+export const AGGREGATED: ReadonlySet<WorkerRole> = new Set<WorkerRole>(['both', 'decode']);
 
 /** Runs the worker-level filters in order; the first that leaves nothing names the refusal. */
 export function eligibility(workers: Iterable<WorkerState>, q: EligibilityQuery, now: number): Eligible | Ineligible {
@@ -107,7 +116,7 @@ export function eligibility(workers: Iterable<WorkerState>, q: EligibilityQuery,
     any = true;
     if (!w.serves(q.model)) continue;
     serving++;
-    if (!roles.has(w.role)) continue;
+    if (!roles.has(w.role) || (q.engine !== undefined && w.engine !== q.engine)) continue;
     roleOk++;
     if (w.adapters.has(q.model)) loraName = q.model;
     if (!w.healthy) continue;
@@ -132,7 +141,7 @@ export function eligibility(workers: Iterable<WorkerState>, q: EligibilityQuery,
     return {
       kind: 'ineligible',
       reason: 'no_workers_for_role',
-      message: `no worker serving "${q.model}" has the role ${[...roles].join(' or ')}`,
+      message: `no worker serving "${q.model}" has the role ${[...roles].join(' or ')}${q.engine ? ` (engine ${q.engine})` : ''}`,
     };
   }
   if (healthy === 0 || open === healthy) {

@@ -27,6 +27,7 @@
  *   random                 random
  */
 import { ComposedPolicy, type Picker, type Scorer, unitWeight, type WeightedScorer } from './pipeline.ts';
+import { createPdPolicy } from './pd.ts';
 import { orderByCost, type Policy, type PolicyContext } from './policy.ts';
 
 // ------------------------------------------------------------------------------------------------ scorers
@@ -249,6 +250,8 @@ export const DEFAULT_POLICY: PolicyName = 'kv-pressure';
 export type PolicyName = (typeof POLICY_NAMES)[number];
 
 export function createPolicy(name: string): Policy {
+  const pd = createPdPolicy(name);
+  if (pd) return pd;
   switch (name) {
     case 'kv-pressure':
       return new KvPressurePolicy();

@@ -241,6 +241,11 @@ export interface WorkerEntry {
   readonly heartbeatAt: number;
   /** Per dp rank, the last engine batch the relay published (seq as a decimal string, fingerprint). */
   readonly resume?: Readonly<Record<string, { readonly seq: string; readonly fp: number }>>;
+  /** Disaggregated serving (absent in entries of older relays: aggregated, vllm). */
+  readonly role?: 'prefill' | 'decode' | 'both';
+  readonly engine?: 'vllm' | 'sglang';
+  /** SGLang prefill workers' bootstrap port. */
+  readonly bootstrapPort?: number;
 }
 
 function parseResume(v: unknown): Record<string, { seq: string; fp: number }> | undefined {
@@ -279,6 +284,12 @@ export function decodeWorkerEntry(data: Uint8Array): WorkerEntry | null {
     relayId: typeof o.relayId === 'string' ? o.relayId : '',
     heartbeatAt: o.heartbeatAt,
     resume: parseResume(o.resume),
+    // Optional P/D fields: an unknown value is dropped (the worker is then aggregated), never a reason to drop the entry.
+    ...(o.role === 'prefill' || o.role === 'decode' || o.role === 'both' ? { role: o.role } : {}),
+    ...(o.engine === 'vllm' || o.engine === 'sglang' ? { engine: o.engine } : {}),
+    ...(Number.isInteger(o.bootstrapPort) && (o.bootstrapPort as number) > 0 && (o.bootstrapPort as number) < 65536
+      ? { bootstrapPort: o.bootstrapPort as number }
+      : {}),
   };
 }
 

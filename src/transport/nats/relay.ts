@@ -55,6 +55,10 @@ export interface RelayOptions {
   /** The router's block size (events of a multiple are split, others quarantined, as in the router). */
   readonly blockSize?: number;
   readonly flavor?: EngineFlavor;
+  /** Disaggregated serving: published in the registry entry (absent: aggregated). */
+  readonly role?: 'prefill' | 'decode' | 'both';
+  /** SGLang prefill: the bootstrap port, published in the registry entry. */
+  readonly bootstrapPort?: number;
   readonly topic?: string;
   readonly relayId?: string;
   /** Registry heartbeat period. Default 2 s. */
@@ -516,6 +520,8 @@ export class NatsRelay {
       workerId: this.workerId,
       url: this.opts.url ?? null,
       model: this.opts.model ?? null,
+      ...(this.opts.role ? { role: this.opts.role, engine: this.flavor } : {}),
+      ...(this.opts.bootstrapPort ? { bootstrapPort: this.opts.bootstrapPort } : {}),
       blockSize: this.blockSize,
       dpRanks: this.pipes.map((p) => p.dpRank),
       relayId: this.relayId,
