@@ -19,6 +19,7 @@ import type { FinishedRequest, KvRouter } from '../router.ts';
 import type { KvKnobs, RouteDecision } from '../types.ts';
 import type { BreakerOptions, BreakerState } from './breaker.ts';
 import { type EligibilityRefusal, eligibility, type WorkerConfig, type WorkerRole, WorkerState } from './fleet.ts';
+import { type PinOptions, PinTable } from './pins.ts';
 import { FifoQueue } from './queue.ts';
 
 export interface DispatchOptions {
@@ -31,6 +32,8 @@ export interface DispatchOptions {
   readonly breaker: BreakerOptions;
   /** Period of the stale-request sweep, ms. Default 10 s. */
   readonly sweepIntervalMs?: number;
+  /** Pins of continued state (stored responses) to the worker holding it. Default 100,000 pins of 1 h. */
+  readonly pins?: PinOptions;
 }
 
 export interface Submission {
@@ -48,6 +51,8 @@ export interface Submission {
   readonly roles?: ReadonlySet<WorkerRole>;
   /** Source keys the request is restricted to (a gateway's endpoint subset). */
   readonly subset?: ReadonlySet<string>;
+  /** The request continues state pinned under this key (a previous_response_id): it goes where the pin says. */
+  readonly pinKey?: string;
 }
 
 export type RefusalCode = EligibilityRefusal | 'queue_full' | 'queue_timeout' | 'upstream_failed' | 'duplicate_request' | 'closed';
@@ -65,6 +70,8 @@ export interface DispatchAttempt {
   readonly queuedMs: number;
   /** Why the previous attempt failed (retries only). */
   readonly previousError?: string;
+  /** The request followed a pin to this worker. */
+  readonly pinned: boolean;
 }
 
 export interface DispatchRefusal {
@@ -89,6 +96,8 @@ export interface FinishReport {
   readonly cachedTokens?: number;
   /** The worker is to blame (a broken stream); an engine's 4xx answer is the request's fault, not the worker's. */
   readonly workerFault?: boolean;
+  /** State the engine stored under this key (a response id): later requests naming it are pinned to this worker. */
+  readonly pinKey?: string;
 }
 
 interface Tracked {
@@ -114,12 +123,14 @@ export class Dispatcher {
   private readonly sweepMs: number;
   private nextSweepAt = 0;
   private closed = false;
+  readonly pins: PinTable;
 
   constructor(
     readonly router: KvRouter,
     readonly options: DispatchOptions,
   ) {
     this.sweepMs = options.sweepIntervalMs ?? 10_000;
+    this.pins = new PinTable(options.pins ?? { limit: 100_000, ttlMs: 3_600_000 });
   }
 
   // ------------------------------------------------------------------------------------------ the fleet
@@ -141,6 +152,7 @@ export class Dispatcher {
     if (!w) return null;
     this.workerStates.delete(id);
     this.router.removeWorker(id);
+    this.pins.dropWorker(id);
     return this.drain(now);
   }
 
@@ -183,6 +195,20 @@ export class Dispatcher {
   }
 
   // ------------------------------------------------------------------------------------------ requests
+
+  /**
+   * The worker a request that needs no prefix affinity goes to (a pass-through: /tokenize, /detokenize, other engine
+   * paths): the worker-level filters for its model (any model when null), then the fewest requests in flight, ties by
+   * the order workers joined. Nothing is tracked: these requests are not part of the routing accounting.
+   */
+  passthroughTarget(model: string | null, now: number): { workerId: string } | { code: RefusalCode; message: string } {
+    if (this.closed) return { code: 'closed', message: 'the router is shutting down' };
+    const el = eligibility(this.workerStates.values(), model === null ? { model: '', anyModel: true } : { model }, now);
+    if (el.kind === 'ineligible') return { code: el.reason, message: el.message };
+    let best: WorkerState | undefined;
+    for (const w of el.workers.values()) if (!best || w.inFlight < best.inFlight) best = w;
+    return { workerId: best!.id };
+  }
 
   /** A cheap check before the shell spends time tokenizing: would this model be refused right now? */
   precheck(model: string, now: number, roles?: ReadonlySet<WorkerRole>): { code: RefusalCode; message: string } | null {
@@ -253,6 +279,7 @@ export class Dispatcher {
     if (report.outcome === 'cancelled') w.breaker.release(requestId);
     else if (report.outcome === 'error' && report.workerFault) w.breaker.failure(requestId, now);
     else w.breaker.success(requestId);
+    if (report.outcome === 'ok' && report.pinKey) this.pins.pin(report.pinKey, w.id, now);
     const f = this.router.finish(requestId, { outcome: report.outcome, cachedTokens: report.cachedTokens }, now);
     const out: DispatchEffect[] = f ? [{ kind: 'finished', request: f }] : [];
     return this.drain(now, out);
@@ -359,7 +386,9 @@ export class Dispatcher {
   /** The whole pipeline for one try, at this moment: worker filters, then the router's filters, scorers and picker. */
   private tryRoute(t: Tracked, now: number): TryResult {
     const sub = t.sub;
-    const el = eligibility(this.workerStates.values(), { model: sub.model, roles: sub.roles, subset: sub.subset }, now);
+    // A pin to a worker that left the fleet is void (its state left with it): the request routes like any other.
+    const pinned = sub.pinKey !== undefined ? this.pins.lookup(sub.pinKey, now) : undefined;
+    const el = eligibility(this.workerStates.values(), { model: sub.model, roles: sub.roles, subset: sub.subset, pinned }, now);
     if (el.kind === 'ineligible') return { kind: 'refused', code: el.reason, message: el.message };
     const result = this.router.route(
       {
@@ -407,6 +436,7 @@ export class Dispatcher {
         workerId: w.id,
         trial,
         queuedMs,
+        pinned: pinned !== undefined,
         ...(attempt > 0 && t.lastError ? { previousError: t.lastError } : {}),
       },
     };
