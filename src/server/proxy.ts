@@ -1,17 +1,19 @@
 /**
- * One attempt of a request on one worker: send the body, then either pass the whole answer through (non-streaming, or
- * an engine's own 4xx) or relay its SSE stream chunk by chunk with backpressure. Reports to the lifecycle what happened:
- * first token, finish (with delivered cached tokens), or "failed before the engine answered" so the dispatcher can
- * retry elsewhere. From the first byte on, failures are reported in-band: the status line is gone.
+ * One attempt of a request on one worker, for every routed API: send the body, then either pass the whole answer
+ * through (non-streaming, or an engine's own 4xx) or relay its SSE stream chunk by chunk with backpressure. Reports to
+ * the lifecycle what happened: first token, finish (with delivered cached tokens, and the id of a stored answer to
+ * pin), or "failed before the engine answered" so the dispatcher can retry elsewhere. From the first byte on, failures
+ * are reported in-band, in the API's own stream shape: the status line is gone. The API's adapter says where the usage
+ * is and how its stream ends.
  */
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher as UndiciDispatcher } from 'undici';
 import type { DispatchAttempt } from '../core/dispatch/dispatcher.ts';
-import { sseErrorFrame } from '../http/errors.ts';
 import type { RouterMetrics } from '../metrics/registry.ts';
+import type { ApiAdapter, RoutedRequest } from './apis/index.ts';
 import type { Lifecycle } from './lifecycle.ts';
-import type { ParsedRequest } from '../openai/request.ts';
-import { readUsage, SseRelay } from './sse.ts';
+import { SseRelay, type StreamUsage } from './sse.ts';
+import type { RequestTrace } from './tracing.ts';
 import type { Worker } from './workers.ts';
 
 /** Hop-by-hop and length headers are the proxy's own business; everything else from the engine passes through. */
@@ -39,7 +41,8 @@ export interface AttemptContext {
 export interface AttemptRequest {
   readonly attempt: DispatchAttempt;
   readonly worker: Worker;
-  readonly parsed: ParsedRequest;
+  readonly api: ApiAdapter;
+  readonly parsed: RoutedRequest;
   readonly body: string;
   readonly path: string;
   readonly res: ServerResponse;
@@ -48,10 +51,11 @@ export interface AttemptRequest {
   readonly t0: number;
   readonly clientRequestId: string | null;
   readonly tokenizeS: number;
+  readonly trace: RequestTrace;
 }
 
 export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Promise<AttemptOutcome> {
-  const { attempt, worker, parsed, res, signal } = a;
+  const { attempt, worker, api, parsed, res, signal, trace } = a;
   const { decision } = attempt;
   const requestId = attempt.requestId;
   const { lifecycle, metrics } = ctx;
@@ -63,16 +67,34 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
     committed = true;
     metrics.routed(decision, { tokenize: a.tokenizeS });
   };
-  const cancelled = (): AttemptOutcome => {
-    commit();
-    lifecycle.finish(requestId, { outcome: 'cancelled' });
-    return { kind: 'done' };
-  };
   const headers: Record<string, string> = {
     'content-type': 'application/json',
     'x-request-id': a.clientRequestId ?? requestId,
   };
   if (worker.sourceKeys.length > 1) headers['x-data-parallel-rank'] = String(decision.source.dpRank);
+  // The engine continues the trace under this attempt's span (its traceparent goes in the headers).
+  const span = trace.attempt(
+    { 'kvroute.worker': decision.sourceKey, 'kvroute.attempt': attempt.attempt, 'server.address': worker.url, 'url.path': a.path },
+    headers,
+  );
+  const cancelled = (): AttemptOutcome => {
+    commit();
+    lifecycle.finish(requestId, { outcome: 'cancelled' });
+    span.end('client left');
+    return { kind: 'done' };
+  };
+  const failed = (message: string): AttemptOutcome => {
+    span.end(message);
+    return { kind: 'failed', message };
+  };
+  const pinKey = (u: StreamUsage | undefined) => (parsed.pinsAnswer ? u?.responseId : undefined);
+  const firstToken = () => {
+    const now = performance.now();
+    lifecycle.firstToken(requestId); // prefill load just dropped: queued requests may route now
+    metrics.firstToken(decision.sourceKey, (now - a.t0) / 1000);
+    const at = Date.now();
+    trace.span('first_token', at, at, { 'kvroute.ttft_s': (now - a.t0) / 1000, 'kvroute.worker': decision.sourceKey });
+  };
   const ours = {
     'x-kvroute-worker': decision.sourceKey,
     'x-kvroute-overlap-blocks': String(decision.overlapBlocks),
@@ -84,14 +106,13 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
   try {
     upstream = await worker.pool.request({ method: 'POST', path: a.path, headers, body: a.body, signal });
   } catch (err) {
-    return signal.aborted ? cancelled() : { kind: 'failed', message: `${worker.id}: ${(err as Error).message}` };
+    return signal.aborted ? cancelled() : failed(`${worker.id}: ${(err as Error).message}`);
   }
+  span.set({ 'http.response.status_code': upstream.statusCode });
 
   if (upstream.statusCode >= 500) {
     const text = await upstream.body.text().catch(() => '');
-    return signal.aborted
-      ? cancelled()
-      : { kind: 'failed', message: `${worker.id} answered ${upstream.statusCode}: ${text.slice(0, 200)}` };
+    return signal.aborted ? cancelled() : failed(`${worker.id} answered ${upstream.statusCode}: ${text.slice(0, 200)}`);
   }
 
   if (upstream.statusCode !== 200 || !parsed.stream) {
@@ -100,26 +121,27 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
     try {
       buf = Buffer.from(await upstream.body.arrayBuffer());
     } catch (err) {
-      return signal.aborted ? cancelled() : { kind: 'failed', message: `${worker.id}: body failed: ${(err as Error).message}` };
+      return signal.aborted ? cancelled() : failed(`${worker.id}: body failed: ${(err as Error).message}`);
     }
     commit();
-    let cachedTokens: number | undefined;
-    let outputTokens: number | undefined;
+    let usage: StreamUsage | undefined;
     const ok = upstream.statusCode === 200;
     if (ok) {
       try {
-        const usage = readUsage((JSON.parse(buf.toString('utf8')) as { usage?: unknown }).usage);
-        cachedTokens = usage?.cachedTokens;
-        outputTokens = usage?.completionTokens;
+        usage = api.readAnswer(JSON.parse(buf.toString('utf8')));
       } catch {
         /* not JSON: nothing to learn, still forward it */
       }
       // Non-streaming answers arrive whole: the first token is not observable apart from the end.
-      lifecycle.firstToken(requestId);
-      metrics.firstToken(decision.sourceKey, (performance.now() - a.t0) / 1000);
+      firstToken();
     }
     // A 4xx is the request's fault, not the worker's: the breaker counts it as an answer.
-    lifecycle.finish(requestId, { outcome: ok ? 'ok' : 'error', cachedTokens }, outputTokens);
+    lifecycle.finish(
+      requestId,
+      { outcome: ok ? 'ok' : 'error', cachedTokens: usage?.cachedTokens, pinKey: pinKey(usage) },
+      usage?.completionTokens,
+    );
+    span.end(ok ? undefined : `engine answered ${upstream.statusCode}`);
     if (!res.destroyed) {
       res.writeHead(upstream.statusCode, copyHeaders(upstream.headers, { ...ours, 'content-length': String(buf.length) }));
       res.end(buf);
@@ -131,7 +153,7 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
   commit();
   res.writeHead(200, copyHeaders(upstream.headers, { ...ours, 'cache-control': 'no-cache' }));
   res.flushHeaders();
-  const relay = new SseRelay(!parsed.clientWantsUsage);
+  const relay = new SseRelay(parsed.stripUsage, api.dialect);
   let first = true;
   let last = 0;
   let failure: string | null = null;
@@ -144,8 +166,7 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
       const tNow = performance.now();
       if (first) {
         first = false;
-        lifecycle.firstToken(requestId); // prefill load just dropped: queued requests may route now
-        metrics.firstToken(decision.sourceKey, (tNow - a.t0) / 1000);
+        firstToken();
       } else {
         metrics.token(decision.sourceKey, (tNow - last) / 1000);
       }
@@ -166,7 +187,7 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
     body.once('end', () => {
       const rest = relay.flush();
       if (rest.length > 0 && !res.destroyed) res.write(rest);
-      if (!relay.sawDone && !signal.aborted) failure = `${worker.id} closed the stream before [DONE]`;
+      if (!relay.sawDone && !signal.aborted) failure = `${worker.id} closed the stream before its end event`;
       resolve();
     });
     body.once('error', (err: Error) => {
@@ -178,19 +199,23 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
     // The client went away: the upstream was aborted with it; free the load.
     if (!upstream.body.destroyed) upstream.body.destroy();
     lifecycle.finish(requestId, { outcome: 'cancelled', cachedTokens: relay.usage?.cachedTokens });
+    span.end('client left');
     return { kind: 'done' };
   }
   if (failure) {
     ctx.log.warn({ requestId, worker: worker.id, error: failure }, 'stream failed mid-way');
     lifecycle.finish(requestId, { outcome: 'error', workerFault: true, cachedTokens: relay.usage?.cachedTokens });
-    res.end(sseErrorFrame(failure, 'stream_failed'));
+    res.end(api.streamError(failure));
+    span.end(failure);
     return { kind: 'done' };
   }
+  const outcome = relay.sawError ? 'error' : 'ok';
   lifecycle.finish(
     requestId,
-    { outcome: relay.sawError ? 'error' : 'ok', cachedTokens: relay.usage?.cachedTokens },
+    { outcome, cachedTokens: relay.usage?.cachedTokens, pinKey: outcome === 'ok' ? pinKey(relay.usage) : undefined },
     relay.usage?.completionTokens,
   );
   res.end();
+  span.end(relay.sawError ? 'the engine reported an error in the stream' : undefined);
   return { kind: 'done' };
 }
