@@ -43,6 +43,8 @@ export interface RouterMetricsOptions {
   readonly router: KvRouter;
   /** Cap on distinct `worker` label values; later workers share the label `_other` (bounded cardinality). */
   readonly maxWorkerLabels?: number;
+  /** Window of the dashboard's event-loop delay figures, ms. Default 5 s. */
+  readonly eventLoopWindowMs?: number;
 }
 
 interface EventTotals {
@@ -149,7 +151,7 @@ export class RouterMetrics {
     });
     this.loopDelay = monitorEventLoopDelay({ resolution: 10 });
     this.loopDelay.enable();
-    const windowMs = 5000;
+    const windowMs = opts.eventLoopWindowMs ?? 5000;
     this.loopTimer = setInterval(() => {
       const h = this.loopDelay;
       this.loopWindow = { meanMs: h.mean / 1e6, p99Ms: h.percentile(99) / 1e6, maxMs: h.max / 1e6, windowS: windowMs / 1000 };
