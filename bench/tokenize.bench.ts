@@ -165,7 +165,9 @@ async function main(): Promise<void> {
         '\n## --tokenizer-mode render vs local: ids of the next turn, median of 10 turns (the mock engine in this process, loopback HTTP; ' +
           'it renders natively and encodes the whole prompt with the JS tokenizer on every call, as an engine without a segment cache would)',
       );
-      console.log('| prompt tokens | local (segment cache) ms | render, new turn (cache miss) ms | render, repeated request (cache hit) ms | ids equal |');
+      console.log(
+        '| prompt tokens | local (segment cache) ms | render, new turn (cache miss) ms | render, repeated request (cache hit) ms | ids equal |',
+      );
       console.log('|---|---|---|---|---|');
       for (const turns of [0, 20, 300]) {
         const conv = conversation(turns + 10, 40, 200, 500);
