@@ -147,3 +147,49 @@ describe('tracing settings', () => {
     expect(engines[0].stats.traceparents.slice(before).every((t) => t.endsWith('-00'))).toBe(true);
   });
 });
+
+describe('tracing a retried request', () => {
+  it('has one upstream span per attempt: the failed one marked as an error, the next one answered', async () => {
+    const receiver = await new OtlpReceiver().start();
+    // A worker whose port refuses connections, next to a live one; round-robin makes one of two requests start there.
+    const dead = await startMocker({ zmqEndpoint: null, replayEndpoint: null });
+    const deadUrl = dead.url;
+    await dead.close();
+    const s = await startServer(
+      testConfig({
+        workers: [
+          { url: deadUrl, id: 'dead', models: ['mock-model'] },
+          { url: engines[0].url, id: 'live', models: ['mock-model'] },
+        ],
+        otlpEndpoint: receiver.url,
+        otlpProtocol: 'http/json',
+        policy: 'round-robin',
+      }),
+      { logger: silent, tokenizer, env: {} },
+    );
+    const ids = [randomBytes(16).toString('hex'), randomBytes(16).toString('hex')];
+    try {
+      for (const id of ids) {
+        const r = await post(
+          `${s.url}/v1/completions`,
+          { model: 'mock-model', max_tokens: 2, prompt: 'retry me' },
+          { traceparent: `00-${id}-${randomBytes(8).toString('hex')}-01` },
+        );
+        expect(r.status).toBe(200);
+        expect(r.headers.get('x-kvroute-worker')).toBe('live');
+      }
+    } finally {
+      await s.close(500);
+    }
+    await until(() => ids.every((id) => receiver.spans.some((x) => x.traceId === id && x.kind === SERVER)), 5000);
+    await receiver.close();
+    const retried = ids.map((id) => tree(receiver.spans, id)).find((t) => t.children.filter((c) => c.name === 'upstream').length === 2);
+    expect(retried).toBeDefined();
+    const attempts = retried!.children.filter((c) => c.name === 'upstream');
+    const failed = attempts.find((a) => a.attributes['kvroute.worker'] === 'dead')!;
+    const answered = attempts.find((a) => a.attributes['kvroute.worker'] === 'live')!;
+    expect(failed.status).toBe(2); // STATUS_CODE_ERROR
+    expect(answered.attributes['http.response.status_code']).toBe(200);
+    expect(retried!.children.filter((c) => c.name === 'route').map((c) => c.attributes['kvroute.attempt'])).toEqual([0, 1]);
+  });
+});
