@@ -193,3 +193,41 @@ describe('tracing a retried request', () => {
     expect(retried!.children.filter((c) => c.name === 'route').map((c) => c.attributes['kvroute.attempt'])).toEqual([0, 1]);
   });
 });
+
+describe('tracing a queued request', () => {
+  it('has a queue span as long as the request waited for a worker', async () => {
+    const receiver = await new OtlpReceiver().start();
+    const slow = await startMocker({ zmqEndpoint: null, replayEndpoint: null, faults: { slowdown: 40 } });
+    // Busy above one active prefill token: while the first request prefills (slowly), the second waits.
+    const s = await startServer(
+      testConfig({
+        workers: [{ url: slow.url, id: 'slow' }],
+        otlpEndpoint: receiver.url,
+        otlpProtocol: 'http/json',
+        busyPrefillTokens: 1,
+        tokenizerMode: 'remote',
+      }),
+      { logger: silent, env: {} },
+    );
+    const queuedTrace = randomBytes(16).toString('hex');
+    try {
+      const first = post(`${s.url}/v1/completions`, { model: 'mock-model', max_tokens: 1, prompt: 'word '.repeat(400) });
+      await until(() => s.router.state().sources[0].activePrefillTokens > 0, 5000);
+      const second = await post(
+        `${s.url}/v1/completions`,
+        { model: 'mock-model', max_tokens: 1, prompt: 'queued behind the first' },
+        { traceparent: `00-${queuedTrace}-${randomBytes(8).toString('hex')}-01` },
+      );
+      expect(second.status).toBe(200);
+      expect((await first).status).toBe(200);
+    } finally {
+      await s.close(500);
+      await slow.close();
+    }
+    await until(() => receiver.spans.some((x) => x.traceId === queuedTrace && x.kind === SERVER), 5000);
+    await receiver.close();
+    const queue = tree(receiver.spans, queuedTrace).child('queue');
+    expect(queue).toBeDefined();
+    expect(Number(queue!.attributes['kvroute.queued_ms'])).toBeGreaterThan(0);
+  });
+});
