@@ -269,9 +269,12 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     const api = req.method === 'POST' ? ROUTED_PATHS.get(path) : undefined;
     const isModels = req.method === 'GET' && path === '/v1/models';
     const other = !api && !isModels && !ROUTED_PATHS.has(path) && passthroughPath(req.method, path);
+    // Every engine-facing path is behind the keys, whatever the method (a wrong method is nobody's business unauthenticated).
+    if (api || isModels || other || ROUTED_PATHS.has(path) || path.startsWith('/v1/')) {
+      const denied = guard.checkApi(req);
+      if (denied) throw toHttpError(denied);
+    }
     if (!api && !isModels && !other) return false;
-    const denied = guard.checkApi(req);
-    if (denied) throw toHttpError(denied);
     if (isModels) {
       sendJson(res, 200, { object: 'list', data: workers.models() });
       return true;
