@@ -14,6 +14,8 @@ import { json, post, serve, silent, testConfig } from './helpers.ts';
 /** An engine whose streams die after their first event. */
 let upstream: Server;
 let upstreamUrl: string;
+/** Requests that reached the engine past its probes. */
+let upstreamHits = 0;
 beforeAll(async () => {
   upstream = createServer((req, res) => {
     const path = req.url ?? '/';
@@ -21,6 +23,7 @@ beforeAll(async () => {
     if (path === '/v1/models')
       return void res.writeHead(200, { 'content-type': 'application/json' }).end('{"data":[{"id":"m","object":"model"}]}');
     if (path === '/tokenize') return void res.writeHead(200, { 'content-type': 'application/json' }).end('{"count":1,"tokens":[1]}');
+    upstreamHits++;
     req.resume();
     req.on('end', () => {
       res.writeHead(200, { 'content-type': 'text/event-stream' });
@@ -105,6 +108,37 @@ describe('the router’s own errors on /v1/messages', () => {
       const statuses: number[] = [];
       for (let i = 0; i < 3; i++) statuses.push((await post(`${s.url}/tokenize`, { model: 'm', prompt: 'x' }, auth)).status);
       expect(statuses).toContain(429);
+    } finally {
+      await s.close(200);
+    }
+  });
+});
+
+describe('bad bodies of every routed API', () => {
+  it('are refused by the router with a 400 naming the field, before any engine sees them', async () => {
+    const s = await serve({ workers: [{ url: upstreamUrl, id: 'cut' }] });
+    const cases: [string, unknown, string][] = [
+      ['/v1/responses', { model: 'm', input: 42 }, 'input'],
+      ['/v1/responses', { model: 'm', input: [{ type: 'mystery' }] }, 'input[0].type'],
+      ['/v1/responses', { model: 'm', input: 'x', previous_response_id: '' }, 'previous_response_id'],
+      ['/v1/responses', { input: 'x' }, 'model'],
+      ['/v1/messages', { model: 'm', max_tokens: 1, messages: [{ role: 'system', content: 'x' }] }, 'messages.0.role'],
+      ['/v1/messages', { model: 'm', max_tokens: 0, messages: [{ role: 'user', content: 'x' }] }, 'max_tokens'],
+      ['/v1/embeddings', { model: 'm', input: [1, 'a'] }, 'input'],
+      ['/score', { model: 'm', text_1: ['a', 'b'], text_2: ['c', 'd', 'e'] }, 'text_1'],
+      ['/rerank', { model: 'm', query: 'q', documents: [{ nope: 1 }] }, 'documents[0]'],
+    ];
+    const hits = upstreamHits;
+    try {
+      for (const [path, body, param] of cases) {
+        const r = await post(`${s.url}${path}`, body);
+        expect(r.status, `${path} ${JSON.stringify(body)}`).toBe(400);
+        const j = await json(r);
+        // Anthropic's shape has no param field: the message names it instead.
+        if (path === '/v1/messages') expect(j.error.message).toContain(param);
+        else expect(j.error.param).toBe(param);
+      }
+      expect(upstreamHits).toBe(hits);
     } finally {
       await s.close(200);
     }
