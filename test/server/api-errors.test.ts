@@ -20,6 +20,7 @@ beforeAll(async () => {
   upstream = createServer((req, res) => {
     const path = req.url ?? '/';
     if (path === '/health') return void res.writeHead(200).end();
+    if (path === '/metrics') return void res.writeHead(404).end(); // the router's engine-metrics scrape
     if (path === '/v1/models')
       return void res.writeHead(200, { 'content-type': 'application/json' }).end('{"data":[{"id":"m","object":"model"}]}');
     if (path === '/tokenize') return void res.writeHead(200, { 'content-type': 'application/json' }).end('{"count":1,"tokens":[1]}');
