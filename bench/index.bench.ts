@@ -28,7 +28,7 @@ function arg(name: string, fallback: string): string {
   return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : fallback;
 }
 
-const TRACE = arg('trace', new URL('../../shared/data/mooncake_conversation_trace.jsonl', import.meta.url).pathname);
+const TRACE = arg('trace', new URL('../data/traces/mooncake_conversation_trace.jsonl.gz', import.meta.url).pathname);
 const SOURCES = Number(arg('sources', '64'));
 const CAPACITY = Number(arg('capacity', '36000'));
 const BASELINE = !process.argv.includes('--no-baseline');

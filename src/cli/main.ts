@@ -3,6 +3,7 @@
  */
 import { Command } from 'commander';
 import { registerHash } from './hash.ts';
+import { guardStartup } from './startup-guard.ts';
 
 const program = new Command();
 program
@@ -23,9 +24,13 @@ registerHash(program);
 (await import('./serve.ts')).registerServe(program);
 (await import('./relay.ts')).registerRelay(program);
 
+const commandLabel = () => `kvroute${program.args[0] ? ` ${program.args[0]}` : ''}`;
+const settled = guardStartup(commandLabel);
 try {
   await program.parseAsync(process.argv);
+  settled();
 } catch (err) {
+  settled();
   // A bad setting or an unusable resource at startup: say what is wrong in one line, not a stack trace,
   // prefixed with the (sub)command that refused it ("kvroute trace gen: ...").
   const path: string[] = [];

@@ -150,7 +150,7 @@ export function registerMocker(program: Command): void {
     )
     .option('--no-enable-prefix-caching', 'disable prefix caching (no hits, no events)')
     .addOption(
-      new Option('--timing <model>', 'step timing model (REFERENCE section 8) (one of polynomial, first-principles)')
+      new Option('--timing <model>', 'step timing model (docs/protocols.md §7) (one of polynomial, first-principles)')
         .argParser(choiceArg('--timing', ['polynomial', 'first-principles'] as const))
         .default('polynomial'),
     )

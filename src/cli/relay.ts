@@ -100,7 +100,7 @@ export function registerRelay(program: Command): void {
         process.once('SIGINT', () => resolve());
         process.once('SIGTERM', () => resolve());
       });
-      log.info({ nats: opts.nats, worker: opts.worker }, 'connecting to NATS (waits until it is reachable; SIGTERM stops)');
+      log.info({ nats: opts.nats, worker: opts.worker }, 'relay starting: connecting to NATS and the engine');
       try {
         await Promise.race([relay.start(), stopped]);
       } catch (err) {

@@ -37,6 +37,8 @@ interface SimCliOptions {
   overlayGraceMs?: number;
   seed: number;
   engineFailures?: number;
+  queueOrders?: string;
+  excludeTenant?: string[];
   json?: string;
   plot?: string;
   progress: boolean;
@@ -58,7 +60,17 @@ function fail(message: string, code = 2): void {
 }
 
 /** The admission settings `kvroute sim` shares with `kvroute serve`: same flags, ranges, defaults (src/config/serve.ts). */
-const SIM_ADMISSION = [...ADMISSION_SETTINGS, 'breakerThreshold', 'breakerCooldownMs'] as const;
+const SIM_ADMISSION = [
+  ...ADMISSION_SETTINGS,
+  'breakerThreshold',
+  'breakerCooldownMs',
+  'bands',
+  'tenantWeights',
+  'tenantTokenBudgets',
+  'prefillTokensPerSecond',
+  'sessionTtlMs',
+  'sessionLoadFactor',
+] as const;
 
 export function registerSim(program: Command): void {
   const sim = program
@@ -128,6 +140,15 @@ export function registerSim(program: Command): void {
       'fraction of attempts that fail before the engine answers (as a 500), seeded (default 0)',
       numberArg('--engine-failures', { min: 0 }),
     )
+    .option(
+      '--exclude-tenant <name>',
+      "drop this tenant's requests from the trace (repeatable): the others on a quieter fleet",
+      (v: string, prev: string[] = []) => [...prev, v],
+    )
+    .option(
+      '--queue-orders <list>',
+      'queue orders to compare, comma-separated: fair (bands, fair queuing across tenants) and/or fifo (default fair; scenario: its own)',
+    )
     .option('--json <file>', 'write the full results as JSON')
     .option('--plot <file>', 'write an SVG chart of hit rates and TTFT per policy')
     .option('--no-progress', 'no progress bar on stderr');
@@ -136,12 +157,15 @@ export function registerSim(program: Command): void {
     .addHelpText(
       'after',
       '\nExamples:\n' +
-        '  kvroute sim --trace ../shared/data/mooncake_conversation_trace.jsonl --workers 8 --block-size 512 --gpu-blocks 8192 \\\n' +
+        '  kvroute sim --trace data/traces/mooncake_conversation_trace.jsonl.gz --workers 8 --block-size 512 --gpu-blocks 8192 \\\n' +
         '      --policy kv,round-robin,random,least-loaded,prefix-hash --json out.json --plot out.svg\n' +
         '  kvroute sim --trace t.jsonl --policy kv,round-robin --rate-scale 0.5,1,2,4\n' +
-        '  kvroute sim --scenario seed',
+        '  kvroute sim --scenario seed\n' +
+        '  kvroute sim --scenario noisy-neighbour                       # FIFO vs fair queuing, per-tenant TTFT, fairness\n' +
+        '  kvroute sim --scenario noisy-neighbour --exclude-tenant noisy  # the same tenants without the flood',
     )
     .action(async (o: SimCliOptions, cmd: Command) => {
+      const given = (key: string) => cmd.getOptionValueSource(key) === 'cli';
       let admission: ReturnType<typeof serveSettingsFrom<(typeof SIM_ADMISSION)[number]>>;
       try {
         // Flags only: KVROUTE_* variables configure the router, not a simulation.
@@ -155,6 +179,7 @@ export function registerSim(program: Command): void {
       let source: string;
       let base: Omit<FleetOptions, 'policy' | 'onProgress'>;
       let policies: string[] = ['kv-pressure', 'kv', 'round-robin'];
+      let scenarioOrders: ReadonlyArray<'fair' | 'fifo'> | undefined;
       const chosen = o.policy === undefined ? undefined : parsePolicies(o.policy);
       if (typeof chosen === 'string') return fail(chosen);
       if (o.scenario) {
@@ -168,6 +193,7 @@ export function registerSim(program: Command): void {
         source = `scenario ${sc.name} (${sc.description})`;
         base = sc.fleet;
         policies = sc.policies;
+        scenarioOrders = sc.queueOrders;
       } else {
         try {
           const loaded = await loadTrace(o.trace!, { limit: o.limit });
@@ -185,6 +211,7 @@ export function registerSim(program: Command): void {
         base = { workers: 8, blockSize: bs, gpuBlocks: Math.max(1, Math.floor(DEFAULT_CAPACITY_TOKENS / bs)), seed: o.seed };
       }
       if (chosen) policies = chosen;
+      if (o.excludeTenant) requests = requests.filter((r) => !o.excludeTenant!.includes(r.tenant ?? 'default'));
       if (o.limit !== undefined) requests = requests.slice(0, o.limit);
       if (requests.length === 0) return fail('the trace has no valid requests', 1);
       const blockSize = o.blockSize ?? base.blockSize;
@@ -211,12 +238,29 @@ export function registerSim(program: Command): void {
             busy: { activePrefillTokens: admission.busyPrefillTokens, activeBlockFraction: admission.busyKvFraction },
           }),
         },
+        // A scenario's own admission, then the flags given on the command line.
         dispatch: {
           ...SIM_DISPATCH_DEFAULTS,
-          queueLimit: admission.queueLimit,
-          queueTimeoutMs: admission.queueTimeoutMs,
-          retries: admission.retries,
-          breaker: { threshold: admission.breakerThreshold, cooldownMs: admission.breakerCooldownMs },
+          ...(base.dispatch ?? {}),
+          ...(given('queueLimit') && { queueLimit: admission.queueLimit }),
+          ...(given('queueTimeoutMs') && { queueTimeoutMs: admission.queueTimeoutMs }),
+          ...(given('retries') && { retries: admission.retries }),
+          breaker: {
+            threshold: given('breakerThreshold')
+              ? admission.breakerThreshold
+              : (base.dispatch?.breaker?.threshold ?? SIM_DISPATCH_DEFAULTS.breaker.threshold),
+            cooldownMs: given('breakerCooldownMs')
+              ? admission.breakerCooldownMs
+              : (base.dispatch?.breaker?.cooldownMs ?? SIM_DISPATCH_DEFAULTS.breaker.cooldownMs),
+          },
+          flow: {
+            ...(base.dispatch?.flow ?? {}),
+            ...(admission.bands.length > 0 && { bands: admission.bands }),
+            weights: admission.tenantWeights,
+          },
+          tokenBudgets: admission.tenantTokenBudgets,
+          prefillTokensPerSecond: admission.prefillTokensPerSecond,
+          sessions: { ttlMs: admission.sessionTtlMs, loadFactor: admission.sessionLoadFactor },
         },
         engineFailures: o.engineFailures,
       };
@@ -225,7 +269,10 @@ export function registerSim(program: Command): void {
         process.stderr.write(`kvroute sim: note: block size ${blockSize} does not divide 512; trace blocks straddle router blocks\n`);
       }
 
-      const runs = policies.length * rates.length;
+      const orderList = o.queueOrders ? splitList(o.queueOrders) : [...(scenarioOrders ?? ['fair'])];
+      for (const q of orderList) if (q !== 'fair' && q !== 'fifo') return fail(`--queue-orders values must be fair or fifo, got "${q}"`);
+      const queueOrders = orderList as Array<'fair' | 'fifo'>;
+      const runs = policies.length * rates.length * queueOrders.length;
       const bar =
         o.progress && process.stderr.isTTY
           ? new cliProgress.SingleBar(
@@ -242,18 +289,21 @@ export function registerSim(program: Command): void {
       const results: FleetResult[] = [];
       let done = 0;
       for (const policy of policies) {
-        for (const rateScale of rates) {
-          const label = `${policy} x${rateScale}`;
-          const r = runFleet(requests, {
-            ...fleet,
-            policy,
-            rateScale,
-            hasher,
-            onProgress: bar ? (k) => bar.update(done + k, { run: label }) : undefined,
-          });
-          done += requests.length;
-          bar?.update(done, { run: label });
-          results.push(r);
+        for (const order of queueOrders) {
+          for (const rateScale of rates) {
+            const label = `${policy}${queueOrders.length > 1 ? ` ${order}` : ''} x${rateScale}`;
+            const r = runFleet(requests, {
+              ...fleet,
+              policy,
+              rateScale,
+              hasher,
+              dispatch: { ...fleet.dispatch, flow: { ...fleet.dispatch?.flow, order } },
+              onProgress: bar ? (k) => bar.update(done + k, { run: label }) : undefined,
+            });
+            done += requests.length;
+            bar?.update(done, { run: label });
+            results.push(r);
+          }
         }
       }
       bar?.stop();

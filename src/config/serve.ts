@@ -32,6 +32,7 @@ import {
 } from './settings.ts';
 import { LOG_LEVELS } from './parsers.ts';
 import { OTLP_PROTOCOLS, TRACE_SAMPLERS } from '../server/tracing.ts';
+import { BAND_SPEC_GRAMMAR, bandSchema, numberMapSchema } from './flow-spec.ts';
 import { WORKER_SPEC_GRAMMAR, workerSchema } from './worker-spec.ts';
 
 export { parseWorkerSpec, type WorkerSpec, workerFromUnknown } from './worker-spec.ts';
@@ -45,6 +46,7 @@ const G = {
   clients: 'Client limits:',
   health: 'Worker health and circuit breaker:',
   observability: 'Metrics and logs:',
+  flow: 'Flow control, tenants and sessions (docs/flow-control.md):',
   scaleOut: 'Scale-out (NATS JetStream):',
   mock: 'Embedded mock fleet (when no worker is given):',
 } as const;
@@ -68,6 +70,22 @@ const rateLimit = custom(
   '"<rps>" or "<rps>,<burst>" with rps > 0 and burst an integer >= 1 (e.g. 10,20)',
   { range: 'e.g. 10,20' },
 );
+
+/** `NAME=N,NAME=N` as text (flag, variable), or a mapping / list in a config file. */
+const nameNumberMap = (what: string, min: number) =>
+  custom(
+    z.preprocess((v) => (typeof v === 'string' ? v.split(/[\s,]+/).filter(Boolean) : v), numberMapSchema(what, min)),
+    `NAME=NUMBER pairs separated by commas (NUMBER >= ${min}; NAME "*" = every other tenant)`,
+    { detailed: true },
+  );
+
+/** Session-id headers of common agent clients (each sends one stable id per conversation). */
+export const SESSION_PRESETS = {
+  generic: ['x-session-id', 'x-session-affinity'],
+  'claude-code': ['x-claude-code-session-id'],
+  codex: ['session-id', 'session_id'],
+  opencode: ['x-opencode-session'],
+} as const satisfies Record<string, readonly string[]>;
 
 /** Hosts/CIDRs, checked by the parser the server uses; its message names the bad entry. */
 const hostList = list(z.string().min(1), {
@@ -415,6 +433,82 @@ export const serveSchema = z.strictObject({
     env: 'KVROUTE_MOCK_MODEL',
     help: 'model name served by the embedded mock fleet',
     group: G.mock,
+  }),
+  bands: withDefault(
+    list(bandSchema, {
+      accepts: `band specs ${BAND_SPEC_GRAMMAR}`,
+      separators: /[\s;]+/,
+      detailed: true,
+      range: `${BAND_SPEC_GRAMMAR}; the variable: specs separated by spaces or ";"`,
+    }),
+    [],
+    {
+      flag: '--band <spec>',
+      env: 'KVROUTE_BANDS',
+      help:
+        'a priority band of the queue (repeatable): requests with priority <= max-priority join it (lower runs first); ' +
+        'its own queue TTL; sheddable = 429 at once when the fleet is saturated; order within a tenant fcfs or edf. ' +
+        'Default: one band for every priority',
+      group: G.flow,
+    },
+  ),
+  queueOrder: withDefault(choice(['fair', 'fifo']), 'fair', {
+    flag: '--queue-order <order>',
+    env: 'KVROUTE_QUEUE_ORDER',
+    help: 'fair: bands, then fair queuing across tenants; fifo: one queue in arrival order',
+    group: G.flow,
+  }),
+  tenantWeights: optional(nameNumberMap('a tenant weight', 0.001), {
+    flag: '--tenant-weights <list>',
+    env: 'KVROUTE_TENANT_WEIGHTS',
+    help: "fair queuing weights, e.g. acme=2,beta=1 (default 1): a tenant's share of contended capacity",
+    group: G.flow,
+  }),
+  tenantTokenBudgets: optional(nameNumberMap('a token budget', 1), {
+    flag: '--tenant-token-budgets <list>',
+    env: 'KVROUTE_TENANT_TOKEN_BUDGETS',
+    help: 'tokens per minute (prompt + output) per tenant, e.g. acme=200000,*=50000; beyond: 429 + Retry-After',
+    group: G.flow,
+  }),
+  prefillTokensPerSecond: optional(number({ min: 0, minExclusive: true }), {
+    flag: '--prefill-tokens-per-second <n>',
+    env: 'KVROUTE_PREFILL_TOKENS_PER_SECOND',
+    help:
+      "an engine's prefill throughput, for judging x-kvroute-slo-ttft-ms deadlines before it has been learned from " +
+      'first tokens (absent: deadlines are judged once learned)',
+    group: G.flow,
+  }),
+  sessionHeaders: withDefault(list(z.string().regex(/^[A-Za-z0-9_-]{1,64}$/), { accepts: 'header names' }), ['x-session-id'], {
+    flag: '--session-header <name>',
+    env: 'KVROUTE_SESSION_HEADERS',
+    help: 'request headers carrying a session id, first present wins (repeatable)',
+    group: G.flow,
+  }),
+  sessionPresets: withDefault(
+    list(z.enum(Object.keys(SESSION_PRESETS) as [keyof typeof SESSION_PRESETS]), {
+      accepts: `preset names: ${Object.keys(SESSION_PRESETS).join(', ')}`,
+    }),
+    [],
+    {
+      flag: '--session-preset <name>',
+      env: 'KVROUTE_SESSION_PRESETS',
+      help: `also read the session headers of these clients: ${Object.entries(SESSION_PRESETS)
+        .map(([k, v]) => `${k} (${v.join(', ')})`)
+        .join('; ')}`,
+      group: G.flow,
+    },
+  ),
+  sessionTtlMs: withDefault(ms(1), 600_000, {
+    flag: '--session-ttl-ms <ms>',
+    env: 'KVROUTE_SESSION_TTL_MS',
+    help: 'a session forgets its worker this long after its last request',
+    group: G.flow,
+  }),
+  sessionLoadFactor: withDefault(number({ min: 0 }), 0.5, {
+    flag: '--session-load-factor <x>',
+    env: 'KVROUTE_SESSION_LOAD_FACTOR',
+    help: "a session leaves its worker when that worker's load exceeds (1 + x) x the mean load + the request's blocks",
+    group: G.flow,
   }),
 });
 

@@ -1,5 +1,5 @@
 /**
- * In-flight load per source, from the router's own decisions (REFERENCE section 5):
+ * In-flight load per source, from the router's own decisions (docs/protocols.md §5):
  * - prefill tokens (prompt tokens not expected from cache) count from routing until the first output token;
  * - active blocks count from routing until finish; requests sharing a prefix on one source count it once; the
  *   trailing partial block is unique to each request.

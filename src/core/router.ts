@@ -374,6 +374,7 @@ export class KvRouter {
       knobs,
       rng: this.rng,
     });
+    const affinity = req.prefer ? this.applyAffinity(req.prefer, candidates, ranking.order, requestBlocks) : undefined;
     const chosen = candidates[ranking.order[0]];
     const entry = this.byIndex[chosen.source]!;
     const t3 = this.clock?.() ?? 0;
@@ -420,6 +421,7 @@ export class KvRouter {
       bestOverlapBlocks: bestOverlap,
       candidates: scored,
       seqHashes,
+      ...(affinity ? { affinity } : {}),
       timingsMs: this.clock ? { hash: t1 - t0, find: t2 - t1, select: t3 - t2 } : undefined,
     };
     for (const o of this.observers) o.routed?.(decision);
@@ -456,6 +458,28 @@ export class KvRouter {
     return true;
   }
 
+  /**
+   * The affinity stage (sessions, pinned conversations): the preferred source goes first when it is a candidate (it
+   * passed every filter) and not overloaded: load(p) <= (1 + loadFactor) * mean load + requestBlocks, with
+   * load = activePrefillTokens / bs + activeBlocks over the candidates (bounded-load consistent hashing's rule).
+   */
+  private applyAffinity(
+    prefer: NonNullable<RouteRequest['prefer']>,
+    candidates: readonly Candidate[],
+    order: number[],
+    requestBlocks: number,
+  ): 'kept' | 'overloaded' | 'unavailable' {
+    const at = order.findIndex((i) => candidates[i].key === prefer.sourceKey);
+    if (at < 0) return 'unavailable';
+    const load = (c: Candidate) => c.activePrefillTokens / this.blockSize + c.activeBlocks;
+    let sum = 0;
+    for (const c of candidates) sum += load(c);
+    const bound = (1 + prefer.loadFactor) * (sum / candidates.length) + requestBlocks;
+    if (load(candidates[order[at]]) > bound) return 'overloaded';
+    if (at > 0) order.unshift(...order.splice(at, 1));
+    return 'kept';
+  }
+
   private isBusy(entry: SourceEntry, activeBlocks: number, activePrefillTokens: number): boolean {
     const { activeBlockFraction, activePrefillTokens: maxPrefill } = this.busy;
     if (activeBlockFraction !== undefined && entry.capacityBlocks && activeBlocks > activeBlockFraction * entry.capacityBlocks) {
@@ -465,6 +489,12 @@ export class KvRouter {
   }
 
   // ---------------------------------------------------------------- lifecycle
+
+  /** The request is in flight and has not produced its first token yet. */
+  firstTokenPending(requestId: string): boolean {
+    const req = this.active.get(requestId);
+    return req !== undefined && req.firstTokenAt === undefined;
+  }
 
   firstToken(requestId: string, now: number): boolean {
     const req = this.active.get(requestId);

@@ -45,7 +45,7 @@ export interface StoredEvent {
   readonly tokens: ArrayLike<number> | null;
   readonly blockSize: number;
   readonly seqHashes?: BigUint64Array;
-  /** LoRA adapter name the blocks were computed under (feeds the hash seed, REFERENCE section 1). */
+  /** LoRA adapter name the blocks were computed under (feeds the hash seed, docs/protocols.md §1). */
   readonly loraName?: string | null;
   /** cache_salt of the request that created the first block (feeds the hash seed). */
   readonly cacheSalt?: string | null;
@@ -90,7 +90,7 @@ export interface OverlapScores {
   readonly overlap: Map<number, number>;
 }
 
-/** Knobs of the kv cost policy that a request may override (REFERENCE section 5). */
+/** Knobs of the kv cost policy that a request may override (docs/protocols.md §5). */
 export interface KvKnobs {
   /** Weight of prefill load against decode load. Default 1. */
   readonly prefillLoadScale: number;
@@ -122,6 +122,11 @@ export interface RouteRequest {
   readonly allow?: ReadonlySet<string>;
   /** Source keys this request must not go to (for example the worker a retry moves away from). */
   readonly exclude?: ReadonlySet<string>;
+  /**
+   * Affinity (a session's or a conversation's last source): picked first when it passed the filters and its load is
+   * within (1 + loadFactor) x the candidates' mean load + the request's blocks.
+   */
+  readonly prefer?: { readonly sourceKey: string; readonly loadFactor: number };
 }
 
 /** One candidate's view at routing time, kept in the decision for debugging and for retries (next best). */
@@ -151,6 +156,8 @@ export interface RouteDecision {
   /** Candidates ordered best first by the policy's preference. */
   readonly candidates: readonly CandidateScore[];
   readonly seqHashes: BigUint64Array;
+  /** With `prefer`: kept (the preferred source was picked), overloaded or unavailable (it was not). */
+  readonly affinity?: 'kept' | 'overloaded' | 'unavailable';
   /** Phase durations of route() in ms (hash, find matches, select), when the router was given a clock. */
   readonly timingsMs?: { readonly hash: number; readonly find: number; readonly select: number };
 }

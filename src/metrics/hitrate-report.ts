@@ -1,6 +1,6 @@
 /**
  * The hit-rate report behind `kvroute hitrate`: two scrapes of the router's /metrics (live or saved), differenced, and
- * turned into the three quantities REFERENCE section 6 separates (available, predicted, delivered), each aggregated
+ * turned into the three quantities docs/protocols.md §6 separates (available, predicted, delivered), each aggregated
  * the two ways (request-weighted = mean of ratios, block-weighted = ratio of sums), next to the engine's own counters.
  *
  * Pure functions over parsed samples, so the same code reads a live router and two files saved with curl.

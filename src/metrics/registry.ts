@@ -1,7 +1,7 @@
 /**
  * RouterMetrics: the router's Prometheus surface (GET /metrics) and the totals the live dashboard reads.
  *
- * Every hit-rate quantity is exported so that both aggregations can be computed from one scrape (REFERENCE section 6):
+ * Every hit-rate quantity is exported so that both aggregations can be computed from one scrape (docs/protocols.md §6):
  *   request-weighted (mean of ratios) = rate(router_kv_hit_rate_sum) / rate(router_kv_hit_rate_count)
  *   block-weighted   (ratio of sums)  = rate(router_kv_overlap_blocks_total) / rate(router_kv_isl_blocks_total)
  * Only the second is comparable with the engine's hits/queries counters, mirrored here as router_engine_prefix_cache_*.

@@ -20,6 +20,7 @@ import { KvRouter, TIER_CREDIT_ON } from '../core/router.ts';
 import { sendJson } from '../http/body.ts';
 import { HttpError, sendError } from '../http/errors.ts';
 import { dashboardHandler } from '../metrics/dashboard.ts';
+import { FlowMetrics } from '../metrics/flow.ts';
 import { RouterMetrics } from '../metrics/registry.ts';
 import type { EngineMirror } from '../metrics/scrape.ts';
 import { LocalTokenizer } from '../tokenizer/local.ts';
@@ -33,6 +34,7 @@ import { NO_TRACE, type RequestTrace, type RequestTracer, startTracing, tracingC
 import type { ServeConfig } from '../config/serve.ts';
 import { ServerEvents } from './events.ts';
 import { handleInference, type InferenceContext, type RecentDecision } from './inference.ts';
+import { sessionHeaderNames } from './identity.ts';
 import { Lifecycle } from './lifecycle.ts';
 import {
   createSecurity,
@@ -56,6 +58,7 @@ export interface RunningServer {
   readonly metricsUrl: string | null;
   readonly router: KvRouter;
   readonly dispatcher: Dispatcher;
+  readonly lifecycle: Lifecycle;
   readonly workers: WorkerSet;
   readonly metrics: RouterMetrics;
   readonly tokenizer: TokenizerService | null;
@@ -153,12 +156,20 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     retries: config.retries,
     breaker: { threshold: config.breakerThreshold, cooldownMs: config.breakerCooldownMs },
     pins: { limit: config.responsePinLimit, ttlMs: config.responsePinTtlMs },
+    flow: { bands: config.bands, order: config.queueOrder, weights: config.tenantWeights },
+    tokenBudgets: config.tenantTokenBudgets,
+    sessions: { ttlMs: config.sessionTtlMs, loadFactor: config.sessionLoadFactor },
+    prefillTokensPerSecond: config.prefillTokensPerSecond,
   });
   const traceConfig = tracingConfig(config, options.env ?? process.env);
   const tracer: RequestTracer | null = traceConfig ? await startTracing(traceConfig) : null;
   if (traceConfig) log.info({ url: traceConfig.url, protocol: traceConfig.protocol, sampler: traceConfig.sampler }, 'tracing to OTLP');
   const metrics = new RouterMetrics({ router, prefix: config.metricsPrefix });
-  const lifecycle = new Lifecycle(dispatcher, metrics, log);
+  const flowMetrics = new FlowMetrics(metrics.registry, metrics.prefix, () => dispatcher.census(), [
+    ...Object.keys(config.tenantWeights ?? {}),
+    ...Object.keys(config.tenantTokenBudgets ?? {}).filter((t) => t !== '*'),
+  ]);
+  const lifecycle = new Lifecycle(dispatcher, metrics, flowMetrics, log);
   // --tokenizer-mode: local needs --tokenizer; render and remote ask the engines (and ignore local files).
   const mode = config.tokenizerMode ?? (config.tokenizerDir || options.tokenizer ? 'local' : config.remoteTokenize ? 'remote' : null);
   if (mode === 'local' && !config.tokenizerDir && !options.tokenizer) {
@@ -218,6 +229,8 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     noteRouted: (key) => events.routed(key),
     nextRequestId: () => `kvr-${idPrefix}-${++seq}`,
     recent,
+    guard,
+    sessionHeaders: sessionHeaderNames(config),
   };
   const admin = { config, log, guard, workers };
 
@@ -232,6 +245,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       workers: workers.list().map((w) => w.toJSON()),
       events: events.health(),
       queue: dispatcher.state(now).queue,
+      flow: { outcomes: Object.fromEntries(flowMetrics.totals.byOutcome), sessions: flowMetrics.totals.sessions },
       inFlight,
       tokenizer: tokenizer
         ? { local: true, mode: tokenizer.kind, ...(await tokenizer.info().catch(() => ({}))) }
@@ -415,6 +429,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     metricsUrl,
     router,
     dispatcher,
+    lifecycle,
     workers,
     metrics,
     tokenizer,

@@ -20,7 +20,8 @@ import type { ApiAdapter, RoutedRequest } from './apis/index.ts';
 import { proxyAttempt } from './proxy.ts';
 import type { RequestTrace } from './tracing.ts';
 import { refusalError } from './refusals.ts';
-import { checkJsonDepth } from './security/index.ts';
+import { requestIdentity } from './identity.ts';
+import { checkJsonDepth, type Security } from './security/index.ts';
 import type { WorkerSet } from './workers.ts';
 
 export interface RecentDecision {
@@ -54,6 +55,9 @@ export interface InferenceContext {
   readonly noteRouted: (sourceKey: string) => void;
   readonly nextRequestId: () => string;
   readonly recent: RecentDecision[];
+  readonly guard: Security;
+  /** Session headers to read, in order. */
+  readonly sessionHeaders: readonly string[];
 }
 
 /** A client's x-request-id, if it is a short printable token; anything else is ignored rather than echoed. */
@@ -111,6 +115,8 @@ export async function handleInference(
   if (parsed.policy && !(POLICY_NAMES as readonly string[]).includes(parsed.policy)) {
     throw badRequest(`unknown policy "${parsed.policy}"; known: ${POLICY_NAMES.join(', ')}`, 'kvroute.policy');
   }
+  // Every adapter has checked the body is a JSON object.
+  const identity = requestIdentity(req, json as Record<string, unknown>, ctx.guard, ctx.sessionHeaders);
   // Answer an unknown model or a dead fleet before spending time on tokenization; the real decision comes later.
   const pre = dispatcher.precheck(parsed.model, Date.now());
   if (pre) {
@@ -147,6 +153,7 @@ export async function handleInference(
       policy: parsed.policy,
       knobs: parsed.knobs,
       pinKey: parsed.pinKey,
+      ...identity,
     },
     abort.signal,
   );

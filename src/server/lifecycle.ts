@@ -12,6 +12,7 @@ import type {
   FinishReport,
   Submission,
 } from '../core/dispatch/dispatcher.ts';
+import type { FlowMetrics } from '../metrics/flow.ts';
 import type { RouterMetrics } from '../metrics/registry.ts';
 
 export type NextStep = DispatchAttempt | DispatchRefusal | { readonly kind: 'aborted' };
@@ -22,12 +23,20 @@ export class Lifecycle {
   private timerAt = Infinity;
   private readonly finishedExtra = new Map<string, number | undefined>();
 
+  /** Told of every attempt dispatched (a NATS replica shares the sessions it pins). */
+  private readonly dispatchListeners: ((a: DispatchAttempt) => void)[] = [];
+
   constructor(
     readonly dispatcher: Dispatcher,
     private readonly metrics: RouterMetrics,
+    private readonly flow: FlowMetrics,
     private readonly log: Logger,
     private readonly now: () => number = Date.now,
   ) {}
+
+  onDispatch(listener: (a: DispatchAttempt) => void): void {
+    this.dispatchListeners.push(listener);
+  }
 
   /** Routes (or queues) a request; resolves with its first attempt or its refusal, or 'aborted' if the client left. */
   submit(sub: Submission, signal: AbortSignal): Promise<NextStep> {
@@ -45,7 +54,7 @@ export class Lifecycle {
 
   finish(requestId: string, report: FinishReport, outputTokens?: number): void {
     this.finishedExtra.set(requestId, outputTokens);
-    this.apply(this.dispatcher.finish(requestId, report, this.now()));
+    this.apply(this.dispatcher.finish(requestId, { ...report, ...(outputTokens ? { outputTokens } : {}) }, this.now()));
     this.finishedExtra.delete(requestId);
     this.metrics.outcome(report.outcome);
   }
@@ -57,6 +66,10 @@ export class Lifecycle {
         this.metrics.finished(e.request, { outputTokens: this.finishedExtra.get(e.request.requestId) });
         continue;
       }
+      if (e.kind === 'dispatch') {
+        this.flow.dispatched(e);
+        for (const l of this.dispatchListeners) l(e);
+      } else this.flow.refused(e);
       const waiter = this.waiters.get(e.requestId);
       if (!waiter) {
         // Nobody waits: the handler left (its client did) between the dispatcher's decision and now. Give it back.

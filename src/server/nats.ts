@@ -3,7 +3,8 @@
  *
  * - `shareLifecycle(router, replica)` observes the router's request lifecycle so every local request is announced to
  *   the peer replicas (remote requests, tracked under `<peer>/<id>`, are never re-announced);
- * - `attachToServer(running, options)` makes a running `kvroute serve` a replica: lifecycle sharing, and workers from
+ * - `attachToServer(running, options)` makes a running `kvroute serve` a replica: lifecycle sharing, one session
+ *   table (session pins announced to and learned from the peers), and workers from
  *   the NATS registry added to / removed from its WorkerSet (their sources kept in events mode: their events come
  *   from the stream, not from a ZMQ subscription of the server).
  */
@@ -46,6 +47,14 @@ export async function attachToServer(running: RunningServer, options: ReplicaOpt
       chain = chain.then(() => apply(id, entry)).catch(() => {});
       options.onWorker?.(id, entry);
     },
+    // One session table across replicas: a peer's pin is honoured here, ours are announced to the peers.
+    onSession: (sessionId, sourceKey, expiresAt) => {
+      running.dispatcher.rememberSession(sessionId, { sourceKey, expiresAt });
+      options.onSession?.(sessionId, sourceKey, expiresAt);
+    },
+  });
+  running.lifecycle.onDispatch((a) => {
+    if (a.session) replica.publishSession(a.session.id, a.session.entry.sourceKey, a.session.entry.expiresAt);
   });
   shareLifecycle(router, replica);
   registerReplicaMetrics(replica, running.metrics.registry, running.metrics.prefix);

@@ -10,7 +10,7 @@ interface Shape {
   readonly type: ErrorType;
   readonly code: ErrorCode;
   /** Retry-After in seconds, when waiting can help; `probe` = one health-probe interval. */
-  readonly retryAfter?: number | 'probe' | 'queue';
+  readonly retryAfter?: number | 'probe' | 'queue' | 'given';
 }
 
 const SHAPES: Record<RefusalCode, Shape> = {
@@ -21,6 +21,9 @@ const SHAPES: Record<RefusalCode, Shape> = {
   subset_unavailable: { status: 503, type: 'service_unavailable', code: 'subset_unavailable' },
   queue_full: { status: 503, type: 'service_unavailable', code: 'queue_full', retryAfter: 1 },
   queue_timeout: { status: 503, type: 'service_unavailable', code: 'queue_timeout', retryAfter: 'queue' },
+  shed: { status: 429, type: 'rate_limit_error', code: 'shed', retryAfter: 'given' },
+  token_budget_exceeded: { status: 429, type: 'rate_limit_error', code: 'token_budget_exceeded', retryAfter: 'given' },
+  deadline_unmeetable: { status: 429, type: 'rate_limit_error', code: 'deadline_unmeetable', retryAfter: 1 },
   upstream_failed: { status: 502, type: 'upstream_error', code: 'upstream_error' },
   duplicate_request: { status: 409, type: 'invalid_request_error', code: 'duplicate_request' },
   closed: { status: 503, type: 'service_unavailable', code: 'shutting_down', retryAfter: 1 },
@@ -31,7 +34,7 @@ export interface RefusalTimes {
   readonly queueTimeoutMs: number;
 }
 
-export function refusalError(r: Pick<DispatchRefusal, 'code' | 'message'>, times: RefusalTimes): HttpError {
+export function refusalError(r: Pick<DispatchRefusal, 'code' | 'message' | 'retryAfterMs'>, times: RefusalTimes): HttpError {
   const shape = SHAPES[r.code];
   const headers: Record<string, string> = {};
   const after =
@@ -39,7 +42,9 @@ export function refusalError(r: Pick<DispatchRefusal, 'code' | 'message'>, times
       ? times.healthIntervalMs / 1000
       : shape.retryAfter === 'queue'
         ? times.queueTimeoutMs / 1000
-        : shape.retryAfter;
+        : shape.retryAfter === 'given'
+          ? (r.retryAfterMs ?? 1000) / 1000
+          : shape.retryAfter;
   if (after !== undefined) headers['retry-after'] = String(Math.max(1, Math.ceil(after)));
   return new HttpError(shape.status, r.message, shape.type, shape.code, r.code === 'model_not_found' ? 'model' : null, headers);
 }

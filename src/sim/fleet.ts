@@ -16,7 +16,7 @@
  * Engine events are core-shaped already (Stored carries the new blocks' tokens; the router hashes them itself and maps
  * the engine's sha256-chain ids to its own hashes), so no conversion is needed at this edge.
  */
-import { type DispatchEffect, Dispatcher, type DispatchOptions, type RefusalCode } from '../core/dispatch/dispatcher.ts';
+import { DEFAULT_TENANT, type DispatchEffect, Dispatcher, type DispatchOptions, type RefusalCode } from '../core/dispatch/dispatcher.ts';
 import { createRng } from '../core/rng.ts';
 import { KvRouter, type KvRouterOptions } from '../core/router.ts';
 import type { Policy } from '../core/scheduling/policy.ts';
@@ -95,6 +95,8 @@ export interface RequestRecord {
 
 export interface FleetResult {
   readonly name: string;
+  /** The dispatcher's queue order for this run (fair: bands x tenants; fifo: arrival order). */
+  readonly queue_order: 'fair' | 'fifo';
   readonly rate_scale: number;
   readonly hit: {
     readonly predicted_request_weighted: number;
@@ -110,6 +112,17 @@ export interface FleetResult {
   };
   readonly ttft_ms: LatencySummary;
   readonly ttft_by_bucket: readonly BucketLatency[];
+  /** TTFT and refusals per tenant and per flow-control band (requests without a tenant: `default`). */
+  readonly by_tenant: readonly GroupLatency[];
+  readonly by_band: readonly GroupLatency[];
+  /**
+   * Jain's fairness index of service against max-min fair shares, over windows of contention (docs/flow-control.md):
+   * per window, x_t = prompt tokens dispatched for tenant t / its max-min fair share of what the fleet dispatched
+   * (water-filling over the tenants' demand: tokens that arrived in the window, weights as configured); J = (Σx)² / (n·Σx²)
+   * is 1 when every tenant got its fair share. Averaged over windows in which requests queued, weighted by the tokens
+   * dispatched; NaN when nothing ever queued or only one tenant asked.
+   */
+  readonly fairness: { readonly jain: number; readonly windows: number };
   /** Prompt + generated tokens per second of simulated time (first arrival to last finish). */
   readonly throughput_tokens_per_s: number;
   readonly output_tokens_per_s: number;
@@ -143,6 +156,74 @@ export interface FleetResult {
   readonly sim: { readonly simulated_s: number; readonly wall_s: number; readonly cpu_s: number; readonly engine_steps: number };
   readonly perRequest?: readonly RequestRecord[];
 }
+
+export interface GroupLatency extends LatencySummary {
+  readonly name: string;
+  readonly refused: number;
+}
+
+function groups(m: Map<string, { ttft: number[]; refused: number }>): GroupLatency[] {
+  return [...m.entries()].sort(([a], [b]) => (a < b ? -1 : 1)).map(([name, g]) => ({ name, refused: g.refused, ...summarize(g.ttft) }));
+}
+
+/** Max-min fair shares of `capacity` for weighted demands (water-filling). */
+export function maxMinShares(demand: ReadonlyMap<string, number>, weights: (t: string) => number, capacity: number): Map<string, number> {
+  const share = new Map<string, number>();
+  let open = [...demand.keys()].filter((t) => (demand.get(t) ?? 0) > 0);
+  let left = capacity;
+  while (open.length > 0 && left > 1e-9) {
+    const wsum = open.reduce((a, t) => a + weights(t), 0);
+    const unit = left / wsum;
+    const satisfied = open.filter((t) => (demand.get(t) ?? 0) - (share.get(t) ?? 0) <= unit * weights(t));
+    if (satisfied.length === 0) {
+      for (const t of open) share.set(t, (share.get(t) ?? 0) + unit * weights(t));
+      break;
+    }
+    for (const t of satisfied) {
+      const need = (demand.get(t) ?? 0) - (share.get(t) ?? 0);
+      share.set(t, demand.get(t) ?? 0);
+      left -= need;
+    }
+    open = open.filter((t) => !satisfied.includes(t));
+  }
+  return share;
+}
+
+/** Jain's index of x = served / fair share over tenants with a share. NaN with fewer than two. */
+export function jainIndex(xs: readonly number[]): number {
+  if (xs.length < 2) return NaN;
+  const sum = xs.reduce((a, b) => a + b, 0);
+  const sq = xs.reduce((a, b) => a + b * b, 0);
+  return sq > 0 ? (sum * sum) / (xs.length * sq) : NaN;
+}
+
+interface FairnessWindow {
+  readonly demand: Map<string, number>;
+  readonly served: Map<string, number>;
+  contended: boolean;
+}
+
+function fairnessOf(windows: ReadonlyMap<number, FairnessWindow>, weights: (t: string) => number): { jain: number; windows: number } {
+  let weighted = 0;
+  let total = 0;
+  let n = 0;
+  for (const w of windows.values()) {
+    if (!w.contended) continue;
+    let capacity = 0;
+    for (const v of w.served.values()) capacity += v;
+    const shares = maxMinShares(w.demand, weights, capacity);
+    const xs = [...shares.entries()].filter(([, a]) => a > 0).map(([t, a]) => (w.served.get(t) ?? 0) / a);
+    const j = jainIndex(xs);
+    if (!Number.isFinite(j)) continue;
+    weighted += j * capacity;
+    total += capacity;
+    n++;
+  }
+  return { jain: total > 0 ? weighted / total : NaN, windows: n };
+}
+
+/** Window of simulated time for the fairness index. */
+export const FAIRNESS_WINDOW_MS = 30_000;
 
 export const TTFT_BUCKETS: ReadonlyArray<{ name: string; max: number }> = [
   { name: '<1.8k', max: 1800 },
@@ -228,6 +309,27 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
   const n = requests.length;
   const arrival = new Float64Array(n);
   const ttft: number[] = [];
+  /** Per tenant and per flow-control band: TTFTs of served requests and refusals. */
+  const byTenant = new Map<string, { ttft: number[]; refused: number }>();
+  const byBand = new Map<string, { ttft: number[]; refused: number }>();
+  const fairWindows = new Map<number, FairnessWindow>();
+  const fairWindow = (now: number): FairnessWindow => {
+    const k = Math.floor(now / FAIRNESS_WINDOW_MS);
+    let w = fairWindows.get(k);
+    if (!w) {
+      w = { demand: new Map(), served: new Map(), contended: false };
+      fairWindows.set(k, w);
+    }
+    return w;
+  };
+  const groupOf = (m: Map<string, { ttft: number[]; refused: number }>, k: string) => {
+    let g = m.get(k);
+    if (!g) {
+      g = { ttft: [], refused: 0 };
+      m.set(k, g);
+    }
+    return g;
+  };
   const ttftBuckets: number[][] = TTFT_BUCKETS.map(() => []);
   const records: (RequestRecord | undefined)[] = [];
   const recordOf = new Map<string, RequestRecord>();
@@ -283,11 +385,18 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
       const i = indexOf(e.requestId);
       if (e.kind === 'reject') {
         refused++;
+        groupOf(byTenant, e.tenant).refused++;
+        groupOf(byBand, e.band).refused++;
         refusals[e.code] = (refusals[e.code] ?? 0) + 1;
         if (queuedIds.delete(e.requestId)) queueWaits.push(e.queuedMs);
         continue;
       }
       if (e.attempt > 0) retried++;
+      else {
+        const win = fairWindow(now);
+        win.served.set(e.tenant, (win.served.get(e.tenant) ?? 0) + e.decision.promptTokens);
+        if (e.queuedMs > 0) win.contended = true;
+      }
       if (queuedIds.delete(e.requestId)) queueWaits.push(e.queuedMs);
       const w = workerOf.get(e.decision.sourceKey)!;
       if (failRate > 0 && failRng() < failRate) {
@@ -347,7 +456,22 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
       const req = requests[i];
       const id = `r${i}`;
       const seqHashes = hasher.seqHashes(req);
-      const effects = dispatcher.submit({ requestId: id, model: 'sim', seqHashes, promptTokens: req.inputLength }, now);
+      const demandWin = fairWindow(now);
+      const tenantName = req.tenant ?? DEFAULT_TENANT;
+      demandWin.demand.set(tenantName, (demandWin.demand.get(tenantName) ?? 0) + req.inputLength);
+      const effects = dispatcher.submit(
+        {
+          requestId: id,
+          model: 'sim',
+          seqHashes,
+          promptTokens: req.inputLength,
+          ...(req.tenant !== undefined ? { tenant: req.tenant } : {}),
+          ...(req.priority !== undefined ? { priority: req.priority } : {}),
+          ...(req.sessionId !== undefined ? { sessionId: req.sessionId } : {}),
+          ...(req.sloTtftMs !== undefined ? { sloTtftMs: req.sloTtftMs } : {}),
+        },
+        now,
+      );
       if (effects.length === 0) queuedIds.add(id);
       apply(effects, now);
       arrived++;
@@ -372,6 +496,9 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
           let b = 0;
           while (rec.promptTokens >= TTFT_BUCKETS[b].max) b++;
           ttftBuckets[b].push(t);
+          const tr = requests[rec.index];
+          groupOf(byTenant, tr.tenant ?? DEFAULT_TENANT).ttft.push(t);
+          groupOf(byBand, dispatcher.bandOf(tr.priority ?? 0)).ttft.push(t);
           const computed = out.promptTokens - out.cachedTokens;
           ws.prefillTokens += computed;
           const win = Math.floor(now / windowMs);
@@ -416,6 +543,7 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
   const span = Math.max(1e-9, lastFinish) / 1000;
   return {
     name: opts.policy,
+    queue_order: opts.dispatch?.flow?.order ?? 'fair',
     rate_scale: rateScale,
     hit: {
       predicted_request_weighted: view.predicted.requestWeighted,
@@ -428,6 +556,9 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
     },
     ttft_ms: summarize(ttft),
     ttft_by_bucket: TTFT_BUCKETS.map((b, k) => ({ bucket: b.name, ...summarize(ttftBuckets[k]) })),
+    by_tenant: groups(byTenant),
+    by_band: groups(byBand),
+    fairness: fairnessOf(fairWindows, (t) => opts.dispatch?.flow?.weights?.[t] ?? 1),
     throughput_tokens_per_s: (promptTokensTotal + outputTokens) / span,
     output_tokens_per_s: outputTokens / span,
     imbalance: imbalanceOf(workers.map((w) => w.prefillTokens)),

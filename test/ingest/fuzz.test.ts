@@ -200,7 +200,6 @@ describe('ingestion fuzzing', () => {
     let expectedFrameErrors = 0;
     let expectedUndecodable = 0;
     let seq = 0n;
-    const t0 = Date.now();
     for (let i = 0; i < FRAMES; i++) {
       const payload =
         i % 10 < 7
@@ -232,7 +231,6 @@ describe('ingestion fuzzing', () => {
       if (i % 64 === 0) await new Promise((res) => setImmediate(res));
     }
     await new Promise((res) => setImmediate(res));
-    const elapsed = Date.now() - t0;
 
     expect(escaped).toEqual([]);
     const h = fuzzed.health();
@@ -264,8 +262,6 @@ describe('ingestion fuzzing', () => {
     index.apply(0, { kind: 'cleared' });
     index.apply(1, { kind: 'cleared' });
     expect(index.stats()).toMatchObject({ blocks: 0, pairs: 0 });
-    // Budget ~15 s on 2 shared cores (about 7 s when idle); the vitest timeout below is the hard limit.
-    expect(elapsed).toBeLessThan(40_000);
   }, 60_000);
 
   it('SGLang decoder and flavour-agnostic decode never throw on the same damage', () => {

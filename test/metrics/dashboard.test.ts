@@ -12,6 +12,7 @@ import type { KvEvent } from '../../src/core/types.ts';
 import { dashboardHandler } from '../../src/metrics/dashboard.ts';
 import { RouterMetrics } from '../../src/metrics/registry.ts';
 import { EngineMirror } from '../../src/metrics/scrape.ts';
+import { ensureChromium } from '../fixtures/test-binaries.ts';
 
 const BS = 16;
 
@@ -190,10 +191,9 @@ describe('dashboardHandler', () => {
 
 describe('live dashboard in headless chromium', () => {
   it('loads, draws non-empty charts after traffic, and saves a screenshot', async () => {
-    expect(existsSync('/usr/bin/chromium'), 'chromium missing: apt-get install -y chromium').toBe(true);
     const profile = await mkdtemp(join(tmpdir(), 'kvroute-chromium-'));
     const context = await chromium.launchPersistentContext(profile, {
-      executablePath: '/usr/bin/chromium',
+      executablePath: await ensureChromium(), // shipped by a dev dependency: test/fixtures/test-binaries.ts
       headless: true,
       args: [
         '--headless',

@@ -29,7 +29,7 @@ async function cli(args: string[]) {
   }
 }
 
-// Fixture window (b - a), built to reproduce the motivating production case of REFERENCE section 6:
+// Fixture window (b - a), built to reproduce the motivating production case of docs/protocols.md §6:
 //   histogram (mean of ratios)   320 / 1000             = 0.320
 //   block-weighted               79000 / 100000         = 0.790
 //   engine (mirrored counters)   1227200 / 1600000      = 0.767

@@ -2,10 +2,12 @@
  * The request lifecycle, in the core: pure, synchronous, clock-injected. The HTTP server, the simulator (and later the
  * gateway endpoint picker) are shells around this one object, so a simulated decision is the live one.
  *
- *   submit    eligibility (worker-level filters, evaluated now) -> KvRouter.route (exclude, busy, scorers, picker)
- *             -> dispatch | queue (all busy) | reject (precise reason)
- *   queue     re-evaluated from scratch on every try (a worker that left while a request waited is never picked);
- *             tried when load frees up (first token, finish, failure), when the fleet changes, and on tick()
+ *   submit    token budget of the tenant -> eligibility (worker-level filters, evaluated now) -> KvRouter.route
+ *             (exclude, busy, scorers, picker, session affinity) -> dispatch | queue (all busy) | shed (a sheddable
+ *             band at a saturated fleet) | reject (precise reason; a TTFT deadline that cannot be met is refused early)
+ *   queue     flow control (src/core/dispatch/flow.ts: priority bands, fair queuing across tenants, FCFS or EDF,
+ *             TTL per band), re-evaluated from scratch on every try (a worker that left while a request waited is never
+ *             picked); tried when load frees up (first token, finish, failure), when the fleet changes, and on tick()
  *   failed    the attempt failed before the engine answered: the attempt is taken back ('retried'), the worker's
  *             breaker counts a failure, the request moves to the next best source without that worker (bounded)
  *   finish    delivered cached tokens to the ledger, the breaker's verdict, load freed
@@ -20,7 +22,9 @@ import type { KvKnobs, RouteDecision } from '../types.ts';
 import type { BreakerOptions, BreakerState } from './breaker.ts';
 import { type EligibilityRefusal, eligibility, type WorkerConfig, type WorkerRole, WorkerState } from './fleet.ts';
 import { type PinOptions, PinTable } from './pins.ts';
-import { FifoQueue } from './queue.ts';
+import { TokenBudgets } from './budget.ts';
+import { type FlowItem, type FlowOptions, FlowQueue } from './flow.ts';
+import { type SessionEntry, SessionTable } from './sessions.ts';
 
 export interface DispatchOptions {
   /** Requests allowed to wait while every eligible source is busy; beyond: queue_full. */
@@ -34,7 +38,21 @@ export interface DispatchOptions {
   readonly sweepIntervalMs?: number;
   /** Pins of continued state (stored responses) to the worker holding it. Default 100,000 pins of 1 h. */
   readonly pins?: PinOptions;
+  /** Priority bands, fair queuing across tenants (docs/flow-control.md). Default: one band, fair across tenants. */
+  readonly flow?: FlowOptions;
+  /** Tokens per minute by tenant (`*`: every other tenant); unlimited when absent. */
+  readonly tokenBudgets?: Readonly<Record<string, number>>;
+  /** Session affinity: TTL after last use, table size, and the bounded-load factor. */
+  readonly sessions?: { readonly ttlMs?: number; readonly capacity?: number; readonly loadFactor?: number };
+  /**
+   * Prefill throughput per source for TTFT estimates (tokens per second) before enough first tokens were seen to learn
+   * it; 0 or absent: deadlines are judged only once learned.
+   */
+  readonly prefillTokensPerSecond?: number;
 }
+
+/** Tenant of requests that name none. */
+export const DEFAULT_TENANT = 'default';
 
 export interface Submission {
   readonly requestId: string;
@@ -53,9 +71,35 @@ export interface Submission {
   readonly subset?: ReadonlySet<string>;
   /** The request continues state pinned under this key (a previous_response_id): it goes where the pin says. */
   readonly pinKey?: string;
+  /** Who is asking (the API key's name, or a header); default `default`. */
+  readonly tenant?: string;
+  /** Lower runs first (vLLM's meaning). Default 0. */
+  readonly priority?: number;
+  /** The client's TTFT objective, ms from submission: refused early when it can no longer be met. */
+  readonly sloTtftMs?: number;
+  /** Session id: the request prefers the source its session last used. */
+  readonly sessionId?: string;
 }
 
-export type RefusalCode = EligibilityRefusal | 'queue_full' | 'queue_timeout' | 'upstream_failed' | 'duplicate_request' | 'closed';
+export type RefusalCode =
+  | EligibilityRefusal
+  | 'queue_full'
+  | 'queue_timeout'
+  | 'shed'
+  | 'token_budget_exceeded'
+  | 'deadline_unmeetable'
+  | 'upstream_failed'
+  | 'duplicate_request'
+  | 'closed';
+
+/** What happened to a request's session on this attempt (for metrics and replicas). */
+export interface SessionOutcome {
+  readonly id: string;
+  /** new: first request of the session (or it expired); kept: its source again; moved: elsewhere, `reason` says why. */
+  readonly outcome: 'new' | 'kept' | 'moved';
+  readonly reason?: 'overloaded' | 'unavailable';
+  readonly entry: SessionEntry;
+}
 
 export interface DispatchAttempt {
   readonly kind: 'dispatch';
@@ -72,6 +116,10 @@ export interface DispatchAttempt {
   readonly previousError?: string;
   /** The request followed a pin to this worker. */
   readonly pinned: boolean;
+  readonly tenant: string;
+  /** The request's band (flow control). */
+  readonly band: string;
+  readonly session?: SessionOutcome;
 }
 
 export interface DispatchRefusal {
@@ -81,6 +129,10 @@ export interface DispatchRefusal {
   readonly message: string;
   readonly queuedMs: number;
   readonly attempts: number;
+  readonly tenant: string;
+  readonly band: string;
+  /** When retrying can help: how long to wait, ms. */
+  readonly retryAfterMs?: number;
 }
 
 export interface DispatchFinished {
@@ -98,6 +150,8 @@ export interface FinishReport {
   readonly workerFault?: boolean;
   /** State the engine stored under this key (a response id): later requests naming it are pinned to this worker. */
   readonly pinKey?: string;
+  /** Generated tokens (charged to the tenant's token budget). */
+  readonly outputTokens?: number;
 }
 
 interface Tracked {
@@ -111,15 +165,59 @@ interface Tracked {
   enqueuedAt?: number;
   queuedMs: number;
   worker?: WorkerState;
+  /** The source of the current attempt. */
+  sourceKey?: string;
   lastError?: string;
+  readonly tenant: string;
+  readonly priority: number;
+  readonly band: string;
+  /** Absolute TTFT deadline. */
+  readonly deadline?: number;
+  /** For the prefill-rate estimate: when the attempt was sent, prefill queued ahead of it there, its own prefill. */
+  dispatchedAt?: number;
+  prefillAhead?: number;
+  ownPrefill?: number;
 }
 
-type TryResult = { kind: 'dispatch'; effect: DispatchAttempt } | { kind: 'busy' } | { kind: 'refused'; code: RefusalCode; message: string };
+type TryResult =
+  | { kind: 'dispatch'; effect: DispatchAttempt }
+  | { kind: 'busy' }
+  | { kind: 'refused'; code: RefusalCode; message: string; retryAfterMs?: number };
+
+/** Prefill throughput learned per source from first tokens: an EWMA of tokens per ms. */
+class PrefillRates {
+  private readonly rates = new Map<string, { rate: number; samples: number }>();
+  private fleet = { rate: 0, samples: 0 };
+
+  constructor(private readonly priorPerMs: number) {}
+
+  observe(sourceKey: string, tokens: number, elapsedMs: number): void {
+    if (!(tokens > 0) || !(elapsedMs > 0)) return;
+    const sample = tokens / elapsedMs;
+    const cur = this.rates.get(sourceKey) ?? { rate: sample, samples: 0 };
+    cur.rate = cur.samples === 0 ? sample : 0.8 * cur.rate + 0.2 * sample;
+    cur.samples++;
+    this.rates.set(sourceKey, cur);
+    this.fleet = { rate: this.fleet.samples === 0 ? sample : 0.8 * this.fleet.rate + 0.2 * sample, samples: this.fleet.samples + 1 };
+  }
+
+  /** Tokens per ms for a source (its own, else the fleet's, else the prior); 0 when unknown. */
+  rateOf(sourceKey?: string): number {
+    const own = sourceKey ? this.rates.get(sourceKey) : undefined;
+    if (own && own.samples >= 3) return own.rate;
+    if (this.fleet.samples >= 3) return this.fleet.rate;
+    return this.priorPerMs;
+  }
+}
 
 export class Dispatcher {
   private readonly workerStates = new Map<string, WorkerState>();
   private readonly tracked = new Map<string, Tracked>();
-  private readonly queue = new FifoQueue<string>();
+  private readonly queue: FlowQueue;
+  private readonly budgets: TokenBudgets;
+  readonly sessions: SessionTable;
+  private readonly sessionLoadFactor: number;
+  private readonly rates: PrefillRates;
   private readonly sweepMs: number;
   private nextSweepAt = 0;
   private closed = false;
@@ -131,6 +229,21 @@ export class Dispatcher {
   ) {
     this.sweepMs = options.sweepIntervalMs ?? 10_000;
     this.pins = new PinTable(options.pins ?? { limit: 100_000, ttlMs: 3_600_000 });
+    this.queue = new FlowQueue(options.flow);
+    this.budgets = new TokenBudgets(options.tokenBudgets ?? {});
+    this.sessions = new SessionTable(options.sessions?.ttlMs ?? 600_000, options.sessions?.capacity ?? 100_000);
+    this.sessionLoadFactor = options.sessions?.loadFactor ?? 0.5;
+    this.rates = new PrefillRates((options.prefillTokensPerSecond ?? 0) / 1000);
+  }
+
+  /** The name of the band a priority falls in. */
+  bandOf(priority: number): string {
+    return this.queue.bands[this.queue.bandOf(priority)].name;
+  }
+
+  /** The flow-control bands, in the order they are served. */
+  get bands(): readonly string[] {
+    return this.queue.bands.map((b) => b.name);
   }
 
   // ------------------------------------------------------------------------------------------ the fleet
@@ -219,19 +332,68 @@ export class Dispatcher {
 
   submit(sub: Submission, now: number): DispatchEffect[] {
     const id = sub.requestId;
-    if (this.closed) return [reject(id, 'closed', 'the router is shutting down', 0, 0)];
-    if (this.tracked.has(id)) return [reject(id, 'duplicate_request', `request id "${id}" is already in flight`, 0, 0)];
-    const t: Tracked = { sub, attempts: 0, excluded: new Set(), queuedMs: 0 };
+    const tenant = sub.tenant || DEFAULT_TENANT;
+    const priority = sub.priority ?? 0;
+    const band = this.queue.bands[this.queue.bandOf(priority)];
+    const refuse = (code: RefusalCode, message: string, retryAfterMs?: number): DispatchEffect[] => [
+      {
+        kind: 'reject',
+        requestId: id,
+        code,
+        message,
+        queuedMs: 0,
+        attempts: 0,
+        tenant,
+        band: band.name,
+        ...(retryAfterMs !== undefined ? { retryAfterMs } : {}),
+      },
+    ];
+    if (this.closed) return refuse('closed', 'the router is shutting down');
+    if (this.tracked.has(id)) return refuse('duplicate_request', `request id "${id}" is already in flight`);
+    const promptTokens = sub.promptTokens ?? sub.tokens?.length ?? 0;
+    const budget = this.budgets.admit(tenant, promptTokens, now);
+    if (!budget.ok) {
+      return refuse(
+        'token_budget_exceeded',
+        `tenant "${tenant}" used its budget of ${this.budgets.limitOf(tenant)} tokens per minute; retry later`,
+        budget.retryAfterMs,
+      );
+    }
+    const t: Tracked = {
+      sub,
+      attempts: 0,
+      excluded: new Set(),
+      queuedMs: 0,
+      tenant,
+      priority,
+      band: band.name,
+      ...(sub.sloTtftMs !== undefined ? { deadline: now + sub.sloTtftMs } : {}),
+    };
     this.tracked.set(id, t);
     const r = this.tryRoute(t, now);
-    if (r.kind === 'dispatch') return [r.effect];
+    if (r.kind === 'dispatch') {
+      const late = this.lateBy(t, r.effect, now);
+      if (late === undefined) return [r.effect];
+      this.takeBack(t, now);
+      this.tracked.delete(id);
+      return refuse('deadline_unmeetable', `the TTFT objective of ${sub.sloTtftMs} ms cannot be met (about ${Math.round(late)} ms late)`);
+    }
     if (r.kind === 'refused') {
       this.tracked.delete(id);
-      return [reject(id, r.code, r.message, 0, 0)];
+      return refuse(r.code, r.message, r.retryAfterMs);
+    }
+    // Saturated: shed, refuse a deadline that waiting cannot meet, or wait.
+    if (band.sheddable) {
+      this.tracked.delete(id);
+      return refuse('shed', `the fleet is saturated and band "${band.name}" is sheddable; retry later`, 1000);
+    }
+    if (this.unmeetable(t, now)) {
+      this.tracked.delete(id);
+      return refuse('deadline_unmeetable', `the TTFT objective of ${sub.sloTtftMs} ms cannot be met: every worker is busy`);
     }
     if (this.queue.length >= this.options.queueLimit) {
       this.tracked.delete(id);
-      return [reject(id, 'queue_full', 'all workers are busy and the queue is full', 0, 0)];
+      return refuse('queue_full', 'all workers are busy and the queue is full', 1000);
     }
     this.enqueue(t, now, false);
     return [];
@@ -243,6 +405,7 @@ export class Dispatcher {
     if (!t?.worker) return [];
     const w = t.worker;
     t.worker = undefined;
+    t.sourceKey = undefined;
     w.inFlight = Math.max(0, w.inFlight - 1);
     w.breaker.failure(requestId, now);
     this.router.finish(requestId, { outcome: 'retried' }, now);
@@ -251,14 +414,14 @@ export class Dispatcher {
     const out: DispatchEffect[] = [];
     if (t.attempts > this.options.retries) {
       this.tracked.delete(requestId);
-      out.push(reject(requestId, 'upstream_failed', `upstream failure: ${error}`, t.queuedMs, t.attempts));
+      out.push(this.reject(t, 'upstream_failed', `upstream failure: ${error}`, now));
     } else {
       const r = this.tryRoute(t, now);
       if (r.kind === 'dispatch') out.push(r.effect);
       else if (r.kind === 'busy') this.enqueue(t, now, true);
       else {
         this.tracked.delete(requestId);
-        out.push(reject(requestId, r.code, r.message, t.queuedMs, t.attempts));
+        out.push(this.reject(t, r.code, r.message, now, r.retryAfterMs));
       }
     }
     return this.drain(now, out);
@@ -266,7 +429,12 @@ export class Dispatcher {
 
   /** The first output token arrived: its prefill stops counting as load. */
   firstToken(requestId: string, now: number): DispatchEffect[] {
+    const first = this.router.firstTokenPending(requestId);
     if (!this.router.firstToken(requestId, now)) return [];
+    const t = this.tracked.get(requestId);
+    if (first && t?.worker && t.dispatchedAt !== undefined) {
+      this.rates.observe(t.sourceKey ?? '', (t.prefillAhead ?? 0) + (t.ownPrefill ?? 0), now - t.dispatchedAt);
+    }
     return this.drain(now);
   }
 
@@ -280,6 +448,7 @@ export class Dispatcher {
     else if (report.outcome === 'error' && report.workerFault) w.breaker.failure(requestId, now);
     else w.breaker.success(requestId);
     if (report.outcome === 'ok' && report.pinKey) this.pins.pin(report.pinKey, w.id, now);
+    if (report.outputTokens) this.budgets.charge(t.tenant, report.outputTokens, now);
     const f = this.router.finish(requestId, { outcome: report.outcome, cachedTokens: report.cachedTokens }, now);
     const out: DispatchEffect[] = f ? [{ kind: 'finished', request: f }] : [];
     return this.drain(now, out);
@@ -300,14 +469,14 @@ export class Dispatcher {
     const out: DispatchEffect[] = [];
     for (const q of this.queue.expire(now)) {
       const t = this.tracked.get(q.requestId);
+      if (!t) continue;
       this.tracked.delete(q.requestId);
-      const waited = now - q.enqueuedAt + (t?.queuedMs ?? 0);
-      out.push(
-        reject(q.requestId, 'queue_timeout', `all workers stayed busy for ${this.options.queueTimeoutMs} ms`, waited, t?.attempts ?? 0),
-      );
+      const ttl = q.expiresAt - q.enqueuedAt;
+      out.push(this.reject(t, 'queue_timeout', `all workers stayed busy for ${ttl} ms`, now));
     }
     if (now >= this.nextSweepAt) {
       this.nextSweepAt = now + this.sweepMs;
+      this.sessions.sweep(now);
       for (const id of this.router.sweep(now)) {
         const t = this.tracked.get(id);
         if (!t?.worker) continue;
@@ -321,7 +490,11 @@ export class Dispatcher {
 
   /** When tick() next has work: a queue deadline, a breaker reopening for waiting requests, the sweep. */
   nextWakeAt(now: number): number | undefined {
-    let at = this.queue.earliestDeadline();
+    let at = this.queue.earliestExpiry();
+    for (const q of this.queue.inOrder()) {
+      const d = this.tracked.get(q.requestId)?.deadline;
+      if (d !== undefined && d > now && (at === undefined || d < at)) at = d;
+    }
     if (this.queue.length > 0) {
       for (const w of this.workerStates.values()) {
         const r = w.breaker.reopensAt;
@@ -336,13 +509,18 @@ export class Dispatcher {
   close(now: number): DispatchEffect[] {
     this.closed = true;
     const out: DispatchEffect[] = [];
-    for (const q of [...this.queue.inOrder()]) {
+    for (const q of this.queue.inOrder()) {
       this.queue.remove(q.requestId);
       const t = this.tracked.get(q.requestId);
       this.tracked.delete(q.requestId);
-      out.push(reject(q.requestId, 'closed', 'the router is shutting down', now - q.enqueuedAt, t?.attempts ?? 0));
+      if (t) out.push(this.reject(t, 'closed', 'the router is shutting down', now));
     }
     return out;
+  }
+
+  /** A session entry learned from a peer replica. */
+  rememberSession(sessionId: string, entry: SessionEntry): void {
+    this.sessions.merge(sessionId, entry);
   }
 
   get queueLength(): number {
@@ -355,7 +533,8 @@ export class Dispatcher {
   }
 
   state(now: number): {
-    queue: { length: number; limit: number; timeoutMs: number };
+    queue: { length: number; limit: number; timeoutMs: number; bands: string[]; waiting: ReturnType<FlowQueue['census']> };
+    sessions: number;
     workers: Array<{
       id: string;
       role: WorkerRole;
@@ -365,7 +544,14 @@ export class Dispatcher {
     }>;
   } {
     return {
-      queue: { length: this.queue.length, limit: this.options.queueLimit, timeoutMs: this.options.queueTimeoutMs },
+      queue: {
+        length: this.queue.length,
+        limit: this.options.queueLimit,
+        timeoutMs: this.options.queueTimeoutMs,
+        bands: [...this.bands],
+        waiting: this.queue.census(),
+      },
+      sessions: this.sessions.size,
       workers: this.workers().map((w) => {
         w.breaker.state(now);
         return { id: w.id, role: w.role, healthy: w.healthy, breaker: w.breaker.toJSON(), inFlight: w.inFlight };
@@ -373,14 +559,68 @@ export class Dispatcher {
     };
   }
 
+  /** Waiting requests by band and tenant. */
+  census(): ReturnType<FlowQueue['census']> {
+    return this.queue.census();
+  }
+
   // ------------------------------------------------------------------------------------------ internals
 
-  private enqueue(t: Tracked, now: number, front: boolean): void {
+  private enqueue(t: Tracked, now: number, retry: boolean): void {
     t.enqueuedAt = now;
-    this.queue.push(
-      { requestId: t.sub.requestId, value: t.sub.requestId, enqueuedAt: now, deadline: now + this.options.queueTimeoutMs },
-      front,
-    );
+    const band = this.queue.bands[this.queue.bandOf(t.priority)];
+    const item: FlowItem = {
+      requestId: t.sub.requestId,
+      tenant: t.tenant,
+      priority: t.priority,
+      cost: t.promptTokens ?? t.sub.promptTokens ?? t.sub.tokens?.length ?? 1,
+      enqueuedAt: now,
+      expiresAt: now + (band.ttlMs ?? this.options.queueTimeoutMs),
+      ...(t.deadline !== undefined ? { deadline: t.deadline } : {}),
+      seq: this.queue.nextSeq(),
+    };
+    this.queue.push(item, retry);
+  }
+
+  private reject(t: Tracked, code: RefusalCode, message: string, now: number, retryAfterMs?: number): DispatchRefusal {
+    return {
+      kind: 'reject',
+      requestId: t.sub.requestId,
+      code,
+      message,
+      queuedMs: t.queuedMs + (t.enqueuedAt !== undefined ? now - t.enqueuedAt : 0),
+      attempts: t.attempts,
+      tenant: t.tenant,
+      band: t.band,
+      ...(retryAfterMs !== undefined ? { retryAfterMs } : {}),
+    };
+  }
+
+  /** Undoes a dispatch the dispatcher itself decided against (a deadline the pick cannot meet). */
+  private takeBack(t: Tracked, now: number): void {
+    const w = t.worker;
+    if (!w) return;
+    t.worker = undefined;
+    w.inFlight = Math.max(0, w.inFlight - 1);
+    w.breaker.release(t.sub.requestId);
+    this.router.finish(t.sub.requestId, { outcome: 'retried' }, now);
+  }
+
+  /** By how much the attempt's estimated first token misses the request's deadline (undefined: it makes it, or unknown). */
+  private lateBy(t: Tracked, a: DispatchAttempt, now: number): number | undefined {
+    if (t.deadline === undefined) return undefined;
+    const rate = this.rates.rateOf(a.decision.sourceKey);
+    if (!(rate > 0)) return undefined;
+    const eta = now + ((t.prefillAhead ?? 0) + (t.ownPrefill ?? 0)) / rate;
+    return eta > t.deadline ? eta - t.deadline : undefined;
+  }
+
+  /** A request that must wait: even on an idle worker its own prefill would finish after its deadline. */
+  private unmeetable(t: Tracked, now: number): boolean {
+    if (t.deadline === undefined) return false;
+    if (now >= t.deadline) return true;
+    const rate = this.rates.rateOf();
+    return rate > 0 && now + (t.promptTokens ?? 0) / rate > t.deadline;
   }
 
   /** The whole pipeline for one try, at this moment: worker filters, then the router's filters, scorers and picker. */
@@ -390,6 +630,7 @@ export class Dispatcher {
     const pinned = sub.pinKey !== undefined ? this.pins.lookup(sub.pinKey, now) : undefined;
     const el = eligibility(this.workerStates.values(), { model: sub.model, roles: sub.roles, subset: sub.subset, pinned }, now);
     if (el.kind === 'ineligible') return { kind: 'refused', code: el.reason, message: el.message };
+    const preferred = sub.sessionId ? this.sessions.get(sub.sessionId, now) : undefined;
     const result = this.router.route(
       {
         requestId: sub.requestId,
@@ -402,6 +643,7 @@ export class Dispatcher {
         knobs: sub.knobs,
         allow: el.allow,
         exclude: t.excluded,
+        ...(preferred ? { prefer: { sourceKey: preferred, loadFactor: this.sessionLoadFactor } } : {}),
       },
       now,
     );
@@ -420,12 +662,23 @@ export class Dispatcher {
     t.seqHashes = result.seqHashes;
     t.promptTokens = result.promptTokens;
     t.worker = w;
+    t.sourceKey = result.sourceKey;
+    t.dispatchedAt = now;
+    t.prefillAhead = result.candidates[0]?.activePrefillTokens ?? 0;
+    t.ownPrefill = Math.max(0, result.promptTokens - result.overlapBlocks * this.router.blockSize);
     w.inFlight++;
     const trial = w.breaker.reserve(sub.requestId, now);
     const attempt = t.attempts++;
     const queuedMs = t.queuedMs + (t.enqueuedAt !== undefined ? now - t.enqueuedAt : 0);
     t.queuedMs = queuedMs;
     t.enqueuedAt = undefined;
+    let session: SessionOutcome | undefined;
+    if (sub.sessionId) {
+      const entry = this.sessions.set(sub.sessionId, result.sourceKey, now);
+      const outcome = preferred === undefined ? 'new' : preferred === result.sourceKey ? 'kept' : 'moved';
+      const reason = outcome === 'moved' && result.affinity !== 'kept' ? result.affinity : undefined;
+      session = { id: sub.sessionId, outcome, ...(reason ? { reason } : {}), entry };
+    }
     return {
       kind: 'dispatch',
       effect: {
@@ -437,35 +690,44 @@ export class Dispatcher {
         trial,
         queuedMs,
         pinned: pinned !== undefined,
+        tenant: t.tenant,
+        band: t.band,
         ...(attempt > 0 && t.lastError ? { previousError: t.lastError } : {}),
+        ...(session ? { session } : {}),
       },
     };
   }
 
-  /** Tries the queue in order while the head routes; requests that can no longer be served are refused. */
+  /**
+   * Offers freed capacity to waiting requests in flow-control order; a pass stops at the first that is still busy (it
+   * keeps its place: nothing behind it overtakes). Requests that can no longer be served, or can no longer meet their
+   * deadline, are refused.
+   */
   private drain(now: number, out: DispatchEffect[] = []): DispatchEffect[] {
-    const items = this.queue.inOrder();
-    const i = 0;
-    while (i < items.length) {
-      const item = items[i];
+    if (this.queue.length === 0) return out;
+    for (const item of this.queue.inOrder()) {
       const t = this.tracked.get(item.requestId);
       if (!t) {
         this.queue.remove(item.requestId);
         continue;
       }
-      const r = this.tryRoute(t, now);
-      if (r.kind === 'busy') break; // strict FIFO: the head waits, and so does everyone behind it
-      this.queue.remove(item.requestId);
-      if (r.kind === 'dispatch') out.push(r.effect);
-      else {
+      if (this.unmeetable(t, now)) {
+        this.queue.remove(item.requestId);
         this.tracked.delete(item.requestId);
-        out.push(reject(item.requestId, r.code, r.message, t.queuedMs + (now - item.enqueuedAt), t.attempts));
+        out.push(this.reject(t, 'deadline_unmeetable', `the TTFT objective of ${t.sub.sloTtftMs} ms can no longer be met`, now));
+        continue;
+      }
+      const r = this.tryRoute(t, now);
+      if (r.kind === 'busy') break;
+      this.queue.remove(item.requestId);
+      if (r.kind === 'dispatch') {
+        this.queue.dispatched(item);
+        out.push(r.effect);
+      } else {
+        this.tracked.delete(item.requestId);
+        out.push(this.reject(t, r.code, r.message, now, r.retryAfterMs));
       }
     }
     return out;
   }
-}
-
-function reject(requestId: string, code: RefusalCode, message: string, queuedMs: number, attempts: number): DispatchRefusal {
-  return { kind: 'reject', requestId, code, message, queuedMs, attempts };
 }

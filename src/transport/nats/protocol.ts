@@ -296,7 +296,15 @@ export type LoadMessage =
     }
   | { readonly kind: 'first_token' | 'finished'; readonly replica: string; readonly requestId: string }
   /** Liveness; `hello` also asks peers to re-announce their requests in flight (a replica just started). */
-  | { readonly kind: 'heartbeat' | 'hello' | 'bye'; readonly replica: string };
+  | { readonly kind: 'heartbeat' | 'hello' | 'bye'; readonly replica: string }
+  /** A session now pinned to a source until `expiresAt` (ms since the epoch): replicas keep one session table. */
+  | {
+      readonly kind: 'session';
+      readonly replica: string;
+      readonly sessionId: string;
+      readonly sourceKey: string;
+      readonly expiresAt: number;
+    };
 
 export function encodeLoad(m: LoadMessage): Uint8Array {
   switch (m.kind) {
@@ -306,6 +314,8 @@ export function encodeLoad(m: LoadMessage): Uint8Array {
       return packr.pack(['t', m.replica, m.requestId]);
     case 'finished':
       return packr.pack(['f', m.replica, m.requestId]);
+    case 'session':
+      return packr.pack(['s', m.replica, m.sessionId, m.sourceKey, m.expiresAt]);
     default:
       return packr.pack([m.kind === 'heartbeat' ? 'h' : m.kind === 'hello' ? 'hi' : 'bye', m.replica]);
   }
@@ -330,6 +340,9 @@ export function decodeLoad(data: Uint8Array): LoadMessage | null {
     case 't':
     case 'f':
       return typeof w[2] === 'string' ? { kind: w[0] === 't' ? 'first_token' : 'finished', replica, requestId: w[2] } : null;
+    case 's':
+      if (typeof w[2] !== 'string' || typeof w[3] !== 'string' || typeof w[4] !== 'number' || !Number.isFinite(w[4])) return null;
+      return { kind: 'session', replica, sessionId: w[2], sourceKey: w[3], expiresAt: w[4] };
     case 'h':
       return { kind: 'heartbeat', replica };
     case 'hi':

@@ -60,6 +60,8 @@ export interface ReplicaOptions {
   readonly now?: () => number;
   /** Registry changes, for the server to add or drop the worker's HTTP endpoint. `entry` null: the worker left. */
   readonly onWorker?: (workerId: string, entry: WorkerEntry | null) => void;
+  /** A peer pinned a session to a source (session affinity shared across replicas). */
+  readonly onSession?: (sessionId: string, sourceKey: string, expiresAt: number) => void;
 }
 
 export interface ReplicaStats {
@@ -522,6 +524,11 @@ export class NatsReplica {
   }
 
   /** Generic form of routed / firstToken / finished. */
+  /** Tells the peers where a session is pinned now. */
+  publishSession(sessionId: string, sourceKey: string, expiresAt: number): void {
+    this.publish({ kind: 'session', replica: this.replicaId, sessionId, sourceKey, expiresAt });
+  }
+
   publishLifecycle(m: LoadMessage): void {
     if (m.kind === 'added') this.local.set(m.requestId, m);
     else if (m.kind === 'finished') this.local.delete(m.requestId);
@@ -571,6 +578,9 @@ export class NatsReplica {
         if (peer.requests.delete(id)) this.router.finish(id, {}, now);
         break;
       }
+      case 'session':
+        this.opts.onSession?.(m.sessionId, m.sourceKey, m.expiresAt);
+        break;
       case 'hello':
         for (const a of this.local.values()) this.publish(a);
         break;
