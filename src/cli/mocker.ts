@@ -141,7 +141,9 @@ export function registerMocker(program: Command): void {
     .summary('run a mock vLLM engine (OpenAI API, prefix cache, KV events over ZMQ, vLLM metrics), no GPU needed')
     .description(
       'Run a mock vLLM engine that behaves and speaks like vLLM: OpenAI-compatible HTTP API (/v1/completions, ' +
-        '/v1/chat/completions with SSE streaming and usage.prompt_tokens_details.cached_tokens, /v1/models, /tokenize, ' +
+        '/v1/chat/completions with SSE streaming and usage.prompt_tokens_details.cached_tokens, their /render endpoints, ' +
+        '/v1/responses with stored responses, Anthropic /v1/messages and /v1/messages/count_tokens, /v1/embeddings, ' +
+        '/pooling, /score, /rerank, /v1/models, /tokenize, ' +
         '/detokenize, /health, /metrics with vLLM metric names, /load), a paged prefix cache with LRU eviction, a ' +
         'continuous-batching scheduler with chunked prefill and preemption, a step timing model, and vLLM KV-cache events ' +
         '(3-frame ZMQ PUB messages, msgpack) with a replay ROUTER socket. Output tokens are deterministic per prompt.\n\n' +

@@ -31,6 +31,7 @@ import {
   withDefault,
 } from './settings.ts';
 import { LOG_LEVELS } from './parsers.ts';
+import { OTLP_PROTOCOLS, TRACE_SAMPLERS } from '../server/tracing.ts';
 import { BAND_SPEC_GRAMMAR, bandSchema, numberMapSchema } from './flow-spec.ts';
 import { WORKER_SPEC_GRAMMAR, workerSchema } from './worker-spec.ts';
 
@@ -212,11 +213,32 @@ export const serveSchema = z.strictObject({
     help: 'tokenize in a worker thread (1) so long prompts never block streaming, or inline (0)',
     group: G.tokenizer,
   }),
+  tokenizerMode: optional(choice(['local', 'render', 'remote'] as const), {
+    flag: '--tokenizer-mode <mode>',
+    env: 'KVROUTE_TOKENIZER_MODE',
+    help:
+      "routing tokens from: local (--tokenizer's files), render (the engine's /v1/chat/completions/render and " +
+      "/v1/completions/render: its exact ids), remote (the engine's /tokenize); default local with --tokenizer, else remote " +
+      '(unless --no-remote-tokenize)',
+    group: G.tokenizer,
+  }),
   remoteTokenize: withDefault(flag(), true, {
     flag: '--no-remote-tokenize',
     env: 'KVROUTE_REMOTE_TOKENIZE',
     help: "without --tokenizer, do not ask the worker's POST /tokenize (route chat/text prompts without prefix affinity)",
     group: G.tokenizer,
+  }),
+  responsePinLimit: withDefault(integer({ min: 0 }), 100_000, {
+    flag: '--response-pin-limit <n>',
+    env: 'KVROUTE_RESPONSE_PIN_LIMIT',
+    help: 'stored responses remembered with the worker holding them (previous_response_id goes there); 0 disables pinning',
+    group: G.routing,
+  }),
+  responsePinTtlMs: withDefault(ms(1), 3_600_000, {
+    flag: '--response-pin-ttl-ms <ms>',
+    env: 'KVROUTE_RESPONSE_PIN_TTL_MS',
+    help: 'how long a stored response stays pinned to its worker',
+    group: G.routing,
   }),
   adminToken: optional(text(), {
     flag: '--admin-token <token>',
@@ -366,6 +388,36 @@ export const serveSchema = z.strictObject({
     flag: '--log-level <level>',
     env: 'KVROUTE_LOG_LEVEL',
     help: 'log level',
+    group: G.observability,
+  }),
+  otlpEndpoint: optional(text(), {
+    flag: '--otlp-endpoint <url>',
+    env: 'KVROUTE_OTLP_ENDPOINT',
+    help: 'send OpenTelemetry traces to this OTLP/HTTP collector (base URL; /v1/traces is added); default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT, else tracing is off',
+    group: G.observability,
+  }),
+  otlpProtocol: optional(choice(OTLP_PROTOCOLS), {
+    flag: '--otlp-protocol <protocol>',
+    env: 'KVROUTE_OTLP_PROTOCOL',
+    help: 'OTLP encoding; default: OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf',
+    group: G.observability,
+  }),
+  otelServiceName: optional(text(), {
+    flag: '--otel-service-name <name>',
+    env: 'KVROUTE_OTEL_SERVICE_NAME',
+    help: 'service.name of the traces; default: OTEL_SERVICE_NAME, else kvroute',
+    group: G.observability,
+  }),
+  otelTracesSampler: optional(choice(TRACE_SAMPLERS), {
+    flag: '--otel-traces-sampler <name>',
+    env: 'KVROUTE_OTEL_TRACES_SAMPLER',
+    help: 'trace sampler; default: OTEL_TRACES_SAMPLER, else parentbased_always_on',
+    group: G.observability,
+  }),
+  otelTracesSamplerArg: optional(number({ min: 0, max: 1 }), {
+    flag: '--otel-traces-sampler-arg <ratio>',
+    env: 'KVROUTE_OTEL_TRACES_SAMPLER_ARG',
+    help: 'ratio of the traceidratio samplers; default: OTEL_TRACES_SAMPLER_ARG, else 1',
     group: G.observability,
   }),
   nats: optional(list(z.string().min(1), { accepts: 'NATS server URLs separated by commas' }), {

@@ -9,7 +9,8 @@
  * Per-request series carry one label, `worker` (the router's source key); overall values are `sum without (worker)`.
  * A per-instance Registry keeps tests and several routers in one process from colliding on the global one.
  */
-import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import { type IntervalHistogram, monitorEventLoopDelay } from 'node:perf_hooks';
+import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
 import { emptyTotals, type ReuseTotals } from '../core/ledger.ts';
 import type { FinishedRequest, KvRouter } from '../core/router.ts';
 import type { ApplyResult, RouteDecision } from '../core/types.ts';
@@ -42,6 +43,8 @@ export interface RouterMetricsOptions {
   readonly router: KvRouter;
   /** Cap on distinct `worker` label values; later workers share the label `_other` (bounded cardinality). */
   readonly maxWorkerLabels?: number;
+  /** Window of the dashboard's event-loop delay figures, ms. Default 5 s. */
+  readonly eventLoopWindowMs?: number;
 }
 
 interface EventTotals {
@@ -114,6 +117,12 @@ export class RouterMetrics {
   private readonly replays: Counter<'worker'>;
   private readonly resets: Counter<'worker'>;
   private readonly decodeErrors: Counter<'worker'>;
+  private readonly apiRequests: Counter<'api'>;
+  private readonly passthroughRequests: Counter<'path' | 'status'>;
+  // Event-loop delay for the dashboard: the last complete window's figures (the process metrics have it cumulatively).
+  private readonly loopDelay: IntervalHistogram;
+  private loopWindow: EventLoopLag = { meanMs: Number.NaN, p99Ms: Number.NaN, maxMs: Number.NaN, windowS: 0 };
+  private readonly loopTimer: NodeJS.Timeout;
 
   constructor(opts: RouterMetricsOptions) {
     this.router = opts.router;
@@ -128,6 +137,29 @@ export class RouterMetrics {
     const p = this.prefix;
     const registers = [registry];
     const w = ['worker'] as const;
+    // The standard process and Node.js series (resident memory, heap, handles, event-loop lag, GC), with our prefix.
+    collectDefaultMetrics({ register: registry, prefix: p, eventLoopMonitoringPrecision: 10 });
+    this.apiRequests = new Counter({
+      name: `${p}router_api_requests_total`,
+      help: 'Routed requests accepted for routing, by API (chat, completions, responses, messages, embeddings, pooling, score, rerank).',
+      labelNames: ['api'],
+      registers,
+    });
+    this.passthroughRequests = new Counter({
+      name: `${p}router_passthrough_requests_total`,
+      help: 'Requests passed through to a worker without routing (/tokenize, /detokenize, other engine paths), by path and status.',
+      labelNames: ['path', 'status'],
+      registers,
+    });
+    this.loopDelay = monitorEventLoopDelay({ resolution: 10 });
+    this.loopDelay.enable();
+    const windowMs = opts.eventLoopWindowMs ?? 5000;
+    this.loopTimer = setInterval(() => {
+      const h = this.loopDelay;
+      this.loopWindow = { meanMs: h.mean / 1e6, p99Ms: h.percentile(99) / 1e6, maxMs: h.max / 1e6, windowS: windowMs / 1000 };
+      h.reset();
+    }, windowMs);
+    this.loopTimer.unref();
 
     this.hitRate = new Histogram({
       name: `${p}router_kv_hit_rate`,
@@ -574,6 +606,22 @@ export class RouterMetrics {
     return this.registry.metrics();
   }
 
+  /** A request accepted by one of the routed APIs. */
+  apiRequest(api: string): void {
+    this.apiRequests.inc({ api });
+  }
+
+  /** A pass-through answered; `path` must come from a bounded set (the caller maps the rest to "other"). */
+  passthrough(path: string, status: number): void {
+    this.passthroughRequests.inc({ path, status: String(status) });
+  }
+
+  /** Stops the event-loop monitor. */
+  stop(): void {
+    clearInterval(this.loopTimer);
+    this.loopDelay.disable();
+  }
+
   /**
    * Cumulative totals for the live dashboard (GET /dashboard/data.json). The page differences successive polls, so
    * this stays stateless and cheap: plain numbers, no histogram buckets.
@@ -616,9 +664,18 @@ export class RouterMetrics {
       outcomes: Object.fromEntries(this.outcomes),
       refusals: Object.fromEntries(this.refusals),
       events: { ...events, blindSources: [...this.blind.values()].filter(Boolean).length },
+      eventLoop: { ...this.loopWindow },
       workers,
     };
   }
+}
+
+/** Event-loop delay over the last window (NaN until the first window closes). */
+export interface EventLoopLag {
+  meanMs: number;
+  p99Ms: number;
+  maxMs: number;
+  windowS: number;
 }
 
 export interface DashboardState {
@@ -636,6 +693,7 @@ export interface DashboardState {
   outcomes: Record<string, number>;
   refusals: Record<string, number>;
   events: EventTotals & { blindSources: number };
+  eventLoop: EventLoopLag;
   workers: Record<
     string,
     {

@@ -8,6 +8,7 @@ import type { AddressInfo } from 'node:net';
 import { readBody } from '../http/body.ts';
 import { HttpError, sendError, type ErrorType } from '../http/errors.ts';
 import { parseJsonBody, requireObject } from '../openai/request.ts';
+import { sendAnthropicError } from '../anthropic/messages.ts';
 
 /** Request bodies past this are refused (413): token-id prompts of a long context fit many times over. */
 const BODY_LIMIT_BYTES = 64 << 20;
@@ -51,11 +52,14 @@ export class MockHttpServer {
     private readonly routes: Routes,
     /** Every error answer, after conversion (the bad-request counter). */
     private readonly onError: (err: HttpError) => void,
+    /** Every request, before it is handled. */
+    private readonly onRequest: (req: IncomingMessage) => void = () => {},
   ) {}
 
   private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const url = (req.url ?? '/').split('?')[0];
     const method = req.method ?? 'GET';
+    this.onRequest(req);
     try {
       const get = method === 'GET' ? this.routes.get[url] : undefined;
       if (get) return await get(req, res);
@@ -66,7 +70,9 @@ export class MockHttpServer {
     } catch (err) {
       const e = asVllmError(err);
       this.onError(e);
-      sendError(res, e);
+      // vLLM's Anthropic endpoints answer errors in Anthropic's shape.
+      if (url === '/v1/messages' || url.startsWith('/v1/messages/')) sendAnthropicError(res, e);
+      else sendError(res, e);
     }
   }
 

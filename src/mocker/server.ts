@@ -10,7 +10,7 @@ import { EngineMetrics } from './metrics.ts';
 import { MockEngine, type EngineConfig } from './engine/index.ts';
 import { FaultInjector } from './faults.ts';
 import { MockHttpServer, type PostHandler } from './http.ts';
-import { OpenAiSurface } from './openai.ts';
+import { GENERATION_ROUTES, OpenAiSurface } from './openai.ts';
 import { MockPd } from './pd.ts';
 import { Rank, RankLoop } from './rank-loop.ts';
 import { loadHfTokenizer, SimpleTokenizer, type MockTokenizer } from './tokenizer.ts';
@@ -34,6 +34,7 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
     droppedBatches: 0,
     replayRequests: 0,
     sendErrors: 0,
+    traceparents: [],
   };
   const faults = new FaultInjector(options.faults, options.seed ?? 12345, stats);
   // Checked before anything is loaded or bound: a port clash is a start-up error, not a half-started instance.
@@ -117,13 +118,20 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
       },
       post: {
         ...surface.post,
-        '/v1/completions': counted(surface.post['/v1/completions']),
-        '/v1/chat/completions': counted(surface.post['/v1/chat/completions']),
+        ...Object.fromEntries(GENERATION_ROUTES.map((r) => [r, counted(surface.post[r])])),
         '/fault': (_req, res, body) => faults.handle(res, body, { restart, die }),
       },
     },
     (err) => {
       if (err.status === 400) stats.badRequests++;
+    },
+    (req) => {
+      // The W3C trace context a router sent (tests check the engine saw the router's trace).
+      const tp = req.headers.traceparent;
+      if (typeof tp === 'string') {
+        stats.traceparents.push(tp);
+        if (stats.traceparents.length > 256) stats.traceparents.shift();
+      }
     },
   );
 

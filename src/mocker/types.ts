@@ -69,6 +69,8 @@ export interface MockerStats {
   droppedBatches: number;
   replayRequests: number;
   sendErrors: number;
+  /** `traceparent` headers of the last requests that carried one (newest last, at most 256). */
+  traceparents: string[];
 }
 
 export interface MockerHandle {

@@ -184,7 +184,8 @@ export interface ParsedRequest {
 
 const KNOB_NAMES = ['prefillLoadScale', 'overlapCredit', 'temperature'] as const;
 
-function parseKvrouteField(body: Record<string, unknown>): { policy?: string; knobs?: Partial<KvKnobs> } {
+/** The router's own `kvroute` field of any API's body: a policy and knob overrides for this request. */
+export function parseKvrouteField(body: Record<string, unknown>): { policy?: string; knobs?: Partial<KvKnobs> } {
   const ours = optionalObject(body, 'kvroute');
   if (!ours) return {};
   let policy: string | undefined;
@@ -259,5 +260,12 @@ export function upstreamBody(req: ParsedRequest, raw?: string): string {
     const prev = isObject(rest.stream_options) ? rest.stream_options : {};
     rest.stream_options = { ...prev, include_usage: true };
   }
+  return JSON.stringify(rest);
+}
+
+/** Any API's body without kvroute's own field; the client's bytes when it has none (re-serialising costs time). */
+export function withoutKvroute(body: Record<string, unknown>, raw: string): string {
+  if (!('kvroute' in body)) return raw;
+  const { kvroute: _ours, ...rest } = body;
   return JSON.stringify(rest);
 }

@@ -3,7 +3,8 @@
  * their probes, KV event ingestion, tokenizer, metrics) and the HTTP listeners, and wires them; each part lives in its
  * own module:
  *
- *   inference.ts  POST /v1/chat/completions, /v1/completions    proxy.ts     one attempt on one worker (SSE relay)
+ *   inference.ts  every routed API (apis/: one adapter each)      proxy.ts     one attempt on one worker (SSE relay)
+ *   passthrough.ts /tokenize, /detokenize, other /v1/* paths     tracing.ts   OpenTelemetry spans (off by default)
  *   lifecycle.ts  the dispatcher's effects -> HTTP handlers      workers.ts   pools, health probes, model discovery
  *   admin.ts      /admin/workers, /debug/state authorization     events.ts    KV events -> index, stream health -> metrics
  *   refusals.ts   a refusal -> status, error, Retry-After
@@ -27,7 +28,11 @@ import type { EngineMirror } from '../metrics/scrape.ts';
 import { LocalTokenizer } from '../tokenizer/local.ts';
 import { RemoteTokenizer } from '../tokenizer/remote.ts';
 import { inlineTokenizer, type TokenizerService, threadTokenizer } from '../tokenizer/service.ts';
+import { sendAnthropicError } from '../anthropic/messages.ts';
 import { authorizeDebug, handleAdmin } from './admin.ts';
+import { anthropicPath, ROUTED_PATHS } from './apis/index.ts';
+import { handlePassthrough, passthroughPath } from './passthrough.ts';
+import { NO_TRACE, type RequestTrace, type RequestTracer, startTracing, tracingConfig } from './tracing.ts';
 import type { ServeConfig } from '../config/serve.ts';
 import { ServerEvents } from './events.ts';
 import { handleInference, type InferenceContext, type RecentDecision } from './inference.ts';
@@ -73,6 +78,8 @@ export interface StartOptions {
   readonly security?: Security;
   /** False while the router is not ready to route (a NATS replica loading its snapshot): /health answers 503. */
   readonly readiness?: () => boolean;
+  /** Where OTEL_* variables are read (default: process.env). */
+  readonly env?: Readonly<Record<string, string | undefined>>;
 }
 
 async function buildSecurity(config: ServeConfig, log: Logger): Promise<Security> {
@@ -110,17 +117,23 @@ function listen(server: Server, port: number, host: string): Promise<string> {
   });
 }
 
-/** Answers a handler's failure in the OpenAI error shape; anything that is not an HttpError is our bug. */
-function answerError(req: IncomingMessage, res: ServerResponse, err: unknown, log: Logger): void {
+/**
+ * Answers a handler's failure in the path's error shape (OpenAI's, or Anthropic's on /v1/messages); anything that is
+ * not an HttpError is our bug. Returns the status answered.
+ */
+function answerError(req: IncomingMessage, res: ServerResponse, err: unknown, log: Logger): number {
+  const path = (req.url ?? '/').split('?')[0];
+  const send = anthropicPath(path) ? sendAnthropicError : sendError;
   if (err instanceof HttpError) {
     if (err.status >= 500) log.warn({ status: err.status, code: err.code }, err.message);
     if (!req.complete && err.status !== 413) req.resume(); // an unread body must not stall the connection
-    sendError(res, err);
+    send(res, err);
     if (err.status === 413) req.destroy();
-    return;
+    return err.status;
   }
   log.error({ err }, 'unhandled error in request');
-  sendError(res, new HttpError(500, 'internal router error', 'server_error', 'internal_error'));
+  send(res, new HttpError(500, 'internal router error', 'server_error', 'internal_error'));
+  return 500;
 }
 
 export async function startServer(config: ServeConfig, options: StartOptions = {}): Promise<RunningServer> {
@@ -145,12 +158,16 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     queueTimeoutMs: config.queueTimeoutMs,
     retries: config.retries,
     breaker: { threshold: config.breakerThreshold, cooldownMs: config.breakerCooldownMs },
+    pins: { limit: config.responsePinLimit, ttlMs: config.responsePinTtlMs },
     flow: { bands: config.bands, order: config.queueOrder, weights: config.tenantWeights },
     tokenBudgets: config.tenantTokenBudgets,
     sessions: { ttlMs: config.sessionTtlMs, loadFactor: config.sessionLoadFactor },
     prefillTokensPerSecond: config.prefillTokensPerSecond,
     pd: { minUncachedTokens: config.disaggMinUncachedTokens },
   });
+  const traceConfig = tracingConfig(config, options.env ?? process.env);
+  const tracer: RequestTracer | null = traceConfig ? await startTracing(traceConfig) : null;
+  if (traceConfig) log.info({ url: traceConfig.url, protocol: traceConfig.protocol, sampler: traceConfig.sampler }, 'tracing to OTLP');
   const metrics = new RouterMetrics({ router, prefix: config.metricsPrefix });
   const flowMetrics = new FlowMetrics(metrics.registry, metrics.prefix, () => dispatcher.census(), [
     ...Object.keys(config.tenantWeights ?? {}),
@@ -164,8 +181,13 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
   );
   metrics.setDecodeSources((key) => dispatcher.worker(parseSourceKey(key).workerId)?.role === 'decode');
   const lifecycle = new Lifecycle(dispatcher, metrics, flowMetrics, log);
-  const tokenizer = await buildTokenizer(config, options, log);
-  const remote = config.remoteTokenize ? new RemoteTokenizer() : null;
+  // --tokenizer-mode: local needs --tokenizer; render and remote ask the engines (and ignore local files).
+  const mode = config.tokenizerMode ?? (config.tokenizerDir || options.tokenizer ? 'local' : config.remoteTokenize ? 'remote' : null);
+  if (mode === 'local' && !config.tokenizerDir && !options.tokenizer) {
+    throw new Error("--tokenizer-mode local needs --tokenizer <dir> (the model's tokenizer.json and tokenizer_config.json)");
+  }
+  const tokenizer = mode === 'local' ? await buildTokenizer(config, options, log) : null;
+  const remote = mode === 'render' || mode === 'remote' ? new RemoteTokenizer({ mode: mode === 'render' ? 'render' : 'tokenize' }) : null;
   const events = new ServerEvents(router, metrics, log, config.blockSize);
 
   const workers = new WorkerSet(
@@ -237,7 +259,10 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       queue: dispatcher.state(now).queue,
       flow: { outcomes: Object.fromEntries(flowMetrics.totals.byOutcome), sessions: flowMetrics.totals.sessions },
       inFlight,
-      tokenizer: tokenizer ? { local: true, mode: tokenizer.kind, ...(await tokenizer.info().catch(() => ({}))) } : { local: false },
+      tokenizer: tokenizer
+        ? { local: true, mode: tokenizer.kind, ...(await tokenizer.info().catch(() => ({}))) }
+        : { local: false, mode: remote?.mode ?? null, calls: remote?.calls, failures: remote?.failures, cache: remote?.cacheInfo },
+      pins: { size: dispatcher.pins.size, evicted: dispatcher.pins.evicted, expired: dispatcher.pins.expired },
       recentDecisions: recent,
     };
   }
@@ -254,26 +279,48 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
   }
 
   const separateMetrics = config.metricsPort !== undefined;
+  const passthrough = { config, dispatcher, workers, metrics, log };
+  const shuttingDown = () =>
+    new HttpError(503, 'the router is shutting down', 'service_unavailable', 'shutting_down', null, { 'retry-after': '1' });
 
-  async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+  /** The engine-facing paths: routed APIs and pass-throughs, behind the API keys and the rate limit. */
+  async function handleApi(
+    req: IncomingMessage,
+    res: ServerResponse,
+    url: string,
+    path: string,
+    t0: number,
+    trace: RequestTrace,
+  ): Promise<boolean> {
+    const api = req.method === 'POST' ? ROUTED_PATHS.get(path) : undefined;
+    const isModels = req.method === 'GET' && path === '/v1/models';
+    const other = !api && !isModels && !ROUTED_PATHS.has(path) && passthroughPath(req.method, path);
+    // Every engine-facing path is behind the keys, whatever the method (a wrong method is nobody's business unauthenticated).
+    if (api || isModels || other || ROUTED_PATHS.has(path) || path.startsWith('/v1/')) {
+      const denied = guard.checkApi(req);
+      if (denied) throw toHttpError(denied);
+    }
+    if (!api && !isModels && !other) return false;
+    if (isModels) {
+      sendJson(res, 200, { object: 'list', data: workers.models() });
+      return true;
+    }
+    if (closing) throw shuttingDown();
+    if (api) {
+      metrics.apiRequest(api.name);
+      await handleInference(inference, api, path, req, res, t0, trace);
+    } else await handlePassthrough(passthrough, req, res, url, path, trace);
+    return true;
+  }
+
+  async function handle(req: IncomingMessage, res: ServerResponse, trace: RequestTrace): Promise<void> {
     const t0 = performance.now();
     const url = req.url ?? '/';
     const q = url.indexOf('?');
     const path = q >= 0 ? url.slice(0, q) : url;
-    if (path.startsWith('/v1/')) {
-      const denied = guard.checkApi(req);
-      if (denied) throw toHttpError(denied);
-    }
-    if (req.method === 'POST' && (path === '/v1/chat/completions' || path === '/v1/completions')) {
-      if (closing) {
-        throw new HttpError(503, 'the router is shutting down', 'service_unavailable', 'shutting_down', null, { 'retry-after': '1' });
-      }
-      return handleInference(inference, path === '/v1/chat/completions' ? 'chat' : 'completions', req, res, t0);
-    }
+    if (await handleApi(req, res, url, path, t0, trace)) return;
     if (req.method === 'GET') {
       switch (path) {
-        case '/v1/models':
-          return sendJson(res, 200, { object: 'list', data: workers.models() });
         case '/health': {
           if (options.readiness && !options.readiness()) {
             return sendJson(res, 503, { status: 'starting', healthyWorkers: 0, workers: workers.list().length });
@@ -292,7 +339,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     }
     if (path.startsWith('/admin/')) return handleAdmin(admin, req, res, path);
     if (!separateMetrics && (await serveObservability(req, res, path))) return;
-    if (path === '/v1/chat/completions' || path === '/v1/completions' || path === '/v1/models') {
+    if (ROUTED_PATHS.has(path) || path === '/tokenize' || path === '/detokenize') {
       throw new HttpError(405, `method ${req.method} not allowed on ${path}`, 'invalid_request_error', 'method_not_allowed');
     }
     throw new HttpError(404, `no route ${req.method} ${path}`, 'not_found_error', 'not_found');
@@ -315,7 +362,22 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       };
       res.on('close', done);
       res.on('finish', done);
-      handle(req, res).catch((err: unknown) => answerError(req, res, err, log));
+      const path = (req.url ?? '/').split('?')[0];
+      // A span per engine-facing request (routed or passed through); the router's own pages are not traced.
+      const traced =
+        tracer && ((req.method === 'POST' && ROUTED_PATHS.has(path)) || (path !== '/v1/models' && passthroughPath(req.method, path)));
+      const trace = traced
+        ? tracer.request(`${req.method} ${ROUTED_PATHS.has(path) ? path : 'passthrough'}`, req.headers, {
+            'http.request.method': req.method ?? 'GET',
+            'url.path': path,
+            'kvroute.api': ROUTED_PATHS.get(path)?.name ?? 'passthrough',
+          })
+        : NO_TRACE;
+      if (trace.enabled) res.on('close', () => trace.end(res.statusCode));
+      handle(req, res, trace).catch((err: unknown) => {
+        const status = answerError(req, res, err, log);
+        trace.end(status, (err as Error)?.message);
+      });
     },
   );
   server.maxRequestsPerSocket = 0;
@@ -344,7 +406,8 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     url = await listen(server, config.port, config.host);
   } catch (err) {
     metricsServer?.close();
-    await Promise.all([events.close(), tokenizer?.close(), workers.destroy(), mirror?.stop()]);
+    metrics.stop();
+    await Promise.all([events.close(), tokenizer?.close(), workers.destroy(), mirror?.stop(), tracer?.close()]);
     throw err;
   }
   const port = (server.address() as AddressInfo).port;
@@ -365,6 +428,8 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       await tokenizer?.close();
       await workers.destroy();
       await events.close();
+      metrics.stop();
+      await tracer?.close();
     })();
     return closed;
   };

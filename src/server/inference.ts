@@ -1,7 +1,8 @@
 /**
- * POST /v1/chat/completions and /v1/completions: body -> validate -> token ids (as given | local tokenizer | the worker's
- * /tokenize) -> the core dispatcher (eligibility, route, queue) -> one attempt after another until one answers or the
- * dispatcher gives up. Every decision is the dispatcher's; this module turns its effects into HTTP.
+ * Every routed API (chat, completions, responses, messages, embeddings, pooling, score, rerank), one path: body ->
+ * the API's adapter parses it -> routing tokens (as given | local tokenizer | the engine's render endpoints | its
+ * /tokenize) -> the core dispatcher (eligibility incl. pins, route, queue) -> one attempt after another until one
+ * answers or the dispatcher gives up. Every decision is the dispatcher's; this module turns its effects into HTTP.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Logger } from 'pino';
@@ -14,10 +15,12 @@ import type { RemoteTokenizer } from '../tokenizer/remote.ts';
 import type { TokenizerService } from '../tokenizer/service.ts';
 import type { ServeConfig } from '../config/serve.ts';
 import type { Lifecycle } from './lifecycle.ts';
-import { type Endpoint, type ParsedRequest, parseJsonBody, parseRequest, upstreamBody } from '../openai/request.ts';
+import { parseJsonBody } from '../openai/request.ts';
+import type { ApiAdapter, RoutedRequest } from './apis/index.ts';
 import type { PdMetrics } from '../metrics/pd.ts';
 import { pdAttempt, type PdOutcome } from './pd.ts';
 import { proxyAttempt } from './proxy.ts';
+import type { RequestTrace } from './tracing.ts';
 import { refusalError } from './refusals.ts';
 import { requestIdentity } from './identity.ts';
 import { checkJsonDepth, type Security } from './security/index.ts';
@@ -25,12 +28,10 @@ import type { WorkerSet } from './workers.ts';
 
 export interface RecentDecision {
   requestId: string;
+  api: string;
   at: number;
   model: string;
   worker: string;
-  prefillWorker?: string;
-  prefillOverlapBlocks?: number;
-  path: string;
   policy: string;
   promptTokens: number;
   islBlocks: number;
@@ -50,6 +51,7 @@ export interface InferenceContext {
   readonly workers: WorkerSet;
   readonly metrics: RouterMetrics;
   readonly tokenizer: TokenizerService | null;
+  /** The engine tokenizes (render endpoints or /tokenize), when there is no local tokenizer or the mode says so. */
   readonly remote: RemoteTokenizer | null;
   /** A request was routed to this source (event-stream blindness accounting). */
   readonly noteRouted: (sourceKey: string) => void;
@@ -61,37 +63,25 @@ export interface InferenceContext {
   readonly pd: PdMetrics;
 }
 
-/** Sequences a request asks for (n × prompts): more than one cannot share one P/D handoff. */
-function sequencesOf(parsed: ParsedRequest): number {
-  const n = typeof parsed.body.n === 'number' && Number.isInteger(parsed.body.n) && parsed.body.n > 1 ? parsed.body.n : 1;
-  const p = parsed.body.prompt;
-  const prompts = Array.isArray(p) && p.length > 0 && (typeof p[0] === 'string' || Array.isArray(p[0])) ? p.length : 1;
-  return n * prompts;
-}
-
 /** A client's x-request-id, if it is a short printable token; anything else is ignored rather than echoed. */
 export function sanitizeRequestId(value: string | string[] | undefined): string | null {
   if (typeof value !== 'string') return null;
   return /^[\x21-\x7e]{1,128}$/.test(value) ? value : null;
 }
 
-async function tokensFor(ctx: InferenceContext, req: ParsedRequest): Promise<ArrayLike<number>> {
-  if (req.promptIds) return req.promptIds;
+async function tokensFor(ctx: InferenceContext, req: RoutedRequest): Promise<ArrayLike<number>> {
+  const p = req.prompt;
+  if (p.kind === 'ids') return p.ids;
+  if (p.kind === 'none') return [];
   try {
-    if (ctx.tokenizer) {
-      if (req.promptText !== null) return await ctx.tokenizer.encodePrompt(req.promptText);
-      if (req.chat) return await ctx.tokenizer.encodeChat(req.chat);
-    }
+    if (ctx.tokenizer) return p.kind === 'text' ? await ctx.tokenizer.encodePrompt(p.text) : await ctx.tokenizer.encodeChat(p.chat);
     if (ctx.remote) {
-      // Any healthy worker serving the model renders exactly as the engines do.
-      const worker = ctx.workers.list().find((w) => w.healthy && ctx.dispatcher.worker(w.id)?.serves(req.model));
+      // A worker serving the model tokenizes exactly as the engines do; the dispatcher says which one may be asked.
+      const target = ctx.dispatcher.passthroughTarget(req.model, Date.now());
+      const worker = 'workerId' in target ? ctx.workers.get(target.workerId) : undefined;
       if (worker) {
         const ids =
-          req.promptText !== null
-            ? await ctx.remote.prompt(worker.url, req.model, req.promptText)
-            : req.chat
-              ? await ctx.remote.chat(worker.url, req.model, req.chat)
-              : null;
+          p.kind === 'text' ? await ctx.remote.prompt(worker.url, req.model, p.text) : await ctx.remote.chat(worker.url, req.model, p.chat);
         if (ids) return ids;
       }
     }
@@ -102,24 +92,46 @@ async function tokensFor(ctx: InferenceContext, req: ParsedRequest): Promise<Arr
   return [];
 }
 
-export async function handleInference(
-  ctx: InferenceContext,
-  endpoint: Endpoint,
-  req: IncomingMessage,
-  res: ServerResponse,
-  t0: number,
-): Promise<void> {
-  const { config, dispatcher, lifecycle, metrics } = ctx;
+/** Reads a JSON body within the limits (size, nesting depth). */
+export async function readJsonBody(req: IncomingMessage, config: ServeConfig): Promise<{ text: string; body: unknown }> {
   const raw = await readBody(req, config.bodyLimitBytes);
   // Deep nesting would overflow the stack in JSON.stringify or the template; refuse it before parsing.
   const tooDeep = checkJsonDepth(raw, config.maxJsonDepth);
   if (tooDeep) throw tooDeep;
   const text = raw.toString('utf8');
-  const parsed = parseRequest(endpoint, parseJsonBody(text));
+  return { text, body: parseJsonBody(text) };
+}
+
+/**
+ * Sequences a request asks for (n × prompts): more than one cannot share one P/D handoff. Only chat and completions
+ * are handed over between a prefill and a decode worker; every other API is served by one worker.
+ */
+function handoffOf(api: ApiAdapter, body: Record<string, unknown>): { sequences: number } | { noHandoff: string } {
+  if (api.name !== 'chat' && api.name !== 'completions') return { noHandoff: 'api' };
+  const n = typeof body.n === 'number' && Number.isInteger(body.n) && body.n > 1 ? body.n : 1;
+  const p = body.prompt;
+  const prompts = Array.isArray(p) && p.length > 0 && (typeof p[0] === 'string' || Array.isArray(p[0])) ? p.length : 1;
+  return { sequences: n * prompts };
+}
+
+export async function handleInference(
+  ctx: InferenceContext,
+  api: ApiAdapter,
+  path: string,
+  req: IncomingMessage,
+  res: ServerResponse,
+  t0: number,
+  trace: RequestTrace,
+): Promise<void> {
+  const { config, dispatcher, lifecycle, metrics } = ctx;
+  const { text, body: json } = await readJsonBody(req, config);
+  const parsed = api.parse(json);
+  trace.set({ 'gen_ai.request.model': parsed.model, 'kvroute.stream': parsed.stream });
   if (parsed.policy && !(POLICY_NAMES as readonly string[]).includes(parsed.policy)) {
     throw badRequest(`unknown policy "${parsed.policy}"; known: ${POLICY_NAMES.join(', ')}`, 'kvroute.policy');
   }
-  const identity = requestIdentity(req, parsed.body, ctx.guard, ctx.sessionHeaders);
+  // Every adapter has checked the body is a JSON object.
+  const identity = requestIdentity(req, json as Record<string, unknown>, ctx.guard, ctx.sessionHeaders);
   // Answer an unknown model or a dead fleet before spending time on tokenization; the real decision comes later.
   const pre = dispatcher.precheck(parsed.model, Date.now());
   if (pre) {
@@ -128,8 +140,13 @@ export async function handleInference(
   }
 
   const tTok = performance.now();
+  const tokStartMs = Date.now();
   const tokens = await tokensFor(ctx, parsed);
   const tokenizeS = (performance.now() - tTok) / 1000;
+  trace.span('tokenize', tokStartMs, Date.now(), {
+    'kvroute.tokenizer.mode': parsed.prompt.kind === 'ids' ? 'given' : ctx.tokenizer ? 'local' : (ctx.remote?.mode ?? 'none'),
+    'kvroute.prompt_tokens': tokens.length,
+  });
 
   const abort = new AbortController();
   res.on('close', () => {
@@ -139,9 +156,9 @@ export async function handleInference(
   // The client's own id, if any, travels upstream and back for tracing; the router keys its state by its own id,
   // which is unique even when clients reuse theirs.
   const clientRequestId = sanitizeRequestId(req.headers['x-request-id']);
-  const body = upstreamBody(parsed, text);
-  const path = endpoint === 'chat' ? '/v1/chat/completions' : '/v1/completions';
+  const body = parsed.upstreamBody(text);
 
+  const submittedAt = Date.now();
   let step = await lifecycle.submit(
     {
       requestId,
@@ -150,7 +167,8 @@ export async function handleInference(
       cacheSalt: parsed.cacheSalt,
       policy: parsed.policy,
       knobs: parsed.knobs,
-      sequences: sequencesOf(parsed),
+      pinKey: parsed.pinKey,
+      ...handoffOf(api, json as Record<string, unknown>),
       ...identity,
     },
     abort.signal,
@@ -166,7 +184,20 @@ export async function handleInference(
       throw refusalError(step, config);
     }
     const attempt: DispatchAttempt = step;
-    note(ctx, attempt, parsed.model, clientRequestId);
+    note(ctx, attempt, api.name, parsed.model, clientRequestId);
+    const routedAt = Date.now();
+    if (attempt.queuedMs > 0) trace.span('queue', routedAt - attempt.queuedMs, routedAt, { 'kvroute.queued_ms': attempt.queuedMs });
+    const d = attempt.decision;
+    const routeMs = d.timingsMs ? d.timingsMs.hash + d.timingsMs.find + d.timingsMs.select : 0;
+    trace.span('route', attempt.attempt === 0 && attempt.queuedMs === 0 ? submittedAt : routedAt - routeMs, routedAt, {
+      'kvroute.worker': d.sourceKey,
+      'kvroute.overlap_blocks': d.overlapBlocks,
+      'kvroute.isl_blocks': d.islBlocks,
+      'kvroute.best_overlap_blocks': d.bestOverlapBlocks,
+      'kvroute.policy': d.policy,
+      'kvroute.attempt': attempt.attempt,
+      'kvroute.pinned': attempt.pinned,
+    });
     const worker = ctx.workers.get(attempt.workerId);
     const prefillWorker = attempt.prefill ? ctx.workers.get(attempt.prefill.workerId) : undefined;
     const attemptCtx = { lifecycle, metrics, log: ctx.log, clientStallTimeoutMs: config.clientStallTimeoutMs, pd: ctx.pd };
@@ -178,7 +209,9 @@ export async function handleInference(
         attempt,
         decodeWorker: worker,
         prefillWorker,
+        api,
         parsed,
+        clientJson: json as Record<string, unknown>,
         clientText: text,
         upstreamBody: body,
         path,
@@ -187,11 +220,13 @@ export async function handleInference(
         t0,
         clientRequestId,
         tokenizeS,
+        trace,
       });
     } else {
       outcome = await proxyAttempt(attemptCtx, {
         attempt,
         worker,
+        api,
         parsed,
         body,
         path,
@@ -200,6 +235,7 @@ export async function handleInference(
         t0,
         clientRequestId,
         tokenizeS,
+        trace,
       });
     }
     if (outcome.kind === 'done') return;
@@ -220,15 +256,14 @@ export async function handleInference(
   }
 }
 
-function note(ctx: InferenceContext, a: DispatchAttempt, model: string, clientRequestId: string | null): void {
+function note(ctx: InferenceContext, a: DispatchAttempt, api: string, model: string, clientRequestId: string | null): void {
   const d = a.decision;
   ctx.log.debug(
     {
       requestId: a.requestId,
+      api,
       clientRequestId,
       worker: d.sourceKey,
-      prefillWorker: a.prefill?.decision.sourceKey,
-      path: a.path,
       policy: d.policy,
       promptTokens: d.promptTokens,
       islBlocks: d.islBlocks,
@@ -243,11 +278,10 @@ function note(ctx: InferenceContext, a: DispatchAttempt, model: string, clientRe
   ctx.noteRouted(d.sourceKey);
   ctx.recent.push({
     requestId: a.requestId,
+    api,
     at: Date.now(),
     model,
     worker: d.sourceKey,
-    ...(a.prefill ? { prefillWorker: a.prefill.decision.sourceKey, prefillOverlapBlocks: a.prefill.decision.overlapBlocks } : {}),
-    path: a.path,
     policy: d.policy,
     promptTokens: d.promptTokens,
     islBlocks: d.islBlocks,

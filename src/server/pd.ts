@@ -20,7 +20,8 @@ import { randomBytes } from 'node:crypto';
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher as UndiciDispatcher } from 'undici';
 import type { DispatchAttempt } from '../core/dispatch/dispatcher.ts';
-import type { ParsedRequest } from '../openai/request.ts';
+import type { ApiAdapter, RoutedRequest } from './apis/index.ts';
+import type { RequestTrace } from './tracing.ts';
 import { appendMembers, rawMember } from '../openai/raw-json.ts';
 import type { PdMetrics } from '../metrics/pd.ts';
 import { type AttemptContext, type AttemptOutcome, proxyAttempt } from './proxy.ts';
@@ -33,7 +34,11 @@ export interface PdAttemptRequest {
   readonly attempt: DispatchAttempt;
   readonly decodeWorker: Worker;
   readonly prefillWorker: Worker;
-  readonly parsed: ParsedRequest;
+  readonly api: ApiAdapter;
+  readonly parsed: RoutedRequest;
+  /** The client's JSON body (the legs' bodies are built from it). */
+  readonly clientJson: Record<string, unknown>;
+  readonly trace: RequestTrace;
   /** The client's body as received (the decode leg of vLLM is this, byte for byte, plus kv_transfer_params). */
   readonly clientText: string;
   /** The aggregated upstream body (usage requested for streams): SGLang's legs start from it. */
@@ -60,13 +65,18 @@ export const VLLM_PREFILL_PARAMS = {
   remote_port: null,
 } as const;
 
+/** A client request as the legs' bodies need it: its JSON object. */
+interface ClientBody {
+  readonly body: Record<string, unknown>;
+}
+
 /** The client's body without kvroute's own field, as an object. */
-function clientBody(parsed: ParsedRequest): Record<string, unknown> {
+function clientBody(parsed: ClientBody): Record<string, unknown> {
   const { kvroute: _ours, ...rest } = parsed.body;
   return rest;
 }
 
-export function vllmPrefillBody(parsed: ParsedRequest): string {
+export function vllmPrefillBody(parsed: ClientBody): string {
   const body = clientBody(parsed);
   body.kv_transfer_params = { ...VLLM_PREFILL_PARAMS };
   body.stream = false;
@@ -79,7 +89,7 @@ export function vllmPrefillBody(parsed: ParsedRequest): string {
 }
 
 /** The decode leg: the client's own body (its stream, stream_options, max_tokens, min_tokens) + kv_transfer_params. */
-export function vllmDecodeBody(parsed: ParsedRequest, clientText: string, transferParams: string | undefined): string {
+export function vllmDecodeBody(parsed: ClientBody, clientText: string, transferParams: string | undefined): string {
   const untouched = !('kvroute' in parsed.body) && !('kv_transfer_params' in parsed.body);
   const { kv_transfer_params: _theirs, ...rest } = clientBody(parsed);
   const base = untouched ? clientText : JSON.stringify(rest);
@@ -160,6 +170,7 @@ function legHeaders(worker: Worker, dpRank: number, requestId: string): Record<s
 
 export async function pdAttempt(ctx: PdContext, a: PdAttemptRequest): Promise<PdOutcome> {
   const { attempt, prefillWorker, decodeWorker, parsed, signal } = a;
+  const client: ClientBody = { body: a.clientJson };
   const leg = attempt.prefill!;
   const pdec = leg.decision;
   // One id for both legs of this pair; a retried pair gets its own (a lease of the old one may still be held).
@@ -192,7 +203,7 @@ export async function pdAttempt(ctx: PdContext, a: PdAttemptRequest): Promise<Pd
         signal: legAbort.signal,
       });
       decodeUpstream.catch(() => undefined); // observed below; never an unhandled rejection
-    } else prefillBody = vllmPrefillBody(parsed);
+    } else prefillBody = vllmPrefillBody(client);
 
     const prefillSent = prefillWorker.pool.request({
       method: 'POST',
@@ -263,8 +274,10 @@ export async function pdAttempt(ctx: PdContext, a: PdAttemptRequest): Promise<Pd
     const outcome = await proxyAttempt(ctx, {
       attempt,
       worker: decodeWorker,
+      api: a.api,
       parsed,
-      body: decodeBody ?? vllmDecodeBody(parsed, a.clientText, transferParams),
+      trace: a.trace,
+      body: decodeBody ?? vllmDecodeBody(client, a.clientText, transferParams),
       path: a.path,
       res: a.res,
       signal,

@@ -1,18 +1,20 @@
 /**
- * One attempt of a request on one worker: send the body, then either pass the whole answer through (non-streaming, or
- * an engine's own 4xx) or relay its SSE stream chunk by chunk with backpressure. Reports to the lifecycle what happened:
- * first token, finish (with delivered cached tokens), or "failed before the engine answered" so the dispatcher can
- * retry elsewhere. From the first byte on, failures are reported in-band: the status line is gone.
+ * One attempt of a request on one worker, for every routed API: send the body, then either pass the whole answer
+ * through (non-streaming, or an engine's own 4xx) or relay its SSE stream chunk by chunk with backpressure. Reports to
+ * the lifecycle what happened: first token, finish (with delivered cached tokens, and the id of a stored answer to
+ * pin), or "failed before the engine answered" so the dispatcher can retry elsewhere. From the first byte on, failures
+ * are reported in-band, in the API's own stream shape: the status line is gone. The API's adapter says where the usage
+ * is and how its stream ends.
  */
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher as UndiciDispatcher } from 'undici';
 import type { DispatchAttempt } from '../core/dispatch/dispatcher.ts';
 import type { RouteDecision } from '../core/types.ts';
-import { sseErrorFrame } from '../http/errors.ts';
 import type { RouterMetrics } from '../metrics/registry.ts';
+import type { ApiAdapter, RoutedRequest } from './apis/index.ts';
 import type { Lifecycle } from './lifecycle.ts';
-import type { ParsedRequest } from '../openai/request.ts';
-import { readUsage, SseRelay } from './sse.ts';
+import { SseRelay, type StreamUsage } from './sse.ts';
+import type { RequestTrace } from './tracing.ts';
 import type { Worker } from './workers.ts';
 
 /** Hop-by-hop and length headers are the proxy's own business; everything else from the engine passes through. */
@@ -40,7 +42,8 @@ export interface AttemptContext {
 export interface AttemptRequest {
   readonly attempt: DispatchAttempt;
   readonly worker: Worker;
-  readonly parsed: ParsedRequest;
+  readonly api: ApiAdapter;
+  readonly parsed: RoutedRequest;
   readonly body: string;
   readonly path: string;
   readonly res: ServerResponse;
@@ -49,6 +52,7 @@ export interface AttemptRequest {
   readonly t0: number;
   readonly clientRequestId: string | null;
   readonly tokenizeS: number;
+  readonly trace: RequestTrace;
   /** Upstream request headers on top of the defaults (a P/D leg's X-Request-Id). */
   readonly requestHeaders?: Readonly<Record<string, string>>;
   /** The request already sent (a P/D decode leg sent together with its prefill leg). */
@@ -79,7 +83,7 @@ export function rewriteCachedTokens(usage: Record<string, unknown>, cached: numb
 }
 
 export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Promise<AttemptOutcome> {
-  const { attempt, worker, parsed, res, signal } = a;
+  const { attempt, worker, api, parsed, res, signal, trace } = a;
   const { decision } = attempt;
   const requestId = attempt.requestId;
   const { lifecycle, metrics } = ctx;
@@ -91,17 +95,36 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
     committed = true;
     metrics.routed(a.accounted ?? decision, { tokenize: a.tokenizeS });
   };
-  const cancelled = (): AttemptOutcome => {
-    commit();
-    lifecycle.finish(requestId, { outcome: 'cancelled' });
-    return { kind: 'done' };
-  };
   const headers: Record<string, string> = {
     'content-type': 'application/json',
     'x-request-id': a.clientRequestId ?? requestId,
   };
   if (worker.sourceKeys.length > 1) headers['x-data-parallel-rank'] = String(decision.source.dpRank);
   Object.assign(headers, a.requestHeaders);
+  // The engine continues the trace under this attempt's span (its traceparent goes in the headers).
+  const span = trace.attempt(
+    { 'kvroute.worker': decision.sourceKey, 'kvroute.attempt': attempt.attempt, 'server.address': worker.url, 'url.path': a.path },
+    headers,
+  );
+  const cancelled = (): AttemptOutcome => {
+    commit();
+    lifecycle.finish(requestId, { outcome: 'cancelled' });
+    span.end('client left');
+    return { kind: 'done' };
+  };
+  const failed = (message: string): AttemptOutcome => {
+    span.end(message);
+    return { kind: 'failed', message };
+  };
+  const pinKey = (u: StreamUsage | undefined) => (parsed.pinsAnswer ? u?.responseId : undefined);
+  const firstToken = () => {
+    const now = performance.now();
+    lifecycle.firstToken(requestId); // prefill load just dropped: queued requests may route now
+    a.onFirstToken?.();
+    metrics.firstToken(decision.sourceKey, (now - a.t0) / 1000);
+    const at = Date.now();
+    trace.span('first_token', at, at, { 'kvroute.ttft_s': (now - a.t0) / 1000, 'kvroute.worker': decision.sourceKey });
+  };
   const ours: Record<string, string> = {
     'x-kvroute-worker': decision.sourceKey,
     'x-kvroute-overlap-blocks': String(decision.overlapBlocks),
@@ -115,14 +138,13 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
   try {
     upstream = await (a.upstream ?? worker.pool.request({ method: 'POST', path: a.path, headers, body: a.body, signal }));
   } catch (err) {
-    return signal.aborted ? cancelled() : { kind: 'failed', message: `${worker.id}: ${(err as Error).message}` };
+    return signal.aborted ? cancelled() : failed(`${worker.id}: ${(err as Error).message}`);
   }
+  span.set({ 'http.response.status_code': upstream.statusCode });
 
   if (upstream.statusCode >= 500) {
     const text = await upstream.body.text().catch(() => '');
-    return signal.aborted
-      ? cancelled()
-      : { kind: 'failed', message: `${worker.id} answered ${upstream.statusCode}: ${text.slice(0, 200)}` };
+    return signal.aborted ? cancelled() : failed(`${worker.id} answered ${upstream.statusCode}: ${text.slice(0, 200)}`);
   }
 
   if (upstream.statusCode !== 200 || !parsed.stream) {
@@ -131,18 +153,15 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
     try {
       buf = Buffer.from(await upstream.body.arrayBuffer());
     } catch (err) {
-      return signal.aborted ? cancelled() : { kind: 'failed', message: `${worker.id}: body failed: ${(err as Error).message}` };
+      return signal.aborted ? cancelled() : failed(`${worker.id}: body failed: ${(err as Error).message}`);
     }
     commit();
-    let cachedTokens: number | undefined;
-    let outputTokens: number | undefined;
+    let usage: StreamUsage | undefined;
     const ok = upstream.statusCode === 200;
     if (ok) {
       try {
         const answer = JSON.parse(buf.toString('utf8')) as { usage?: unknown };
-        const usage = readUsage(answer.usage);
-        cachedTokens = usage?.cachedTokens;
-        outputTokens = usage?.completionTokens;
+        usage = api.readAnswer(answer);
         if (override !== undefined && answer.usage && typeof answer.usage === 'object') {
           rewriteCachedTokens(answer.usage as Record<string, unknown>, override);
           buf = Buffer.from(JSON.stringify(answer));
@@ -151,12 +170,15 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
         /* not JSON: nothing to learn, still forward it */
       }
       // Non-streaming answers arrive whole: the first token is not observable apart from the end.
-      lifecycle.firstToken(requestId);
-      a.onFirstToken?.();
-      metrics.firstToken(decision.sourceKey, (performance.now() - a.t0) / 1000);
+      firstToken();
     }
     // A 4xx is the request's fault, not the worker's: the breaker counts it as an answer.
-    lifecycle.finish(requestId, { outcome: ok ? 'ok' : 'error', cachedTokens }, outputTokens);
+    lifecycle.finish(
+      requestId,
+      { outcome: ok ? 'ok' : 'error', cachedTokens: usage?.cachedTokens, pinKey: pinKey(usage) },
+      usage?.completionTokens,
+    );
+    span.end(ok ? undefined : `engine answered ${upstream.statusCode}`);
     if (!res.destroyed) {
       res.writeHead(upstream.statusCode, copyHeaders(upstream.headers, { ...ours, 'content-length': String(buf.length) }));
       res.end(buf);
@@ -167,7 +189,8 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
   // Streaming: headers go out with the first event (at once, unless a leading error event must be caught first); from
   // there on failures are reported in-band.
   const relay = new SseRelay(
-    !parsed.clientWantsUsage,
+    parsed.stripUsage,
+    api.dialect,
     override === undefined ? undefined : (usage) => rewriteCachedTokens(usage, override),
   );
   let headSent = false;
@@ -202,9 +225,7 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
       const tNow = performance.now();
       if (first) {
         first = false;
-        lifecycle.firstToken(requestId); // prefill load just dropped: queued requests may route now
-        a.onFirstToken?.();
-        metrics.firstToken(decision.sourceKey, (tNow - a.t0) / 1000);
+        firstToken();
       } else {
         metrics.token(decision.sourceKey, (tNow - last) / 1000);
       }
@@ -231,7 +252,7 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
       }
       const rest = relay.flush();
       if (rest.length > 0 && !res.destroyed) res.write(rest);
-      if (!relay.sawDone && !signal.aborted) failure = `${worker.id} closed the stream before [DONE]`;
+      if (!relay.sawDone && !signal.aborted) failure = `${worker.id} closed the stream before its end event`;
       resolve();
     });
     body.once('error', (err: Error) => {
@@ -241,25 +262,29 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
       resolve();
     });
   });
-  if (leadingError && !signal.aborted) return { kind: 'failed', message: leadingError };
+  if (leadingError && !signal.aborted) return failed(leadingError);
   if (signal.aborted || res.destroyed) {
     // The client went away: the upstream was aborted with it; free the load.
     commit();
     if (!upstream.body.destroyed) upstream.body.destroy();
     lifecycle.finish(requestId, { outcome: 'cancelled', cachedTokens: relay.usage?.cachedTokens });
+    span.end('client left');
     return { kind: 'done' };
   }
   if (failure) {
     ctx.log.warn({ requestId, worker: worker.id, error: failure }, 'stream failed mid-way');
     lifecycle.finish(requestId, { outcome: 'error', workerFault: true, cachedTokens: relay.usage?.cachedTokens });
-    res.end(sseErrorFrame(failure, 'stream_failed'));
+    res.end(api.streamError(failure));
+    span.end(failure);
     return { kind: 'done' };
   }
+  const outcome = relay.sawError ? 'error' : 'ok';
   lifecycle.finish(
     requestId,
-    { outcome: relay.sawError ? 'error' : 'ok', cachedTokens: relay.usage?.cachedTokens },
+    { outcome, cachedTokens: relay.usage?.cachedTokens, pinKey: outcome === 'ok' ? pinKey(relay.usage) : undefined },
     relay.usage?.completionTokens,
   );
   res.end();
+  span.end(relay.sawError ? 'the engine reported an error in the stream' : undefined);
   return { kind: 'done' };
 }

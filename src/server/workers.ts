@@ -87,10 +87,11 @@ export class Worker {
       const res = await request(new URL('/health', this.url), { signal: AbortSignal.timeout(this.opts.timeoutMs) });
       await res.body.dump();
       if (res.statusCode !== 200) throw new Error(`GET /health returned ${res.statusCode}`);
-      const discovered = this.core.fixedModels ? null : await this.discoverModels();
+      // The engine's cards are read even when the configuration names the models: /v1/models shows what the engine says.
+      const discovered = await this.discoverModels().catch(() => null);
       this.probeFailures = 0;
       this.lastProbeError = null;
-      return { ok: true, ...discovered };
+      return { ok: true, ...(this.core.fixedModels ? {} : discovered) };
     } catch (err) {
       this.probeFailures++;
       this.lastProbeError = (err as Error).message;
@@ -117,7 +118,11 @@ export class Worker {
       if (card.parent && card.parent !== card.id) adapters.push(card.id);
       else models.push(card.id);
     }
-    this.cards = cards;
+    if (this.core.fixedModels) {
+      // Configured models only (the router routes nothing else here), each with the engine's card when it has one.
+      const byId = new Map(cards.map((c) => [c.id, c]));
+      this.cards = (this.spec.models ?? []).map((id) => byId.get(id) ?? { id, object: 'model', owned_by: 'kvroute' });
+    } else this.cards = cards;
     return { models, adapters };
   }
 
@@ -259,12 +264,25 @@ export class WorkerSet {
     return n;
   }
 
-  /** Union of model cards over healthy workers, first card per id. */
+  /**
+   * The models of the healthy workers, one card per id: the engine's own card (owned_by, root, parent: LoRA adapters
+   * keep their base model as parent), with max_model_len the smallest any worker serving it reports, since a request
+   * may be routed to any of them.
+   */
   models(): ModelCard[] {
     const seen = new Map<string, ModelCard>();
     for (const w of this.workers.values()) {
       if (!w.healthy) continue;
-      for (const c of w.cards) if (!seen.has(c.id)) seen.set(c.id, c);
+      for (const c of w.cards) {
+        const prev = seen.get(c.id);
+        if (!prev) {
+          seen.set(c.id, { ...c });
+          continue;
+        }
+        if (typeof c.max_model_len === 'number' && !(typeof prev.max_model_len === 'number' && prev.max_model_len <= c.max_model_len)) {
+          prev.max_model_len = c.max_model_len;
+        }
+      }
     }
     return [...seen.values()];
   }

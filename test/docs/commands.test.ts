@@ -19,6 +19,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freePort, runShell, ShellProcess, type ShellResult, substitute } from '../fixtures/processes.ts';
+import { OtlpReceiver } from '../server/otlp-receiver.ts';
 import { type DocCommand, documentedCommands, normalise } from './doc-commands.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
@@ -115,6 +116,7 @@ const DOC = {
   flowServe:
     'kvroute serve --band interactive,max-priority=0 --band batch,max-priority=100,sheddable --tenant-weights acme=2 --session-preset claude-code',
   noisySim: 'kvroute sim --scenario noisy-neighbour',
+  otel: 'OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 OTEL_SERVICE_NAME=kvroute npx kvroute serve -w http://gpu1:8000',
 };
 
 const CASES: DocCase[] = [
@@ -190,6 +192,45 @@ const CASES: DocCase[] = [
       const r = await shell(`node ${file}`);
       expect(r.code, r.stderr).toBe(0);
       expect(r.stdout.trim().length).toBeGreaterThan(0);
+    },
+  },
+  {
+    doc: `import Anthropic from '@anthropic-ai/sdk'; const claude = new Anthropic({ baseURL: 'http://127.0.0.1:8080', apiKey: 'unused' }); const msg = await claude.messages.create({ model: 'mock-model', max_tokens: 16, messages: [{ role: 'user', content: 'Hello' }] }); console.log(msg.content[0].text);`,
+    run: async () => {
+      const { url } = await embeddedRouter();
+      const code = documented().find((c) => c.kind === 'code' && c.text.includes("from '@anthropic-ai/sdk'"))!;
+      const dir = join(ROOT, 'test-artifacts');
+      mkdirSync(dir, { recursive: true });
+      const file = join(dir, 'readme-anthropic-example.mjs');
+      writeFileSync(file, substitute(readmeBlock(code), { 'http://127.0.0.1:8080': url }));
+      const r = await shell(`node ${file}`);
+      expect(r.code, r.stderr).toBe(0);
+      expect(r.stdout.trim().length).toBeGreaterThan(0);
+    },
+  },
+  {
+    doc: DOC.otel,
+    run: async () => {
+      // A real OTLP/HTTP receiver stands in for the collector, a mock engine for gpu1.
+      const receiver = await new OtlpReceiver().start();
+      try {
+        const gpu1 = await startEngine();
+        const { proc, url } = await startRouter(
+          substitute(DOC.otel, { 'http://collector:4318': receiver.url, 'gpu1:8000': `127.0.0.1:${gpu1.http}` }),
+          { OTEL_BSP_SCHEDULE_DELAY: '100' },
+        );
+        const r = await chat(url, 'Trace this.');
+        expect(r.status).toBe(200);
+        for (let i = 0; i < 100 && !receiver.spans.some((sp) => sp.name === 'POST /v1/chat/completions'); i++) {
+          await new Promise((res) => setTimeout(res, 100));
+        }
+        const root = receiver.spans.find((sp) => sp.name === 'POST /v1/chat/completions');
+        expect(root?.service).toBe('kvroute');
+        expect(receiver.spans.filter((sp) => sp.traceId === root?.traceId).map((sp) => sp.name)).toContain('upstream');
+        await proc.stop();
+      } finally {
+        await receiver.close();
+      }
     },
   },
   {

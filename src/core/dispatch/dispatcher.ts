@@ -36,6 +36,7 @@ import { PD_DECODE_POLICY, PD_PREFILL_POLICY } from '../scheduling/pd.ts';
 import type { KvKnobs, RouteDecision } from '../types.ts';
 import type { BreakerOptions, BreakerState } from './breaker.ts';
 import { type EligibilityRefusal, type EngineFlavor, eligibility, type WorkerConfig, type WorkerRole, WorkerState } from './fleet.ts';
+import { type PinOptions, PinTable } from './pins.ts';
 import { TokenBudgets } from './budget.ts';
 import { type FlowItem, type FlowOptions, FlowQueue } from './flow.ts';
 import { type SessionEntry, SessionTable } from './sessions.ts';
@@ -52,6 +53,8 @@ export interface DispatchOptions {
   readonly sweepIntervalMs?: number;
   /** Disaggregated prefill/decode. */
   readonly pd?: PdOptions;
+  /** Pins of continued state (stored responses) to the worker holding it. Default 100,000 pins of 1 h. */
+  readonly pins?: PinOptions;
   /** Priority bands, fair queuing across tenants (docs/flow-control.md). Default: one band, fair across tenants. */
   readonly flow?: FlowOptions;
   /** Tokens per minute by tenant (`*`: every other tenant); unlimited when absent. */
@@ -127,6 +130,10 @@ export interface Submission {
   readonly subset?: ReadonlySet<string>;
   /** Sequences the request asks for (n × prompts). More than one cannot share one handoff: served on decode alone. */
   readonly sequences?: number;
+  /** Why this request cannot be handed over between a prefill and a decode worker at all (e.g. 'api'): decode alone. */
+  readonly noHandoff?: string;
+  /** The request continues state pinned under this key (a previous_response_id): it goes where the pin says. */
+  readonly pinKey?: string;
   /** Who is asking (the API key's name, or a header); default `default`. */
   readonly tenant?: string;
   /** Lower runs first (vLLM's meaning). Default 0. */
@@ -176,6 +183,8 @@ export interface DispatchAttempt {
   readonly prefill?: PrefillLeg;
   /** The engine flavour of the worker(s): the handoff protocol. */
   readonly engine: EngineFlavor;
+  /** The request followed a pin to this worker. */
+  readonly pinned: boolean;
   readonly tenant: string;
   /** The request's band (flow control). */
   readonly band: string;
@@ -208,6 +217,8 @@ export interface FinishReport {
   readonly cachedTokens?: number;
   /** The worker is to blame (a broken stream); an engine's 4xx answer is the request's fault, not the worker's. */
   readonly workerFault?: boolean;
+  /** State the engine stored under this key (a response id): later requests naming it are pinned to this worker. */
+  readonly pinKey?: string;
   /** Generated tokens (charged to the tenant's token budget). */
   readonly outputTokens?: number;
 }
@@ -260,6 +271,8 @@ interface Tracked {
   ownPrefill?: number;
   /** The session outcome of the current attempt. */
   session?: SessionOutcome;
+  /** The current attempt followed a pin. */
+  pinned?: boolean;
 }
 
 type TryResult =
@@ -312,6 +325,7 @@ export class Dispatcher {
     transferredTokens: 0,
     prefillRetries: 0,
   };
+  readonly pins: PinTable;
 
   constructor(
     readonly router: KvRouter,
@@ -319,6 +333,7 @@ export class Dispatcher {
   ) {
     this.sweepMs = options.sweepIntervalMs ?? 10_000;
     this.minUncached = options.pd?.minUncachedTokens ?? 0;
+    this.pins = new PinTable(options.pins ?? { limit: 100_000, ttlMs: 3_600_000 });
     this.queue = new FlowQueue(options.flow);
     this.budgets = new TokenBudgets(options.tokenBudgets ?? {});
     this.sessions = new SessionTable(options.sessions?.ttlMs ?? 600_000, options.sessions?.capacity ?? 100_000);
@@ -355,6 +370,7 @@ export class Dispatcher {
     if (!w) return null;
     this.workerStates.delete(id);
     this.router.removeWorker(id);
+    this.pins.dropWorker(id);
     return this.drain(now);
   }
 
@@ -397,6 +413,20 @@ export class Dispatcher {
   }
 
   // ------------------------------------------------------------------------------------------ requests
+
+  /**
+   * The worker a request that needs no prefix affinity goes to (a pass-through: /tokenize, /detokenize, other engine
+   * paths): the worker-level filters for its model (any model when null), then the fewest requests in flight, ties by
+   * the order workers joined. Nothing is tracked: these requests are not part of the routing accounting.
+   */
+  passthroughTarget(model: string | null, now: number): { workerId: string } | { code: RefusalCode; message: string } {
+    if (this.closed) return { code: 'closed', message: 'the router is shutting down' };
+    const el = eligibility(this.workerStates.values(), model === null ? { model: '', anyModel: true } : { model }, now);
+    if (el.kind === 'ineligible') return { code: el.reason, message: el.message };
+    let best: WorkerState | undefined;
+    for (const w of el.workers.values()) if (!best || w.inFlight < best.inFlight) best = w;
+    return { workerId: best!.id };
+  }
 
   /** A cheap check before the shell spends time tokenizing: would this model be refused right now? */
   precheck(model: string, now: number, roles?: ReadonlySet<WorkerRole>): { code: RefusalCode; message: string } | null {
@@ -592,6 +622,7 @@ export class Dispatcher {
     if (report.outcome === 'cancelled') w.breaker.release(requestId);
     else if (report.outcome === 'error' && report.workerFault) w.breaker.failure(requestId, now);
     else w.breaker.success(requestId);
+    if (report.outcome === 'ok' && report.pinKey) this.pins.pin(report.pinKey, w.id, now);
     if (report.outputTokens) this.budgets.charge(t.tenant, report.outputTokens, now);
     const f = this.router.finish(requestId, { outcome: report.outcome, cachedTokens: report.cachedTokens }, now);
     const out: DispatchEffect[] = f ? [{ kind: 'finished', request: f }] : [];
@@ -781,7 +812,10 @@ export class Dispatcher {
   private tryRoute(t: Tracked, now: number): TryResult {
     const sub = t.sub;
     const pd = this.hasPrefillPool(sub.model);
-    const el = eligibility(this.workerStates.values(), { model: sub.model, roles: sub.roles, subset: sub.subset }, now);
+    // A pin to a worker that left the fleet is void (its state left with it): the request routes like any other.
+    const pinned = sub.pinKey !== undefined ? this.pins.lookup(sub.pinKey, now) : undefined;
+    t.pinned = pinned !== undefined;
+    const el = eligibility(this.workerStates.values(), { model: sub.model, roles: sub.roles, subset: sub.subset, pinned }, now);
     if (el.kind === 'ineligible') return { kind: 'refused', code: el.reason, message: el.message };
     const preferred = sub.sessionId ? this.sessions.get(sub.sessionId, now) : undefined;
     const result = this.router.route(
@@ -820,7 +854,8 @@ export class Dispatcher {
     if (pd) {
       const uncached = result.promptTokens - result.overlapBlocks * this.router.blockSize;
       let onlyCause: string | undefined;
-      if ((sub.sequences ?? 1) > 1) onlyCause = 'sequences';
+      if (sub.noHandoff) onlyCause = sub.noHandoff;
+      else if ((sub.sequences ?? 1) > 1) onlyCause = 'sequences';
       // An unknown prompt (no tokenizer, tokenization failed: 0 tokens) cannot be judged short: it is disaggregated.
       else if (result.promptTokens > 0 && uncached <= this.minUncached) onlyCause = 'short';
       if (onlyCause === undefined) {
@@ -886,6 +921,7 @@ export class Dispatcher {
       path,
       ...(t.prefill && path === 'disaggregated' ? { prefill: t.prefill.leg } : {}),
       engine: w.engine,
+      pinned: t.pinned ?? false,
       tenant: t.tenant,
       band: t.band,
       ...(t.session ? { session: t.session } : {}),

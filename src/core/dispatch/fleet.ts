@@ -7,6 +7,7 @@
  *   health   the worker passed its last health probes
  *   breaker  its circuit breaker is closed, or half-open with the one trial still free
  *   subset   the request named a subset of sources (a gateway's endpoint subset) and the source is in it
+ *   pin      the request continues state held by one worker (a stored response): only that worker
  *
  * The shell reports what it learns (probes, model lists, capacity); the core decides.
  */
@@ -97,6 +98,10 @@ export interface EligibilityQuery {
   readonly subset?: ReadonlySet<string>;
   /** Only workers of this engine flavour (the prefill leg must speak its decode worker's handoff protocol). */
   readonly engine?: EngineFlavor;
+  /** The worker holding the state this request continues (a pin); only it is eligible. */
+  readonly pinned?: string;
+  /** Any model will do (a pass-through without a model in its body). */
+  readonly anyModel?: boolean;
 }
 
 export const AGGREGATED: ReadonlySet<WorkerRole> = new Set<WorkerRole>(['both', 'decode']);
@@ -114,7 +119,8 @@ export function eligibility(workers: Iterable<WorkerState>, q: EligibilityQuery,
   const picked = new Map<string, WorkerState>();
   for (const w of workers) {
     any = true;
-    if (!w.serves(q.model)) continue;
+    if (q.pinned !== undefined && w.id !== q.pinned) continue;
+    if (!q.anyModel && !w.serves(q.model)) continue;
     serving++;
     if (!roles.has(w.role) || (q.engine !== undefined && w.engine !== q.engine)) continue;
     roleOk++;
@@ -135,8 +141,10 @@ export function eligibility(workers: Iterable<WorkerState>, q: EligibilityQuery,
   }
   if (allow.size > 0) return { kind: 'eligible', allow, loraName, workers: picked };
   if (!any) return { kind: 'ineligible', reason: 'no_workers', message: 'no workers configured' };
-  if (serving === 0)
-    return { kind: 'ineligible', reason: 'model_not_found', message: `the model "${q.model}" does not exist on any worker` };
+  if (serving === 0) {
+    const where = q.pinned !== undefined ? `on worker ${q.pinned}, which holds the state this request continues` : 'on any worker';
+    return { kind: 'ineligible', reason: 'model_not_found', message: `the model "${q.model}" does not exist ${where}` };
+  }
   if (roleOk === 0) {
     return {
       kind: 'ineligible',

@@ -22,6 +22,8 @@ export function fingerprint(secret: string): string {
 /** The token of `Authorization: Bearer <token>` (scheme case-insensitive, RFC 9110), or null. */
 export function bearerToken(headers: IncomingHttpHeaders): string | null {
   const h = headers.authorization;
+  // Anthropic's clients send their key as x-api-key instead.
+  if (h === undefined && typeof headers['x-api-key'] === 'string' && /^\S+$/.test(headers['x-api-key'])) return headers['x-api-key'];
   if (typeof h !== 'string') return null;
   const m = /^Bearer[ \t]+(\S+)[ \t]*$/i.exec(h);
   return m ? m[1] : null;
