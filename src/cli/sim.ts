@@ -78,6 +78,7 @@ const SIM_ADMISSION = [
   'prefillTokensPerSecond',
   'sessionTtlMs',
   'sessionLoadFactor',
+  'selection',
 ] as const;
 
 export function registerSim(program: Command): void {
@@ -270,6 +271,7 @@ export function registerSim(program: Command): void {
             ...(o.temperature !== undefined && { temperature: o.temperature }),
           },
           ...(o.overlayGraceMs !== undefined && { overlayGraceMs: o.overlayGraceMs }),
+          selection: admission.selection,
           ...((admission.busyPrefillTokens !== undefined || admission.busyKvFraction !== undefined) && {
             busy: { activePrefillTokens: admission.busyPrefillTokens, activeBlockFraction: admission.busyKvFraction },
           }),

@@ -119,6 +119,14 @@ export const serveSchema = z.strictObject({
     help: "KV block size in tokens; must equal the engines' block size",
     group: G.routing,
   }),
+  selection: withDefault(choice(['auto', 'exhaustive', 'sampled']), 'auto', {
+    flag: '--selection <mode>',
+    env: 'KVROUTE_SELECTION',
+    help:
+      'how candidates are found: exhaustive scans every source; sampled evaluates the sources that can hold the prefix plus ' +
+      'the 16 least loaded (kv, kv-pressure, least-loaded); auto samples above 256 sources (docs/routing.md)',
+    group: G.routing,
+  }),
   policy: withDefault(choice(POLICY_NAMES), 'kv-pressure', {
     flag: '--policy <name>',
     env: 'KVROUTE_POLICY',

@@ -16,6 +16,7 @@ import { isLowerTier, TierIndex } from './tiers.ts';
 import { predictedCachedTokens, ReuseLedger } from './ledger.ts';
 import { createRng, type Rng } from './rng.ts';
 import { PD_POLICY_NAMES } from './scheduling/pd.ts';
+import { LoadOrder } from './scheduling/load-order.ts';
 import { createPolicy, DEFAULT_POLICY, POLICY_NAMES } from './scheduling/policies.ts';
 import type { Candidate, Policy } from './scheduling/policy.ts';
 import {
@@ -78,6 +79,15 @@ export interface KvRouterOptions {
   readonly busy?: BusyThresholds;
   /** Requests older than this are force-freed by sweep(). Default 300 s. */
   readonly staleRequestMs?: number;
+  /**
+   * How route() finds its candidates: `exhaustive` evaluates every source; `sampled` only those that can hold the
+   * request's prefix plus the `coldCandidates` least loaded (load-ordered policies only); `auto` (default) samples above
+   * `exhaustiveLimit` sources (256).
+   */
+  readonly selection?: 'auto' | 'exhaustive' | 'sampled';
+  readonly exhaustiveLimit?: number;
+  /** Least-loaded sources without a prefix of the request evaluated in sampled selection. Default 16. */
+  readonly coldCandidates?: number;
   /**
    * Optional high-resolution clock (ms) used only to time route()'s phases for overhead metrics. Injected so the
    * core stays free of ambient clocks; without it decisions carry no timings.
@@ -163,6 +173,11 @@ export class KvRouter {
   private readonly staleMs: number;
   private readonly clock?: () => number;
   private readonly observers: RouterObserver[] = [];
+  private readonly selection: 'auto' | 'exhaustive' | 'sampled';
+  private readonly exhaustiveLimit: number;
+  private readonly coldCandidates: number;
+  private readonly loadOrder = new LoadOrder();
+  private readonly approxSources = new Set<number>();
 
   constructor(options: KvRouterOptions) {
     this.blockSize = options.blockSize;
@@ -178,6 +193,9 @@ export class KvRouter {
     this.busy = options.busy ?? {};
     this.staleMs = options.staleRequestMs ?? 300_000;
     this.clock = options.clock;
+    this.selection = options.selection ?? 'auto';
+    this.exhaustiveLimit = options.exhaustiveLimit ?? 256;
+    this.coldCandidates = options.coldCandidates ?? 16;
   }
 
   // ---------------------------------------------------------------- sources
@@ -188,6 +206,8 @@ export class KvRouter {
     if (existing) {
       existing.mode = options.mode;
       existing.capacityBlocks = options.capacityBlocks;
+      if (options.mode === 'approx') this.approxSources.add(existing.index);
+      else this.approxSources.delete(existing.index);
       return key;
     }
     const index = this.freeIndices.length > 0 ? this.freeIndices.pop()! : this.byIndex.length;
@@ -195,6 +215,8 @@ export class KvRouter {
     this.sources.set(key, entry);
     this.byIndex[index] = entry;
     this.index.addSource(index);
+    this.loadOrder.set(index, 0);
+    if (options.mode === 'approx') this.approxSources.add(index);
     return key;
   }
 
@@ -209,6 +231,8 @@ export class KvRouter {
     this.approx.removeSource(entry.index);
     this.sources.delete(key);
     this.byIndex[entry.index] = undefined;
+    this.loadOrder.delete(entry.index);
+    this.approxSources.delete(entry.index);
     this.freeIndices.push(entry.index);
     return true;
   }
@@ -324,12 +348,13 @@ export class KvRouter {
     // Source-level filters: allow (the eligible set), exclude (sources a retry moves away from), busy (thresholds).
     let allowed = 0;
     let excluded = 0;
-    for (const entry of this.sources.values()) {
-      if (req.allow && !req.allow.has(entry.key)) continue;
+    const tierCredit = (knobs.hostTierCredit ?? 0) > 0 || (knobs.diskTierCredit ?? 0) > 0;
+    const evaluate = (entry: SourceEntry): void => {
+      if (req.allow && !req.allow.has(entry.key)) return;
       allowed++;
       if (req.exclude?.has(entry.key)) {
         excluded++;
-        continue;
+        return;
       }
       const s = entry.index;
       const activePrefixBlocks = this.active.activePrefix(s, seqHashes, view);
@@ -344,9 +369,9 @@ export class KvRouter {
       const activePrefillTokens = this.active.prefillTokens(s);
       if (this.isBusy(entry, activeBlocks, activePrefillTokens)) {
         busySources.push(entry.key);
-        continue;
+        return;
       }
-      const tier = (knobs.hostTierCredit ?? 0) > 0 || (knobs.diskTierCredit ?? 0) > 0 ? this.tiers.overlap(s, seqHashes, ov) : NO_TIER;
+      const tier = tierCredit ? this.tiers.overlap(s, seqHashes, ov) : NO_TIER;
       candidates.push({
         source: s,
         key: entry.key,
@@ -360,6 +385,10 @@ export class KvRouter {
         activePrefixBlocks,
         activeRequests: this.active.activeRequests(s),
       });
+    };
+    const policy = this.policy(policyName);
+    if (!this.selectSampled(policy, req, seqHashes, view, fromIndex, evaluate)) {
+      for (const entry of this.sources.values()) evaluate(entry);
     }
     // "find" covers the event index plus overlay, approx and active-prefix lookups per candidate.
     const t2 = this.clock?.() ?? 0;
@@ -374,7 +403,7 @@ export class KvRouter {
       };
     }
 
-    const ranking = this.policy(policyName).rank({
+    const ranking = policy.rank({
       candidates,
       promptTokens,
       requestBlocks,
@@ -396,6 +425,7 @@ export class KvRouter {
       prefillTokens: Math.max(0, promptTokens - chosen.overlapBlocks * this.blockSize),
       startedAt: now,
     });
+    this.reorder(chosen.source);
     if (entry.mode === 'approx') this.approx.record(chosen.source, seqHashes, now);
     const accounted = req.account ?? true;
     if (accounted) this.ledger.routed(entry.key, requestBlocks, chosen.overlapBlocks, bestOverlap);
@@ -457,6 +487,7 @@ export class KvRouter {
       prefillTokens: Math.max(0, remote.promptTokens - remote.overlapBlocks * this.blockSize),
       startedAt: now,
     });
+    this.reorder(entry.index);
     this.records.set(remote.requestId, {
       remote: true,
       sourceKey: entry.key,
@@ -512,6 +543,62 @@ export class KvRouter {
     return this.finish(requestId, { outcome: 'retried' }, -Infinity) !== undefined;
   }
 
+  /**
+   * Selection over a large fleet without scanning it (docs/routing.md, "Large fleets"): evaluate only the sources that
+   * can hold a prefix of the request (the event index's matches, in-flight and just-finished chains starting with the
+   * same block, approximate-mode sources) plus the least loaded others, up to `coldCandidates` of them that pass the
+   * filters. Exact for the warm sources (so overlap and available reuse are exact); the cold ones differ only in load,
+   * and a load-ordered policy's best cold source is among the least loaded. Returns false (scan everything) for small
+   * fleets, policies that need every source (round-robin, random, prefix-hash), or when too few sources passed.
+   */
+  private selectSampled(
+    policy: Policy,
+    req: RouteRequest,
+    seqHashes: BigUint64Array,
+    view: Uint32Array,
+    fromIndex: ArrayLike<number>,
+    evaluate: (entry: SourceEntry) => void,
+  ): boolean {
+    if (this.selection === 'exhaustive') return false;
+    if (this.selection === 'auto' && this.sources.size <= this.exhaustiveLimit) return false;
+    if (!policy.loadOrdered) return false;
+    const seen = new Set<number>();
+    const visit = (s: number) => {
+      if (seen.has(s)) return;
+      const entry = this.byIndex[s];
+      if (!entry) return;
+      seen.add(s);
+      evaluate(entry);
+    };
+    for (let s = 0; s < fromIndex.length; s++) if (fromIndex[s] > 0) visit(s);
+    for (const s of this.active.sourcesSharingFirstBlock(view, seqHashes.length)) visit(s);
+    for (const s of this.approxSources) visit(s);
+    let cold = 0;
+    for (const s of this.loadOrder.inOrder()) {
+      if (cold >= this.coldCandidates) break;
+      if (seen.has(s)) continue;
+      const entry = this.byIndex[s];
+      if (!entry || (req.allow && !req.allow.has(entry.key)) || req.exclude?.has(entry.key)) continue;
+      visit(s);
+      cold++;
+    }
+    if (cold > 0 || seen.size >= this.sources.size) return true;
+    // Nothing cold passed the filters (a subset, or everything excluded or busy): judge the whole fleet.
+    return this.rescan(evaluate, seen);
+  }
+
+  /** Evaluates the sources not yet seen (the sampled path's fallback keeps what it already evaluated). */
+  private rescan(evaluate: (entry: SourceEntry) => void, seen: ReadonlySet<number>): boolean {
+    for (const entry of this.sources.values()) if (!seen.has(entry.index)) evaluate(entry);
+    return true;
+  }
+
+  /** A source's load changed: its place in the load order follows. */
+  private reorder(source: number): void {
+    if (!this.byIndex[source]) return;
+    this.loadOrder.set(source, this.active.prefillTokens(source) / this.blockSize + this.active.activeBlocks(source));
+  }
+
   private isBusy(entry: SourceEntry, activeBlocks: number, activePrefillTokens: number): boolean {
     const { activeBlockFraction, activePrefillTokens: maxPrefill } = this.busy;
     if (activeBlockFraction !== undefined && entry.capacityBlocks && activeBlocks > activeBlockFraction * entry.capacityBlocks) {
@@ -533,6 +620,7 @@ export class KvRouter {
     if (!req) return false;
     const first = req.firstTokenAt === undefined;
     this.active.firstToken(requestId, now);
+    this.reorder(req.source);
     if (first) for (const o of this.observers) o.firstToken?.(requestId, now);
     return true;
   }
@@ -543,6 +631,7 @@ export class KvRouter {
     if (!record) return undefined;
     this.records.delete(requestId);
     const active = this.active.free(requestId, now);
+    if (active) this.reorder(active.source);
     const predicted = predictedCachedTokens(record.overlapBlocks, record.promptTokens, this.blockSize);
     const cached = info.cachedTokens;
     if (info.outcome === 'retried' && record.accounted) {
@@ -573,6 +662,7 @@ export class KvRouter {
     this.approx.sweep(now);
     const stale = this.active.sweep(now, this.staleMs);
     for (const id of stale) this.records.delete(id);
+    if (stale.length > 0) for (const e of this.sources.values()) this.reorder(e.index);
     return stale;
   }
 

@@ -150,6 +150,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       ...(config.tierCredit ? TIER_CREDIT_ON : {}),
     },
     seed: config.seed,
+    selection: config.selection,
     busy: { activeBlockFraction: config.busyKvFraction, activePrefillTokens: config.busyPrefillTokens },
     clock: () => performance.now(),
   });

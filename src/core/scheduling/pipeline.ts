@@ -23,6 +23,8 @@ export interface Scorer {
 export interface Picker {
   readonly name: string;
   readonly formula: string;
+  /** With load-monotone scorers, the picker's best cold candidate is among the least loaded (sampled selection). */
+  readonly loadOrdered?: boolean;
   pick(ctx: PolicyContext, costs: readonly number[]): number[];
 }
 
@@ -43,11 +45,15 @@ export interface PolicyDescription {
 
 /** cost(w) = Σ weight_k · scorer_k(w); then the picker orders. No scorers: every cost is NaN. */
 export class ComposedPolicy implements Policy {
+  readonly loadOrdered: boolean;
+
   constructor(
     readonly name: string,
     readonly scorers: readonly WeightedScorer[],
     readonly picker: Picker,
-  ) {}
+  ) {
+    this.loadOrdered = this.scorers.length > 0 && (picker.loadOrdered ?? false);
+  }
 
   rank(ctx: PolicyContext): Ranking {
     const n = ctx.candidates.length;

@@ -114,6 +114,7 @@ export function sampleSoftmax(costs: readonly number[], temperature: number, rng
 
 export const MIN_COST: Picker = {
   name: 'min-cost',
+  loadOrdered: true,
   formula:
     'ascending cost; ties: fewest cached blocks, then seeded random; temperature T > 0: first ~ exp(-(c - c_min) / ((c_max - c_min) T))',
   pick(ctx, costs) {
@@ -137,6 +138,7 @@ export const MIN_COST: Picker = {
 export function bandedMin(margin: number): Picker {
   return {
     name: 'banded-min',
+    loadOrdered: true,
     formula: `costs within ${margin} block(s) of the best are ties; ties: more overlap beyond ${margin} block(s), fewest cached blocks, seeded random`,
     pick(ctx, costs) {
       let min = Infinity;
@@ -154,6 +156,7 @@ export function bandedMin(margin: number): Picker {
 
 export const LOWEST: Picker = {
   name: 'lowest',
+  loadOrdered: true,
   formula: 'ascending cost; ties seeded random',
   pick: (ctx, costs) => orderByCost(costs, ctx.rng),
 };
