@@ -3,6 +3,8 @@ import { defineConfig } from 'vitest/config';
 export default defineConfig({
   test: {
     include: ['test/**/*.test.ts'],
+    // Builds dist/ first: process tests run the compiled CLI, as the package ships it.
+    globalSetup: ['test/global-setup.ts'],
     // The JSON report lets .ci/run print a plain "N passed, N failed" closing line.
     reporters: ['default', ['json', { outputFile: 'test-artifacts/vitest.json' }]],
     // Multi-process e2e tests share two cores; keep parallelism modest so timing-sensitive ones do not starve.

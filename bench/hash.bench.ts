@@ -1,5 +1,5 @@
 /**
- * bench:hash — block hashing (REFERENCE section 1), the napi path (`hashBlocksNapi`, two @node-rs/xxhash calls per
+ * bench:hash — block hashing (docs/protocols.md §1), the napi path (`hashBlocksNapi`, two @node-rs/xxhash calls per
  * block) against the WASM path (`hashBlocksWasm`, one call per prompt), side by side in one run. Both are checked to
  * give identical hashes before timing.
  *

@@ -35,8 +35,8 @@ function arg(name: string, fallback: string): string {
   return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : fallback;
 }
 
-const HELP = `usage: npm run bench:index -- --trace mooncake_conversation_trace.jsonl [options]
-  --trace PATH         the Mooncake trace (JSONL with input_length, hash_ids); or set KVROUTE_TRACE
+const HELP = `usage: npm run bench:index -- [--trace PATH] [options]
+  --trace PATH         the Mooncake trace (JSONL or .gz); or set KVROUTE_TRACE; default data/traces/mooncake_conversation_trace.jsonl.gz
   --sources N          sources (engines x data-parallel ranks), default 64
   --capacity BLOCKS    LRU blocks per source, default 36000
   --no-baseline        skip the naive Map/Set baseline (most of the run time)
@@ -49,11 +49,10 @@ if (process.argv.includes('--help') || process.argv.includes('-h')) {
   console.log(HELP);
   process.exit(0);
 }
-const TRACE = arg('trace', process.env.KVROUTE_TRACE ?? '');
-if (TRACE === '') {
-  console.error('bench:index needs the trace: --trace PATH (or KVROUTE_TRACE=PATH); --help for the options');
-  process.exit(2);
-}
+const TRACE = arg(
+  'trace',
+  process.env.KVROUTE_TRACE ?? new URL('../data/traces/mooncake_conversation_trace.jsonl.gz', import.meta.url).pathname,
+);
 const SOURCES = Number(arg('sources', '64'));
 const CAPACITY = Number(arg('capacity', '36000'));
 const BASELINE = !process.argv.includes('--no-baseline');

@@ -22,7 +22,8 @@ import { Publisher } from 'zeromq';
 import { KvIndex } from '../src/core/index/kv-index.ts';
 import type { KvEvent } from '../src/core/types.ts';
 import { decodeVllmBatch, encodeVllmBatch, vllmFrames, type WireEvent, type WireFormat } from '../src/engines/vllm.ts';
-import { quietLogger, SourceIngest } from '../src/ingest/source-ingest.ts';
+import { SourceIngest } from '../src/ingest/source-ingest.ts';
+import { quietLog } from '../src/log.ts';
 import { ZmqSource } from '../src/transport/zmq-source.ts';
 import { createRng } from '../src/core/rng.ts';
 
@@ -138,7 +139,7 @@ async function endToEnd(format: WireFormat, batches: number, blockEvents: number
   const ingest = new SourceIngest({
     source: { workerId: 'bench', dpRank: 0 },
     routerBlockSize: BLOCK_SIZE,
-    log: quietLogger,
+    log: quietLog,
     catchUp: false,
     sink: (_k, events: KvEvent[]) => {
       for (const e of events) index.apply(0, e);
@@ -205,7 +206,7 @@ function inProcess(format: WireFormat, payloads: Buffer[], events: number, block
   const ingest = new SourceIngest({
     source: { workerId: 'bench', dpRank: 0 },
     routerBlockSize: BLOCK_SIZE,
-    log: quietLogger,
+    log: quietLog,
     sink: (_k, evs: KvEvent[]) => {
       for (const e of evs) index.apply(0, e);
     },

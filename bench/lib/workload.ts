@@ -8,6 +8,7 @@
  * names a block together with everything before it, a key names a whole prefix, like the router's sequence hash.
  */
 import { readFileSync } from 'node:fs';
+import { gunzipSync } from 'node:zlib';
 import { BASE_SEED, hashBlocksInto } from '../../src/core/hashing.ts';
 import type { KvEvent } from '../../src/core/types.ts';
 
@@ -21,9 +22,12 @@ export interface TraceRequest {
   readonly hashIds: readonly number[];
 }
 
+/** Reads a JSONL trace, plain or gzip (the committed data/traces/*.jsonl.gz), recognised by gzip's magic bytes. */
 export function loadTrace(path: string): TraceRequest[] {
   const out: TraceRequest[] = [];
-  for (const line of readFileSync(path, 'utf8').split('\n')) {
+  const raw = readFileSync(path);
+  const text = raw[0] === 0x1f && raw[1] === 0x8b ? gunzipSync(raw).toString('utf8') : raw.toString('utf8');
+  for (const line of text.split('\n')) {
     if (line.trim() === '') continue;
     const r = JSON.parse(line) as { input_length: number; hash_ids: number[] };
     out.push({ inputLength: r.input_length, hashIds: r.hash_ids });

@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { intArg } from '../config/parsers.ts';
 import { computeBlockHashes, hashSeed } from '../core/hashing.ts';
 
 /** Parses a JSON array of token ids; returns an error message instead of throwing. */
@@ -34,11 +35,7 @@ export function registerHash(program: Command): void {
         'systems (NVIDIA Dynamo uses the same scheme). Only full blocks are hashed; a trailing partial block is not. ' +
         'Output: {"local": [...], "seq": [...]} with hashes as unsigned decimal strings.',
     )
-    .requiredOption('-b, --block-size <n>', 'tokens per block (the engine block size, e.g. 16)', (v) => {
-      const n = Number(v);
-      if (!Number.isInteger(n) || n <= 0) throw new Error(`--block-size must be a positive integer, got "${v}"`);
-      return n;
-    })
+    .requiredOption('-b, --block-size <n>', 'tokens per block (the engine block size, e.g. 16)', intArg('--block-size', { min: 1 }))
     .option('--lora <name>', 'LoRA adapter name mixed into the seed (as vLLM lora_name)')
     .option('--salt <salt>', 'cache_salt mixed into the seed (per-tenant isolation)')
     .addHelpText('after', '\nExample:\n  echo "[151644, 872, 198, 4340]" | kvroute hash --block-size 4')

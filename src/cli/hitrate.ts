@@ -1,19 +1,12 @@
 import { readFile } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Command } from 'commander';
+import { durationArg } from '../config/parsers.ts';
 import { buildReport, formatReport, reportJson, ScrapeError } from '../metrics/hitrate-report.ts';
 import { metricsUrl } from '../metrics/scrape.ts';
 
-/** "60s", "2m", "500ms", "1h" or a bare number of seconds -> seconds. */
-export function parseDuration(text: string): number {
-  const m = /^(\d+(?:\.\d+)?)\s*(ms|s|m|h)?$/.exec(text.trim());
-  if (!m) throw new Error(`invalid duration "${text}": use e.g. 60s, 2m, 500ms`);
-  const n = Number(m[1]);
-  const unit = m[2] ?? 's';
-  const s = unit === 'ms' ? n / 1000 : unit === 'm' ? n * 60 : unit === 'h' ? n * 3600 : n;
-  if (!(s > 0)) throw new Error(`duration must be positive, got "${text}"`);
-  return s;
-}
+/** --window: "60s", "2m", "500ms", "1h" or a bare number of seconds -> seconds. */
+export const parseDuration = durationArg('--window');
 
 /** `name=URL` or a bare URL (named by its host:port). */
 export function parseEngineArg(arg: string): { name: string; url: string } {

@@ -3,6 +3,7 @@
  */
 import { Command } from 'commander';
 import { registerHash } from './hash.ts';
+import { guardStartup } from './startup-guard.ts';
 
 const program = new Command();
 program
@@ -23,12 +24,24 @@ registerHash(program);
 (await import('./serve.ts')).registerServe(program);
 (await import('./relay.ts')).registerRelay(program);
 
+const commandLabel = () => `kvroute${program.args[0] ? ` ${program.args[0]}` : ''}`;
+const settled = guardStartup(commandLabel);
 try {
   await program.parseAsync(process.argv);
+  settled();
 } catch (err) {
-  // A bad setting or an unusable resource at startup: say what is wrong in one line, not a stack trace.
-  const command = program.args[0] ?? '';
-  process.stderr.write(`kvroute${command ? ` ${command}` : ''}: ${(err as Error).message}\n`);
+  settled();
+  // A bad setting or an unusable resource at startup: say what is wrong in one line, not a stack trace,
+  // prefixed with the (sub)command that refused it ("kvroute trace gen: ...").
+  const path: string[] = [];
+  let command: Command = program;
+  for (const arg of program.args) {
+    const sub = command.commands.find((c) => c.name() === arg || c.aliases().includes(arg));
+    if (!sub) break;
+    path.push(arg);
+    command = sub;
+  }
+  process.stderr.write(`${['kvroute', ...path].join(' ')}: ${(err as Error).message}\n`);
   if (process.env.KVROUTE_DEBUG) process.stderr.write(`${(err as Error).stack}\n`);
   process.exit(2);
 }

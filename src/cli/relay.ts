@@ -3,23 +3,9 @@
  */
 import type { Command } from 'commander';
 import pino from 'pino';
+import { bytesArg, choiceArg, intArg, LOG_LEVELS, zmqEndpointArg } from '../config/parsers.ts';
 import { NatsRelay } from '../transport/nats/relay.ts';
 import { checkWorkerId } from '../transport/nats/protocol.ts';
-
-function positiveInt(name: string) {
-  return (v: string): number => {
-    const n = Number(v);
-    if (!Number.isInteger(n) || n <= 0) throw new Error(`${name} must be a positive integer, got "${v}"`);
-    return n;
-  };
-}
-
-function endpoint(name: string) {
-  return (v: string): string => {
-    if (!/^tcp:\/\/[^:/]+:\d+$/.test(v)) throw new Error(`${name} must look like tcp://host:port, got "${v}"`);
-    return v;
-  };
-}
 
 interface RelayCliOptions {
   nats: string;
@@ -31,6 +17,8 @@ interface RelayCliOptions {
   url?: string;
   blockSize: number;
   flavor: 'vllm' | 'sglang';
+  role?: 'prefill' | 'decode' | 'both';
+  bootstrapPort?: number;
   topic: string;
   heartbeatMs: number;
   maxAgeS: number;
@@ -57,25 +45,40 @@ export function registerRelay(program: Command): void {
     .requiredOption(
       '--events <endpoint>',
       "rank 0's KV event endpoint (vLLM kv-events-config endpoint, connectable form)",
-      endpoint('--events'),
+      zmqEndpointArg('--events', { connectable: true }),
     )
     .option(
       '--replay <endpoint>',
       "rank 0's replay endpoint (vLLM replay_endpoint); without it gaps reset the worker",
-      endpoint('--replay'),
+      zmqEndpointArg('--replay', { connectable: true }),
     )
-    .option('--dp <n>', 'data-parallel ranks (rank r uses the ports + r)', positiveInt('--dp'), 1)
+    .option('--dp <n>', 'data-parallel ranks (rank r uses the ports + r)', intArg('--dp', { min: 1 }), 1)
     .option('--model <name>', 'served model name, published in the registry')
     .option('--url <url>', "the engine's OpenAI base URL (http://host:8000), published for the router's proxy")
-    .option('--block-size <n>', "the router's block size in tokens (the engine's must be a multiple)", positiveInt('--block-size'), 16)
-    .option('--flavor <name>', 'event wire flavour: vllm or sglang', 'vllm')
+    .option(
+      '--block-size <n>',
+      "the router's block size in tokens (the engine's must be a multiple)",
+      intArg('--block-size', { min: 1 }),
+      16,
+    )
+    .option('--flavor <name>', 'event wire flavour: vllm or sglang', choiceArg('--flavor', ['vllm', 'sglang'] as const), 'vllm')
+    .option(
+      '--role <role>',
+      'disaggregated serving: the worker role published in the registry (prefill, decode or both)',
+      choiceArg('--role', ['prefill', 'decode', 'both'] as const),
+    )
+    .option(
+      '--bootstrap-port <n>',
+      'SGLang prefill workers: the bootstrap port, published in the registry',
+      intArg('--bootstrap-port', { min: 1, max: 65535 }),
+    )
     .option('--topic <topic>', 'ZMQ topic prefix to subscribe to', '')
-    .option('--heartbeat-ms <n>', 'registry heartbeat period', positiveInt('--heartbeat-ms'), 2000)
-    .option('--max-age-s <n>', 'stream retention by age (when the stream is created)', positiveInt('--max-age-s'), 3600)
-    .option('--max-bytes <n>', 'stream retention by size (when the stream is created)', positiveInt('--max-bytes'), 1024 ** 3)
-    .option('--replicas <n>', 'JetStream replicas of the stream and buckets (when created)', positiveInt('--replicas'), 1)
-    .option('--stats-every-s <n>', 'log publishing counters this often', positiveInt('--stats-every-s'), 60)
-    .option('--log-level <level>', 'pino log level', 'info')
+    .option('--heartbeat-ms <n>', 'registry heartbeat period', intArg('--heartbeat-ms', { min: 1 }), 2000)
+    .option('--max-age-s <n>', 'stream retention by age (when the stream is created)', intArg('--max-age-s', { min: 1 }), 3600)
+    .option('--max-bytes <n>', 'stream retention by size, e.g. 1gb (when the stream is created)', bytesArg('--max-bytes'), 1024 ** 3)
+    .option('--replicas <n>', 'JetStream replicas of the stream and buckets (when created)', intArg('--replicas', { min: 1 }), 1)
+    .option('--stats-every-s <n>', 'log publishing counters this often', intArg('--stats-every-s', { min: 1 }), 60)
+    .option('--log-level <level>', 'pino log level', choiceArg('--log-level', LOG_LEVELS), 'info')
     .addHelpText(
       'after',
       '\nExample:\n  kvroute relay --nats nats://nats:4222 --worker vllm-0 --events tcp://vllm-0:5557 --replay tcp://vllm-0:5558 \\\n' +
@@ -85,11 +88,6 @@ export function registerRelay(program: Command): void {
       const bad = checkWorkerId(opts.worker);
       if (bad) {
         process.stderr.write(`kvroute relay: ${bad}\n`);
-        process.exitCode = 2;
-        return;
-      }
-      if (opts.flavor !== 'vllm' && opts.flavor !== 'sglang') {
-        process.stderr.write(`kvroute relay: --flavor must be vllm or sglang, got "${opts.flavor}"\n`);
         process.exitCode = 2;
         return;
       }
@@ -104,6 +102,8 @@ export function registerRelay(program: Command): void {
         url: opts.url ?? null,
         blockSize: opts.blockSize,
         flavor: opts.flavor,
+        role: opts.role,
+        bootstrapPort: opts.bootstrapPort,
         topic: opts.topic,
         heartbeatMs: opts.heartbeatMs,
         limits: { maxAgeMs: opts.maxAgeS * 1000, maxBytes: opts.maxBytes, replicas: opts.replicas },
@@ -114,6 +114,7 @@ export function registerRelay(program: Command): void {
         process.once('SIGINT', () => resolve());
         process.once('SIGTERM', () => resolve());
       });
+      log.info({ nats: opts.nats, worker: opts.worker }, 'relay starting: connecting to NATS and the engine');
       try {
         await Promise.race([relay.start(), stopped]);
       } catch (err) {

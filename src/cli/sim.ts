@@ -5,8 +5,12 @@
 import { writeFileSync } from 'node:fs';
 import type { Command } from 'commander';
 import cliProgress from 'cli-progress';
+import { intArg, numberArg, numberListArg, splitList } from '../config/parsers.ts';
+import { ADMISSION_SETTINGS, addServeOptions, serveSettingsFrom } from '../config/serve.ts';
 import { POLICY_NAMES } from '../core/scheduling/policies.ts';
-import { runFleet, type FleetOptions, type FleetResult } from '../sim/fleet.ts';
+import { DEFAULTS } from '../config/serve.ts';
+import { DEFAULT_TRANSFER, type FleetOptions, type FleetResult, runFleet, SIM_DISPATCH_DEFAULTS } from '../sim/fleet.ts';
+import { formatPdTable } from '../sim/pd-report.ts';
 import { computeOracle } from '../sim/oracle.ts';
 import { buildReport, formatReport, renderSvg } from '../sim/report.ts';
 import { type Scenario, scenario, SCENARIOS } from '../sim/scenarios.ts';
@@ -26,7 +30,7 @@ interface SimCliOptions {
   policy?: string;
   blockSize?: number;
   gpuBlocks?: number;
-  rateScale: string;
+  rateScale: number[];
   eventDelayMs: number;
   overlay: boolean;
   prefillLoadScale?: number;
@@ -34,45 +38,24 @@ interface SimCliOptions {
   temperature?: number;
   overlayGraceMs?: number;
   seed: number;
+  engineFailures?: number;
+  queueOrders?: string;
+  excludeTenant?: string[];
+  prefillWorkers?: number;
+  decodeWorkers?: number;
+  disaggMinUncachedTokens?: number[];
+  decodeOverlapCredit?: number;
+  kvTransferBandwidth: number;
+  kvBytesPerToken: number;
   json?: string;
   plot?: string;
   progress: boolean;
 }
 
-function int(name: string, min: number) {
-  return (v: string) => {
-    const n = Number(v);
-    if (!Number.isInteger(n) || n < min) throw new Error(`${name} must be an integer >= ${min}, got "${v}"`);
-    return n;
-  };
-}
-
-function nonNeg(name: string) {
-  return (v: string) => {
-    const n = Number(v);
-    if (!(n >= 0) || !Number.isFinite(n)) throw new Error(`${name} must be a non-negative number, got "${v}"`);
-    return n;
-  };
-}
-
-/** "0.5,1,2" -> [0.5, 1, 2], or an error message. */
-export function parseRateScales(text: string): number[] | string {
-  const out: number[] = [];
-  for (const part of text.split(',')) {
-    const v = Number(part.trim());
-    if (!(v > 0) || !Number.isFinite(v)) return `--rate-scale values must be positive numbers, got "${part}"`;
-    out.push(v);
-  }
-  return out.length > 0 ? out : '--rate-scale needs at least one value';
-}
-
 const KNOWN_POLICIES: readonly string[] = POLICY_NAMES;
 
 export function parsePolicies(text: string): string[] | string {
-  const names = text
-    .split(',')
-    .map((s) => s.trim())
-    .filter(Boolean);
+  const names = splitList(text, /\s*,\s*/);
   for (const n of names) {
     if (!KNOWN_POLICIES.includes(n)) return `unknown policy "${n}"; known: ${KNOWN_POLICIES.join(', ')}`;
   }
@@ -84,8 +67,22 @@ function fail(message: string, code = 2): void {
   process.exitCode = code;
 }
 
+/** The admission settings `kvroute sim` shares with `kvroute serve`: same flags, ranges, defaults (src/config/serve.ts). */
+const SIM_ADMISSION = [
+  ...ADMISSION_SETTINGS,
+  'breakerThreshold',
+  'breakerCooldownMs',
+  'bands',
+  'tenantWeights',
+  'tenantTokenBudgets',
+  'prefillTokensPerSecond',
+  'sessionTtlMs',
+  'sessionLoadFactor',
+  'selection',
+] as const;
+
 export function registerSim(program: Command): void {
-  program
+  const sim = program
     .command('sim')
     .summary('replay a trace through simulated engines behind the real router and compare routing policies')
     .description(
@@ -94,50 +91,132 @@ export function registerSim(program: Command): void {
         'step timing); KV events flow back to the router after --event-delay-ms, first-token and finish hooks fire at ' +
         'their simulated times. Per policy: predicted hit (request- and block-weighted), available hit, engine-delivered ' +
         'hit (token-weighted, engine counters), TTFT p50/p90/p99 overall and by prompt length, throughput, prefill-load ' +
-        'imbalance (max/mean), preemptions; plus the oracle (infinite shared cache) on the same trace.',
+        'imbalance (max/mean), preemptions; plus the oracle (infinite shared cache) on the same trace. Requests go ' +
+        'through the same core dispatcher as `kvroute serve` (busy thresholds, queue, retries, breakers, with the ' +
+        'same setting names): the report counts requests served, queued, refused (by reason) and retried.',
     )
     .option('--trace <file>', 'Mooncake-format JSONL trace (see `kvroute trace gen`)')
     .option('--scenario <name>', `a built-in scenario instead of --trace: ${SCENARIOS.join(', ')} (seed: the 0.32-vs-0.77 case)`)
-    .option('--limit <n>', 'replay only the first N requests', int('--limit', 1))
-    .option('--workers <n>', 'engines in the fleet (default 8; scenario: its own)', int('--workers', 1))
+    .option('--limit <n>', 'replay only the first N requests', intArg('--limit', { min: 1 }))
+    .option('--workers <n>', 'engines in the fleet (default 8; scenario: its own)', intArg('--workers', { min: 1 }))
     .option('--policy <list>', `comma-separated policies: ${KNOWN_POLICIES.join(', ')} (default kv-pressure,kv,round-robin)`)
     .option(
       '--block-size <n>',
       'router and engine block size in tokens; must divide 512 for trace fidelity (default 16)',
-      int('--block-size', 1),
+      intArg('--block-size', { min: 1 }),
     )
     .option(
       '--gpu-blocks <n>',
       `KV blocks per engine (default ${DEFAULT_CAPACITY_TOKENS.toLocaleString('en-US')} tokens' worth)`,
-      int('--gpu-blocks', 1),
+      intArg('--gpu-blocks', { min: 1 }),
     )
-    .option('--rate-scale <list>', 'arrival-rate multipliers, comma-separated: 2 = twice the trace load', '1')
-    .option('--event-delay-ms <ms>', 'delay from an engine step to the router applying its KV events', nonNeg('--event-delay-ms'), 5)
+    .option(
+      '--rate-scale <list>',
+      'arrival-rate multipliers, comma-separated: 2 = twice the trace load',
+      numberListArg('--rate-scale', { min: 0, minExclusive: true }),
+      [1],
+    )
+    .option(
+      '--event-delay-ms <ms>',
+      'delay from an engine step to the router applying its KV events',
+      numberArg('--event-delay-ms', { min: 0 }),
+      5,
+    )
     .option('--no-overlay', "disable the router's predicted overlay (in-flight siblings credited before their KV events)")
-    .option('--overlay-grace-ms <ms>', 'how long a finished request still counts in the overlay', nonNeg('--overlay-grace-ms'))
-    .option('--prefill-load-scale <x>', 'kv knob: weight of prefill load against decode load (default 1)', nonNeg('--prefill-load-scale'))
-    .option('--overlap-credit <x>', 'kv knob: prefill blocks saved per overlapping block (default 1)', nonNeg('--overlap-credit'))
-    .option('--temperature <t>', 'kv knob: 0 picks the minimum cost, > 0 samples a softmax (default 0)', nonNeg('--temperature'))
-    .option('--seed <n>', 'seed for the router and the engines (and the scenario generator)', int('--seed', 0), 1)
+    .option(
+      '--overlay-grace-ms <ms>',
+      'how long a finished request still counts in the overlay',
+      numberArg('--overlay-grace-ms', { min: 0 }),
+    )
+    .option(
+      '--prefill-load-scale <x>',
+      'kv knob: weight of prefill load against decode load (default 1)',
+      numberArg('--prefill-load-scale', { min: 0 }),
+    )
+    .option(
+      '--overlap-credit <x>',
+      'kv knob: prefill blocks saved per overlapping block (default 1)',
+      numberArg('--overlap-credit', { min: 0 }),
+    )
+    .option(
+      '--temperature <t>',
+      'kv knob: 0 picks the minimum cost, > 0 samples a softmax (default 0)',
+      numberArg('--temperature', { min: 0 }),
+    )
+    .option('--seed <n>', 'seed for the router and the engines (and the scenario generator)', intArg('--seed', { min: 0 }), 1)
+    .option(
+      '--engine-failures <fraction>',
+      'fraction of attempts that fail before the engine answers (as a 500), seeded (default 0)',
+      numberArg('--engine-failures', { min: 0 }),
+    )
+    .option(
+      '--exclude-tenant <name>',
+      "drop this tenant's requests from the trace (repeatable): the others on a quieter fleet",
+      (v: string, prev: string[] = []) => [...prev, v],
+    )
+    .option(
+      '--queue-orders <list>',
+      'queue orders to compare, comma-separated: fair (bands, fair queuing across tenants) and/or fifo (default fair; scenario: its own)',
+    )
+    .option(
+      '--prefill-workers <n>',
+      'disaggregated prefill/decode: prefill workers (with --decode-workers; replaces --workers)',
+      intArg('--prefill-workers', { min: 0 }),
+    )
+    .option('--decode-workers <n>', 'disaggregated prefill/decode: decode workers', intArg('--decode-workers', { min: 1 }))
+    .option(
+      '--disagg-min-uncached-tokens <list>',
+      "P/D: conditional disaggregation thresholds to compare, comma-separated (as serve's setting; default 1024)",
+      numberListArg('--disagg-min-uncached-tokens', { min: 0 }),
+    )
+    .option(
+      '--decode-overlap-credit <x>',
+      "P/D: the decode leg's overlap credit (as serve's setting; default 0)",
+      numberArg('--decode-overlap-credit', { min: 0 }),
+    )
+    .option(
+      '--kv-transfer-bandwidth <bytes/s>',
+      'P/D: KV transfer bandwidth between a prefill and a decode worker',
+      numberArg('--kv-transfer-bandwidth', { min: 1 }),
+      DEFAULT_TRANSFER.bytesPerS,
+    )
+    .option(
+      '--kv-bytes-per-token <n>',
+      'P/D: KV bytes per token moved',
+      numberArg('--kv-bytes-per-token', { min: 1 }),
+      DEFAULT_TRANSFER.bytesPerToken,
+    )
     .option('--json <file>', 'write the full results as JSON')
     .option('--plot <file>', 'write an SVG chart of hit rates and TTFT per policy')
-    .option('--no-progress', 'no progress bar on stderr')
+    .option('--no-progress', 'no progress bar on stderr');
+  addServeOptions(sim, SIM_ADMISSION, true);
+  sim
     .addHelpText(
       'after',
       '\nExamples:\n' +
-        '  kvroute sim --trace ../shared/data/mooncake_conversation_trace.jsonl --workers 8 --block-size 512 --gpu-blocks 8192 \\\n' +
+        '  kvroute sim --trace data/traces/mooncake_conversation_trace.jsonl.gz --workers 8 --block-size 512 --gpu-blocks 8192 \\\n' +
         '      --policy kv,round-robin,random,least-loaded,prefix-hash --json out.json --plot out.svg\n' +
         '  kvroute sim --trace t.jsonl --policy kv,round-robin --rate-scale 0.5,1,2,4\n' +
-        '  kvroute sim --scenario seed',
+        '  kvroute sim --scenario seed\n' +
+        '  kvroute sim --scenario noisy-neighbour                       # FIFO vs fair queuing, per-tenant TTFT, fairness\n' +
+        '  kvroute sim --scenario noisy-neighbour --exclude-tenant noisy  # the same tenants without the flood',
     )
-    .action(async (o: SimCliOptions) => {
+    .action(async (o: SimCliOptions, cmd: Command) => {
+      const given = (key: string) => cmd.getOptionValueSource(key) === 'cli';
+      let admission: ReturnType<typeof serveSettingsFrom<(typeof SIM_ADMISSION)[number]>>;
+      try {
+        // Flags only: KVROUTE_* variables configure the router, not a simulation.
+        admission = serveSettingsFrom(cmd, SIM_ADMISSION, { env: {} });
+      } catch (err) {
+        return fail((err as Error).message);
+      }
       if (!o.trace === !o.scenario) return fail('give exactly one of --trace FILE or --scenario NAME');
-      const rates = parseRateScales(o.rateScale);
-      if (typeof rates === 'string') return fail(rates);
+      const rates = o.rateScale;
       let requests: TraceRequest[];
       let source: string;
       let base: Omit<FleetOptions, 'policy' | 'onProgress'>;
       let policies: string[] = ['kv-pressure', 'kv', 'round-robin'];
+      let scenarioOrders: ReadonlyArray<'fair' | 'fifo'> | undefined;
       const chosen = o.policy === undefined ? undefined : parsePolicies(o.policy);
       if (typeof chosen === 'string') return fail(chosen);
       if (o.scenario) {
@@ -151,6 +230,7 @@ export function registerSim(program: Command): void {
         source = `scenario ${sc.name} (${sc.description})`;
         base = sc.fleet;
         policies = sc.policies;
+        scenarioOrders = sc.queueOrders;
       } else {
         try {
           const loaded = await loadTrace(o.trace!, { limit: o.limit });
@@ -168,6 +248,7 @@ export function registerSim(program: Command): void {
         base = { workers: 8, blockSize: bs, gpuBlocks: Math.max(1, Math.floor(DEFAULT_CAPACITY_TOKENS / bs)), seed: o.seed };
       }
       if (chosen) policies = chosen;
+      if (o.excludeTenant) requests = requests.filter((r) => !o.excludeTenant!.includes(r.tenant ?? 'default'));
       if (o.limit !== undefined) requests = requests.slice(0, o.limit);
       if (requests.length === 0) return fail('the trace has no valid requests', 1);
       const blockSize = o.blockSize ?? base.blockSize;
@@ -190,13 +271,58 @@ export function registerSim(program: Command): void {
             ...(o.temperature !== undefined && { temperature: o.temperature }),
           },
           ...(o.overlayGraceMs !== undefined && { overlayGraceMs: o.overlayGraceMs }),
+          selection: admission.selection,
+          ...((admission.busyPrefillTokens !== undefined || admission.busyKvFraction !== undefined) && {
+            busy: { activePrefillTokens: admission.busyPrefillTokens, activeBlockFraction: admission.busyKvFraction },
+          }),
         },
+        // A scenario's own admission, then the flags given on the command line.
+        dispatch: {
+          ...SIM_DISPATCH_DEFAULTS,
+          ...(base.dispatch ?? {}),
+          ...(given('queueLimit') && { queueLimit: admission.queueLimit }),
+          ...(given('queueTimeoutMs') && { queueTimeoutMs: admission.queueTimeoutMs }),
+          ...(given('retries') && { retries: admission.retries }),
+          breaker: {
+            threshold: given('breakerThreshold')
+              ? admission.breakerThreshold
+              : (base.dispatch?.breaker?.threshold ?? SIM_DISPATCH_DEFAULTS.breaker.threshold),
+            cooldownMs: given('breakerCooldownMs')
+              ? admission.breakerCooldownMs
+              : (base.dispatch?.breaker?.cooldownMs ?? SIM_DISPATCH_DEFAULTS.breaker.cooldownMs),
+          },
+          flow: {
+            ...(base.dispatch?.flow ?? {}),
+            ...(admission.bands.length > 0 && { bands: admission.bands }),
+            weights: admission.tenantWeights,
+          },
+          tokenBudgets: admission.tenantTokenBudgets,
+          prefillTokensPerSecond: admission.prefillTokensPerSecond,
+          sessions: { ttlMs: admission.sessionTtlMs, loadFactor: admission.sessionLoadFactor },
+        },
+        engineFailures: o.engineFailures,
+        ...(o.prefillWorkers !== undefined || o.decodeWorkers !== undefined
+          ? {
+              prefillWorkers: o.prefillWorkers ?? 0,
+              decodeWorkers: o.decodeWorkers ?? 1,
+              transfer: { bytesPerS: o.kvTransferBandwidth, bytesPerToken: o.kvBytesPerToken },
+            }
+          : {}),
       };
+      const withCredit: typeof fleet =
+        o.decodeOverlapCredit === undefined
+          ? fleet
+          : { ...fleet, router: { ...fleet.router, knobs: { ...fleet.router?.knobs, decodeOverlapCredit: o.decodeOverlapCredit } } };
+      const thresholds = o.disaggMinUncachedTokens ?? [DEFAULTS.disaggMinUncachedTokens];
+      if (o.engineFailures !== undefined && o.engineFailures >= 1) return fail('--engine-failures must be below 1');
       if (512 % blockSize !== 0) {
         process.stderr.write(`kvroute sim: note: block size ${blockSize} does not divide 512; trace blocks straddle router blocks\n`);
       }
 
-      const runs = policies.length * rates.length;
+      const orderList = o.queueOrders ? splitList(o.queueOrders) : [...(scenarioOrders ?? ['fair'])];
+      for (const q of orderList) if (q !== 'fair' && q !== 'fifo') return fail(`--queue-orders values must be fair or fifo, got "${q}"`);
+      const queueOrders = orderList as Array<'fair' | 'fifo'>;
+      const runs = policies.length * rates.length * queueOrders.length * thresholds.length;
       const bar =
         o.progress && process.stderr.isTTY
           ? new cliProgress.SingleBar(
@@ -213,18 +339,28 @@ export function registerSim(program: Command): void {
       const results: FleetResult[] = [];
       let done = 0;
       for (const policy of policies) {
-        for (const rateScale of rates) {
-          const label = `${policy} x${rateScale}`;
-          const r = runFleet(requests, {
-            ...fleet,
-            policy,
-            rateScale,
-            hasher,
-            onProgress: bar ? (k) => bar.update(done + k, { run: label }) : undefined,
-          });
-          done += requests.length;
-          bar?.update(done, { run: label });
-          results.push(r);
+        for (const order of queueOrders) {
+          for (const rateScale of rates) {
+            for (const minUncached of thresholds) {
+              const label = `${policy}${queueOrders.length > 1 ? ` ${order}` : ''} x${rateScale}${fleet.decodeWorkers ? ` N=${minUncached}` : ''}`;
+              const r = runFleet(requests, {
+                ...withCredit,
+                dispatch: {
+                  ...SIM_DISPATCH_DEFAULTS,
+                  ...fleet.dispatch,
+                  flow: { ...fleet.dispatch?.flow, order },
+                  pd: { minUncachedTokens: minUncached },
+                },
+                policy,
+                rateScale,
+                hasher,
+                onProgress: bar ? (k) => bar.update(done + k, { run: label }) : undefined,
+              });
+              done += requests.length;
+              bar?.update(done, { run: label });
+              results.push(r);
+            }
+          }
         }
       }
       bar?.stop();
@@ -232,7 +368,7 @@ export function registerSim(program: Command): void {
       const report = buildReport(
         { ...stats, source },
         {
-          workers: fleet.workers,
+          workers: fleet.decodeWorkers !== undefined ? (fleet.prefillWorkers ?? 0) + fleet.decodeWorkers : fleet.workers,
           block_size: blockSize,
           gpu_blocks: fleet.gpuBlocks,
           event_delay_ms: fleet.eventDelayMs ?? 5,
@@ -242,6 +378,7 @@ export function registerSim(program: Command): void {
         results,
       );
       process.stdout.write(`${formatReport(report)}\n`);
+      process.stdout.write(`${formatPdTable(results)}\n`);
       if (o.scenario === 'seed') process.stdout.write(`${seedVerdict(results[0])}\n`);
       try {
         if (o.json) writeFileSync(o.json, `${JSON.stringify(report, null, 2)}\n`);

@@ -1,9 +1,12 @@
 /** `kvroute trace gen|stats`: synthetic traces in the Mooncake JSONL format, and the shape of any trace. */
 import { createWriteStream } from 'node:fs';
 import type { Command } from 'commander';
+import { choiceArg, intArg, numberArg } from '../config/parsers.ts';
 import { formatTraceLine, type TraceRequest } from '../sim/traces/format.ts';
 import {
   generateMultiTurn,
+  generateNoisyNeighbour,
+  NOISY_NEIGHBOUR_DEFAULTS,
   generateSharedPrefix,
   generateSkewed,
   MULTI_TURN_DEFAULTS,
@@ -14,30 +17,6 @@ import {
 } from '../sim/traces/generate.ts';
 import { loadTrace } from '../sim/traces/reader.ts';
 import { formatTraceStats, traceStats } from '../sim/traces/stats.ts';
-
-function positiveInt(name: string) {
-  return (v: string) => {
-    const n = Number(v);
-    if (!Number.isInteger(n) || n <= 0) throw new Error(`${name} must be a positive integer, got "${v}"`);
-    return n;
-  };
-}
-
-function nonNegInt(name: string) {
-  return (v: string) => {
-    const n = Number(v);
-    if (!Number.isInteger(n) || n < 0) throw new Error(`${name} must be a non-negative integer, got "${v}"`);
-    return n;
-  };
-}
-
-function positiveNumber(name: string) {
-  return (v: string) => {
-    const n = v === 'inf' ? Infinity : Number(v);
-    if (!(n > 0)) throw new Error(`${name} must be a positive number, got "${v}"`);
-    return n;
-  };
-}
 
 interface GenOptions {
   kind: string;
@@ -51,6 +30,10 @@ interface GenOptions {
   questionLen?: number;
   outputLen?: number;
   meanTurns?: number;
+  sessions?: boolean;
+  steadyTenants?: number;
+  noisyFactor?: number;
+  noisyPriority?: number;
 }
 
 export function generateTrace(o: GenOptions): TraceRequest[] {
@@ -81,6 +64,16 @@ export function generateTrace(o: GenOptions): TraceRequest[] {
         ...(o.rate !== undefined && { rate: o.rate }),
         ...(o.meanTurns !== undefined && { meanTurns: o.meanTurns }),
         ...(o.systemPromptLen !== undefined && { systemPromptLen: o.systemPromptLen }),
+        ...(o.sessions && { sessionPrefix: 'c' }),
+      });
+    case 'noisy-neighbour':
+      return generateNoisyNeighbour({
+        seed: o.seed,
+        ...(o.requests !== undefined && { requests: o.requests }),
+        ...(o.rate !== undefined && { rate: o.rate }),
+        ...(o.steadyTenants !== undefined && { steadyTenants: o.steadyTenants }),
+        ...(o.noisyFactor !== undefined && { noisyFactor: o.noisyFactor }),
+        ...(o.noisyPriority !== undefined && { noisyPriority: o.noisyPriority }),
       });
     default:
       throw new Error(`unknown trace kind "${o.kind}"; known: ${TRACE_KINDS.join(', ')}`);
@@ -122,30 +115,37 @@ export function registerTrace(program: Command): void {
         `                 long requests are agentic sessions whose context grows turn by turn (defaults: ${SKEWED_DEFAULTS.requests} requests, ${SKEWED_DEFAULTS.rate} req/s)\n` +
         `  shared-prefix  SGLang's generated-shared-prefix benchmark: groups x prompts per group, each a shared system prompt plus\n` +
         `                 a unique question, shuffled (defaults: ${SHARED_PREFIX_DEFAULTS.groups} x ${SHARED_PREFIX_DEFAULTS.promptsPerGroup}, system ${SHARED_PREFIX_DEFAULTS.systemPromptLen}, question ${SHARED_PREFIX_DEFAULTS.questionLen}, output ${SHARED_PREFIX_DEFAULTS.outputLen})\n` +
-        `  multi-turn     plain chat sessions over a shared system prompt (defaults: ${MULTI_TURN_DEFAULTS.requests} requests, ${MULTI_TURN_DEFAULTS.meanTurns} turns on average)`,
+        `  multi-turn     plain chat sessions over a shared system prompt (defaults: ${MULTI_TURN_DEFAULTS.requests} requests, ${MULTI_TURN_DEFAULTS.meanTurns} turns on average;\n` +
+        `                 --sessions tags each conversation with a session_id)\n` +
+        `  noisy-neighbour  flow control: ${NOISY_NEIGHBOUR_DEFAULTS.steadyTenants} steady tenants of multi-turn chat (tenant-0, ...) and one "noisy" tenant that\n` +
+        `                 sends ${NOISY_NEIGHBOUR_DEFAULTS.noisyFactor}x a steady tenant's rate from ${NOISY_NEIGHBOUR_DEFAULTS.burstFrom * 100}% to ${NOISY_NEIGHBOUR_DEFAULTS.burstTo * 100}% of the run; every request carries tenant,\n` +
+        '                 session_id (and priority with --noisy-priority)',
     )
-    .requiredOption('--kind <kind>', `one of ${TRACE_KINDS.join(', ')}`)
-    .option('--requests <n>', 'number of requests', positiveInt('--requests'))
-    .option('--seed <n>', 'generator seed', nonNegInt('--seed'), 1)
+    .requiredOption('--kind <kind>', `one of ${TRACE_KINDS.join(', ')}`, choiceArg('--kind', TRACE_KINDS))
+    .option('--requests <n>', 'number of requests (noisy-neighbour: about that many)', intArg('--requests', { min: 1 }))
+    .option('--seed <n>', 'generator seed', intArg('--seed', { min: 0 }), 1)
     .option('--out <file>', 'write the trace here (JSONL); without it only the stats are printed')
     .option(
       '--rate <rps>',
       'mean arrival rate in requests per second ("inf" sends all at once: shared-prefix only)',
-      positiveNumber('--rate'),
+      numberArg('--rate', { min: 0, minExclusive: true }, { infinity: true }),
     )
-    .option('--groups <n>', 'shared-prefix: number of groups', positiveInt('--groups'))
-    .option('--prompts-per-group <n>', 'shared-prefix: prompts per group', positiveInt('--prompts-per-group'))
-    .option('--system-prompt-len <n>', 'shared-prefix, multi-turn: system prompt tokens', nonNegInt('--system-prompt-len'))
-    .option('--question-len <n>', 'shared-prefix: question tokens', positiveInt('--question-len'))
-    .option('--output-len <n>', 'shared-prefix: output tokens', positiveInt('--output-len'))
-    .option('--mean-turns <n>', 'skewed, multi-turn: mean turns per session', positiveNumber('--mean-turns'))
+    .option('--groups <n>', 'shared-prefix: number of groups', intArg('--groups', { min: 1 }))
+    .option('--prompts-per-group <n>', 'shared-prefix: prompts per group', intArg('--prompts-per-group', { min: 1 }))
+    .option('--system-prompt-len <n>', 'shared-prefix, multi-turn: system prompt tokens', intArg('--system-prompt-len', { min: 0 }))
+    .option('--question-len <n>', 'shared-prefix: question tokens', intArg('--question-len', { min: 1 }))
+    .option('--output-len <n>', 'shared-prefix: output tokens', intArg('--output-len', { min: 1 }))
+    .option('--mean-turns <n>', 'skewed, multi-turn: mean turns per session', numberArg('--mean-turns', { min: 0, minExclusive: true }))
+    .option('--sessions', 'multi-turn: tag every conversation with a session_id')
+    .option('--steady-tenants <n>', 'noisy-neighbour: steady tenants', intArg('--steady-tenants', { min: 1, max: 14 }))
+    .option(
+      '--noisy-factor <x>',
+      "noisy-neighbour: the noisy tenant's rate over a steady tenant's",
+      numberArg('--noisy-factor', { min: 0, minExclusive: true }),
+    )
+    .option('--noisy-priority <n>', "noisy-neighbour: the noisy tenant's priority (lower runs first)", intArg('--noisy-priority'))
     .addHelpText('after', '\nExample:\n  kvroute trace gen --kind skewed --requests 5000 --seed 7 --out /tmp/skewed.jsonl')
     .action(async (o: GenOptions) => {
-      if (!(TRACE_KINDS as readonly string[]).includes(o.kind)) {
-        process.stderr.write(`kvroute trace gen: unknown --kind "${o.kind}"; known: ${TRACE_KINDS.join(', ')}\n`);
-        process.exitCode = 2;
-        return;
-      }
       const requests = generateTrace(o);
       if (o.out) {
         try {

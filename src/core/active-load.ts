@@ -1,5 +1,5 @@
 /**
- * In-flight load per source, from the router's own decisions (REFERENCE section 5):
+ * In-flight load per source, from the router's own decisions (docs/protocols.md §5):
  * - prefill tokens (prompt tokens not expected from cache) count from routing until the first output token;
  * - active blocks count from routing until finish; requests sharing a prefix on one source count it once; the
  *   trailing partial block is unique to each request.
@@ -71,6 +71,9 @@ function maxPrefix(view: Uint32Array, n: number, chains: readonly Chain[], skip?
 
 const u32 = (h: BigUint64Array) => new Uint32Array(h.buffer, h.byteOffset, h.length * 2);
 
+/** A chain's first block as a number (53 of its 64 bits): collisions only add candidates, never lose one. */
+const firstKey = (view: Uint32Array): number => view[0] + (view[1] & 0x1fffff) * 4294967296;
+
 export interface ActiveLoadOptions {
   /** How long a finished request still counts in the overlay (covers event delay after finish), ms. */
   readonly graceMs?: number;
@@ -81,6 +84,11 @@ export interface ActiveLoadOptions {
 export class ActiveLoad {
   private readonly requests = new Map<string, ActiveRequest & Chain>();
   private readonly sources = new Map<number, SourceLoad>();
+  /**
+   * Sources holding an in-flight or recently finished chain, by the chain's first block (with a count per source):
+   * selection over thousands of sources looks only at those that can share a prefix with the request.
+   */
+  private readonly byFirstBlock = new Map<number, Map<number, number>>();
   private readonly graceMs: number;
   private readonly recentPerSource: number;
 
@@ -98,6 +106,29 @@ export class ActiveLoad {
     return s;
   }
 
+  private indexChain(source: number, chain: Chain, delta: 1 | -1): void {
+    if (chain.blocks === 0) return;
+    const k = firstKey(chain.view);
+    let m = this.byFirstBlock.get(k);
+    if (!m) {
+      if (delta < 0) return;
+      m = new Map();
+      this.byFirstBlock.set(k, m);
+    }
+    const n = (m.get(source) ?? 0) + delta;
+    if (n > 0) m.set(source, n);
+    else {
+      m.delete(source);
+      if (m.size === 0) this.byFirstBlock.delete(k);
+    }
+  }
+
+  /** Sources with an in-flight or recent chain starting with the same block as `view` (may include false positives). */
+  sourcesSharingFirstBlock(view: Uint32Array, blocks: number): Iterable<number> {
+    if (blocks === 0) return [];
+    return this.byFirstBlock.get(firstKey(view))?.keys() ?? [];
+  }
+
   has(requestId: string): boolean {
     return this.requests.has(requestId);
   }
@@ -113,6 +144,7 @@ export class ActiveLoad {
     s.distinctBlocks += req.blocks - maxPrefix(req.view, req.blocks, s.inFlight);
     if (req.requestBlocks > req.blocks) s.partialBlocks++;
     s.inFlight.push(req);
+    this.indexChain(req.source, req, 1);
     this.requests.set(req.requestId, req);
   }
 
@@ -135,12 +167,17 @@ export class ActiveLoad {
     const at = s.inFlight.indexOf(req);
     s.inFlight[at] = s.inFlight[s.inFlight.length - 1];
     s.inFlight.pop();
+    this.indexChain(req.source, req, -1);
     s.distinctBlocks -= req.blocks - maxPrefix(req.view, req.blocks, s.inFlight);
     if (req.requestBlocks > req.blocks) s.partialBlocks--;
     if (this.graceMs > 0 && req.blocks > 0 && now > -Infinity) {
       const chain: RecentChain = { view: req.view, blocks: req.blocks, expiresAt: now + this.graceMs };
       if (s.recent.length < this.recentPerSource) s.recent.push(chain);
-      else s.recent[s.recentNext] = chain;
+      else {
+        this.indexChain(req.source, s.recent[s.recentNext], -1);
+        s.recent[s.recentNext] = chain;
+      }
+      this.indexChain(req.source, chain, 1);
       s.recentNext = (s.recentNext + 1) % this.recentPerSource;
     }
     return req;
@@ -151,8 +188,12 @@ export class ActiveLoad {
     const stale: string[] = [];
     for (const req of this.requests.values()) if (now - req.startedAt > staleMs) stale.push(req.requestId);
     for (const id of stale) this.free(id);
-    for (const s of this.sources.values()) {
-      for (let i = s.recent.length - 1; i >= 0; i--) if (s.recent[i].expiresAt <= now) s.recent.splice(i, 1);
+    for (const [source, s] of this.sources) {
+      for (let i = s.recent.length - 1; i >= 0; i--) {
+        if (s.recent[i].expiresAt > now) continue;
+        this.indexChain(source, s.recent[i], -1);
+        s.recent.splice(i, 1);
+      }
       s.recentNext = s.recent.length % this.recentPerSource;
     }
     return stale;
@@ -165,6 +206,7 @@ export class ActiveLoad {
 
   removeSource(source: number): void {
     for (const id of this.requestsOn(source)) this.free(id);
+    for (const c of this.sources.get(source)?.recent ?? []) this.indexChain(source, c, -1);
     this.sources.delete(source);
   }
 

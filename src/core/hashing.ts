@@ -1,5 +1,5 @@
 /**
- * The router's own block hash (REFERENCE section 1; the base case of NVIDIA Dynamo's router hash).
+ * The router's own block hash (docs/protocols.md §1; the base case of NVIDIA Dynamo's router hash).
  *
  *   seed     = 1337 (+ xxh3(lora_name, 0)) (+ xxh3(cache_salt, 1))         wrapping at 2^64
  *   local[i] = xxh3_64(LE u32 bytes of tokens[i*bs .. (i+1)*bs), seed)     full blocks only
@@ -140,7 +140,7 @@ export function hashBlocksNapi(
   return blocks;
 }
 
-/** Local and sequence hashes of every full block of `tokens` (the contract of REFERENCE section 1). */
+/** Local and sequence hashes of every full block of `tokens` (the contract of docs/protocols.md §1). */
 export function computeBlockHashes(tokens: ArrayLike<number>, blockSize: number, seed: bigint = BASE_SEED): BlockHashes {
   const n = fullBlocks(tokens.length, blockSize);
   const local = new BigUint64Array(n);

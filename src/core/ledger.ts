@@ -1,5 +1,5 @@
 /**
- * The reuse ledger: three quantities that are easy to confuse (REFERENCE section 6), each kept so that both
+ * The reuse ledger: three quantities that are easy to confuse (docs/protocols.md §6), each kept so that both
  * aggregations can be read from the same totals:
  *   available  best overlap over eligible sources            (what the fleet had)
  *   chosen     overlap on the picked source, at routing time  (what the router predicted)

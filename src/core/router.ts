@@ -16,6 +16,8 @@ import { RouterSnapshot, type RouterSnapshotData, type SourceSnapshot } from './
 import { isLowerTier, TierIndex } from './tiers.ts';
 import { predictedCachedTokens, ReuseLedger } from './ledger.ts';
 import { createRng, type Rng } from './rng.ts';
+import { PD_POLICY_NAMES } from './scheduling/pd.ts';
+import { LoadOrder } from './scheduling/load-order.ts';
 import { createPolicy, DEFAULT_POLICY, POLICY_NAMES } from './scheduling/policies.ts';
 import type { Candidate, Policy } from './scheduling/policy.ts';
 import {
@@ -80,6 +82,15 @@ export interface KvRouterOptions {
   /** Requests older than this are force-freed by sweep(). Default 300 s. */
   readonly staleRequestMs?: number;
   /**
+   * How route() finds its candidates: `exhaustive` evaluates every source; `sampled` only those that can hold the
+   * request's prefix plus the `coldCandidates` least loaded (load-ordered policies only); `auto` (default) samples above
+   * `exhaustiveLimit` sources (256).
+   */
+  readonly selection?: 'auto' | 'exhaustive' | 'sampled';
+  readonly exhaustiveLimit?: number;
+  /** Least-loaded sources without a prefix of the request evaluated in sampled selection. Default 16. */
+  readonly coldCandidates?: number;
+  /**
    * Optional high-resolution clock (ms) used only to time route()'s phases for overhead metrics. Injected so the
    * core stays free of ambient clocks; without it decisions carry no timings.
    */
@@ -116,6 +127,8 @@ export interface FinishedRequest {
   readonly routedAt: number;
   readonly firstTokenAt?: number;
   readonly finishedAt: number;
+  /** In the reuse ledger (false for the decode leg of a disaggregated request: its cache hit is not the one served). */
+  readonly accounted: boolean;
 }
 
 /**
@@ -138,6 +151,8 @@ interface RequestRecord {
   readonly overlapBlocks: number;
   readonly bestOverlapBlocks: number;
   readonly routedAt: number;
+  /** Recorded in the ledger (routed); false until `account` for a leg routed with `account: false`. */
+  accounted: boolean;
 }
 
 export class KvRouter {
@@ -160,6 +175,11 @@ export class KvRouter {
   private readonly staleMs: number;
   private readonly clock?: () => number;
   private readonly observers: RouterObserver[] = [];
+  private readonly selection: 'auto' | 'exhaustive' | 'sampled';
+  private readonly exhaustiveLimit: number;
+  private readonly coldCandidates: number;
+  private readonly loadOrder = new LoadOrder();
+  private readonly approxSources = new Set<number>();
 
   constructor(options: KvRouterOptions) {
     this.blockSize = options.blockSize;
@@ -175,6 +195,9 @@ export class KvRouter {
     this.busy = options.busy ?? {};
     this.staleMs = options.staleRequestMs ?? 300_000;
     this.clock = options.clock;
+    this.selection = options.selection ?? 'auto';
+    this.exhaustiveLimit = options.exhaustiveLimit ?? 256;
+    this.coldCandidates = options.coldCandidates ?? 16;
   }
 
   // ---------------------------------------------------------------- sources
@@ -185,6 +208,8 @@ export class KvRouter {
     if (existing) {
       existing.mode = options.mode;
       existing.capacityBlocks = options.capacityBlocks;
+      if (options.mode === 'approx') this.approxSources.add(existing.index);
+      else this.approxSources.delete(existing.index);
       return key;
     }
     const index = this.freeIndices.length > 0 ? this.freeIndices.pop()! : this.byIndex.length;
@@ -192,6 +217,8 @@ export class KvRouter {
     this.sources.set(key, entry);
     this.byIndex[index] = entry;
     this.index.addSource(index);
+    this.loadOrder.set(index, 0);
+    if (options.mode === 'approx') this.approxSources.add(index);
     return key;
   }
 
@@ -206,6 +233,8 @@ export class KvRouter {
     this.approx.removeSource(entry.index);
     this.sources.delete(key);
     this.byIndex[entry.index] = undefined;
+    this.loadOrder.delete(entry.index);
+    this.approxSources.delete(entry.index);
     this.freeIndices.push(entry.index);
     return true;
   }
@@ -297,7 +326,11 @@ export class KvRouter {
       return { kind: 'refused', requestId: req.requestId, reason: 'duplicate_request', busySources: [] };
     }
     const policyName = req.policy ?? this.defaultPolicy;
-    if (!this.policies.has(policyName) && !(POLICY_NAMES as readonly string[]).includes(policyName)) {
+    if (
+      !this.policies.has(policyName) &&
+      !(POLICY_NAMES as readonly string[]).includes(policyName) &&
+      !(PD_POLICY_NAMES as readonly string[]).includes(policyName)
+    ) {
       throw new RangeError(`unknown policy "${policyName}"; known: ${POLICY_NAMES.join(', ')}`);
     }
     const t0 = this.clock?.() ?? 0;
@@ -314,9 +347,17 @@ export class KvRouter {
     const candidates: Candidate[] = [];
     const busySources: string[] = [];
     let bestOverlap = 0;
-    for (const entry of this.sources.values()) {
-      if (req.allow && !req.allow.has(entry.key)) continue;
-      if (req.exclude?.has(entry.key)) continue;
+    // Source-level filters: allow (the eligible set), exclude (sources a retry moves away from), busy (thresholds).
+    let allowed = 0;
+    let excluded = 0;
+    const tierCredit = (knobs.hostTierCredit ?? 0) > 0 || (knobs.diskTierCredit ?? 0) > 0;
+    const evaluate = (entry: SourceEntry): void => {
+      if (req.allow && !req.allow.has(entry.key)) return;
+      allowed++;
+      if (req.exclude?.has(entry.key)) {
+        excluded++;
+        return;
+      }
       const s = entry.index;
       const activePrefixBlocks = this.active.activePrefix(s, seqHashes, view);
       let ov = s < fromIndex.length ? fromIndex[s] : 0;
@@ -330,9 +371,9 @@ export class KvRouter {
       const activePrefillTokens = this.active.prefillTokens(s);
       if (this.isBusy(entry, activeBlocks, activePrefillTokens)) {
         busySources.push(entry.key);
-        continue;
+        return;
       }
-      const tier = (knobs.hostTierCredit ?? 0) > 0 || (knobs.diskTierCredit ?? 0) > 0 ? this.tiers.overlap(s, seqHashes, ov) : NO_TIER;
+      const tier = tierCredit ? this.tiers.overlap(s, seqHashes, ov) : NO_TIER;
       candidates.push({
         source: s,
         key: entry.key,
@@ -346,6 +387,10 @@ export class KvRouter {
         activePrefixBlocks,
         activeRequests: this.active.activeRequests(s),
       });
+    };
+    const policy = this.policy(policyName);
+    if (!this.selectSampled(policy, req, seqHashes, view, fromIndex, evaluate)) {
+      for (const entry of this.sources.values()) evaluate(entry);
     }
     // "find" covers the event index plus overlay, approx and active-prefix lookups per candidate.
     const t2 = this.clock?.() ?? 0;
@@ -353,12 +398,14 @@ export class KvRouter {
       return {
         kind: 'refused',
         requestId: req.requestId,
-        reason: busySources.length > 0 ? 'all_busy' : 'no_sources',
+        reason: allowed === 0 ? 'no_sources' : excluded === allowed ? 'all_excluded' : 'all_busy',
         busySources,
+        seqHashes,
+        promptTokens,
       };
     }
 
-    const ranking = this.policy(policyName).rank({
+    const ranking = policy.rank({
       candidates,
       promptTokens,
       requestBlocks,
@@ -367,6 +414,7 @@ export class KvRouter {
       knobs,
       rng: this.rng,
     });
+    const affinity = req.prefer ? this.applyAffinity(req.prefer, candidates, ranking.order, requestBlocks) : undefined;
     const chosen = candidates[ranking.order[0]];
     const entry = this.byIndex[chosen.source]!;
     const t3 = this.clock?.() ?? 0;
@@ -379,8 +427,10 @@ export class KvRouter {
       prefillTokens: Math.max(0, promptTokens - chosen.overlapBlocks * this.blockSize),
       startedAt: now,
     });
+    this.reorder(chosen.source);
     if (entry.mode === 'approx') this.approx.record(chosen.source, seqHashes, now);
-    this.ledger.routed(entry.key, requestBlocks, chosen.overlapBlocks, bestOverlap);
+    const accounted = req.account ?? true;
+    if (accounted) this.ledger.routed(entry.key, requestBlocks, chosen.overlapBlocks, bestOverlap);
     this.records.set(req.requestId, {
       sourceKey: entry.key,
       promptTokens,
@@ -388,6 +438,7 @@ export class KvRouter {
       overlapBlocks: chosen.overlapBlocks,
       bestOverlapBlocks: bestOverlap,
       routedAt: now,
+      accounted,
     });
 
     const scored: CandidateScore[] = ranking.order.map((i) => {
@@ -413,6 +464,7 @@ export class KvRouter {
       bestOverlapBlocks: bestOverlap,
       candidates: scored,
       seqHashes,
+      ...(affinity ? { affinity } : {}),
       timingsMs: this.clock ? { hash: t1 - t0, find: t2 - t1, select: t3 - t2 } : undefined,
     };
     for (const o of this.observers) o.routed?.(decision);
@@ -437,6 +489,7 @@ export class KvRouter {
       prefillTokens: Math.max(0, remote.promptTokens - remote.overlapBlocks * this.blockSize),
       startedAt: now,
     });
+    this.reorder(entry.index);
     this.records.set(remote.requestId, {
       remote: true,
       sourceKey: entry.key,
@@ -445,8 +498,107 @@ export class KvRouter {
       overlapBlocks: remote.overlapBlocks,
       bestOverlapBlocks: remote.overlapBlocks,
       routedAt: now,
+      accounted: false,
     });
     return true;
+  }
+
+  /**
+   * The affinity stage (sessions, pinned conversations): the preferred source goes first when it is a candidate (it
+   * passed every filter) and not overloaded: load(p) <= (1 + loadFactor) * mean load + requestBlocks, with
+   * load = activePrefillTokens / bs + activeBlocks over the candidates (bounded-load consistent hashing's rule).
+   */
+  private applyAffinity(
+    prefer: NonNullable<RouteRequest['prefer']>,
+    candidates: readonly Candidate[],
+    order: number[],
+    requestBlocks: number,
+  ): 'kept' | 'overloaded' | 'unavailable' {
+    const at = order.findIndex((i) => candidates[i].key === prefer.sourceKey);
+    if (at < 0) return 'unavailable';
+    const load = (c: Candidate) => c.activePrefillTokens / this.blockSize + c.activeBlocks;
+    let sum = 0;
+    for (const c of candidates) sum += load(c);
+    const bound = (1 + prefer.loadFactor) * (sum / candidates.length) + requestBlocks;
+    if (load(candidates[order[at]]) > bound) return 'overloaded';
+    if (at > 0) order.unshift(...order.splice(at, 1));
+    return 'kept';
+  }
+
+  /**
+   * Records a routing made with `account: false` in the ledger (the decode leg becomes the served one when its
+   * request falls back to decode alone). False when unknown or already accounted.
+   */
+  account(requestId: string): boolean {
+    const r = this.records.get(requestId);
+    if (!r || r.accounted || r.remote) return false;
+    r.accounted = true;
+    this.ledger.routed(r.sourceKey, r.islBlocks, r.overlapBlocks, r.bestOverlapBlocks);
+    return true;
+  }
+
+  /**
+   * Takes a routing back as if it never happened (a leg chosen and then not sent): load freed, ledger entry removed,
+   * no overlay grace entry. Returns false for an unknown id.
+   */
+  withdraw(requestId: string): boolean {
+    return this.finish(requestId, { outcome: 'retried' }, -Infinity) !== undefined;
+  }
+
+  /**
+   * Selection over a large fleet without scanning it (docs/routing.md, "Large fleets"): evaluate only the sources that
+   * can hold a prefix of the request (the event index's matches, in-flight and just-finished chains starting with the
+   * same block, approximate-mode sources) plus the least loaded others, up to `coldCandidates` of them that pass the
+   * filters. Exact for the warm sources (so overlap and available reuse are exact); the cold ones differ only in load,
+   * and a load-ordered policy's best cold source is among the least loaded. Returns false (scan everything) for small
+   * fleets, policies that need every source (round-robin, random, prefix-hash), or when too few sources passed.
+   */
+  private selectSampled(
+    policy: Policy,
+    req: RouteRequest,
+    seqHashes: BigUint64Array,
+    view: Uint32Array,
+    fromIndex: ArrayLike<number>,
+    evaluate: (entry: SourceEntry) => void,
+  ): boolean {
+    if (this.selection === 'exhaustive') return false;
+    if (this.selection === 'auto' && this.sources.size <= this.exhaustiveLimit) return false;
+    if (!policy.loadOrdered) return false;
+    const seen = new Set<number>();
+    const visit = (s: number) => {
+      if (seen.has(s)) return;
+      const entry = this.byIndex[s];
+      if (!entry) return;
+      seen.add(s);
+      evaluate(entry);
+    };
+    for (let s = 0; s < fromIndex.length; s++) if (fromIndex[s] > 0) visit(s);
+    for (const s of this.active.sourcesSharingFirstBlock(view, seqHashes.length)) visit(s);
+    for (const s of this.approxSources) visit(s);
+    let cold = 0;
+    for (const s of this.loadOrder.inOrder()) {
+      if (cold >= this.coldCandidates) break;
+      if (seen.has(s)) continue;
+      const entry = this.byIndex[s];
+      if (!entry || (req.allow && !req.allow.has(entry.key)) || req.exclude?.has(entry.key)) continue;
+      visit(s);
+      cold++;
+    }
+    if (cold > 0 || seen.size >= this.sources.size) return true;
+    // Nothing cold passed the filters (a subset, or everything excluded or busy): judge the whole fleet.
+    return this.rescan(evaluate, seen);
+  }
+
+  /** Evaluates the sources not yet seen (the sampled path's fallback keeps what it already evaluated). */
+  private rescan(evaluate: (entry: SourceEntry) => void, seen: ReadonlySet<number>): boolean {
+    for (const entry of this.sources.values()) if (!seen.has(entry.index)) evaluate(entry);
+    return true;
+  }
+
+  /** A source's load changed: its place in the load order follows. */
+  private reorder(source: number): void {
+    if (!this.byIndex[source]) return;
+    this.loadOrder.set(source, this.active.prefillTokens(source) / this.blockSize + this.active.activeBlocks(source));
   }
 
   private isBusy(entry: SourceEntry, activeBlocks: number, activePrefillTokens: number): boolean {
@@ -459,11 +611,18 @@ export class KvRouter {
 
   // ---------------------------------------------------------------- lifecycle
 
+  /** The request is in flight and has not produced its first token yet. */
+  firstTokenPending(requestId: string): boolean {
+    const req = this.active.get(requestId);
+    return req !== undefined && req.firstTokenAt === undefined;
+  }
+
   firstToken(requestId: string, now: number): boolean {
     const req = this.active.get(requestId);
     if (!req) return false;
     const first = req.firstTokenAt === undefined;
     this.active.firstToken(requestId, now);
+    this.reorder(req.source);
     if (first) for (const o of this.observers) o.firstToken?.(requestId, now);
     return true;
   }
@@ -474,11 +633,12 @@ export class KvRouter {
     if (!record) return undefined;
     this.records.delete(requestId);
     const active = this.active.free(requestId, now);
+    if (active) this.reorder(active.source);
     const predicted = predictedCachedTokens(record.overlapBlocks, record.promptTokens, this.blockSize);
     const cached = info.cachedTokens;
-    if (info.outcome === 'retried' && !record.remote) {
+    if (info.outcome === 'retried' && record.accounted) {
       this.ledger.unrouted(record.sourceKey, record.islBlocks, record.overlapBlocks, record.bestOverlapBlocks);
-    } else if (!record.remote && cached !== undefined && Number.isFinite(cached) && cached >= 0) {
+    } else if (record.accounted && cached !== undefined && Number.isFinite(cached) && cached >= 0) {
       this.ledger.delivered(record.sourceKey, record.promptTokens, cached, predicted);
     }
     const finished: FinishedRequest = {
@@ -493,6 +653,7 @@ export class KvRouter {
       routedAt: record.routedAt,
       firstTokenAt: active?.firstTokenAt,
       finishedAt: now,
+      accounted: record.accounted,
     };
     for (const o of this.observers) o.finished?.(finished);
     return finished;
@@ -503,6 +664,7 @@ export class KvRouter {
     this.approx.sweep(now);
     const stale = this.active.sweep(now, this.staleMs);
     for (const id of stale) this.records.delete(id);
+    if (stale.length > 0) for (const e of this.sources.values()) this.reorder(e.index);
     return stale;
   }
 

@@ -45,7 +45,7 @@ export interface StoredEvent {
   readonly tokens: ArrayLike<number> | null;
   readonly blockSize: number;
   readonly seqHashes?: BigUint64Array;
-  /** LoRA adapter name the blocks were computed under (feeds the hash seed, REFERENCE section 1). */
+  /** LoRA adapter name the blocks were computed under (feeds the hash seed, docs/protocols.md §1). */
   readonly loraName?: string | null;
   /** cache_salt of the request that created the first block (feeds the hash seed). */
   readonly cacheSalt?: string | null;
@@ -90,7 +90,7 @@ export interface OverlapScores {
   readonly overlap: Map<number, number>;
 }
 
-/** Knobs of the kv cost policy that a request may override (REFERENCE section 5). */
+/** Knobs of the kv cost policy that a request may override (docs/protocols.md §5). */
 export interface KvKnobs {
   /** Weight of prefill load against decode load. Default 1. */
   readonly prefillLoadScale: number;
@@ -102,6 +102,8 @@ export interface KvKnobs {
   readonly hostTierCredit?: number;
   /** Credit per block held on disk (offload tier). 0 = off; 0.25 when on. */
   readonly diskTierCredit?: number;
+  /** Decode leg of a disaggregated pair: blocks credited per block the decode worker already holds. Default 0. */
+  readonly decodeOverlapCredit?: number;
 }
 
 export interface RouteRequest {
@@ -122,6 +124,17 @@ export interface RouteRequest {
   readonly allow?: ReadonlySet<string>;
   /** Source keys this request must not go to (for example the worker a retry moves away from). */
   readonly exclude?: ReadonlySet<string>;
+  /**
+   * Affinity (a session's or a conversation's last source): picked first when it passed the filters and its load is
+   * within (1 + loadFactor) x the candidates' mean load + the request's blocks.
+   */
+  readonly prefer?: { readonly sourceKey: string; readonly loadFactor: number };
+
+  /**
+   * Record this routing in the reuse ledger (default true). The decode leg of a disaggregated request is not: the
+   * prefix hit that matters is the prefill worker's. `KvRouter.account` records it later if it becomes the served leg.
+   */
+  readonly account?: boolean;
 }
 
 /** One candidate's view at routing time, kept in the decision for debugging and for retries (next best). */
@@ -151,6 +164,8 @@ export interface RouteDecision {
   /** Candidates ordered best first by the policy's preference. */
   readonly candidates: readonly CandidateScore[];
   readonly seqHashes: BigUint64Array;
+  /** With `prefer`: kept (the preferred source was picked), overloaded or unavailable (it was not). */
+  readonly affinity?: 'kept' | 'overloaded' | 'unavailable';
   /** Phase durations of route() in ms (hash, find matches, select), when the router was given a clock. */
   readonly timingsMs?: { readonly hash: number; readonly find: number; readonly select: number };
 }
@@ -159,8 +174,12 @@ export interface RouteDecision {
 export interface RouteRefusal {
   readonly kind: 'refused';
   readonly requestId: string;
-  readonly reason: 'no_sources' | 'all_busy' | 'duplicate_request';
+  /** no_sources: none allowed; all_excluded: every allowed source was excluded; all_busy: the rest were busy. */
+  readonly reason: 'no_sources' | 'all_excluded' | 'all_busy' | 'duplicate_request';
   readonly busySources: readonly string[];
+  /** The request's hashes, when computed before the refusal (a caller that retries later reuses them). */
+  readonly seqHashes?: BigUint64Array;
+  readonly promptTokens?: number;
 }
 
 export type RouteResult = RouteDecision | RouteRefusal;

@@ -1,5 +1,5 @@
 /**
- * SGLang KV-cache events (REFERENCE section 2): same sockets, framing and replay protocol as vLLM, but
+ * SGLang KV-cache events (docs/protocols.md §2): same sockets, framing and replay protocol as vLLM, but
  * - the batch is `[ts, events, attn_dp_rank]`;
  * - positional `BlockStored` is `[tag, hashes, parent, token_ids, block_size, lora_id, medium, metadata]`: index 7 is
  *   `metadata` (vLLM's `lora_name`), so positional decoding is engine-specific;

@@ -1,5 +1,5 @@
 /**
- * vLLM KV-cache event wire codec (REFERENCE section 2): encode (for the mock engine and benchmarks) and decode into the
+ * vLLM KV-cache event wire codec (docs/protocols.md §2): encode (for the mock engine and benchmarks) and decode into the
  * core's normalised `KvEvent`s.
  *
  * Decoding accepts both layouts at both levels, decided by shape: a batch is `[ts, events, dp_rank?]` or
@@ -10,8 +10,8 @@
  * Engine block ids are normalised to unsigned 64-bit bigints:
  * - msgpack uint64 / positive ints as is; signed int64 (SGLang) via `BigInt.asUintN(64, x)`;
  * - byte strings (vLLM with `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`, 32-byte sha256) are folded with
- *   `xxh3.xxh64(bytes, 0n)`. The fold is only an engine-id key (the router never reproduces engine hashes, REFERENCE
- *   section 1), so a collision would at worst alias two blocks of one source: ~2^-64 per pair.
+ *   `xxh3.xxh64(bytes, 0n)`. The fold is only an engine-id key (the router never reproduces engine hashes,
+ *   docs/protocols.md §1), so a collision would at worst alias two blocks of one source: ~2^-64 per pair.
  *
  * Extra keys (one entry per block, vLLM order: lora name (an integer id in older releases), multimodal keys, cache_salt
  * (first block only), prompt-embeds digest): a string equal to the event's lora name, or an integer, is the LoRA, the last other string of the first block of a sequence
@@ -189,7 +189,7 @@ export function readSeqFrame(frame: Uint8Array): bigint | null {
   return new DataView(frame.buffer, frame.byteOffset, 8).getBigUint64(0, false);
 }
 
-/** Marker that ends a replay stream (REFERENCE section 2). */
+/** Marker that ends a replay stream (docs/protocols.md §2). */
 export const REPLAY_END_SEQ = U64_MAX;
 
 // ------------------------------------------------------------------------------------------------ decode

@@ -7,7 +7,7 @@
  *   quarantined: dropped and counted, together with every block chained under it (their router hashes cannot be
  *   computed either).
  * - cache_salt: vLLM puts it in the extra keys of a sequence's first block only, but it seeds every block of the
- *   sequence (REFERENCE section 1), so continuation events inherit it from their parent.
+ *   sequence (docs/protocols.md §1), so continuation events inherit it from their parent.
  * - Multimodal blocks (skipped by the decoder) poison their descendants the same way: skipped and counted.
  * - KV-cache groups: only group 0 is indexed (in hybrid models other groups repeat the same tokens with other ids,
  *   e.g. sliding-window layers that evict on their own schedule); other groups are counted and dropped.

@@ -1,5 +1,5 @@
 /**
- * Per-source ordering of event batches by the engine's sequence number (REFERENCE section 2). Pure: no I/O, no timers.
+ * Per-source ordering of event batches by the engine's sequence number (docs/protocols.md §2). Pure: no I/O, no timers.
  * The shell feeds it live and replayed batches and executes what it returns:
  *
  * - in order -> `deliver`;

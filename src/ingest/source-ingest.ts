@@ -5,6 +5,7 @@
  */
 import { sourceKey, type KvEvent, type SourceId } from '../core/types.ts';
 import { decodeBatch, readSeqFrame, type DecodedBatch, type EngineFlavor } from '../engines/vllm.ts';
+import { consoleLog, type LogSink } from '../log.ts';
 import { SourceAnnotator } from './annotate.ts';
 import { DEFAULT_BLIND_RULE, isBlind, RateWindow, type BlindRule, type SourceHealth } from './health.ts';
 import { SequenceTracker, type ResetReason, type TrackerOutput } from './sequence-tracker.ts';
@@ -20,27 +21,6 @@ export interface ReplayOutcome {
 }
 /** Streams every buffered batch with seq >= fromSeq to `onBatch`, resolving when the engine's end marker arrives. */
 export type ReplayFn = (fromSeq: bigint, onBatch: (seq: bigint, payload: Uint8Array) => void) => Promise<ReplayOutcome>;
-
-export interface IngestLogger {
-  info(obj: object, msg: string): void;
-  warn(obj: object, msg: string): void;
-  error(obj: object, msg: string): void;
-}
-
-export const quietLogger: IngestLogger = { info() {}, warn() {}, error() {} };
-export const consoleLogger: IngestLogger = {
-  info() {},
-  warn: (obj, msg) =>
-    console.warn(
-      `[kvroute ingest] ${msg}`,
-      JSON.stringify(obj, (_k, v) => (typeof v === 'bigint' ? v.toString() : v)),
-    ),
-  error: (obj, msg) =>
-    console.error(
-      `[kvroute ingest] ${msg}`,
-      JSON.stringify(obj, (_k, v) => (typeof v === 'bigint' ? v.toString() : v)),
-    ),
-};
 
 export type BadFrameKind = 'frame_count' | 'seq_length' | 'undecodable' | 'receive_error';
 
@@ -64,7 +44,7 @@ export interface SourceIngestOptions {
   readonly onReset: ResetSink;
   /** Null when the engine has no replay endpoint: every gap then resets the source. */
   readonly replay?: ReplayFn | null;
-  readonly log?: IngestLogger;
+  readonly log?: LogSink;
   readonly maxHeld?: number;
   readonly catchUp?: boolean;
   readonly blind?: BlindRule;
@@ -80,7 +60,7 @@ export class SourceIngest {
   private readonly flavor: EngineFlavor;
   private readonly tracker: SequenceTracker<DecodedBatch>;
   private readonly annotator: SourceAnnotator;
-  private readonly log: IngestLogger;
+  private readonly log: LogSink;
   private readonly now: () => number;
   private readonly rates = { batches: new RateWindow(), events: new RateWindow() };
   private readonly startedAtMs: number;
@@ -115,7 +95,7 @@ export class SourceIngest {
     this.source = opts.source;
     this.key = sourceKey(opts.source);
     this.flavor = opts.flavor ?? 'vllm';
-    this.log = opts.log ?? consoleLogger;
+    this.log = opts.log ?? consoleLog;
     this.now = opts.now ?? Date.now;
     this.startedAtMs = this.now();
     this.tracker = new SequenceTracker({ replay: !!opts.replay, maxHeld: opts.maxHeld, catchUp: opts.catchUp });

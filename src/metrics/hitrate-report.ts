@@ -1,6 +1,6 @@
 /**
  * The hit-rate report behind `kvroute hitrate`: two scrapes of the router's /metrics (live or saved), differenced, and
- * turned into the three quantities REFERENCE section 6 separates (available, predicted, delivered), each aggregated
+ * turned into the three quantities docs/protocols.md §6 separates (available, predicted, delivered), each aggregated
  * the two ways (request-weighted = mean of ratios, block-weighted = ratio of sums), next to the engine's own counters.
  *
  * Pure functions over parsed samples, so the same code reads a live router and two files saved with curl.
@@ -300,6 +300,13 @@ export function buildReport(input: ReportInput): HitRateReport {
   if (pa.badLines + pb.badLines > 0) notes.push(`${pa.badLines + pb.badLines} malformed lines in the scrapes were skipped`);
   const b = snapshotOf(pb.samples, input.prefix);
   const a = snapshotOf(pa.samples, input.prefix ?? b.prefix);
+  // P/D fleets: a decode engine counts every prompt whose KV it received as a prefix-cache query; its counters are left
+  // out of the overall engine figure (the prefill pool's, and aggregated workers', are the truth).
+  const decodeWorkers = new Set(
+    pb.samples
+      .filter((s) => s.name === `${b.prefix}router_worker_role` && s.labels.role === 'decode' && s.value === 1)
+      .map((s) => s.labels.worker),
+  );
   const resets: string[] = [];
 
   const overallDiff = diffCounters(a.overall, b.overall);
@@ -315,9 +322,15 @@ export function buildReport(input: ReportInput): HitRateReport {
   }
   // Recompute overall from worker deltas so a reset on one worker does not distort the others.
   const overall = emptyCounters();
-  for (const d of workerDeltas.values()) {
+  for (const [name, d] of workerDeltas) {
     for (const f of COUNTER_FIELDS) overall[f] += d[f];
+    if (decodeWorkers.has(name)) continue;
     for (const f of ['engineQueries', 'engineHits'] as const) if (d[f] !== undefined) overall[f] = (overall[f] ?? 0) + d[f]!;
+  }
+  if (decodeWorkers.size > 0) {
+    notes.push(
+      `P/D fleet: the engine counters of ${decodeWorkers.size} decode worker(s) are left out of the overall engine figure (they count received KV as queries); the ledger counts prefill workers (and decode workers serving alone)`,
+    );
   }
   if (workerDeltas.size === 0) Object.assign(overall, overallDiff.delta);
 

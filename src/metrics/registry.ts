@@ -1,7 +1,7 @@
 /**
  * RouterMetrics: the router's Prometheus surface (GET /metrics) and the totals the live dashboard reads.
  *
- * Every hit-rate quantity is exported so that both aggregations can be computed from one scrape (REFERENCE section 6):
+ * Every hit-rate quantity is exported so that both aggregations can be computed from one scrape (docs/protocols.md §6):
  *   request-weighted (mean of ratios) = rate(router_kv_hit_rate_sum) / rate(router_kv_hit_rate_count)
  *   block-weighted   (ratio of sums)  = rate(router_kv_overlap_blocks_total) / rate(router_kv_isl_blocks_total)
  * Only the second is comparable with the engine's hits/queries counters, mirrored here as router_engine_prefix_cache_*.
@@ -9,7 +9,8 @@
  * Per-request series carry one label, `worker` (the router's source key); overall values are `sum without (worker)`.
  * A per-instance Registry keeps tests and several routers in one process from colliding on the global one.
  */
-import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import { type IntervalHistogram, monitorEventLoopDelay } from 'node:perf_hooks';
+import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
 import { emptyTotals, type ReuseTotals } from '../core/ledger.ts';
 import type { FinishedRequest, KvRouter } from '../core/router.ts';
 import type { ApplyResult, RouteDecision } from '../core/types.ts';
@@ -42,6 +43,8 @@ export interface RouterMetricsOptions {
   readonly router: KvRouter;
   /** Cap on distinct `worker` label values; later workers share the label `_other` (bounded cardinality). */
   readonly maxWorkerLabels?: number;
+  /** Window of the dashboard's event-loop delay figures, ms. Default 5 s. */
+  readonly eventLoopWindowMs?: number;
 }
 
 interface EventTotals {
@@ -80,6 +83,8 @@ export class RouterMetrics {
   private readonly health = new Map<string, boolean>();
   private readonly blind = new Map<string, boolean>();
   private readonly lastIngestTotals = new Map<string, IngestCounts>();
+  /** Decode workers of a P/D fleet (by source key): their engine counters are not prefix-cache truth. */
+  private decodeSource: (sourceKey: string) => boolean = () => false;
 
   // Plain totals for the dashboard (prom-client's async get() is too heavy for a 2 s poll, and these are exact).
   private readonly overhead = new Map<OverheadPhase, SumCount>(OVERHEAD_PHASES.map((p) => [p, { sum: 0, count: 0 }]));
@@ -112,6 +117,12 @@ export class RouterMetrics {
   private readonly replays: Counter<'worker'>;
   private readonly resets: Counter<'worker'>;
   private readonly decodeErrors: Counter<'worker'>;
+  private readonly apiRequests: Counter<'api'>;
+  private readonly passthroughRequests: Counter<'path' | 'status'>;
+  // Event-loop delay for the dashboard: the last complete window's figures (the process metrics have it cumulatively).
+  private readonly loopDelay: IntervalHistogram;
+  private loopWindow: EventLoopLag = { meanMs: Number.NaN, p99Ms: Number.NaN, maxMs: Number.NaN, windowS: 0 };
+  private readonly loopTimer: NodeJS.Timeout;
 
   constructor(opts: RouterMetricsOptions) {
     this.router = opts.router;
@@ -126,6 +137,29 @@ export class RouterMetrics {
     const p = this.prefix;
     const registers = [registry];
     const w = ['worker'] as const;
+    // The standard process and Node.js series (resident memory, heap, handles, event-loop lag, GC), with our prefix.
+    collectDefaultMetrics({ register: registry, prefix: p, eventLoopMonitoringPrecision: 10 });
+    this.apiRequests = new Counter({
+      name: `${p}router_api_requests_total`,
+      help: 'Routed requests accepted for routing, by API (chat, completions, responses, messages, embeddings, pooling, score, rerank).',
+      labelNames: ['api'],
+      registers,
+    });
+    this.passthroughRequests = new Counter({
+      name: `${p}router_passthrough_requests_total`,
+      help: 'Requests passed through to a worker without routing (/tokenize, /detokenize, other engine paths), by path and status.',
+      labelNames: ['path', 'status'],
+      registers,
+    });
+    this.loopDelay = monitorEventLoopDelay({ resolution: 10 });
+    this.loopDelay.enable();
+    const windowMs = opts.eventLoopWindowMs ?? 5000;
+    this.loopTimer = setInterval(() => {
+      const h = this.loopDelay;
+      this.loopWindow = { meanMs: h.mean / 1e6, p99Ms: h.percentile(99) / 1e6, maxMs: h.max / 1e6, windowS: windowMs / 1000 };
+      h.reset();
+    }, windowMs);
+    this.loopTimer.unref();
 
     this.hitRate = new Histogram({
       name: `${p}router_kv_hit_rate`,
@@ -462,7 +496,8 @@ export class RouterMetrics {
   finished(f: FinishedRequest, extra?: { outputTokens?: number }): void {
     const worker = { worker: this.label(f.sourceKey) };
     const cached = f.cachedTokens;
-    if (cached !== undefined && Number.isFinite(cached) && cached >= 0 && f.promptTokens > 0) {
+    // The decode leg of a disaggregated request reports the transferred KV as cached: not a prefix hit, not counted.
+    if (f.accounted && cached !== undefined && Number.isFinite(cached) && cached >= 0 && f.promptTokens > 0) {
       this.engineCachedTokens.inc(worker, cached);
       this.enginePromptTokens.inc(worker, f.promptTokens);
       this.predictedCachedTokens.inc(worker, f.predictedCachedTokens);
@@ -554,6 +589,14 @@ export class RouterMetrics {
     return this.mirror.start();
   }
 
+  /**
+   * Marks the decode workers of a disaggregated fleet: a decode engine counts every prompt whose KV it received as a
+   * prefix-cache query, so the dashboard's engine hit rate leaves them out (the prefill pool is the truth).
+   */
+  setDecodeSources(isDecode: (sourceKey: string) => boolean): void {
+    this.decodeSource = isDecode;
+  }
+
   /** Use an already constructed mirror (tests, or a shell that starts it itself) for the dashboard's engine series. */
   attachMirror(mirror: EngineMirror): void {
     this.mirror = mirror;
@@ -561,6 +604,22 @@ export class RouterMetrics {
 
   render(): Promise<string> {
     return this.registry.metrics();
+  }
+
+  /** A request accepted by one of the routed APIs. */
+  apiRequest(api: string): void {
+    this.apiRequests.inc({ api });
+  }
+
+  /** A pass-through answered; `path` must come from a bounded set (the caller maps the rest to "other"). */
+  passthrough(path: string, status: number): void {
+    this.passthroughRequests.inc({ path, status: String(status) });
+  }
+
+  /** Stops the event-loop monitor. */
+  stop(): void {
+    clearInterval(this.loopTimer);
+    this.loopDelay.disable();
   }
 
   /**
@@ -598,16 +657,25 @@ export class RouterMetrics {
       inFlight: st.inFlight,
       index: { blocks: st.index.blocks, pairs: st.index.pairs, bytes: st.index.bytes },
       reuse: { ...ledger.total },
-      engine: this.mirror ? this.mirror.totals() : null,
+      engine: this.mirror ? this.mirror.totals(this.decodeSource) : null,
       overhead: Object.fromEntries([...this.overhead].map(([k, v]) => [k, { ...v }])) as DashboardState['overhead'],
       ttft: { ...this.ttft },
       itl: { ...this.itl },
       outcomes: Object.fromEntries(this.outcomes),
       refusals: Object.fromEntries(this.refusals),
       events: { ...events, blindSources: [...this.blind.values()].filter(Boolean).length },
+      eventLoop: { ...this.loopWindow },
       workers,
     };
   }
+}
+
+/** Event-loop delay over the last window (NaN until the first window closes). */
+export interface EventLoopLag {
+  meanMs: number;
+  p99Ms: number;
+  maxMs: number;
+  windowS: number;
 }
 
 export interface DashboardState {
@@ -625,6 +693,7 @@ export interface DashboardState {
   outcomes: Record<string, number>;
   refusals: Record<string, number>;
   events: EventTotals & { blindSources: number };
+  eventLoop: EventLoopLag;
   workers: Record<
     string,
     {

@@ -24,7 +24,15 @@ export interface ParseResult {
 const NAME_RE = /^[a-zA-Z_:][a-zA-Z0-9_:]*/;
 
 function parseValue(text: string): number {
-  switch (text) {
+  // Case-insensitive, as Prometheus' own parser (Go's ParseFloat): prom-client writes NaN as "Nan".
+  switch (
+    /^[-+]?(inf|nan)$/i.test(text)
+      ? text
+          .replace(/^(\+?)inf$/i, 'Inf')
+          .replace(/^-inf$/i, '-Inf')
+          .replace(/^[-+]?nan$/i, 'NaN')
+      : text
+  ) {
     case '+Inf':
     case 'Inf':
       return Infinity;
@@ -81,7 +89,7 @@ function parseSampleLine(line: string): Sample | undefined {
   const rest = line.slice(i).trim().split(/\s+/);
   if (rest.length === 0 || rest[0] === '') return undefined;
   const value = parseValue(rest[0]);
-  if (Number.isNaN(value) && rest[0] !== 'NaN') return undefined;
+  if (Number.isNaN(value) && !/^[-+]?nan$/i.test(rest[0])) return undefined;
   return { name, labels, value };
 }
 
@@ -392,10 +400,12 @@ export class EngineMirror {
   }
 
   /** Totals over all sources, for the dashboard. */
-  totals(): { queries: number; hits: number } {
+  /** Sums over the sources; `skip` leaves some out (decode workers of a P/D fleet count received KV as queries). */
+  totals(skip?: (sourceKey: string) => boolean): { queries: number; hits: number } {
     let queries = 0;
     let hits = 0;
-    for (const s of this.sources.values()) {
+    for (const [key, s] of this.sources) {
+      if (skip?.(key)) continue;
       queries += s.queries;
       hits += s.hits;
     }

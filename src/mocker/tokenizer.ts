@@ -11,18 +11,13 @@
  *   " w<base36 id>". Chat template (ChatML, as Qwen):
  *     for each message: "<|im_start|>{role}\n{content}<|im_end|>\n"; then "<|im_start|>assistant\n".
  */
+import type { ChatPromptInput } from '../tokenizer/chat.ts';
 import { LocalTokenizer } from '../tokenizer/local.ts';
 
-export interface ChatMessage {
+/** A chat message as the simple tokenizer reads it (role and text content). */
+interface ChatMessage {
   role: string;
   content?: string | Array<{ type: string; text?: string }> | null;
-  [key: string]: unknown;
-}
-
-export interface ChatRenderOptions {
-  chatTemplateKwargs?: Record<string, unknown>;
-  tools?: unknown[];
-  addGenerationPrompt?: boolean;
 }
 
 export interface MockTokenizer {
@@ -31,7 +26,8 @@ export interface MockTokenizer {
   readonly vocabSize: number;
   encode(text: string): number[];
   decode(ids: readonly number[]): string;
-  renderChat(messages: ChatMessage[], opts?: ChatRenderOptions): string;
+  /** The prompt text of a chat request (its messages and template inputs, as src/openai/request.ts parsed them). */
+  renderChat(input: ChatPromptInput): string;
 }
 
 function fnv1a(s: string): number {
@@ -72,10 +68,11 @@ export class SimpleTokenizer implements MockTokenizer {
     return s;
   }
 
-  renderChat(messages: ChatMessage[], opts: ChatRenderOptions = {}): string {
+  renderChat(input: ChatPromptInput): string {
     let s = '';
-    for (const m of messages) s += `<|im_start|>${m.role}\n${contentText(m.content)}<|im_end|>\n`;
-    if (opts.addGenerationPrompt !== false) s += '<|im_start|>assistant\n';
+    for (const m of input.messages as ChatMessage[]) s += `<|im_start|>${m.role}\n${contentText(m.content)}<|im_end|>\n`;
+    // As vLLM: continuing the final message means no generation prompt.
+    if (!input.continue_final_message && input.add_generation_prompt !== false) s += '<|im_start|>assistant\n';
     return s;
   }
 }
@@ -97,14 +94,8 @@ class HfTokenizer implements MockTokenizer {
     return this.local.tokenizer.decode(ids as number[], { skip_special_tokens: false });
   }
 
-  renderChat(messages: ChatMessage[], opts: ChatRenderOptions = {}): string {
-    if (!this.local.chat.hasTemplate) throw new Error('the tokenizer has no chat_template');
-    return this.local.chat.render({
-      messages,
-      tools: opts.tools,
-      add_generation_prompt: opts.addGenerationPrompt !== false,
-      chat_template_kwargs: opts.chatTemplateKwargs,
-    });
+  renderChat(input: ChatPromptInput): string {
+    return this.local.chat.render(input);
   }
 }
 

@@ -2,16 +2,28 @@
  * Relays an upstream SSE body to the client event by event, without re-encoding the common case.
  *
  * Complete events (up to the last blank line of what has arrived) are forwarded as soon as they arrive; only a
- * trailing partial event is held until its end comes. Events are parsed only when they mention "usage": the final
- * usage chunk is where the engine reports delivered cached tokens, and it is removed when the router (not the client)
- * asked for it, so the client sees exactly the stream it asked for.
+ * trailing partial event is held until its end comes. Events are parsed only when they mention "usage" (or, for the
+ * named-event dialects, their terminal event): the usage is where the engine reports delivered cached tokens. In the
+ * OpenAI dialect the usage chunk is removed when the router (not the client) asked for it, so the client sees exactly
+ * the stream it asked for.
+ *
+ * Dialects: how a stream ends, fails and carries usage.
+ *   openai      chat/completions chunks; ends with `data: [DONE]`; usage in a chunk (prompt_tokens_details.cached_tokens)
+ *   responses   `event: response.*`; ends with response.completed|incomplete|failed; usage in that event's response
+ *               (input_tokens_details.cached_tokens); the response id is what a later previous_response_id names
+ *   anthropic   `event: message_*`; ends with message_stop; usage in message_start (cache_read_input_tokens) and
+ *               message_delta (output_tokens)
  */
 
 export interface StreamUsage {
   promptTokens?: number;
   completionTokens?: number;
   cachedTokens?: number;
+  /** The id of the answer the engine produced (a Responses API response id), when the API has one. */
+  responseId?: string;
 }
+
+export type SseDialect = 'openai' | 'responses' | 'anthropic';
 
 const USAGE = Buffer.from('"usage"');
 const DONE = Buffer.from('[DONE]');
@@ -37,6 +49,57 @@ export function readUsage(usage: unknown): StreamUsage | undefined {
   };
 }
 
+const num = (v: unknown) => (typeof v === 'number' && Number.isFinite(v) && v >= 0 ? v : undefined);
+const obj = (v: unknown) => (v && typeof v === 'object' && !Array.isArray(v) ? (v as Record<string, unknown>) : undefined);
+
+/** Responses API usage: input_tokens, output_tokens, input_tokens_details.cached_tokens (absent = unknown). */
+export function readResponsesUsage(usage: unknown): StreamUsage | undefined {
+  const u = obj(usage);
+  if (!u) return undefined;
+  const details = obj(u.input_tokens_details);
+  return {
+    promptTokens: num(u.input_tokens),
+    completionTokens: num(u.output_tokens),
+    cachedTokens: details ? num(details.cached_tokens) : undefined,
+  };
+}
+
+/**
+ * Anthropic usage: input_tokens counts only what was not read from or written to the cache, so the prompt is the sum of
+ * the three; cache_read_input_tokens is the delivered reuse (absent = unknown).
+ */
+export function readAnthropicUsage(usage: unknown): StreamUsage | undefined {
+  const u = obj(usage);
+  if (!u) return undefined;
+  const input = num(u.input_tokens);
+  const read = num(u.cache_read_input_tokens);
+  const created = num(u.cache_creation_input_tokens);
+  return {
+    promptTokens: input === undefined ? undefined : input + (read ?? 0) + (created ?? 0),
+    completionTokens: num(u.output_tokens),
+    cachedTokens: read,
+  };
+}
+
+function merge(a: StreamUsage | undefined, b: StreamUsage | undefined): StreamUsage | undefined {
+  if (!b) return a;
+  if (!a) return b;
+  return {
+    promptTokens: b.promptTokens ?? a.promptTokens,
+    completionTokens: b.completionTokens ?? a.completionTokens,
+    cachedTokens: b.cachedTokens ?? a.cachedTokens,
+    responseId: b.responseId ?? a.responseId,
+  };
+}
+
+const RESPONSE_END = new Set(['response.completed', 'response.incomplete', 'response.failed']);
+const MARKERS: Record<Exclude<SseDialect, 'openai'>, Buffer[]> = {
+  responses: ['"usage"', 'response.created', 'response.completed', 'response.incomplete', 'response.failed', '"error"'].map((m) =>
+    Buffer.from(m),
+  ),
+  anthropic: ['"usage"', 'message_stop', '"error"'].map((m) => Buffer.from(m)),
+};
+
 export class SseRelay {
   private pending: Buffer = EMPTY;
   usage: StreamUsage | undefined;
@@ -45,11 +108,20 @@ export class SseRelay {
   /** Data events forwarded (not counting [DONE]). */
   events = 0;
 
-  /** @param stripUsage remove usage chunks (the client did not ask for them). */
-  constructor(private readonly stripUsage: boolean) {}
+  /**
+   * @param stripUsage remove usage chunks (the client did not ask for them; OpenAI dialect only).
+   * @param dialect how the stream ends and carries usage.
+   * @param rewriteUsage changes a usage object the client gets, in place (a disaggregated request's cached tokens).
+   */
+  constructor(
+    private readonly stripUsage: boolean,
+    private readonly dialect: SseDialect = 'openai',
+    private readonly rewriteUsage?: (usage: Record<string, unknown>) => void,
+  ) {}
 
   /** Feeds one upstream chunk; returns the bytes to forward now (possibly empty). */
   push(chunk: Buffer): Buffer {
+    if (this.dialect !== 'openai') return this.pushNamed(chunk);
     const buf = this.pending.length > 0 ? Buffer.concat([this.pending, chunk]) : chunk;
     const end = lastBoundary(buf);
     if (end < 0) {
@@ -65,6 +137,59 @@ export class SseRelay {
       return complete;
     }
     return this.rewrite(complete);
+  }
+
+  /** Named-event dialects: forwarded unchanged; events that may carry usage, an id or the end are read. */
+  private pushNamed(chunk: Buffer): Buffer {
+    const buf = this.pending.length > 0 ? Buffer.concat([this.pending, chunk]) : chunk;
+    const end = lastBoundary(buf);
+    if (end < 0) {
+      this.pending = buf;
+      return EMPTY;
+    }
+    this.pending = end < buf.length ? buf.subarray(end) : EMPTY;
+    const complete = end < buf.length ? buf.subarray(0, end) : buf;
+    this.events += countEvents(complete);
+    const markers = MARKERS[this.dialect as Exclude<SseDialect, 'openai'>];
+    if (markers.some((m) => complete.includes(m))) {
+      for (const ev of complete.toString('utf8').split(/\r?\n\r?\n/)) if (ev.length > 0) this.readNamed(ev);
+    }
+    return complete;
+  }
+
+  private readNamed(ev: string): void {
+    let type: string | undefined;
+    let data = '';
+    for (const line of ev.split(/\r?\n/)) {
+      if (line.startsWith('event:')) type = line.slice(6).trim();
+      else if (line.startsWith('data:')) data += line.slice(5);
+    }
+    let parsed: Record<string, unknown> | undefined;
+    try {
+      parsed = obj(JSON.parse(data));
+    } catch {
+      return;
+    }
+    if (!parsed) return;
+    type ??= typeof parsed.type === 'string' ? parsed.type : undefined;
+    if (type === 'error') this.sawError = true;
+    if (this.dialect === 'responses') {
+      const response = obj(parsed.response);
+      if (response) {
+        const id = typeof response.id === 'string' ? response.id : undefined;
+        this.usage = merge(this.usage, { ...readResponsesUsage(response.usage), responseId: id });
+      }
+      if (type && RESPONSE_END.has(type)) this.sawDone = true;
+      if (type === 'response.failed') this.sawError = true;
+      return;
+    }
+    const message = obj(parsed.message);
+    if (type === 'message_start' && message) this.usage = merge(this.usage, readAnthropicUsage(message.usage));
+    else if (parsed.usage) {
+      // message_delta's usage is cumulative output (and may repeat the input counts); fields it lacks keep theirs.
+      this.usage = merge(this.usage, readAnthropicUsage(parsed.usage));
+    }
+    if (type === 'message_stop') this.sawDone = true;
   }
 
   /** What is left when the upstream ends (an unterminated last event), forwarded as is. */
@@ -99,7 +224,10 @@ export class SseRelay {
       }
       this.usage = readUsage(parsed.usage) ?? this.usage;
       if (!this.stripUsage) {
-        out.push(ev);
+        if (this.rewriteUsage && typeof parsed.usage === 'object') {
+          this.rewriteUsage(parsed.usage as Record<string, unknown>);
+          out.push(`data: ${JSON.stringify(parsed)}`);
+        } else out.push(ev);
         if (Array.isArray(parsed.choices) && parsed.choices.length > 0) this.events++;
         continue;
       }

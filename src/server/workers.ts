@@ -1,11 +1,13 @@
 /**
- * The fleet as the server sees it: one undici Pool per worker, its data-parallel ranks as router sources, the models
- * it serves (configured or discovered), health from periodic probes, and a circuit breaker fed by request outcomes.
+ * The fleet's I/O side: one undici Pool per worker, periodic health probes (GET /health, then GET /v1/models when the
+ * models are not configured). What a probe learns goes to the core dispatcher (health verdicts, model lists), which
+ * owns eligibility, breakers and routing; this module only talks to engines.
  */
 import { Pool, request } from 'undici';
-import type { KvRouter } from '../core/router.ts';
-import { sourceKey } from '../core/types.ts';
-import type { WorkerSpec } from './config.ts';
+import type { BreakerState } from '../core/dispatch/breaker.ts';
+import type { DispatchEffect, Dispatcher } from '../core/dispatch/dispatcher.ts';
+import type { WorkerState } from '../core/dispatch/fleet.ts';
+import { DEFAULT_BOOTSTRAP_PORT, type WorkerSpec } from '../config/worker-spec.ts';
 
 export interface ModelCard {
   id: string;
@@ -18,15 +20,11 @@ export interface ModelCard {
   [k: string]: unknown;
 }
 
-export type BreakerState = 'closed' | 'open' | 'half_open';
-
 export interface HealthOptions {
   readonly intervalMs: number;
   readonly timeoutMs: number;
   /** Consecutive failed probes before a worker is ejected from routing. */
   readonly ejectAfter: number;
-  readonly breakerThreshold: number;
-  readonly breakerCooldownMs: number;
   /** Longest silence from the worker (before the response head, or between body chunks). Default 300 s. */
   readonly upstreamTimeoutMs?: number;
 }
@@ -35,28 +33,19 @@ export class Worker {
   readonly id: string;
   readonly url: string;
   readonly pool: Pool;
-  readonly sourceKeys: string[];
-  /** Configured models; discovery never overrides them. */
-  private readonly fixedModels: boolean;
-  models = new Set<string>();
-  /** LoRA adapters (models whose card names a parent): requests for them hash with the adapter in the seed. */
-  adapters = new Set<string>();
+  readonly sourceKeys: readonly string[];
   cards: ModelCard[] = [];
-  healthy = true;
   probeFailures = 0;
   lastProbeError: string | null = null;
-  breaker: BreakerState = 'closed';
-  private breakerFailures = 0;
-  private openUntil = 0;
-  private probeInFlight = false;
-  inFlight = 0;
 
   constructor(
     readonly spec: WorkerSpec,
+    private readonly core: WorkerState,
+    private readonly dispatcher: Dispatcher,
     private readonly opts: HealthOptions,
   ) {
     const u = new URL(spec.url);
-    this.id = spec.id ?? u.host;
+    this.id = core.id;
     this.url = spec.url;
     // Streams are long-lived; a pool per worker with generous connections keeps them from queueing behind each other.
     const silence = opts.upstreamTimeoutMs ?? 300_000;
@@ -67,99 +56,74 @@ export class Worker {
       headersTimeout: silence,
       bodyTimeout: silence,
     });
-    const dp = spec.dp ?? 1;
-    this.sourceKeys = Array.from({ length: dp }, (_, r) => sourceKey({ workerId: this.id, dpRank: r }));
-    this.fixedModels = (spec.models?.length ?? 0) > 0;
-    for (const m of spec.models ?? []) this.models.add(m);
+    this.sourceKeys = core.sourceKeys;
     this.cards = (spec.models ?? []).map((id) => ({ id, object: 'model', owned_by: 'kvroute' }));
   }
 
-  /** Whether this worker can serve `model` (unknown model lists accept anything: discovery may not have run). */
-  serves(model: string): boolean {
-    return (this.models.size === 0 && this.adapters.size === 0) || this.models.has(model) || this.adapters.has(model);
+  get healthy(): boolean {
+    return this.core.healthy;
   }
 
-  get knowsModels(): boolean {
-    return this.models.size > 0 || this.adapters.size > 0;
+  get role(): 'prefill' | 'decode' | 'both' {
+    return this.core.role;
   }
 
-  /** Eligible for new requests now: healthy and the breaker lets traffic through. */
-  routable(now: number): boolean {
-    if (!this.healthy) return false;
-    if (this.breaker === 'open') {
-      if (now < this.openUntil) return false;
-      this.breaker = 'half_open';
-    }
-    return this.breaker === 'closed' || !this.probeInFlight;
+  /** SGLang prefill: the bootstrap server's port (the spec's bootstrap=, default 8998). */
+  get bootstrapPort(): number {
+    return this.spec.bootstrap ?? DEFAULT_BOOTSTRAP_PORT;
   }
 
-  /** Called when a request is sent here; in half-open state only that one trial goes through. */
-  dispatched(): void {
-    this.inFlight++;
-    if (this.breaker === 'half_open') this.probeInFlight = true;
+  get breaker(): BreakerState {
+    return this.dispatcher.breakerState(this.id, Date.now()) ?? 'closed';
   }
 
-  completed(ok: boolean, now: number): void {
-    this.inFlight = Math.max(0, this.inFlight - 1);
-    if (ok) {
-      this.breakerFailures = 0;
-      this.breaker = 'closed';
-      this.probeInFlight = false;
-      return;
-    }
-    this.breakerFailures++;
-    if (this.breaker === 'half_open' || this.breakerFailures >= this.opts.breakerThreshold) {
-      this.breaker = 'open';
-      this.openUntil = now + this.opts.breakerCooldownMs;
-      this.probeInFlight = false;
-    }
-  }
-
-  /** Ends a request that never reached the engine's verdict (client abort): neither success nor failure. */
-  released(): void {
-    this.inFlight = Math.max(0, this.inFlight - 1);
-    if (this.breaker === 'half_open') this.probeInFlight = false;
+  get inFlight(): number {
+    return this.core.inFlight;
   }
 
   /** One health probe: GET /health, then (if models are not configured) GET /v1/models. */
-  async probe(): Promise<boolean> {
+  async probe(): Promise<{ ok: boolean; models?: string[]; adapters?: string[] }> {
     try {
       const res = await request(new URL('/health', this.url), { signal: AbortSignal.timeout(this.opts.timeoutMs) });
       await res.body.dump();
       if (res.statusCode !== 200) throw new Error(`GET /health returned ${res.statusCode}`);
-      if (!this.fixedModels) await this.discoverModels();
+      // The engine's cards are read even when the configuration names the models: /v1/models shows what the engine says.
+      const discovered = await this.discoverModels().catch(() => null);
       this.probeFailures = 0;
       this.lastProbeError = null;
-      return true;
+      return { ok: true, ...(this.core.fixedModels ? {} : discovered) };
     } catch (err) {
       this.probeFailures++;
       this.lastProbeError = (err as Error).message;
-      return false;
+      return { ok: false };
     }
   }
 
-  private async discoverModels(): Promise<void> {
+  private async discoverModels(): Promise<{ models: string[]; adapters: string[] } | null> {
     const res = await request(new URL('/v1/models', this.url), { signal: AbortSignal.timeout(this.opts.timeoutMs) });
     if (res.statusCode !== 200) {
       await res.body.dump();
-      return;
+      return null;
     }
     const body = (await res.body.json()) as { data?: unknown };
-    if (!Array.isArray(body.data)) return;
-    const models = new Set<string>();
-    const adapters = new Set<string>();
+    if (!Array.isArray(body.data)) return null;
+    const models: string[] = [];
+    const adapters: string[] = [];
     const cards: ModelCard[] = [];
     for (const c of body.data) {
       if (!c || typeof c !== 'object' || typeof (c as ModelCard).id !== 'string') continue;
       const card = c as ModelCard;
       cards.push(card);
       // vLLM lists LoRA adapters as models whose parent is the base model.
-      if (card.parent && card.parent !== card.id) adapters.add(card.id);
-      else models.add(card.id);
+      if (card.parent && card.parent !== card.id) adapters.push(card.id);
+      else models.push(card.id);
     }
-    this.models = models;
-    this.adapters = adapters;
-    this.cards = cards;
+    if (this.core.fixedModels) {
+      // Configured models only (the router routes nothing else here), each with the engine's card when it has one.
+      const byId = new Map(cards.map((c) => [c.id, c]));
+      this.cards = (this.spec.models ?? []).map((id) => byId.get(id) ?? { id, object: 'model', owned_by: 'kvroute' });
+    } else this.cards = cards;
+    return { models, adapters };
   }
 
   async close(): Promise<void> {
@@ -175,24 +139,34 @@ export class Worker {
       id: this.id,
       url: this.url,
       events: this.spec.events ?? null,
-      mode: this.spec.events ? 'events' : 'approx',
-      dp: this.spec.dp ?? 1,
+      mode: this.core.config.mode,
+      role: this.core.role,
+      engine: this.core.engine,
+      ...(this.core.role === 'prefill' && this.core.engine === 'sglang' ? { bootstrap: this.bootstrapPort } : {}),
+      dp: this.sourceKeys.length,
       sources: this.sourceKeys,
       healthy: this.healthy,
       probeFailures: this.probeFailures,
       lastProbeError: this.lastProbeError,
       breaker: this.breaker,
       inFlight: this.inFlight,
-      models: [...this.models],
-      adapters: [...this.adapters],
+      models: [...this.core.models],
+      adapters: [...this.core.adapters],
     };
   }
 }
 
 export interface WorkerSetEvents {
+  /** Effects of fleet changes (queued requests that can now route, or can no longer be served). */
+  onEffects(effects: readonly DispatchEffect[]): void;
   onHealthChange?(worker: Worker, healthy: boolean): void;
   onAdded?(worker: Worker): Promise<void> | void;
   onRemoved?(worker: Worker): Promise<void> | void;
+}
+
+export interface AddOptions {
+  /** Overrides the mode the spec implies (a NATS replica's workers are fed events from the stream, not from ZMQ). */
+  readonly mode?: 'events' | 'approx';
 }
 
 export class WorkerSet {
@@ -200,9 +174,9 @@ export class WorkerSet {
   private timer: NodeJS.Timeout | undefined;
 
   constructor(
-    private readonly router: KvRouter,
+    private readonly dispatcher: Dispatcher,
     private readonly opts: HealthOptions,
-    private readonly hooks: WorkerSetEvents = {},
+    private readonly hooks: WorkerSetEvents,
   ) {}
 
   list(): Worker[] {
@@ -213,15 +187,25 @@ export class WorkerSet {
     return this.workers.get(id);
   }
 
-  /** Adds a worker: its sources join the router (events mode when it publishes KV events), then one probe. */
-  async add(spec: WorkerSpec): Promise<Worker> {
-    const worker = new Worker(spec, this.opts);
-    if (this.workers.has(worker.id)) throw new Error(`worker "${worker.id}" already exists`);
-    this.workers.set(worker.id, worker);
-    const dp = spec.dp ?? 1;
-    for (let r = 0; r < dp; r++) {
-      this.router.addSource({ workerId: worker.id, dpRank: r }, { mode: spec.events ? 'events' : 'approx', capacityBlocks: spec.blocks });
-    }
+  /** Adds a worker: its ranks join the core's fleet (events mode when it publishes KV events), then one probe. */
+  async add(spec: WorkerSpec, options: AddOptions = {}): Promise<Worker> {
+    const id = spec.id ?? new URL(spec.url).host;
+    if (this.workers.has(id)) throw new Error(`worker "${id}" already exists`);
+    const effects = this.dispatcher.addWorker(
+      {
+        id,
+        dpRanks: spec.dp ?? 1,
+        mode: options.mode ?? (spec.events ? 'events' : 'approx'),
+        capacityBlocks: spec.blocks,
+        models: spec.models,
+        role: spec.role,
+        engine: spec.engine,
+      },
+      Date.now(),
+    );
+    const worker = new Worker(spec, this.dispatcher.worker(id)!, this.dispatcher, this.opts);
+    this.workers.set(id, worker);
+    this.hooks.onEffects(effects);
     await this.hooks.onAdded?.(worker);
     await this.probeOne(worker);
     return worker;
@@ -231,7 +215,7 @@ export class WorkerSet {
     const worker = this.workers.get(id);
     if (!worker) return false;
     this.workers.delete(id);
-    this.router.removeWorker(id);
+    this.hooks.onEffects(this.dispatcher.removeWorker(id, Date.now()) ?? []);
     await this.hooks.onRemoved?.(worker);
     // In-flight streams to a removed worker finish on their own connections; new ones cannot pick it.
     void worker.close();
@@ -239,13 +223,15 @@ export class WorkerSet {
   }
 
   private async probeOne(worker: Worker): Promise<void> {
-    const ok = await worker.probe();
+    const r = await worker.probe();
     if (!this.workers.has(worker.id)) return;
-    if (ok && !worker.healthy) {
-      worker.healthy = true;
+    const now = Date.now();
+    if (r.models) this.hooks.onEffects(this.dispatcher.setModels(worker.id, r.models, r.adapters ?? [], now));
+    if (r.ok && !worker.healthy) {
+      this.hooks.onEffects(this.dispatcher.setHealthy(worker.id, true, now));
       this.hooks.onHealthChange?.(worker, true);
-    } else if (!ok && worker.healthy && worker.probeFailures >= this.opts.ejectAfter) {
-      worker.healthy = false;
+    } else if (!r.ok && worker.healthy && worker.probeFailures >= this.opts.ejectAfter) {
+      this.hooks.onEffects(this.dispatcher.setHealthy(worker.id, false, now));
       this.hooks.onHealthChange?.(worker, false);
     }
   }
@@ -260,7 +246,9 @@ export class WorkerSet {
     this.timer = setInterval(() => {
       if (running) return;
       running = true;
-      void this.probeAll().finally(() => (running = false));
+      void this.probeAll().finally(() => {
+        running = false;
+      });
     }, this.opts.intervalMs);
     this.timer.unref();
   }
@@ -276,12 +264,25 @@ export class WorkerSet {
     return n;
   }
 
-  /** Union of model cards over healthy workers, first card per id. */
+  /**
+   * The models of the healthy workers, one card per id: the engine's own card (owned_by, root, parent: LoRA adapters
+   * keep their base model as parent), with max_model_len the smallest any worker serving it reports, since a request
+   * may be routed to any of them.
+   */
   models(): ModelCard[] {
     const seen = new Map<string, ModelCard>();
     for (const w of this.workers.values()) {
       if (!w.healthy) continue;
-      for (const c of w.cards) if (!seen.has(c.id)) seen.set(c.id, c);
+      for (const c of w.cards) {
+        const prev = seen.get(c.id);
+        if (!prev) {
+          seen.set(c.id, { ...c });
+          continue;
+        }
+        if (typeof c.max_model_len === 'number' && !(typeof prev.max_model_len === 'number' && prev.max_model_len <= c.max_model_len)) {
+          prev.max_model_len = c.max_model_len;
+        }
+      }
     }
     return [...seen.values()];
   }

@@ -1,16 +1,23 @@
 /**
  * The fleet simulator: a trace replayed on a virtual clock through N engine models (src/mocker/engine, unchanged)
- * behind the real KvRouter. No sleeps, no timers: a heap of timed events drives everything.
+ * behind the same core the server runs: the Dispatcher (eligibility, busy thresholds, queue, retries, breakers) around
+ * the KvRouter. No sleeps, no timers: a heap of timed events drives everything.
  *
- *   arrival    router.route() -> engine.addRequest(); an idle engine starts a step at once
- *   step end   outputs become visible: first token -> router.firstToken(), finish -> router.finish(cached tokens);
- *              the step's KV events are queued for the router, delivered `eventDelayMs` later (as over ZMQ);
- *              the engine starts its next step if it has work
+ *   arrival    dispatcher.submit() -> dispatch: engine.addRequest() (an idle engine starts a step at once)
+ *                                   | queued (every source busy) | refused (counted by reason)
+ *   step end   outputs become visible: first token -> dispatcher.firstToken(), finish -> dispatcher.finish(cached
+ *              tokens); both free load, so queued requests may be dispatched; the step's KV events are queued for the
+ *              router, delivered `eventDelayMs` later (as over ZMQ); the engine starts its next step if it has work
  *   delivery   router.applyEvents() with the engine's events, exactly as live mode feeds them
+ *   failure    with `engineFailures` > 0, an attempt fails before its engine answers (as a 500 would) and is reported
+ *              `failureLatencyMs` later: the dispatcher retries it elsewhere or refuses it, and breakers open
+ *   wake       dispatcher.tick() at the time it asks for (queue timeouts, sweeps)
  *
  * Engine events are core-shaped already (Stored carries the new blocks' tokens; the router hashes them itself and maps
  * the engine's sha256-chain ids to its own hashes), so no conversion is needed at this edge.
  */
+import { DEFAULT_TENANT, type DispatchEffect, Dispatcher, type DispatchOptions, type RefusalCode } from '../core/dispatch/dispatcher.ts';
+import { createRng } from '../core/rng.ts';
 import { KvRouter, type KvRouterOptions } from '../core/router.ts';
 import type { Policy } from '../core/scheduling/policy.ts';
 import type { KvEvent } from '../core/types.ts';
@@ -44,7 +51,35 @@ export interface FleetOptions {
   readonly onProgress?: (done: number, total: number) => void;
   /** A hasher to share between runs at the same block size (its memo makes later runs cheaper). */
   readonly hasher?: TraceHasher;
+  /** Admission as `kvroute serve` has it (queue, retries, breaker); busy thresholds go in `router.busy`. */
+  readonly dispatch?: Partial<DispatchOptions>;
+  /** Fraction of attempts that fail before their engine answers (seeded). Default 0. */
+  readonly engineFailures?: number;
+  /** Delay before a failed attempt is noticed, ms. Default 2. */
+  readonly failureLatencyMs?: number;
+  /**
+   * Disaggregated prefill/decode: this many prefill workers and `decodeWorkers` decode workers (vLLM flavour) replace
+   * `workers`. A disaggregated request prefills one token on its prefill worker, whose blocks stay held while the KV
+   * moves (bytes per token × tokens the decode worker lacks / bandwidth), then decodes on its decode worker.
+   */
+  readonly prefillWorkers?: number;
+  readonly decodeWorkers?: number;
+  readonly transfer?: { readonly bytesPerToken: number; readonly bytesPerS: number };
+  /** The SLO that goodput counts against (defaults: TTFT <= 2 s, ITL <= 50 ms). */
+  readonly slo?: { readonly ttftMs: number; readonly itlMs: number };
 }
+
+/** The KV of an 8B model (2 · 36 layers · 8 KV heads · 128 · 2 bytes) over 400 Gb/s RDMA. */
+export const DEFAULT_TRANSFER = { bytesPerToken: 147_456, bytesPerS: 50e9 } as const;
+
+/** The serve defaults for admission (src/server/config.ts), so a simulation admits as the live router does. */
+export const SIM_DISPATCH_DEFAULTS: DispatchOptions = {
+  queueLimit: 1024,
+  queueTimeoutMs: 30_000,
+  retries: 2,
+  breaker: { threshold: 5, cooldownMs: 10_000 },
+  sweepIntervalMs: 5_000,
+};
 
 export interface LatencySummary {
   readonly requests: number;
@@ -73,6 +108,8 @@ export interface RequestRecord {
 
 export interface FleetResult {
   readonly name: string;
+  /** The dispatcher's queue order for this run (fair: bands x tenants; fifo: arrival order). */
+  readonly queue_order: 'fair' | 'fifo';
   readonly rate_scale: number;
   readonly hit: {
     readonly predicted_request_weighted: number;
@@ -88,6 +125,17 @@ export interface FleetResult {
   };
   readonly ttft_ms: LatencySummary;
   readonly ttft_by_bucket: readonly BucketLatency[];
+  /** TTFT and refusals per tenant and per flow-control band (requests without a tenant: `default`). */
+  readonly by_tenant: readonly GroupLatency[];
+  readonly by_band: readonly GroupLatency[];
+  /**
+   * Jain's fairness index of service against max-min fair shares, over windows of contention (docs/flow-control.md):
+   * per window, x_t = prompt tokens dispatched for tenant t / its max-min fair share of what the fleet dispatched
+   * (water-filling over the tenants' demand: tokens that arrived in the window, weights as configured); J = (Σx)² / (n·Σx²)
+   * is 1 when every tenant got its fair share. Averaged over windows in which requests queued, weighted by the tokens
+   * dispatched; NaN when nothing ever queued or only one tenant asked.
+   */
+  readonly fairness: { readonly jain: number; readonly windows: number };
   /** Prompt + generated tokens per second of simulated time (first arrival to last finish). */
   readonly throughput_tokens_per_s: number;
   readonly output_tokens_per_s: number;
@@ -100,12 +148,109 @@ export interface FleetResult {
   readonly per_worker: ReadonlyArray<{ readonly worker: string; readonly requests: number; readonly prefill_tokens: number }>;
   /** Cached blocks the engines evicted to make room. */
   readonly blocks_evicted: number;
-  readonly requests: { readonly routed: number; readonly finished: number; readonly rejected: number };
+  /**
+   * served: answered by an engine; queued: waited in the dispatcher's queue at least once; refused: answered with a
+   * refusal (by reason in `refusals`); retried: attempts that failed and were retried elsewhere.
+   */
+  readonly requests: {
+    readonly served: number;
+    readonly queued: number;
+    readonly refused: number;
+    readonly retried: number;
+    readonly routed: number;
+    readonly finished: number;
+    readonly rejected: number;
+  };
+  readonly refusals: Partial<Record<RefusalCode | 'engine_rejected', number>>;
+  /** Over requests that waited in the queue (NaN when none did). */
+  readonly queue_wait_ms: { readonly p50: number; readonly p99: number; readonly max: number };
   readonly events: { readonly applied: number; readonly rejected: number };
   /** wall_s is elapsed time; cpu_s this process's user+system CPU (the fairer figure on a shared machine). */
   readonly sim: { readonly simulated_s: number; readonly wall_s: number; readonly cpu_s: number; readonly engine_steps: number };
   readonly perRequest?: readonly RequestRecord[];
+  /** Inter-token latency per request: (finish - first token) / (output tokens - 1), requests with 2+ output tokens. */
+  readonly itl_ms: LatencySummary;
+  /** Requests within the SLO (TTFT and ITL), as a fraction of served requests and per second of simulated time. */
+  readonly goodput: { readonly ttft_ms: number; readonly itl_ms: number; readonly fraction: number; readonly per_s: number };
+  /** Disaggregated runs: the dispatcher's path counts and handoff counters, transfer time per handed-off request. */
+  readonly pd?: {
+    readonly prefill_workers: number;
+    readonly decode_workers: number;
+    readonly min_uncached_tokens: number;
+    readonly paths: Record<string, number>;
+    readonly decode_only: Record<string, number>;
+    readonly transferred_tokens: number;
+    readonly transfer_ms: LatencySummary;
+  };
 }
+
+export interface GroupLatency extends LatencySummary {
+  readonly name: string;
+  readonly refused: number;
+}
+
+function groups(m: Map<string, { ttft: number[]; refused: number }>): GroupLatency[] {
+  return [...m.entries()].sort(([a], [b]) => (a < b ? -1 : 1)).map(([name, g]) => ({ name, refused: g.refused, ...summarize(g.ttft) }));
+}
+
+/** Max-min fair shares of `capacity` for weighted demands (water-filling). */
+export function maxMinShares(demand: ReadonlyMap<string, number>, weights: (t: string) => number, capacity: number): Map<string, number> {
+  const share = new Map<string, number>();
+  let open = [...demand.keys()].filter((t) => (demand.get(t) ?? 0) > 0);
+  let left = capacity;
+  while (open.length > 0 && left > 1e-9) {
+    const wsum = open.reduce((a, t) => a + weights(t), 0);
+    const unit = left / wsum;
+    const satisfied = open.filter((t) => (demand.get(t) ?? 0) - (share.get(t) ?? 0) <= unit * weights(t));
+    if (satisfied.length === 0) {
+      for (const t of open) share.set(t, (share.get(t) ?? 0) + unit * weights(t));
+      break;
+    }
+    for (const t of satisfied) {
+      const need = (demand.get(t) ?? 0) - (share.get(t) ?? 0);
+      share.set(t, demand.get(t) ?? 0);
+      left -= need;
+    }
+    open = open.filter((t) => !satisfied.includes(t));
+  }
+  return share;
+}
+
+/** Jain's index of x = served / fair share over tenants with a share. NaN with fewer than two. */
+export function jainIndex(xs: readonly number[]): number {
+  if (xs.length < 2) return NaN;
+  const sum = xs.reduce((a, b) => a + b, 0);
+  const sq = xs.reduce((a, b) => a + b * b, 0);
+  return sq > 0 ? (sum * sum) / (xs.length * sq) : NaN;
+}
+
+interface FairnessWindow {
+  readonly demand: Map<string, number>;
+  readonly served: Map<string, number>;
+  contended: boolean;
+}
+
+function fairnessOf(windows: ReadonlyMap<number, FairnessWindow>, weights: (t: string) => number): { jain: number; windows: number } {
+  let weighted = 0;
+  let total = 0;
+  let n = 0;
+  for (const w of windows.values()) {
+    if (!w.contended) continue;
+    let capacity = 0;
+    for (const v of w.served.values()) capacity += v;
+    const shares = maxMinShares(w.demand, weights, capacity);
+    const xs = [...shares.entries()].filter(([, a]) => a > 0).map(([t, a]) => (w.served.get(t) ?? 0) / a);
+    const j = jainIndex(xs);
+    if (!Number.isFinite(j)) continue;
+    weighted += j * capacity;
+    total += capacity;
+    n++;
+  }
+  return { jain: total > 0 ? weighted / total : NaN, windows: n };
+}
+
+/** Window of simulated time for the fairness index. */
+export const FAIRNESS_WINDOW_MS = 30_000;
 
 export const TTFT_BUCKETS: ReadonlyArray<{ name: string; max: number }> = [
   { name: '<1.8k', max: 1800 },
@@ -117,10 +262,14 @@ export const TTFT_BUCKETS: ReadonlyArray<{ name: string; max: number }> = [
 const ARRIVAL = 0;
 const STEP_END = 1;
 const DELIVER = 2;
+const WAKE = 3;
+const FAIL = 4;
+const TRANSFER = 5;
 
 interface WorkerState {
   readonly engine: MockEngine;
   readonly key: string;
+  readonly role: 'both' | 'prefill' | 'decode';
   busy: boolean;
   pendingStep: StepResult | null;
   /** Event batches in flight to the router, in delivery order. */
@@ -152,7 +301,16 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
   const windowMs = opts.imbalanceWindowMs ?? 60_000;
   const bs = opts.blockSize;
   if (!(rateScale > 0)) throw new RangeError(`rate scale must be positive, got ${rateScale}`);
-  if (!Number.isInteger(opts.workers) || opts.workers < 1) throw new RangeError(`workers must be a positive integer, got ${opts.workers}`);
+  const pdMode = opts.prefillWorkers !== undefined || opts.decodeWorkers !== undefined;
+  const nPrefill = opts.prefillWorkers ?? 0;
+  const nDecode = opts.decodeWorkers ?? 0;
+  if (pdMode && (!Number.isInteger(nPrefill) || nPrefill < 0 || !Number.isInteger(nDecode) || nDecode < 1)) {
+    throw new RangeError(`P/D needs decode workers >= 1 and prefill workers >= 0, got ${nPrefill} and ${nDecode}`);
+  }
+  const nWorkers = pdMode ? nPrefill + nDecode : opts.workers;
+  if (!Number.isInteger(nWorkers) || nWorkers < 1) throw new RangeError(`workers must be a positive integer, got ${nWorkers}`);
+  const transfer = opts.transfer ?? DEFAULT_TRANSFER;
+  const slo = opts.slo ?? { ttftMs: 2000, itlMs: 50 };
 
   let maxLen = 1;
   for (const r of requests) maxLen = Math.max(maxLen, r.inputLength + Math.max(1, r.outputLength));
@@ -163,8 +321,14 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
     seed: opts.seed ?? 0,
     ...opts.router,
   });
+  const dispatcher = new Dispatcher(router, { ...SIM_DISPATCH_DEFAULTS, ...opts.dispatch });
+  const failRate = opts.engineFailures ?? 0;
+  if (!(failRate >= 0 && failRate < 1)) throw new RangeError(`engine failure fraction must be in [0, 1), got ${failRate}`);
+  const failRng = createRng(((opts.seed ?? 0) ^ 0x5eed_fa11) >>> 0);
+  const failLatency = opts.failureLatencyMs ?? 2;
   const workers: WorkerState[] = [];
-  for (let w = 0; w < opts.workers; w++) {
+  for (let w = 0; w < nWorkers; w++) {
+    const role = !pdMode ? 'both' : w < nPrefill ? 'prefill' : 'decode';
     const engine = new MockEngine({
       blockSize: bs,
       numGpuBlocks: opts.gpuBlocks,
@@ -172,8 +336,19 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
       seed: (opts.seed ?? 0) + w,
       ...opts.engine,
     });
-    const key = router.addSource({ workerId: `w${w}`, dpRank: 0 }, { mode: 'events', capacityBlocks: opts.gpuBlocks });
-    workers.push({ engine, key, busy: false, pendingStep: null, inFlight: [], prefillTokens: 0, requests: 0, windowPrefill: new Map() });
+    const key = !pdMode ? `w${w}` : role === 'prefill' ? `p${w}` : `d${w - nPrefill}`;
+    dispatcher.addWorker({ id: key, mode: 'events', capacityBlocks: opts.gpuBlocks, role }, 0);
+    workers.push({
+      engine,
+      key,
+      role,
+      busy: false,
+      pendingStep: null,
+      inFlight: [],
+      prefillTokens: 0,
+      requests: 0,
+      windowPrefill: new Map(),
+    });
   }
   const workerOf = new Map<string, number>();
   for (const [i, w] of workers.entries()) workerOf.set(w.key, i);
@@ -183,6 +358,27 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
   const n = requests.length;
   const arrival = new Float64Array(n);
   const ttft: number[] = [];
+  /** Per tenant and per flow-control band: TTFTs of served requests and refusals. */
+  const byTenant = new Map<string, { ttft: number[]; refused: number }>();
+  const byBand = new Map<string, { ttft: number[]; refused: number }>();
+  const fairWindows = new Map<number, FairnessWindow>();
+  const fairWindow = (now: number): FairnessWindow => {
+    const k = Math.floor(now / FAIRNESS_WINDOW_MS);
+    let w = fairWindows.get(k);
+    if (!w) {
+      w = { demand: new Map(), served: new Map(), contended: false };
+      fairWindows.set(k, w);
+    }
+    return w;
+  };
+  const groupOf = (m: Map<string, { ttft: number[]; refused: number }>, k: string) => {
+    let g = m.get(k);
+    if (!g) {
+      g = { ttft: [], refused: 0 };
+      m.set(k, g);
+    }
+    return g;
+  };
   const ttftBuckets: number[][] = TTFT_BUCKETS.map(() => []);
   const records: (RequestRecord | undefined)[] = [];
   const recordOf = new Map<string, RequestRecord>();
@@ -194,7 +390,13 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
 
   let routed = 0;
   let finished = 0;
-  let rejected = 0;
+  let served = 0;
+  let refused = 0;
+  let retried = 0;
+  let engineRejected = 0;
+  const refusals: Partial<Record<RefusalCode | 'engine_rejected', number>> = {};
+  const queuedIds = new Set<string>();
+  const queueWaits: number[] = [];
   let eventsApplied = 0;
   let eventsRejected = 0;
   let lastFinish = 0;
@@ -202,8 +404,40 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
   let promptTokensTotal = 0;
   let engineRatioSum = 0;
   let engineReports = 0;
-  let nextSweep = 5_000;
+  let wakeAt = Infinity;
+  let arrived = 0;
   const progressEvery = Math.max(1, Math.floor(n / 200));
+  const indexOf = (id: string) => Number(id.slice(1));
+  const itl: number[] = [];
+  let good = 0;
+  const transferMs: number[] = [];
+  /** Prefill legs in flight by leg id: the request and where its decode leg goes. */
+  const prefillLegs = new Map<string, { requestId: string; i: number; decodeWorker: number; prefillWorker: number }>();
+  /** KV transfers in flight, by a running number (the heap event's argument). */
+  const transfers = new Map<number, { requestId: string; i: number; decodeWorker: number; prefillWorker: number; legId: string }>();
+  let transferSeq = 0;
+  /** The served leg's cached tokens (the prefill's for a disaggregated request). */
+  const servedCached = new Map<string, number>();
+  let deliveredPrompt = 0;
+  let deliveredCached = 0;
+
+  const addDecode = (requestId: string, i: number, w: number, now: number, preloaded?: number): boolean => {
+    const req = requests[i];
+    try {
+      workers[w].engine.addRequest(
+        { requestId, promptTokens: expandTokensArray(req), maxTokens: Math.max(1, req.outputLength), preloadedTokens: preloaded },
+        now,
+      );
+    } catch (err) {
+      if (!(err instanceof EngineInputError)) throw err;
+      engineRejected++;
+      refusals.engine_rejected = (refusals.engine_rejected ?? 0) + 1;
+      apply(dispatcher.finish(requestId, { outcome: 'error' }, now), now);
+      return false;
+    }
+    if (!workers[w].busy) startStep(w, now);
+    return true;
+  };
 
   const startStep = (w: number, now: number) => {
     const ws = workers[w];
@@ -222,86 +456,182 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
     heap.push(now + res.durationMs, STEP_END, w);
   };
 
-  const ev = { time: 0, kind: 0, arg: 0 };
-  while (heap.pop(ev)) {
-    const now = ev.time;
-    if (ev.kind === ARRIVAL) {
-      const i = ev.arg;
+  /** Carries out the dispatcher's effects, in order, then makes sure it is woken when it asks. */
+  const apply = (effects: DispatchEffect[], now: number): void => {
+    for (let k = 0; k < effects.length; k++) {
+      const e = effects[k];
+      if (e.kind === 'finished') continue;
+      const i = indexOf(e.requestId);
+      if (e.kind === 'reject') {
+        refused++;
+        groupOf(byTenant, e.tenant).refused++;
+        groupOf(byBand, e.band).refused++;
+        refusals[e.code] = (refusals[e.code] ?? 0) + 1;
+        if (queuedIds.delete(e.requestId)) queueWaits.push(e.queuedMs);
+        continue;
+      }
+      if (e.attempt > 0) retried++;
+      else {
+        const win = fairWindow(now);
+        win.served.set(e.tenant, (win.served.get(e.tenant) ?? 0) + e.decision.promptTokens);
+        if (e.queuedMs > 0) win.contended = true;
+      }
+      if (queuedIds.delete(e.requestId)) queueWaits.push(e.queuedMs);
+      const w = workerOf.get(e.decision.sourceKey)!;
+      if (failRate > 0 && failRng() < failRate) {
+        heap.push(now + failLatency, FAIL, i);
+        continue;
+      }
       const req = requests[i];
-      if (now >= nextSweep) {
-        router.sweep(now);
-        nextSweep = now + 5_000;
-      }
-      const id = `r${i}`;
-      const seqHashes = hasher.seqHashes(req);
-      const decision = router.route({ requestId: id, seqHashes, promptTokens: req.inputLength }, now);
-      if (decision.kind !== 'routed') {
-        rejected++;
-        continue;
-      }
-      const w = workerOf.get(decision.sourceKey)!;
-      try {
-        workers[w].engine.addRequest(
-          { requestId: id, promptTokens: expandTokensArray(req), maxTokens: Math.max(1, req.outputLength) },
-          now,
-        );
-      } catch (err) {
-        if (!(err instanceof EngineInputError)) throw err;
-        router.finish(id, { outcome: 'error' }, now);
-        rejected++;
-        continue;
-      }
+      if (e.prefill) {
+        // The prefill leg first: one token on the prefill worker, its blocks held for the decode side.
+        const pw = workerOf.get(e.prefill.decision.sourceKey)!;
+        try {
+          workers[pw].engine.addRequest(
+            { requestId: e.prefill.legId, promptTokens: expandTokensArray(req), maxTokens: 1, holdOnFinish: true },
+            now,
+          );
+        } catch (err) {
+          if (!(err instanceof EngineInputError)) throw err;
+          engineRejected++;
+          refusals.engine_rejected = (refusals.engine_rejected ?? 0) + 1;
+          apply(dispatcher.finish(e.requestId, { outcome: 'error' }, now), now);
+          continue;
+        }
+        prefillLegs.set(e.prefill.legId, { requestId: e.requestId, i, decodeWorker: w, prefillWorker: pw });
+        workers[pw].requests++;
+        if (!workers[pw].busy) startStep(pw, now);
+      } else if (!addDecode(e.requestId, i, w, now)) continue;
       routed++;
       workers[w].requests++;
       const rec: RequestRecord = {
         index: i,
         worker: w,
-        arrivalMs: now,
+        arrivalMs: arrival[i],
         promptTokens: req.inputLength,
-        islBlocks: decision.islBlocks,
-        overlapBlocks: decision.overlapBlocks,
-        bestOverlapBlocks: decision.bestOverlapBlocks,
+        islBlocks: e.decision.islBlocks,
+        overlapBlocks: e.decision.overlapBlocks,
+        bestOverlapBlocks: e.decision.bestOverlapBlocks,
         firstTokenMs: NaN,
         finishMs: NaN,
         cachedTokens: -1,
       };
-      recordOf.set(id, rec);
+      recordOf.set(e.requestId, rec);
       if (opts.keepRequests) records[i] = rec;
-      if (!workers[w].busy) startStep(w, now);
-      if (opts.onProgress && (routed % progressEvery === 0 || routed === n)) opts.onProgress(routed, n);
+    }
+    const at = dispatcher.nextWakeAt(now);
+    if (at !== undefined && at < wakeAt) {
+      wakeAt = at;
+      heap.push(Math.max(now, at), WAKE, 0);
+    }
+  };
+
+  const ev = { time: 0, kind: 0, arg: 0 };
+  while (heap.pop(ev)) {
+    const now = ev.time;
+    if (ev.kind === WAKE) {
+      if (now < wakeAt) continue; // superseded by an earlier wake that already ran
+      wakeAt = Infinity;
+      apply(dispatcher.tick(now), now);
+    } else if (ev.kind === FAIL) {
+      apply(dispatcher.failed(`r${ev.arg}`, 'injected engine failure', now), now);
+    } else if (ev.kind === ARRIVAL) {
+      const i = ev.arg;
+      const req = requests[i];
+      const id = `r${i}`;
+      const seqHashes = hasher.seqHashes(req);
+      const demandWin = fairWindow(now);
+      const tenantName = req.tenant ?? DEFAULT_TENANT;
+      demandWin.demand.set(tenantName, (demandWin.demand.get(tenantName) ?? 0) + req.inputLength);
+      const effects = dispatcher.submit(
+        {
+          requestId: id,
+          model: 'sim',
+          seqHashes,
+          promptTokens: req.inputLength,
+          ...(req.tenant !== undefined ? { tenant: req.tenant } : {}),
+          ...(req.priority !== undefined ? { priority: req.priority } : {}),
+          ...(req.sessionId !== undefined ? { sessionId: req.sessionId } : {}),
+          ...(req.sloTtftMs !== undefined ? { sloTtftMs: req.sloTtftMs } : {}),
+        },
+        now,
+      );
+      if (effects.length === 0) queuedIds.add(id);
+      apply(effects, now);
+      arrived++;
+      if (opts.onProgress && (arrived % progressEvery === 0 || arrived === n)) opts.onProgress(arrived, n);
+    } else if (ev.kind === TRANSFER) {
+      const t = transfers.get(ev.arg)!;
+      transfers.delete(ev.arg);
+      workers[t.prefillWorker].engine.releaseHeld(t.legId);
+      addDecode(t.requestId, t.i, t.decodeWorker, now, requests[t.i].inputLength);
     } else if (ev.kind === STEP_END) {
       const w = ev.arg;
       const ws = workers[w];
       const res = ws.pendingStep!;
       ws.pendingStep = null;
       for (const out of res.outputs) {
+        if (ws.role === 'prefill') {
+          // A prefill leg: its one token is the handoff, not the client's.
+          if (out.firstToken) {
+            const computed = out.promptTokens - out.cachedTokens;
+            ws.prefillTokens += computed;
+            const win = Math.floor(now / windowMs);
+            ws.windowPrefill.set(win, (ws.windowPrefill.get(win) ?? 0) + computed);
+          }
+          if (!out.finished) continue;
+          const leg = prefillLegs.get(out.requestId);
+          if (!leg) continue;
+          prefillLegs.delete(out.requestId);
+          servedCached.set(leg.requestId, out.cachedTokens);
+          apply(dispatcher.prefillDone(leg.requestId, { cachedTokens: out.cachedTokens }, now), now);
+          const dws = workers[leg.decodeWorker];
+          const lacking = Math.max(0, out.promptTokens - dws.engine.prefixHitTokens(expandTokensArray(requests[leg.i])));
+          const ms = ((lacking * transfer.bytesPerToken) / transfer.bytesPerS) * 1000;
+          transferMs.push(ms);
+          const id = transferSeq++;
+          transfers.set(id, { ...leg, legId: out.requestId });
+          heap.push(now + ms, TRANSFER, id);
+          continue;
+        }
         outputTokens += out.newTokens.length;
         // Most outputs are plain decode tokens: look the request up only when its lifecycle changes.
         if (!out.firstToken && !out.finished) continue;
         const rec = recordOf.get(out.requestId);
         if (!rec) continue;
         if (out.firstToken) {
-          router.firstToken(out.requestId, now);
+          apply(dispatcher.firstToken(out.requestId, now), now);
           rec.firstTokenMs = now;
-          rec.cachedTokens = out.cachedTokens;
+          rec.cachedTokens = servedCached.get(out.requestId) ?? out.cachedTokens;
           const t = now - rec.arrivalMs;
           ttft.push(t);
           let b = 0;
           while (rec.promptTokens >= TTFT_BUCKETS[b].max) b++;
           ttftBuckets[b].push(t);
+          const tr = requests[rec.index];
+          groupOf(byTenant, tr.tenant ?? DEFAULT_TENANT).ttft.push(t);
+          groupOf(byBand, dispatcher.bandOf(tr.priority ?? 0)).ttft.push(t);
           const computed = out.promptTokens - out.cachedTokens;
           ws.prefillTokens += computed;
           const win = Math.floor(now / windowMs);
           ws.windowPrefill.set(win, (ws.windowPrefill.get(win) ?? 0) + computed);
         }
         if (out.finished) {
-          router.finish(out.requestId, { cachedTokens: out.cachedTokens }, now);
+          apply(dispatcher.finish(out.requestId, { outcome: 'ok', cachedTokens: out.cachedTokens }, now), now);
           rec.finishMs = now;
+          const ttftMs = rec.firstTokenMs - rec.arrivalMs;
+          const perToken = out.completionTokens > 1 ? (now - rec.firstTokenMs) / (out.completionTokens - 1) : NaN;
+          if (Number.isFinite(perToken)) itl.push(perToken);
+          if (ttftMs <= slo.ttftMs && !(perToken > slo.itlMs)) good++;
+          deliveredPrompt += out.promptTokens;
+          deliveredCached += rec.cachedTokens;
+          servedCached.delete(out.requestId);
+          served++;
           recordOf.delete(out.requestId);
           finished++;
           lastFinish = now;
           promptTokensTotal += out.promptTokens;
-          engineRatioSum += out.cachedTokens / out.promptTokens;
+          engineRatioSum += rec.cachedTokens / out.promptTokens;
           engineReports++;
         }
       }
@@ -332,18 +662,24 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
   const span = Math.max(1e-9, lastFinish) / 1000;
   return {
     name: opts.policy,
+    queue_order: opts.dispatch?.flow?.order ?? 'fair',
     rate_scale: rateScale,
     hit: {
       predicted_request_weighted: view.predicted.requestWeighted,
       predicted_block_weighted: view.predicted.blockWeighted,
       available_request_weighted: view.available.requestWeighted,
       available_block_weighted: view.available.blockWeighted,
-      engine_token_weighted: queries > 0 ? hits / queries : NaN,
+      // In a P/D fleet the decode engines' counters include prompts whose KV they received: the served legs' reports
+      // (the prefill's for a disaggregated request) are the truth there.
+      engine_token_weighted: pdMode ? (deliveredPrompt > 0 ? deliveredCached / deliveredPrompt : NaN) : queries > 0 ? hits / queries : NaN,
       engine_request_weighted: engineReports > 0 ? engineRatioSum / engineReports : NaN,
       predicted_token_weighted: view.delivered.predictedTokenWeighted,
     },
     ttft_ms: summarize(ttft),
     ttft_by_bucket: TTFT_BUCKETS.map((b, k) => ({ bucket: b.name, ...summarize(ttftBuckets[k]) })),
+    by_tenant: groups(byTenant),
+    by_band: groups(byBand),
+    fairness: fairnessOf(fairWindows, (t) => opts.dispatch?.flow?.weights?.[t] ?? 1),
     throughput_tokens_per_s: (promptTokensTotal + outputTokens) / span,
     output_tokens_per_s: outputTokens / span,
     imbalance: imbalanceOf(workers.map((w) => w.prefillTokens)),
@@ -351,11 +687,34 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
     preemptions,
     per_worker: workers.map((w) => ({ worker: w.key, requests: w.requests, prefill_tokens: w.prefillTokens })),
     blocks_evicted: evicted,
-    requests: { routed, finished, rejected },
+    requests: { served, queued: queueWaits.length, refused, retried, routed, finished, rejected: refused + engineRejected },
+    refusals,
+    queue_wait_ms: queueSummary(queueWaits),
     events: { applied: eventsApplied, rejected: eventsRejected },
     sim: { simulated_s: span, wall_s: (performance.now() - wall0) / 1000, cpu_s: cpuSeconds(cpu0), engine_steps: steps },
     perRequest: opts.keepRequests ? (records.filter(Boolean) as RequestRecord[]) : undefined,
+    itl_ms: summarize(itl),
+    goodput: { ttft_ms: slo.ttftMs, itl_ms: slo.itlMs, fraction: served > 0 ? good / served : NaN, per_s: good / span },
+    ...(pdMode
+      ? {
+          pd: {
+            prefill_workers: nPrefill,
+            decode_workers: nDecode,
+            min_uncached_tokens: opts.dispatch?.pd?.minUncachedTokens ?? 0,
+            paths: { ...dispatcher.pdStats.paths },
+            decode_only: { ...dispatcher.pdStats.decodeOnly },
+            transferred_tokens: dispatcher.pdStats.transferredTokens,
+            transfer_ms: summarize(transferMs),
+          },
+        }
+      : {}),
   };
+}
+
+function queueSummary(waits: number[]): { p50: number; p99: number; max: number } {
+  if (waits.length === 0) return { p50: NaN, p99: NaN, max: NaN };
+  const sorted = Float64Array.from(waits).sort();
+  return { p50: percentileSorted(sorted, 50), p99: percentileSorted(sorted, 99), max: sorted[sorted.length - 1] };
 }
 
 function cpuSeconds(since: NodeJS.CpuUsage): number {

@@ -2,13 +2,13 @@
  * The oracle: an infinite cache shared by the whole fleet, prefix reuse only. It bounds what any router can reach
  * on a trace, whatever the fleet size.
  *
- * Definition (reproduces the figures of ../shared/data/README.md exactly: conversation 0.366 / 0.384, synthetic
- * 0.640 / 0.423): a request's reusable blocks are its leading hash ids that appeared in any earlier request (trace
+ * Definition (reproduces the figures published with the traces, data/traces/README.md, exactly: conversation
+ * 0.366 / 0.384, synthetic 0.640 / 0.423): a request's reusable blocks are its leading hash ids that appeared in any earlier request (trace
  * order), counted in 512-token trace blocks, including a matching trailing partial block; its denominator is
  * len(hash_ids) = ceil(input_length / 512).
  *   block-weighted   = sum(reused) / sum(len(hash_ids))     (ratio of sums; what engine counters give)
  *   request-weighted = mean(reused / len(hash_ids))         (mean of ratios; what a histogram gives)
- * Variants that were checked and do NOT reproduce the README: capping reuse at floor(input_length/512) full blocks
+ * Variants that were checked and do NOT reproduce them: capping reuse at floor(input_length/512) full blocks
  * (0.3660 / 0.3821 on conversation), token-weighted min(reused*512, len)/len (0.3736 / 0.4094), dividing by full
  * blocks (0.3819 / 0.4794). Any id reuse (not only the leading run) gives the same figures as prefix reuse on both
  * traces, because an id names its whole prefix.

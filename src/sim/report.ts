@@ -98,6 +98,18 @@ export function formatReport(rep: SimReport): string {
     'TTFT p50 / p90 ms (requests) by prompt length:',
     table(['policy', ...(sweep ? ['rate'] : []), ...buckets], bucketRows, sweep ? 2 : 1),
     '',
+    'admission (served / queued / refused / retried attempts; queue wait p50 / p99 ms; refusals):',
+    ...rep.policies.map((p) => {
+      const r = p.requests;
+      const q = p.queue_wait_ms;
+      const why = Object.entries(p.refusals)
+        .map(([k, v]) => `${k} ${v}`)
+        .join(', ');
+      const wait = r.queued > 0 ? `${ms(q.p50)} / ${ms(q.p99)}` : '-';
+      return `  ${p.name}${sweep ? ` x${p.rate_scale}` : ''}: ${r.served} / ${r.queued} / ${r.refused} / ${r.retried}; ${wait}${why ? `; ${why}` : ''}`;
+    }),
+    '',
+    ...tenantSection(rep),
     'requests per worker (min / max): ' +
       rep.policies
         .map((p) => {
@@ -272,4 +284,34 @@ export function renderSvg(rep: SimReport): string {
   }
   parts.push('</svg>');
   return `${parts.join('\n')}\n`;
+}
+
+/** Per-tenant TTFT and the fairness index, when the trace names more than one tenant. */
+function tenantSection(rep: SimReport): string[] {
+  if (!rep.policies.some((p) => p.by_tenant.length > 1)) return [];
+  const sweep = new Set(rep.policies.map((p) => p.rate_scale)).size > 1;
+  const rows: string[][] = [];
+  for (const p of rep.policies) {
+    for (const t of p.by_tenant) {
+      rows.push([
+        `${p.name} ${p.queue_order}${sweep ? ` x${p.rate_scale}` : ''}`,
+        t.name,
+        String(t.requests),
+        `${ms(t.p50)} / ${ms(t.p90)} / ${ms(t.p99)}`,
+        String(t.refused),
+      ]);
+    }
+  }
+  const jain = rep.policies
+    .map(
+      (p) =>
+        `${p.name} ${p.queue_order}${sweep ? ` x${p.rate_scale}` : ''} ${Number.isFinite(p.fairness.jain) ? p.fairness.jain.toFixed(3) : '-'} (${p.fairness.windows} contended windows)`,
+    )
+    .join('; ');
+  return [
+    'TTFT by tenant (including queue wait):',
+    table(['run', 'tenant', 'served', 'TTFT p50 / p90 / p99 ms', 'refused'], rows, 2),
+    `fairness (Jain's index of service vs max-min fair shares, 30 s windows with queueing): ${jain}`,
+    '',
+  ];
 }

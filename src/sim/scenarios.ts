@@ -1,13 +1,13 @@
 /**
  * Named scenarios for `kvroute sim --scenario NAME`.
  *
- * seed: the case that started the project (REFERENCE section 6). Production traffic with 44% of requests under
+ * seed: the case that started the project (docs/protocols.md §6). Production traffic with 44% of requests under
  * 1,800 tokens, a mean near 14k and a tail past 130k, on a fleet small enough to evict. The router's per-request
  * histogram read 0.320 while the engines' counters read 0.767; block-weighted router counters read 0.790. The
  * scenario replays the skewed generator on such a fleet and shows the three numbers side by side.
  */
 import type { FleetOptions } from './fleet.ts';
-import { generateSkewed } from './traces/generate.ts';
+import { generateNoisyNeighbour, generateSkewed } from './traces/generate.ts';
 import type { TraceRequest } from './traces/format.ts';
 
 export interface Scenario {
@@ -16,12 +16,41 @@ export interface Scenario {
   readonly requests: TraceRequest[];
   readonly fleet: Omit<FleetOptions, 'policy' | 'onProgress'>;
   readonly policies: string[];
+  /** Queue orders to compare (runs per policy); default the dispatcher's. */
+  readonly queueOrders?: ReadonlyArray<'fair' | 'fifo'>;
 }
 
-export const SCENARIOS = ['seed'] as const;
+export const SCENARIOS = ['seed', 'noisy-neighbour'] as const;
 
-export function scenario(name: string, seed = 1, requests: number = SEED_SCENARIO.requests): Scenario {
+/**
+ * noisy-neighbour: three steady chat tenants and one that sends 12x their rate for a third of the run, on a fleet whose
+ * workers are busy above 2,048 active prefill tokens, so the flood has to queue: FIFO against fair
+ * queuing, per-tenant TTFT and Jain's index.
+ */
+export const NOISY_SCENARIO = { requests: 3_000, rate: 2.4, workers: 2, blockSize: 16, gpuBlocks: 65_536, busyPrefillTokens: 2_048 };
+
+export function scenario(name: string, seed = 1, requests?: number): Scenario {
+  if (name === 'noisy-neighbour') {
+    const n = NOISY_SCENARIO;
+    return {
+      name,
+      description:
+        'three steady tenants and one flooding tenant (12x, a third of the run) on a fleet that must queue: FIFO vs fair queuing',
+      requests: generateNoisyNeighbour({ requests: requests ?? n.requests, seed, rate: n.rate }),
+      fleet: {
+        workers: n.workers,
+        blockSize: n.blockSize,
+        gpuBlocks: n.gpuBlocks,
+        seed,
+        router: { busy: { activePrefillTokens: n.busyPrefillTokens } },
+        dispatch: { queueLimit: 100_000, queueTimeoutMs: 600_000 },
+      },
+      policies: ['kv-pressure'],
+      queueOrders: ['fifo', 'fair'],
+    };
+  }
   if (name !== 'seed') throw new Error(`unknown scenario "${name}"; known: ${SCENARIOS.join(', ')}`);
+  requests ??= SEED_SCENARIO.requests;
   return {
     name,
     description:

@@ -32,10 +32,21 @@ export function inlineTokenizer(tok: LocalTokenizer): TokenizerService {
   };
 }
 
+// Compiled (dist/, what ships) the thread body is plain JavaScript; run from the TypeScript sources (tests, tsx) the
+// thread needs tsx's loader registered in it first, which thread-entry.mjs does.
+const THREAD_ENTRY = import.meta.url.endsWith('.ts')
+  ? new URL('./thread-entry.mjs', import.meta.url)
+  : new URL('./thread.js', import.meta.url);
+
+interface PendingCall {
+  resolve: (r: ThreadReply) => void;
+  reject: (e: Error) => void;
+}
+
 /** Starts a worker thread holding the tokenizer of `dir`; resolves once it has loaded (or rejects with why not). */
 export async function threadTokenizer(dir: string, options?: LocalTokenizerOptions): Promise<TokenizerService> {
-  const worker = new Worker(new URL('./thread-entry.mjs', import.meta.url), { workerData: { dir, options } });
-  const pending = new Map<number, { resolve: (r: ThreadReply) => void; reject: (e: Error) => void }>();
+  const worker = new Worker(THREAD_ENTRY, { workerData: { dir, options } });
+  const pending = new Map<number, PendingCall>();
   let nextId = 1;
   let dead: Error | null = null;
   await new Promise<void>((resolve, reject) => {
@@ -46,12 +57,17 @@ export async function threadTokenizer(dir: string, options?: LocalTokenizerOptio
       resolve();
     });
   });
-  worker.on('message', (reply: ThreadReply) => {
-    const p = pending.get(reply.id);
-    if (!p) return;
-    pending.delete(reply.id);
-    p.resolve(reply);
-  });
+  // An idle thread must not keep the process alive (so a server can exit once its sockets close), but a thread with a
+  // call in flight must: when the caller awaits it with nothing else on the loop (start-up asks info() before any
+  // socket is open), an unref'd worker lets Node exit with 13, "unsettled top-level await", and no output.
+  const settle = (id: number): PendingCall | undefined => {
+    const p = pending.get(id);
+    if (!p) return undefined;
+    pending.delete(id);
+    if (pending.size === 0) worker.unref();
+    return p;
+  };
+  worker.on('message', (reply: ThreadReply) => settle(reply.id)?.resolve(reply));
   const fail = (err: Error) => {
     dead = err;
     for (const p of pending.values()) p.reject(err);
@@ -65,6 +81,7 @@ export async function threadTokenizer(dir: string, options?: LocalTokenizerOptio
     if (dead) return Promise.reject(dead);
     const id = nextId++;
     return new Promise((resolve, reject) => {
+      if (pending.size === 0) worker.ref();
       pending.set(id, { resolve, reject });
       worker.postMessage({ ...req, id });
     });

@@ -1,5 +1,5 @@
 /**
- * Replay client for an engine's KV-event replay endpoint (REFERENCE section 2). The engine binds a ROUTER; we use a
+ * Replay client for an engine's KV-event replay endpoint (docs/protocols.md §2). The engine binds a ROUTER; we use a
  * DEALER (a REQ socket breaks after the first reply with EFSM): send [empty, start_seq u64 BE], then read
  * [empty, seq u64 BE, payload] for every buffered batch with seq >= start_seq until [empty, 0xFFFFFFFFFFFFFFFF, empty].
  * A silent endpoint (not configured, engine gone) is "replay unavailable" after `timeoutMs` without a frame.

@@ -1,5 +1,5 @@
 /**
- * Live KV-event subscription of one source (a worker's dp rank) over ZMQ (REFERENCE section 2).
+ * Live KV-event subscription of one source (a worker's dp rank) over ZMQ (docs/protocols.md §2).
  *
  * - connect mode: the engine binds (`tcp://*:5557`), we connect a SUB; libzmq reconnects by itself with backoff from
  *   `reconnectInterval` doubling up to `reconnectMaxInterval`, and ZMTP heartbeats drop a dead peer so the reconnect
@@ -45,7 +45,7 @@ export interface ZmqSourceCounters {
   receiveErrors: number;
 }
 
-/** The endpoint of dp rank `r`: the engine's port + r (REFERENCE section 2). Leaves `*` ports alone. */
+/** The endpoint of dp rank `r`: the engine's port + r (docs/protocols.md §2). Leaves `*` ports alone. */
 export function rankEndpoint(endpoint: string, dpRank: number): string {
   if (dpRank === 0) return endpoint;
   const m = /^(.*):(\d+)$/.exec(endpoint);

@@ -5,7 +5,7 @@ import { computeBlockHashes, computeSeqHashes, hashSeed, SeqHasher, fullBlocks, 
 const range = (a: number, b: number) => Array.from({ length: b - a }, (_, i) => a + i);
 const dec = (xs: BigUint64Array) => Array.from(xs, (x) => x.toString());
 
-describe('hashing contract (REFERENCE section 1 test vectors)', () => {
+describe('hashing contract (docs/protocols.md §1 test vectors)', () => {
   it('tokens 0..35, bs 16, default seed: two full blocks, partial tail ignored', () => {
     expect(hashSeed()).toBe(1337n);
     const h = computeBlockHashes(range(0, 36), 16);

@@ -19,7 +19,7 @@ function fleet(n: number, opts: Partial<ConstructorParameters<typeof KvRouter>[0
   return r;
 }
 
-describe('kv policy cost (REFERENCE section 5)', () => {
+describe('kv policy cost (docs/protocols.md §5)', () => {
   it('computes prefill and decode blocks exactly', () => {
     const ctx = {
       candidates: [

@@ -16,7 +16,7 @@ function wasmHashes(tokens: ArrayLike<number>, bs: number, seed: bigint) {
   return { local: dec(local), seq: dec(seq) };
 }
 
-describe('WASM block hasher: REFERENCE section 1 test vectors', () => {
+describe('WASM block hasher: docs/protocols.md §1 test vectors', () => {
   it('tokens 0..35, bs 16, seed 1337', () => {
     expect(wasmHashes(range(0, 36), 16, 1337n)).toEqual({
       local: ['15310707395893867146', '15292316782987903195'],

@@ -61,7 +61,7 @@ export function hand(v: HandValue): Buffer {
   return Buffer.from(out);
 }
 
-/** The real event of REFERENCE section 2 (vLLM 0.26, Qwen3-8B, volcano-sh/kthena#1535). */
+/** The real event of docs/protocols.md §2 (vLLM 0.26, Qwen3-8B, volcano-sh/kthena#1535). */
 export const KTHENA_TOKENS = [151644, 872, 198, 9064, 374, 279, 6722, 315, 5616, 30, 151645, 198, 151644, 77091, 198, 151667];
 export const KTHENA_HASH = 15760518052499183552n;
 export const KTHENA_BATCH: HandValue = [

@@ -5,7 +5,8 @@ import { computeSeqHashes, hashSeed } from '../../src/core/hashing.ts';
 import type { KvEvent } from '../../src/core/types.ts';
 import { encodeSglangBatch, type SglangEvent } from '../../src/engines/sglang.ts';
 import { vllmFrames } from '../../src/engines/vllm.ts';
-import { SourceIngest, quietLogger } from '../../src/ingest/source-ingest.ts';
+import { SourceIngest } from '../../src/ingest/source-ingest.ts';
+import { quietLog } from '../../src/log.ts';
 
 /** SGLang's radix cache at page size 1: one node per token, one BlockStored per page, leaf-first eviction. */
 class RadixEngine {
@@ -84,7 +85,7 @@ function pipeline(routerBlockSize: number) {
     source: { workerId: 'sglang', dpRank: 0 },
     flavor: 'sglang',
     routerBlockSize,
-    log: quietLogger,
+    log: quietLog,
     sink: (_k, events: KvEvent[]) => {
       for (const e of events) index.apply(0, e);
     },

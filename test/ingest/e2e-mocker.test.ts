@@ -8,8 +8,8 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { KvIndex } from '../../src/core/index/kv-index.ts';
 import type { KvEvent } from '../../src/core/types.ts';
 import { startMocker, type MockerHandle } from '../../src/mocker/server.ts';
-import { EventIngest } from '../../src/ingest/ingest.ts';
-import { quietLogger } from '../../src/ingest/source-ingest.ts';
+import { EventIngest } from '../../src/transport/event-ingest.ts';
+import { quietLog } from '../../src/log.ts';
 import { mulberry32 } from './fake-engine.ts';
 
 async function until(cond: () => boolean, ms = 8000): Promise<void> {
@@ -58,7 +58,7 @@ describe('ingestion against 4 mock engines', () => {
     const resets: string[] = [];
     ingest = new EventIngest({
       routerBlockSize: 16,
-      log: quietLogger,
+      log: quietLog,
       replayTimeoutMs: 1000,
       // A batch dropped last is only visible to a tail probe (no later batch reveals the gap).
       tailProbeMs: 200,
@@ -132,7 +132,7 @@ describe('ingestion against 4 mock engines', () => {
     const index = new KvIndex({ blockSize: 16 });
     const dpIngest = new EventIngest({
       routerBlockSize: 16,
-      log: quietLogger,
+      log: quietLog,
       sink: (key, events: KvEvent[]) => {
         for (const e of events) index.apply(key === 'dp' ? 0 : 1, e);
       },

@@ -13,7 +13,8 @@ import { computeSeqHashes } from '../../src/core/hashing.ts';
 import type { KvEvent } from '../../src/core/types.ts';
 import { decodeBatch, decodeVllmBatch, vllmFrames } from '../../src/engines/vllm.ts';
 import { decodeSglangBatch, encodeSglangBatch } from '../../src/engines/sglang.ts';
-import { SourceIngest, type IngestLogger, type ReplayFn } from '../../src/ingest/source-ingest.ts';
+import { SourceIngest, type ReplayFn } from '../../src/ingest/source-ingest.ts';
+import type { LogSink } from '../../src/log.ts';
 import { FakeEngine, mulberry32 } from './fake-engine.ts';
 import { hand, KTHENA_BATCH } from '../engines/msgpack-hand.ts';
 
@@ -153,7 +154,7 @@ describe('ingestion fuzzing', () => {
     index.addSource(0);
     index.addSource(1);
     const escaped: string[] = [];
-    const log: IngestLogger = {
+    const log: LogSink = {
       info() {},
       warn() {},
       error: (o, m) => {
@@ -199,7 +200,6 @@ describe('ingestion fuzzing', () => {
     let expectedFrameErrors = 0;
     let expectedUndecodable = 0;
     let seq = 0n;
-    const t0 = Date.now();
     for (let i = 0; i < FRAMES; i++) {
       const payload =
         i % 10 < 7
@@ -231,7 +231,6 @@ describe('ingestion fuzzing', () => {
       if (i % 64 === 0) await new Promise((res) => setImmediate(res));
     }
     await new Promise((res) => setImmediate(res));
-    const elapsed = Date.now() - t0;
 
     expect(escaped).toEqual([]);
     const h = fuzzed.health();
@@ -263,8 +262,6 @@ describe('ingestion fuzzing', () => {
     index.apply(0, { kind: 'cleared' });
     index.apply(1, { kind: 'cleared' });
     expect(index.stats()).toMatchObject({ blocks: 0, pairs: 0 });
-    // Budget ~15 s on 2 shared cores (about 7 s when idle); the vitest timeout below is the hard limit.
-    expect(elapsed).toBeLessThan(40_000);
   }, 60_000);
 
   it('SGLang decoder and flavour-agnostic decode never throw on the same damage', () => {

@@ -3,12 +3,11 @@ import { KvIndex } from '../../src/core/index/kv-index.ts';
 import { computeSeqHashes, hashSeed } from '../../src/core/hashing.ts';
 import type { KvEvent } from '../../src/core/types.ts';
 import { encodeVllmBatch, vllmFrames, type WireEvent } from '../../src/engines/vllm.ts';
-import { SourceIngest, quietLogger, type IngestLogger, type ReplayFn } from '../../src/ingest/source-ingest.ts';
+import { SourceIngest, type ReplayFn } from '../../src/ingest/source-ingest.ts';
+import { quietLog, type LogSink } from '../../src/log.ts';
 import { FakeEngine } from './fake-engine.ts';
 
-function harness(
-  opts: { blockSize?: number; engineBlockSize?: number; replay?: ReplayFn | null; now?: () => number; log?: IngestLogger } = {},
-) {
+function harness(opts: { blockSize?: number; engineBlockSize?: number; replay?: ReplayFn | null; now?: () => number; log?: LogSink } = {}) {
   const index = new KvIndex({ blockSize: opts.blockSize ?? 4 });
   index.addSource(0);
   const resets: string[] = [];
@@ -23,7 +22,7 @@ function harness(
       index.apply(0, { kind: 'cleared' });
     },
     replay: opts.replay ?? null,
-    log: opts.log ?? quietLogger,
+    log: opts.log ?? quietLog,
     now: opts.now,
   });
   let seq = 0n;
@@ -78,7 +77,7 @@ describe('SourceIngest', () => {
 
   it('learns the block size: a multiple is split (reported once), others are quarantined with their descendants', () => {
     const logged: string[] = [];
-    const log: IngestLogger = { info() {}, warn() {}, error: (_o, m) => logged.push(m) };
+    const log: LogSink = { info() {}, warn() {}, error: (_o, m) => logged.push(m) };
     const a = harness({ blockSize: 4, log });
     const tokens = T(16);
     a.send([{ type: 'BlockStored', blockHashes: [1n], parentBlockHash: null, tokenIds: tokens.slice(0, 8), blockSize: 8 }]);

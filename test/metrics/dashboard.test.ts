@@ -12,6 +12,7 @@ import type { KvEvent } from '../../src/core/types.ts';
 import { dashboardHandler } from '../../src/metrics/dashboard.ts';
 import { RouterMetrics } from '../../src/metrics/registry.ts';
 import { EngineMirror } from '../../src/metrics/scrape.ts';
+import { ensureChromium } from '../fixtures/test-binaries.ts';
 
 const BS = 16;
 
@@ -48,7 +49,7 @@ function startRouter() {
   let t = 0;
   const router = new KvRouter({ blockSize: BS, clock: () => performance.now() });
   for (const w of ['w0', 'w1', 'w2']) router.addSource({ workerId: w, dpRank: 0 }, { mode: 'events', capacityBlocks: 10_000 });
-  const metrics = new RouterMetrics({ router });
+  const metrics = new RouterMetrics({ router, eventLoopWindowMs: 200 });
   // The engines' own counters, as the mirror would scrape them: tokens queried and hit per worker.
   const engineCounters = new Map<string, { q: number; h: number }>();
   const mirror = new EngineMirror({ registry: metrics.registry, targets: () => [] });
@@ -190,10 +191,9 @@ describe('dashboardHandler', () => {
 
 describe('live dashboard in headless chromium', () => {
   it('loads, draws non-empty charts after traffic, and saves a screenshot', async () => {
-    expect(existsSync('/usr/bin/chromium'), 'chromium missing: apt-get install -y chromium').toBe(true);
     const profile = await mkdtemp(join(tmpdir(), 'kvroute-chromium-'));
     const context = await chromium.launchPersistentContext(profile, {
-      executablePath: '/usr/bin/chromium',
+      executablePath: await ensureChromium(), // shipped by a dev dependency: test/fixtures/test-binaries.ts
       headless: true,
       args: [
         '--headless',
@@ -231,7 +231,7 @@ describe('live dashboard in headless chromium', () => {
       expect(existsSync(join(ARTIFACTS, 'dashboard.png'))).toBe(true);
 
       const points = await page.evaluate(() => (globalThis as unknown as PageGlobals).__kvrouteDashboard!.pointsDrawn);
-      for (const chart of ['hitrate', 'prefill', 'active', 'cache', 'events', 'overhead', 'rps']) {
+      for (const chart of ['hitrate', 'prefill', 'active', 'cache', 'events', 'overhead', 'rps', 'eventloop']) {
         expect(points[chart], chart).toBeGreaterThan(0);
       }
       // The hit-rate chart really has a line in the first series' colour (#4fc3f7), not just axes.
@@ -253,6 +253,8 @@ describe('live dashboard in headless chromium', () => {
       const tiles = await page.locator('#tiles').innerText();
       expect(tiles).toContain(v.predicted.blockWeighted.toFixed(3));
       expect(tiles).toContain(v.predicted.requestWeighted.toFixed(3));
+      // The router's event-loop delay, from its own monitor (a finite figure once a window has closed).
+      expect(tiles).toMatch(/event-loop lag p99\s+\d+\.\d ms/i);
       expect(v.predicted.blockWeighted - v.predicted.requestWeighted).toBeGreaterThan(0.2); // skewed traffic: the trap
       expect(await page.locator('#workers tbody tr').count()).toBe(3);
       // biome-ignore lint/performance/useDomNodeTextContent: Playwright Locator method, asserts the rendered text

@@ -11,7 +11,7 @@ import { fileURLToPath } from 'node:url';
 import { buildReport, formatReport } from '../../src/metrics/hitrate-report.ts';
 import { startServer, type RunningServer } from '../../src/server/app.ts';
 import { DEFAULTS } from '../../src/server/config.ts';
-import { startEmbeddedFleet, type EmbeddedFleet } from '../../src/server/embedded.ts';
+import { startEmbeddedFleet, type EmbeddedFleet } from '../../src/mocker/embedded.ts';
 
 const BS = 16;
 let fleet: EmbeddedFleet;

@@ -29,7 +29,7 @@ async function cli(args: string[]) {
   }
 }
 
-// Fixture window (b - a), built to reproduce the motivating production case of REFERENCE section 6:
+// Fixture window (b - a), built to reproduce the motivating production case of docs/protocols.md §6:
 //   histogram (mean of ratios)   320 / 1000             = 0.320
 //   block-weighted               79000 / 100000         = 0.790
 //   engine (mirrored counters)   1227200 / 1600000      = 0.767
@@ -131,7 +131,7 @@ describe('hit-rate report on saved scrapes', () => {
     expect(parseDuration('2m')).toBe(120);
     expect(parseDuration('500ms')).toBe(0.5);
     expect(parseDuration('5')).toBe(5);
-    expect(() => parseDuration('soon')).toThrow(/invalid duration/);
+    expect(() => parseDuration('soon')).toThrow(/--window must be a positive duration/);
     expect(parseEngineArg('w1=http://h:8000')).toEqual({ name: 'w1', url: 'http://h:8000' });
     expect(parseEngineArg('http://h:8000')).toEqual({ name: 'h:8000', url: 'http://h:8000' });
   });

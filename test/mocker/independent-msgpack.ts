@@ -1,6 +1,6 @@
 /**
- * A deliberately independent msgpack decoder for the mocker tests, written from the msgpack spec (and REFERENCE
- * section 2) and sharing no code with src/engines/vllm.ts or msgpackr. 64-bit integers always come back as bigint
+ * A deliberately independent msgpack decoder for the mocker tests, written from the msgpack spec (and
+ * docs/protocols.md §2) and sharing no code with src/engines/vllm.ts or msgpackr. 64-bit integers always come back as bigint
  * (uint64 unsigned, int64 signed) so the wire type is visible; other integers as number; bin as Uint8Array.
  */
 export type Msg = null | boolean | number | bigint | string | Uint8Array | Msg[] | Map<string | number, Msg>;

@@ -1,8 +1,9 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import * as zmq from 'zeromq';
 import { startMocker, type MockerHandle, type MockerOptions } from '../../src/mocker/server.ts';
-import { engineIdBytes, expectedOutputTokens } from '../../src/mocker/engine/index.ts';
+import { DEFAULT_POLYNOMIAL, engineIdBytes, expectedOutputTokens } from '../../src/mocker/engine/index.ts';
 import { computeSeqHashes } from '../../src/core/hashing.ts';
+import { replayEndpointFor } from '../../src/mocker/zmq.ts';
 import { asBig, decodeMsgpack, type Msg } from './independent-msgpack.ts';
 
 const open: MockerHandle[] = [];
@@ -364,16 +365,20 @@ describe('mocker HTTP API', () => {
       const tokens = [...system.slice(0, 16 * (i % 5)), ...range(10 + (i % 7) * 9, 1000 * (i % 6))];
       const stream = i % 2 === 0;
       reqs.push(
-        post(m, '/v1/completions', { prompt: tokens, max_tokens: 1 + (i % 9), stream, stream_options: { include_usage: true } }).then(
-          (r) => {
-            expect(r.status).toBe(200);
-            const usage = stream ? (sseChunks(r.text).at(-1) as { usage: Usage }).usage : r.json().usage;
-            expect(usage.prompt_tokens).toBe(tokens.length);
-            prompt += usage.prompt_tokens;
-            cached += usage.prompt_tokens_details.cached_tokens;
-            completion += usage.completion_tokens;
-          },
-        ),
+        // vLLM refuses stream_options on a request that does not stream.
+        post(m, '/v1/completions', {
+          prompt: tokens,
+          max_tokens: 1 + (i % 9),
+          stream,
+          ...(stream ? { stream_options: { include_usage: true } } : {}),
+        }).then((r) => {
+          expect(r.status).toBe(200);
+          const usage = stream ? (sseChunks(r.text).at(-1) as { usage: Usage }).usage : r.json().usage;
+          expect(usage.prompt_tokens).toBe(tokens.length);
+          prompt += usage.prompt_tokens;
+          cached += usage.prompt_tokens_details.cached_tokens;
+          completion += usage.completion_tokens;
+        }),
       );
       if (i % 4 === 3) await Promise.all(reqs.splice(0));
     }
@@ -495,7 +500,15 @@ describe('mocker HTTP API', () => {
       ['/v1/completions', { prompt: range(70, 1), max_tokens: 1 }, 400, 'prompt'],
       ['/v1/completions', { prompt: 'x', model: 'nope' }, 404, 'model'],
       ['/v1/chat/completions', { messages: 'hi' }, 400, 'messages'],
-      ['/v1/chat/completions', { messages: [{ content: 'no role' }] }, 400, 'messages'],
+      ['/v1/chat/completions', { messages: [{ content: 'no role' }] }, 400, 'messages[0]'],
+      ['/v1/chat/completions', { messages: [{ role: 'user', content: 7 }] }, 400, 'messages[0].content'],
+      ['/v1/completions', { prompt: 'x', stream_options: { include_usage: true } }, 400, 'stream_options'],
+      ['/v1/completions', { prompt: 'x', cache_salt: '' }, 400, 'cache_salt'],
+      ['/v1/completions', { prompt: 'x', n: 2 }, 400, 'n'],
+      ['/v1/completions', { prompt: 'x', seed: 1.5 }, 400, 'seed'],
+      ['/v1/completions', { prompt: 'x', return_token_ids: 'yes' }, 400, 'return_token_ids'],
+      ['/v1/chat/completions', { messages: [{ role: 'user', content: 'x' }], max_completion_tokens: 0 }, 400, 'max_completion_tokens'],
+      ['/tokenize', { prompt: 'x', model: 'nope' }, 404, 'model'],
       ['/v1/chat/completions', { messages: [{ role: 'user', content: 'x' }], chat_template_kwargs: 3 }, 400, 'chat_template_kwargs'],
       ['/tokenize', { prompt: 5 }, 400, 'prompt'],
       ['/detokenize', { tokens: 'abc' }, 400, 'tokens'],
@@ -540,6 +553,11 @@ describe('mocker faults', () => {
     expect(f.json().faults.failRequestFraction).toBe(0);
     expect((await post(m, '/v1/completions', { prompt: 'x', max_tokens: 1 })).status).toBe(200);
     expect((await post(m, '/fault', { failRequestFraction: 2 })).status).toBe(400);
+    // A refused patch changes nothing, not even its valid fields.
+    const refused = await post(m, '/fault', { failRequestFraction: 0.5, slowdown: -1 });
+    expect(refused.status).toBe(400);
+    expect(refused.json().error).toMatchObject({ param: 'slowdown', code: 400, type: 'BadRequestError' });
+    expect(m.faults.failRequestFraction).toBe(0);
     // Unhealthy: the process answers, the engine does not.
     expect((await post(m, '/fault', { unhealthy: true })).status).toBe(200);
     expect((await fetch(`${m.url}/health`)).status).toBe(503);
@@ -610,20 +628,53 @@ describe('mocker faults', () => {
     expect((await post(m, '/v1/completions', { prompt: 'after restart', max_tokens: 1 })).status).toBe(200);
   });
 
-  it('slows down by a factor (modelled TTFT and wall time)', async () => {
+  it('slows down by a factor: modelled TTFT x5, and the wall time follows (bounds from the model, not a race)', async () => {
     const m = await mocker({ speedup: 1 });
-    const run = async () => {
-      const t0 = performance.now();
-      expect((await post(m, '/v1/completions', { prompt: range(10, 1), max_tokens: 4 })).status).toBe(200);
-      return performance.now() - t0;
-    };
-    const fast = await run();
+    const ttftSum = async () => metricValue(await (await fetch(`${m.url}/metrics`)).text(), 'vllm:time_to_first_token_seconds_sum');
+    const [a2, a1, a0] = DEFAULT_POLYNOMIAL.prefill;
+    const prefillS = (a2 * 100 + a1 * 10 + a0) / 1000; // the one prefill step of a 10-token prompt
+    expect((await post(m, '/v1/completions', { prompt: range(10, 1), max_tokens: 4 })).status).toBe(200);
+    const fast = await ttftSum();
     m.faults.slowdown = 5;
-    const slow = await run();
-    expect(slow).toBeGreaterThan(fast * 2.5);
-    const text = await (await fetch(`${m.url}/metrics`)).text();
-    // Two requests: TTFT = one prefill step of 10 tokens (16.65 ms modelled), then 5x that.
-    const sum = metricValue(text, 'vllm:time_to_first_token_seconds_sum');
-    expect(sum).toBeGreaterThan(0.9 * 6 * 0.01665);
+    const t0 = performance.now();
+    expect((await post(m, '/v1/completions', { prompt: range(10, 2), max_tokens: 4 })).status).toBe(200);
+    const wallMs = performance.now() - t0;
+    const slow = (await ttftSum()) - fast;
+    // TTFT = the step's modelled duration x slowdown, plus the few microseconds between arrival and the step's start.
+    expect(fast).toBeGreaterThanOrEqual(prefillS * 0.999);
+    expect(slow).toBeGreaterThanOrEqual(5 * prefillS * 0.999);
+    expect(slow).toBeLessThan(20 * prefillS);
+    // At speedup 1 a step is delivered its modelled duration later: a loaded machine can only make this longer.
+    expect(wallMs).toBeGreaterThanOrEqual(5 * prefillS * 1000 * 0.95);
+  });
+});
+
+describe('mocker replay endpoint default', () => {
+  const rule = (events: string | null, ranks = 1, connect = false, replay?: string | null) =>
+    replayEndpointFor({ events, ranks, connect, replay, host: '127.0.0.1' });
+
+  it('is the port after the event ports (event port + ranks), free when the event port is, none without events', () => {
+    expect(rule('tcp://*:5557')).toBe('tcp://*:5558');
+    expect(rule('tcp://*:5557', 4)).toBe('tcp://*:5561');
+    expect(rule('tcp://10.0.0.5:7000', 2)).toBe('tcp://10.0.0.5:7002');
+    expect(rule('tcp://127.0.0.1:*', 2)).toBe('tcp://127.0.0.1:*');
+    expect(rule('tcp://127.0.0.1:0')).toBe('tcp://127.0.0.1:*');
+    expect(rule('tcp://router:5557', 1, true)).toBe('tcp://127.0.0.1:*');
+    expect(rule('ipc:///tmp/kv')).toBe('tcp://127.0.0.1:*');
+    expect(rule(null)).toBe(null);
+    // Given endpoints are used as given.
+    expect(rule('tcp://*:5557', 1, false, 'tcp://*:6000')).toBe('tcp://*:6000');
+    expect(rule('tcp://*:5557', 1, false, null)).toBe(null);
+  });
+
+  it('overlapping event and replay ports are refused before anything binds; events off means no replay socket', async () => {
+    await expect(
+      startMocker({ zmqEndpoint: 'tcp://127.0.0.1:45001', replayEndpoint: 'tcp://*:45002', dataParallelSize: 2 }),
+    ).rejects.toThrow(/replay ports 45002-45003 overlap event ports 45001-45002/);
+    await expect(startMocker({ zmqEndpoint: 'tcp://*:45001', replayEndpoint: 'tcp://*:45001' })).rejects.toThrow(/overlap/);
+    const m = await mocker({ zmqEndpoint: null });
+    expect(m.zmqEndpoint).toBe(null);
+    expect(m.replayEndpoint).toBe(null);
+    expect((await post(m, '/v1/completions', { prompt: range(20, 1), max_tokens: 1 })).status).toBe(200);
   });
 });

@@ -20,11 +20,22 @@ afterAll(async () => {
   await nats.dispose();
 });
 
-function run(args: string[]): { done: Promise<{ code: number | null; stderr: string }>; kill: (sig: NodeJS.Signals) => void } {
-  const p = spawn(process.execPath, ['bin/kvroute.mjs', 'relay', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+function run(args: string[]): {
+  done: Promise<{ code: number | null; stderr: string }>;
+  started: Promise<void>;
+  kill: (sig: NodeJS.Signals) => void;
+} {
+  const p = spawn(process.execPath, ['bin/kvroute.mjs', 'relay', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
   let stderr = '';
+  let stdout = '';
   p.stderr.on('data', (d) => (stderr += d));
-  return { done: new Promise((resolve) => p.on('exit', (code) => resolve({ code, stderr }))), kill: (s) => p.kill(s) };
+  const started = new Promise<void>((resolve) => {
+    p.stdout.on('data', (d) => {
+      stdout += d;
+      if (stdout.includes('relay starting')) resolve();
+    });
+  });
+  return { done: new Promise((resolve) => p.on('exit', (code) => resolve({ code, stderr }))), started, kill: (s) => p.kill(s) };
 }
 
 describe('kvroute relay', () => {
@@ -37,7 +48,7 @@ describe('kvroute relay', () => {
   it('rejects a malformed endpoint', async () => {
     const r = await run(['--nats', nats.url, '--worker', 'x', '--events', 'localhost:5557']).done;
     expect(r.code).not.toBe(0);
-    expect(r.stderr).toMatch(/--events must look like tcp:\/\/host:port/);
+    expect(r.stderr).toMatch(/--events must be a tcp:\/\/host:port endpoint/);
   });
 
   it('feeds a replica and stops cleanly on SIGTERM', async () => {
@@ -84,7 +95,7 @@ describe('kvroute relay', () => {
   it('relays every data-parallel rank of an engine to its own subject', async () => {
     const { startMocker } = await import('../../src/mocker/server.ts');
     const { NatsRelay } = await import('../../src/transport/nats/relay.ts');
-    const { quietLogger } = await import('../../src/ingest/source-ingest.ts');
+    const { quietLog } = await import('../../src/log.ts');
     const mocker = await startMocker({
       speedup: 1000,
       defaultMaxTokens: 2,
@@ -99,7 +110,7 @@ describe('kvroute relay', () => {
       replay: mocker.replayEndpoint,
       dpRanks: 2,
       url: mocker.url,
-      log: quietLogger,
+      log: quietLog,
     });
     try {
       await relay.start();
@@ -160,16 +171,19 @@ describe('kvroute relay', () => {
       '--events',
       engine.mocker.zmqEndpoint!,
       '--log-level',
-      'warn',
+      'info',
     ]);
-    await new Promise((r) => setTimeout(r, 1500));
+    // Signal once it has said it is starting (its handlers are in place), not after a guessed delay: a loaded machine
+    // can take longer than any fixed wait just to load the CLI.
+    await relay.started;
+    await new Promise((r) => setTimeout(r, 500)); // well inside the wait for NATS
     relay.kill('SIGTERM');
     expect((await relay.done).code).toBe(0);
   });
 
   it('splits engine batches bigger than a message across messages, losing nothing', async () => {
     const { NatsRelay } = await import('../../src/transport/nats/relay.ts');
-    const { quietLogger } = await import('../../src/ingest/source-ingest.ts');
+    const { quietLog } = await import('../../src/log.ts');
     const small = await startEngine('small');
     const { router, replica } = await startReplica(nats, 'split-rep');
     // 512-byte messages: a prefill of a few blocks (80 bytes each) already needs several.
@@ -179,7 +193,7 @@ describe('kvroute relay', () => {
       events: small.mocker.zmqEndpoint!,
       replay: small.mocker.replayEndpoint,
       maxMessageBytes: 512,
-      log: quietLogger,
+      log: quietLog,
     });
     try {
       await relay.start();

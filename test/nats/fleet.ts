@@ -3,7 +3,7 @@
  * a test-owned nats-server. Traffic is routed by the replicas in turn and sent to the chosen engine over HTTP.
  */
 import { KvRouter } from '../../src/core/router.ts';
-import { quietLogger } from '../../src/ingest/source-ingest.ts';
+import { quietLog } from '../../src/log.ts';
 import { startMocker, type MockerHandle } from '../../src/mocker/server.ts';
 import { NatsRelay } from '../../src/transport/nats/relay.ts';
 import { NatsReplica } from '../../src/transport/nats/replica.ts';
@@ -44,7 +44,7 @@ export async function startRelay(
     model: 'mock-model',
     blockSize: BS,
     heartbeatMs: 500,
-    log: quietLogger,
+    log: quietLog,
     ...extra,
   });
   await relay.start();
@@ -64,7 +64,7 @@ export async function startReplica(
         warn: (o: object, m: string) => console.log(id, m, JSON.stringify(o)),
         error: (o: object, m: string) => console.log(id, m, JSON.stringify(o)),
       }
-    : quietLogger;
+    : quietLog;
   const replica = new NatsReplica({ servers: nats.url, replicaId: id, log, snapshotIntervalMs: 0, ...extra });
   await replica.start(router);
   return { router, replica };

@@ -6,7 +6,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connect, type NatsConnection } from '@nats-io/transport-node';
 import { KvRouter } from '../../src/core/router.ts';
-import { quietLogger } from '../../src/ingest/source-ingest.ts';
+import { quietLog } from '../../src/log.ts';
 import { encodeLoad, encodeWorkerEntry, LOAD_SUBJECT, REGISTRY_BUCKET } from '../../src/transport/nats/protocol.ts';
 import { NatsReplica } from '../../src/transport/nats/replica.ts';
 import { Kvm } from '@nats-io/kv';
@@ -30,7 +30,7 @@ async function replica(
   extra: Partial<ConstructorParameters<typeof NatsReplica>[0]> = {},
 ): Promise<{ router: KvRouter; replica: NatsReplica }> {
   const router = newRouter();
-  const r = new NatsReplica({ servers: nats.url, replicaId: id, log: quietLogger, snapshotIntervalMs: 0, ...extra });
+  const r = new NatsReplica({ servers: nats.url, replicaId: id, log: quietLog, snapshotIntervalMs: 0, ...extra });
   await r.start(router);
   open.push(r);
   return { router, replica: r };

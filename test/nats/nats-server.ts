@@ -9,6 +9,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
 export function natsBinary(): string {
+  // Under vitest the global setup has found or fetched one (test/fixtures/test-binaries.ts).
+  if (process.env.KVROUTE_NATS_SERVER) return process.env.KVROUTE_NATS_SERVER;
   return existsSync('/usr/sbin/nats-server') ? '/usr/sbin/nats-server' : 'nats-server';
 }
 

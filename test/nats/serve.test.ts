@@ -6,8 +6,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import pino from 'pino';
 import { startServer, type RunningServer } from '../../src/server/app.ts';
 import { DEFAULTS } from '../../src/server/config.ts';
-import { quietLogger } from '../../src/ingest/source-ingest.ts';
-import { attachToServer } from '../../src/transport/nats/attach.ts';
+import { quietLog } from '../../src/log.ts';
+import { attachToServer } from '../../src/server/nats.ts';
 import type { NatsReplica } from '../../src/transport/nats/replica.ts';
 import { NatsServer, until } from './nats-server.ts';
 import { blocksOf, PromptGen, sameSet, startEngine, startRelay, type Engine } from './fleet.ts';
@@ -21,7 +21,7 @@ beforeAll(async () => {
   engine = await startEngine('srv0');
   for (let i = 0; i < 2; i++) {
     const running = await startServer({ ...DEFAULTS, port: 0, workers: [], logLevel: 'silent' }, { logger: pino({ level: 'silent' }) });
-    const replica = await attachToServer(running, { servers: nats.url, replicaId: `srv-rep${i}`, log: quietLogger, snapshotIntervalMs: 0 });
+    const replica = await attachToServer(running, { servers: nats.url, replicaId: `srv-rep${i}`, log: quietLog, snapshotIntervalMs: 0 });
     servers.push({ running, replica });
   }
   await startRelay(nats, engine);

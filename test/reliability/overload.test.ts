@@ -80,7 +80,7 @@ describe('overload', () => {
     expect(refused).toBeGreaterThan(0); // the limit was reached
     await sleep(100);
     expect(fleet.server.inFlight()).toBe(0);
-    expect(fleet.server.queue.length).toBe(0);
+    expect(fleet.server.dispatcher.queueLength).toBe(0);
     const st = fleet.server.router.state();
     expect(st.inFlight).toBe(0);
     for (const s of st.sources) expect([s.activeRequests, s.activePrefillTokens]).toEqual([0, 0]);

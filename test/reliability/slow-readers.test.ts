@@ -51,7 +51,7 @@ describe('slow readers', () => {
     await sleep(500);
     expect(fleet.server.router.state().inFlight).toBe(1); // still pinned while the connection is open
     c.destroy();
-    const end = Date.now() + 3_000;
+    const end = Date.now() + 15_000; // a generous deadline for the close to propagate on a loaded machine, not a timing goal
     while (fleet.server.router.state().inFlight > 0 && Date.now() < end) await sleep(20);
     expect(fleet.server.router.state().inFlight).toBe(0);
     expect(fleet.server.workers.get('w0')!.breaker).toBe('closed'); // a slow client is not the worker's fault
@@ -63,7 +63,7 @@ describe('slow readers', () => {
     const c = await stalledClient();
     try {
       await engineDone();
-      const end = Date.now() + 4_000;
+      const end = Date.now() + 15_000;
       while (fleet.server.router.state().inFlight > 0 && Date.now() < end) await sleep(50);
       expect(fleet.server.router.state().inFlight).toBe(0);
     } finally {

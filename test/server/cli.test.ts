@@ -77,4 +77,61 @@ describe('kvroute serve (process)', () => {
       await engine.stop();
     }
   });
+
+  it('--metrics-port moves /metrics and /dashboard to their own listener; /debug/state needs the admin token once keys are set', async () => {
+    const engine = await new FakeEngine().start();
+    const key = 'sk-test-0123456789abcdef';
+    const child = spawn(
+      process.execPath,
+      [
+        CLI,
+        'serve',
+        '-w',
+        engine.url,
+        '--port',
+        '0',
+        '--metrics-port',
+        '0',
+        '--health-interval-ms',
+        '0',
+        '--api-key',
+        key,
+        '--admin-token',
+        'admin-secret-123',
+      ],
+      { env: { ...process.env, KVROUTE_LOG_LEVEL: 'info' }, stdio: ['ignore', 'pipe', 'pipe'] },
+    );
+    try {
+      const [url, metricsUrl] = await new Promise<[string, string]>((resolve, reject) => {
+        let out = '';
+        const t = setTimeout(() => reject(new Error(`no listening line: ${out}`)), 20_000);
+        child.stdout.on('data', (d: Buffer) => {
+          out += d.toString();
+          const m = /listening on (http:\/\/[\d.:]+).*metrics and dashboard on (http:\/\/[\d.:]+)/.exec(out);
+          if (m) {
+            clearTimeout(t);
+            resolve([m[1], m[2]]);
+          }
+        });
+      });
+      expect(metricsUrl).not.toBe(url);
+      const metrics = await fetch(`${metricsUrl}/metrics`);
+      expect(metrics.status).toBe(200);
+      expect(await metrics.text()).toContain('router_kv_isl_blocks_total');
+      expect((await fetch(`${metricsUrl}/dashboard`)).status).toBe(200);
+      expect((await fetch(`${metricsUrl}/v1/models`)).status).toBe(404); // the metrics listener serves nothing else
+      expect((await fetch(`${url}/metrics`)).status).toBe(404);
+      const anon = await fetch(`${url}/debug/state`);
+      expect(anon.status).toBe(401);
+      expect((await json(anon)).error.code).toBe('invalid_token');
+      expect((await fetch(`${url}/debug/state`, { headers: { authorization: `Bearer ${key}` } })).status).toBe(401);
+      const admin = await fetch(`${url}/debug/state`, { headers: { authorization: 'Bearer admin-secret-123' } });
+      expect(admin.status).toBe(200);
+      expect(JSON.stringify(await json(admin))).not.toContain(key);
+    } finally {
+      child.kill('SIGTERM');
+      await new Promise((r) => child.once('exit', r));
+      await engine.stop();
+    }
+  });
 });

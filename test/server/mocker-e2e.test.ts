@@ -7,7 +7,7 @@ import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startMocker, type MockerHandle } from '../../src/mocker/server.ts';
 import type { RunningServer } from '../../src/server/app.ts';
-import { startEmbeddedFleet, type EmbeddedFleet } from '../../src/server/embedded.ts';
+import { startEmbeddedFleet, type EmbeddedFleet } from '../../src/mocker/embedded.ts';
 import { LocalTokenizer } from '../../src/tokenizer/local.ts';
 import { json, serve, until } from './helpers.ts';
 

@@ -285,7 +285,7 @@ describe('queue and limits', () => {
     const a = post(`${s.url}/v1/completions`, { model: 'fake-model', prompt: randomTokens(64, 1), stream: true });
     await until(() => engines[0].requests === 1);
     const b = post(`${s.url}/v1/completions`, { model: 'fake-model', prompt: randomTokens(64, 2), stream: true });
-    await until(() => s.queue.length === 1);
+    await until(() => s.dispatcher.queueLength === 1);
     expect(engines[0].requests).toBe(1);
     const [ra, rb] = await Promise.all([a, b]);
     expect(ra.status).toBe(200);
@@ -300,11 +300,11 @@ describe('queue and limits', () => {
     const a = post(`${s.url}/v1/completions`, { model: 'fake-model', prompt: randomTokens(64, 1), stream: true });
     await until(() => engines[0].requests === 1);
     const b = post(`${s.url}/v1/completions`, { model: 'fake-model', prompt: randomTokens(64, 2) });
-    await until(() => s.queue.length === 1);
+    await until(() => s.dispatcher.queueLength === 1);
     const c = await post(`${s.url}/v1/completions`, { model: 'fake-model', prompt: randomTokens(64, 3) });
     expect(c.status).toBe(503);
     expect(c.headers.get('retry-after')).toBe('1');
-    expect((await json(c)).error.code).toBe('all_busy');
+    expect((await json(c)).error.code).toBe('queue_full');
     const rb = await b;
     expect(rb.status).toBe(503);
     expect(rb.headers.get('retry-after')).not.toBeNull();
@@ -324,9 +324,9 @@ describe('queue and limits', () => {
       body: JSON.stringify({ model: 'fake-model', prompt: randomTokens(64, 2) }),
       signal: ac.signal,
     }).catch((e: Error) => e);
-    await until(() => s.queue.length === 1);
+    await until(() => s.dispatcher.queueLength === 1);
     ac.abort();
-    await until(() => s.queue.length === 0);
+    await until(() => s.dispatcher.queueLength === 0);
     expect(await b).toBeInstanceOf(Error);
     await (await a).text();
     expect(engines[0].requests).toBe(1);

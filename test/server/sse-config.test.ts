@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { loadConfigFile, parseWorkerSpec } from '../../src/server/config.ts';
+import { loadConfigFile, parseWorkerSpec } from '../../src/config/serve.ts';
 import { SseRelay } from '../../src/server/sse.ts';
 
 const chunk = (i: number) => `data: {"id":"c","choices":[{"index":0,"delta":{"content":"t${i}"}}]}\n\n`;
@@ -101,7 +101,7 @@ describe('worker specs and config files', () => {
     expect(() => parseWorkerSpec('http://a:1,engine=trt')).toThrow(/vllm or sglang/);
   });
 
-  it('loads YAML and JSON config files, rejecting unknown keys', async () => {
+  it('loads YAML and JSON config files, rejecting unknown keys and bad values', async () => {
     const dir = await mkdtemp(join(tmpdir(), 'kvroute-cfg-'));
     const yml = join(dir, 'kvroute.yaml');
     await writeFile(
@@ -118,12 +118,18 @@ describe('worker specs and config files', () => {
     const json = join(dir, 'bad.json');
     await writeFile(json, JSON.stringify({ polcy: 'kv' }));
     await expect(loadConfigFile(json)).rejects.toThrow(/unknown key "polcy"/);
+    // Values are checked too, not only key names.
+    const negative = join(dir, 'negative.yaml');
+    await writeFile(negative, 'retries: -1\n');
+    await expect(loadConfigFile(negative)).rejects.toThrow(
+      `--retries (KVROUTE_RETRIES) must be an integer >= 0, got -1 (from ${negative}: retries)`,
+    );
   });
 });
 
 describe('upstreamBody', () => {
   it('reuses the client bytes, appending the usage request to streams without it', async () => {
-    const { parseRequest, upstreamBody } = await import('../../src/server/openai/validate.ts');
+    const { parseRequest, upstreamBody } = await import('../../src/openai/request.ts');
     const raw = '{"model":"m","prompt":[1,2,3],"stream":true}  \n';
     const out = upstreamBody(parseRequest('completions', JSON.parse(raw)), raw);
     expect(JSON.parse(out)).toEqual({ model: 'm', prompt: [1, 2, 3], stream: true, stream_options: { include_usage: true } });

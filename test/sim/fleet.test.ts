@@ -92,3 +92,104 @@ describe('fleet simulator', () => {
     expect(b.throughput_tokens_per_s).toBeGreaterThan(a.throughput_tokens_per_s * 2);
   });
 });
+
+describe('fleet simulator: admission through the core dispatcher', () => {
+  const burst = generateMultiTurn({ requests: 200, seed: 3, rate: 60 });
+
+  it('queues under busy thresholds, refuses past the queue limit or timeout, and accounts for every request', () => {
+    const r = runFleet(burst, {
+      workers: 2,
+      policy: 'kv-pressure',
+      blockSize: 16,
+      gpuBlocks: 4000,
+      seed: 2,
+      rateScale: 8,
+      router: { busy: { activePrefillTokens: 2000 } },
+      dispatch: { queueLimit: 10, queueTimeoutMs: 300 },
+    });
+    const q = r.requests;
+    expect(q.queued).toBeGreaterThan(0);
+    expect(q.refused).toBeGreaterThan(0);
+    expect((r.refusals.queue_full ?? 0) + (r.refusals.queue_timeout ?? 0)).toBe(q.refused);
+    expect(q.served + q.refused).toBe(200); // nothing lost
+    expect(r.queue_wait_ms.p99).toBeLessThanOrEqual(300);
+    expect(r.queue_wait_ms.p50).toBeGreaterThan(0);
+  });
+
+  it('retries injected engine failures elsewhere; a single worker with retries 0 refuses them as upstream_failed', () => {
+    const base = { policy: 'kv', blockSize: 16, gpuBlocks: 4000, seed: 4, engineFailures: 0.2 } as const;
+    const many = runFleet(burst, { ...base, workers: 4, dispatch: { retries: 3, breaker: { threshold: 1000, cooldownMs: 1 } } });
+    expect(many.requests.retried).toBeGreaterThan(20);
+    expect(many.requests.served + many.requests.refused).toBe(200);
+    const one = runFleet(burst, { ...base, workers: 1, dispatch: { retries: 0, breaker: { threshold: 1000, cooldownMs: 1 } } });
+    expect(one.refusals.upstream_failed).toBeGreaterThan(20);
+    expect(one.requests.served + one.requests.refused).toBe(200);
+    expect(one.requests.retried).toBe(0);
+  });
+
+  it('breakers open on a failing fleet: requests are refused no_healthy_workers while they cool down', () => {
+    const r = runFleet(burst, {
+      workers: 2,
+      policy: 'kv',
+      blockSize: 16,
+      gpuBlocks: 4000,
+      seed: 5,
+      engineFailures: 0.9,
+      dispatch: { retries: 1, breaker: { threshold: 2, cooldownMs: 500 } },
+    });
+    expect(r.refusals.no_healthy_workers).toBeGreaterThan(0);
+    expect(r.requests.served + r.requests.refused).toBe(200);
+  });
+});
+
+describe('fleet simulator: tenants and fairness', () => {
+  it("max-min fair shares by water-filling, and Jain's index", async () => {
+    const { maxMinShares, jainIndex } = await import('../../src/sim/fleet.ts');
+    const shares = maxMinShares(
+      new Map([
+        ['a', 10],
+        ['b', 100],
+        ['c', 100],
+      ]),
+      () => 1,
+      90,
+    );
+    expect(Object.fromEntries(shares)).toEqual({ a: 10, b: 40, c: 40 });
+    const weighted = maxMinShares(
+      new Map([
+        ['a', 100],
+        ['b', 100],
+      ]),
+      (t) => (t === 'a' ? 3 : 1),
+      80,
+    );
+    expect(Object.fromEntries(weighted)).toEqual({ a: 60, b: 20 });
+    expect(jainIndex([1, 1, 1])).toBe(1);
+    expect(jainIndex([1, 0, 0])).toBeCloseTo(1 / 3, 10);
+    expect(jainIndex([1])).toBeNaN();
+  });
+
+  it('noisy neighbour: fair queuing keeps the steady tenants responsive where FIFO makes everyone wait', async () => {
+    const { generateNoisyNeighbour } = await import('../../src/sim/traces/generate.ts');
+    const trace = generateNoisyNeighbour({ requests: 1200, seed: 2, rate: 2.4 });
+    expect(new Set(trace.map((r) => r.tenant))).toEqual(new Set(['tenant-0', 'tenant-1', 'tenant-2', 'noisy']));
+    expect(trace.every((r) => r.sessionId?.startsWith(`${r.tenant}/`))).toBe(true);
+    const run = (order: 'fair' | 'fifo') =>
+      runFleet(trace, {
+        workers: 1,
+        policy: 'kv-pressure',
+        blockSize: 16,
+        gpuBlocks: 65_536,
+        seed: 1,
+        router: { busy: { activePrefillTokens: 2048 } },
+        dispatch: { queueLimit: 100_000, queueTimeoutMs: 600_000, flow: { order } },
+      });
+    const fair = run('fair');
+    const fifo = run('fifo');
+    const steadyP90 = (r: FleetResult) => Math.max(...r.by_tenant.filter((t) => t.name !== 'noisy').map((t) => t.p90));
+    expect(fifo.requests.queued).toBeGreaterThan(50);
+    expect(steadyP90(fair) * 3).toBeLessThan(steadyP90(fifo));
+    expect(fair.fairness.jain).toBeGreaterThan(fifo.fairness.jain);
+    expect(fair.requests.served).toBe(trace.length);
+  });
+});

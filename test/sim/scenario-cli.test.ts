@@ -89,6 +89,64 @@ describe('CLI', () => {
     expect(picture).toContain('TTFT p90 (ms) against load');
   });
 
+  it("sim takes serve's admission settings and reports queueing and refusals from the same dispatcher", async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'kvroute-sim-'));
+    const trace = join(dir, 'mt.jsonl');
+    await run(process.execPath, [
+      BIN,
+      'trace',
+      'gen',
+      '--kind',
+      'multi-turn',
+      '--requests',
+      '150',
+      '--rate',
+      '80',
+      '--seed',
+      '3',
+      '--out',
+      trace,
+    ]);
+    const out = join(dir, 'adm.json');
+    const sim = await run(process.execPath, [
+      BIN,
+      'sim',
+      '--trace',
+      trace,
+      '--workers',
+      '2',
+      '--policy',
+      'kv-pressure',
+      '--rate-scale',
+      '8',
+      '--gpu-blocks',
+      '4096',
+      '--busy-prefill-tokens',
+      '2000',
+      '--queue-limit',
+      '5',
+      '--queue-timeout-ms',
+      '300',
+      '--retries',
+      '1',
+      '--engine-failures',
+      '0.05',
+      '--json',
+      out,
+      '--no-progress',
+    ]);
+    expect(sim.stdout).toContain('admission (served / queued / refused / retried attempts');
+    const [p] = JSON.parse(readFileSync(out, 'utf8')).policies;
+    expect(p.requests.served + p.requests.refused).toBe(150);
+    expect(p.requests.queued).toBeGreaterThan(0);
+    expect(p.requests.refused).toBeGreaterThan(0);
+    expect(p.requests.retried).toBeGreaterThan(0);
+    expect(p.queue_wait_ms.p99).toBeLessThanOrEqual(300);
+    const bad = await run(process.execPath, [BIN, 'sim', '--scenario', 'seed', '--engine-failures', '1']).catch((e) => e);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain('--engine-failures must be below 1');
+  });
+
   it('rejects bad options with a clear message and no stack trace', async () => {
     const err = await run(process.execPath, [BIN, 'sim', '--trace', '/nonexistent.jsonl', '--policy', 'nope']).catch((e) => e);
     expect(err.code).toBe(2);

@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { writeFileSync, mkdtempSync } from 'node:fs';
+import { gzipSync } from 'node:zlib';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { computeSeqHashes } from '../../src/core/hashing.ts';
@@ -10,7 +11,8 @@ import { generateMultiTurn, generateSharedPrefix, generateSkewed } from '../../s
 import { traceStats } from '../../src/sim/traces/stats.ts';
 import { computeOracle } from '../../src/sim/oracle.ts';
 
-const DATA = join(import.meta.dirname, '../../../shared/data');
+// The Mooncake traces committed with the repository (data/traces/README.md).
+const DATA = join(import.meta.dirname, '../../data/traces');
 
 describe('Mooncake reader', () => {
   it('counts bad lines by reason instead of throwing', async () => {
@@ -36,6 +38,33 @@ describe('Mooncake reader', () => {
     expect(Object.fromEntries(stats.bad)).toEqual({ invalid_json: 1, not_an_object: 1, hash_ids_length: 1, bad_field: 2 });
     expect(stats.firstBadLine.get('invalid_json')).toBe(3);
     expect(stats.blankLines).toBe(1);
+  });
+
+  it('reads gzip traces like plain ones, by content (with or without .gz), stopping early without leaking', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'kvroute-trace-'));
+    const lines = [0, 1, 2, 3].map((t) => `{"timestamp": ${t}, "input_length": 600, "output_length": 3, "hash_ids": [1, ${t + 2}]}`);
+    const text = `${lines.join('\n')}\nnot json\n`;
+    writeFileSync(join(dir, 'plain.jsonl'), text);
+    writeFileSync(join(dir, 't.jsonl.gz'), gzipSync(text));
+    writeFileSync(join(dir, 'misnamed.jsonl'), gzipSync(text));
+    const plain = await loadTrace(join(dir, 'plain.jsonl'));
+    expect(plain.requests).toHaveLength(4);
+    for (const name of ['t.jsonl.gz', 'misnamed.jsonl']) {
+      const gz = await loadTrace(join(dir, name));
+      expect(gz.requests).toEqual(plain.requests);
+      expect(Object.fromEntries(gz.stats.bad)).toEqual({ invalid_json: 1 });
+    }
+    expect((await loadTrace(join(dir, 't.jsonl.gz'), { limit: 2 })).requests.map((r) => r.timestamp)).toEqual([0, 1]);
+  });
+
+  it('rejects a corrupt gzip trace and a missing file with the cause', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'kvroute-trace-'));
+    const whole = gzipSync('{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}\n'.repeat(2000));
+    writeFileSync(join(dir, 'cut.jsonl.gz'), whole.subarray(0, whole.length - 20));
+    writeFileSync(join(dir, 'bad.jsonl.gz'), Buffer.from([0x1f, 0x8b, 0, 0, 0, 0]));
+    await expect(loadTrace(join(dir, 'cut.jsonl.gz'))).rejects.toThrow(/unexpected end of file/);
+    await expect(loadTrace(join(dir, 'bad.jsonl.gz'))).rejects.toThrow(/unknown compression method/);
+    await expect(loadTrace(join(dir, 'absent.jsonl.gz'))).rejects.toThrow(/ENOENT/);
   });
 
   it('round-trips the format', () => {
@@ -82,13 +111,13 @@ describe('expansion into pseudo-tokens', () => {
 });
 
 describe('oracle', () => {
-  it('reproduces the README figures for both Mooncake traces', async () => {
-    const conv = await loadTrace(join(DATA, 'mooncake_conversation_trace.jsonl'));
+  it('reproduces the published figures for both committed Mooncake traces (data/traces/README.md)', async () => {
+    const conv = await loadTrace(join(DATA, 'mooncake_conversation_trace.jsonl.gz'));
     const o1 = computeOracle(conv.requests);
     expect(conv.requests.length).toBe(12_031);
     expect(o1.blockWeighted.toFixed(3)).toBe('0.366');
     expect(o1.requestWeighted.toFixed(3)).toBe('0.384');
-    const syn = await loadTrace(join(DATA, 'mooncake_synthetic_trace.jsonl'));
+    const syn = await loadTrace(join(DATA, 'mooncake_synthetic_trace.jsonl.gz'));
     const o2 = computeOracle(syn.requests);
     expect(syn.requests.length).toBe(3_993);
     expect(o2.blockWeighted.toFixed(3)).toBe('0.640');
@@ -113,7 +142,7 @@ describe('oracle', () => {
 });
 
 describe('generators', () => {
-  it('skewed has the production shape of REFERENCE section 6', () => {
+  it('skewed has the production shape of docs/protocols.md §6', () => {
     const r = generateSkewed({ requests: 6000, seed: 1 });
     const s = traceStats(r);
     expect(s.requests).toBe(6000);

@@ -1,3 +1,7 @@
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { LocalTokenizer } from '../../src/tokenizer/local.ts';
@@ -31,30 +35,46 @@ describe('tokenizer in a worker thread', () => {
     expect((await thread.info()).fastTemplate).toBe('qwen3');
   });
 
-  it('keeps the event loop free while a long cold prompt is tokenized', async () => {
-    const inputFor = (seed: number) => ({ messages: [{ role: 'user', content: long(seed) + long(seed + 1) + long(seed + 2) }] });
-    const t0 = performance.now();
-    local.encodeChat(inputFor(10)); // inline: the loop is blocked for all of this
-    const inlineMs = performance.now() - t0;
-    let maxGap = 0;
-    let last = performance.now();
-    const timer = setInterval(() => {
-      const now = performance.now();
-      maxGap = Math.max(maxGap, now - last);
-      last = now;
-    }, 2);
-    const t1 = performance.now();
-    await thread.encodeChat(inputFor(20));
-    const threadMs = performance.now() - t1;
-    clearInterval(timer);
-    expect(inlineMs).toBeGreaterThan(40);
-    expect(threadMs).toBeGreaterThan(20);
-    expect(maxGap).toBeLessThan(inlineMs / 2);
+  it('keeps the event loop running while a long cold prompt is tokenized', async () => {
+    // Order, not time: work queued on the loop after the request runs before the thread's answer arrives, which an
+    // inline (synchronous) encode cannot allow. The time the loop stays free is measured by bench:tokenize.
+    const input = { messages: [{ role: 'user', content: long(20) + long(21) + long(22) }] };
+    const order: string[] = [];
+    const encoded = thread.encodeChat(input).then((ids) => {
+      order.push('answer');
+      return ids;
+    });
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    order.push('loop turn 1');
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    order.push('loop turn 2');
+    const ids = await encoded;
+    expect(order).toEqual(['loop turn 1', 'loop turn 2', 'answer']);
+    expect(Array.from(ids)).toEqual(Array.from(local.encodeChat(input)));
   });
 
   it('rejects calls after the thread is gone instead of hanging', async () => {
     const t = await threadTokenizer(QWEN3_DIR);
     await t.close();
     await expect(t.encodePrompt('x')).rejects.toThrow(/exited/);
+  });
+
+  it('keeps a process alive while a call is pending, and lets it exit once idle (compiled, as it ships)', () => {
+    // The start-up of `kvroute serve` awaits info() before any socket is open: with the thread unref'd throughout,
+    // Node exited 13 ("unsettled top-level await") with no output. Here nothing else holds the loop either.
+    const service = new URL('../../dist/tokenizer/service.js', import.meta.url).href;
+    const script = `
+      const { threadTokenizer } = await import(${JSON.stringify(service)});
+      const t = await threadTokenizer(${JSON.stringify(QWEN3_DIR)});
+      const info = await t.info();
+      const ids = await t.encodePrompt('Where is the capital of China?');
+      console.log(JSON.stringify({ fastTemplate: info.fastTemplate, tokens: ids.length }));
+      // no close(): an idle thread must not keep the process from exiting`;
+    const file = join(mkdtempSync(join(tmpdir(), 'kvroute-thread-')), 'start.mjs');
+    writeFileSync(file, script); // a file, not --input-type: worker threads inherit the parent's exec flags
+    const r = spawnSync(process.execPath, [file], { encoding: 'utf8', timeout: 20_000 });
+    expect(r.stderr).toBe('');
+    expect(r.status).toBe(0);
+    expect(JSON.parse(r.stdout)).toEqual({ fastTemplate: 'qwen3', tokens: local.encodePrompt('Where is the capital of China?').length });
   });
 });

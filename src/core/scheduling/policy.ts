@@ -45,6 +45,11 @@ export interface Ranking {
 
 export interface Policy {
   readonly name: string;
+  /**
+   * Among sources that hold no prefix of the request, this policy prefers the less loaded (kv, kv-pressure,
+   * least-loaded): selection over a large fleet may then evaluate only the least loaded of them.
+   */
+  readonly loadOrdered?: boolean;
   rank(ctx: PolicyContext): Ranking;
 }
 

@@ -1,5 +1,5 @@
 /**
- * Block hashing (REFERENCE section 1) in one WebAssembly call per prompt.
+ * Block hashing (docs/protocols.md §1) in one WebAssembly call per prompt.
  *
  * The napi path costs two native calls per block (~300 ns, nearly all call overhead); here the tokens are copied
  * once into wasm memory and every local and chained hash is computed inside the module (xxh3_blocks.c) with native

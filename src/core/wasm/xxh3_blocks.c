@@ -1,5 +1,5 @@
 /*
- * XXH3-64 (seeded, inputs of 0..240 bytes) and kvroute's block-hash chain (REFERENCE.md section 1), for wasm32.
+ * XXH3-64 (seeded, inputs of 0..240 bytes) and kvroute's block-hash chain (docs/protocols.md §1), for wasm32.
  *
  * Written from the public XXH3 algorithm description; no libc, no __int128 (that would need compiler-rt's
  * __multi3), no memcpy (clang 14's wasm32 has no bulk-memory by default). WebAssembly memory is little-endian

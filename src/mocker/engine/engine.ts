@@ -50,6 +50,13 @@ export interface EngineRequest {
   readonly cacheSalt?: string | null;
   /** Output seed; default derived from the prompt tokens, so the same prompt yields the same output. */
   readonly seed?: number;
+  /**
+   * Disaggregated decode: prompt tokens whose KV arrived from a prefill worker. They count as computed at admission
+   * (all but the last prompt token, which is computed here for its logits, as vLLM does) and join the prefix cache.
+   */
+  readonly preloadedTokens?: number;
+  /** Disaggregated prefill: keep the request's blocks after it finishes, until `releaseHeld` (vLLM's KV lease). */
+  readonly holdOnFinish?: boolean;
 }
 
 /** Newly cached full blocks of one request in one step (one vLLM BlockStored). Structurally a core StoredEvent. */
@@ -214,6 +221,8 @@ export class MockEngine {
   private running: Req[] = [];
   private pendingEvents: EngineEvent[] = [];
   private readonly loraIds = new Map<string, number>();
+  /** Blocks of finished requests kept for a remote decode side to pull (holdOnFinish). */
+  private readonly held = new Map<string, number[]>();
   counters: EngineCounters = MockEngine.zeroCounters();
 
   constructor(config: Partial<EngineConfig> = {}) {
@@ -317,8 +326,27 @@ export class MockEngine {
     return true;
   }
 
+  /** Frees the blocks a finished request held for its decode side (pulled, or the lease expired). */
+  releaseHeld(requestId: string): boolean {
+    const blocks = this.held.get(requestId);
+    if (!blocks) return false;
+    this.held.delete(requestId);
+    this.pool.release(blocks);
+    return true;
+  }
+
+  /** Leading prompt tokens this engine's prefix cache holds for a prompt (what a decode side need not pull). */
+  prefixHitTokens(promptTokens: readonly number[], loraName?: string | null, cacheSalt?: string | null): number {
+    if (!this.config.enablePrefixCaching || promptTokens.length === 0) return 0;
+    const bs = this.config.blockSize;
+    const h = new SeqHasher(bs, hashSeed(loraName, cacheSalt));
+    h.extend(promptTokens);
+    return this.pool.matchPrefix(h.seqHashes(), Math.floor((promptTokens.length - 1) / bs)).length * bs;
+  }
+
   /** A restart: every request dropped, the cache emptied, counters zeroed, no event emitted. Returns the dropped ids. */
   reset(): string[] {
+    this.held.clear();
     const ids = [...this.requests.keys()];
     this.requests.clear();
     this.waiting = [];
@@ -368,7 +396,9 @@ export class MockEngine {
           c.enablePrefixCaching && r.numComputed === 0
             ? this.pool.matchPrefix(r.hasher.seqHashes(), Math.floor((r.tokens.length - 1) / bs))
             : [];
-        const computed = hit.length * bs;
+        const localHit = hit.length * bs;
+        // KV received from a prefill worker counts as computed; the last prompt token is computed here for its logits.
+        const computed = r.numPreemptions === 0 ? Math.max(localHit, Math.min(r.input.preloadedTokens ?? 0, r.promptLen - 1)) : localHit;
         const numNew = Math.min(r.tokens.length - computed, budget);
         if (!this.allocateSlots(r, computed + numNew, hit)) break;
         this.waiting.shift();
@@ -383,7 +413,7 @@ export class MockEngine {
         // vLLM keeps no prefix-cache stats when prefix caching is off.
         if (r.numPreemptions === 0 && c.enablePrefixCaching) {
           this.counters.prefixCacheQueries += r.tokens.length;
-          this.counters.prefixCacheHits += computed;
+          this.counters.prefixCacheHits += localHit; // transferred KV is not a prefix-cache hit (vLLM counts it apart)
         }
         scheduled.push({ r, numNew });
         budget -= numNew;
@@ -441,7 +471,8 @@ export class MockEngine {
     for (const r of finished) {
       this.running.splice(this.running.indexOf(r), 1);
       this.requests.delete(r.input.requestId);
-      this.pool.release(r.blocks);
+      if (r.input.holdOnFinish) this.held.set(r.input.requestId, r.blocks);
+      else this.pool.release(r.blocks);
       r.blocks = [];
       this.counters.requestsFinished++;
     }

@@ -1,5 +1,5 @@
 /**
- * Step duration models (REFERENCE section 8). A step's cost is split in a prefill part (new tokens of requests still
+ * Step duration models (docs/protocols.md §7). A step's cost is split in a prefill part (new tokens of requests still
  * prefilling, including recompute after preemption) and a decode part (one token per decoding request); a mixed step pays
  * both, which slightly overcharges the fixed terms but keeps the models as published.
  */

@@ -22,6 +22,8 @@ export function fingerprint(secret: string): string {
 /** The token of `Authorization: Bearer <token>` (scheme case-insensitive, RFC 9110), or null. */
 export function bearerToken(headers: IncomingHttpHeaders): string | null {
   const h = headers.authorization;
+  // Anthropic's clients send their key as x-api-key instead.
+  if (h === undefined && typeof headers['x-api-key'] === 'string' && /^\S+$/.test(headers['x-api-key'])) return headers['x-api-key'];
   if (typeof h !== 'string') return null;
   const m = /^Bearer[ \t]+(\S+)[ \t]*$/i.exec(h);
   return m ? m[1] : null;
@@ -32,21 +34,43 @@ export function secretEquals(presented: string, expected: string): boolean {
   return timingSafeEqual(sha256(presented), sha256(expected));
 }
 
-function checkKey(key: string, where: string): void {
+function checkKey(entry: string, where: string): void {
+  const key = splitNamedKey(entry).key;
   if (key.length < MIN_KEY_LENGTH) {
     throw new Error(`API key from ${where} is ${key.length} characters; use at least ${MIN_KEY_LENGTH} (e.g. openssl rand -hex 24)`);
   }
   if (/\s/.test(key)) throw new Error(`API key from ${where} contains whitespace`);
 }
 
+/**
+ * A key may carry the name of its tenant: `NAME=KEY` (in flags, the variable and the key file). The name is what flow
+ * control, token budgets and metrics call the tenant; a key without one is known by its fingerprint.
+ */
+const NAMED = /^([A-Za-z0-9_.-]{1,64})=(.+)$/;
+
+export function splitNamedKey(entry: string): { name: string | null; key: string } {
+  const m = NAMED.exec(entry);
+  return m ? { name: m[1], key: m[2] } : { name: null, key: entry };
+}
+
 export class ApiKeySet {
   private readonly digests: Buffer[];
   readonly ids: readonly string[];
+  private readonly names = new Map<string, string>();
 
-  constructor(keys: readonly string[]) {
-    const unique = [...new Set(keys)];
+  constructor(entries: readonly string[]) {
+    const byKey = new Map<string, string | null>();
+    for (const e of entries) {
+      const { name, key } = splitNamedKey(e);
+      if (!byKey.has(key) || name) byKey.set(key, name);
+    }
+    const unique = [...byKey.keys()];
     this.digests = unique.map(sha256);
     this.ids = unique.map(fingerprint);
+    unique.forEach((k, i) => {
+      const name = byKey.get(k);
+      if (name) this.names.set(this.ids[i], name);
+    });
   }
 
   get size(): number {
@@ -62,6 +86,11 @@ export class ApiKeySet {
       if (timingSafeEqual(d, this.digests[i]) && found < 0) found = i;
     }
     return found >= 0 ? this.ids[found] : null;
+  }
+
+  /** The tenant a matched key belongs to: its name, else its fingerprint. */
+  tenantOf(id: string): string {
+    return this.names.get(id) ?? id;
   }
 }
 

@@ -36,6 +36,8 @@ export interface Security {
   checkWorker(spec: WorkerEndpoints): Denial | null;
   /** Fingerprint of the request's key (for logs), or null. Never the key. */
   keyIdOf(req: IncomingMessage): string | null;
+  /** With API keys: the tenant of the request's key (its name, else its fingerprint); null without keys. */
+  tenantOf(req: IncomingMessage): string | null;
   readonly enabled: { apiKeys: number; rateLimit: RateLimitSpec | null; allowWorkerHosts: readonly string[] | null };
 }
 
@@ -82,6 +84,10 @@ export function createSecurity(options: SecurityOptions = {}): Security {
       return allow ? checkWorkerHosts(allow, spec) : null;
     },
     keyIdOf,
+    tenantOf(req) {
+      const id = keyIdOf(req);
+      return id && keys ? keys.tenantOf(id) : null;
+    },
     enabled: { apiKeys: keys?.size ?? 0, rateLimit: options.rateLimit ?? null, allowWorkerHosts: allow?.entries ?? null },
   };
 }

@@ -1,5 +1,5 @@
 /**
- * Expansion of a trace's 512-token prefix ids into pseudo-token ids, so the router's own hashing (REFERENCE section 1)
+ * Expansion of a trace's 512-token prefix ids into pseudo-token ids, so the router's own hashing (docs/protocols.md §1)
  * sees exactly the trace's sharing structure at any block size that divides 512.
  *
  * The tokens of a block are a pure function of its id (a counter-mode hash keyed by the id), so the same id always

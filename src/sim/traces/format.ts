@@ -1,7 +1,9 @@
 /**
  * The Mooncake trace format (FAST'25 release), one JSON object per line:
  *   {"timestamp": ms, "input_length": tokens, "output_length": tokens, "hash_ids": [one id per 512-token block]}
- * An id names a block together with everything before it (a prefix id). There is no session id.
+ * An id names a block together with everything before it (a prefix id). Mooncake's traces have no session id.
+ * kvroute's generators may add optional fields for flow control: "tenant", "priority" (lower runs first),
+ * "session_id" and "slo_ttft_ms"; readers ignore what they do not know and check what they do.
  */
 
 /** Block size of the trace's hash ids, fixed by the format. */
@@ -14,6 +16,10 @@ export interface TraceRequest {
   readonly outputLength: number;
   /** ceil(inputLength / 512) prefix ids; the last block is usually partial. */
   readonly hashIds: readonly number[];
+  readonly tenant?: string;
+  readonly priority?: number;
+  readonly sessionId?: string;
+  readonly sloTtftMs?: number;
 }
 
 export type BadLineReason = 'invalid_json' | 'not_an_object' | 'bad_field' | 'hash_ids_length';
@@ -64,7 +70,29 @@ export function parseTraceLine(line: string): TraceRequest | null | BadLineReaso
   for (const id of ids) if (!isNonNegInt(id) || id > 0xffffffff) return 'bad_field';
   // The expansion relies on one id per 512 tokens; a mismatch would silently shift every block.
   if (ids.length !== Math.ceil(o.input_length / TRACE_BLOCK_TOKENS)) return 'hash_ids_length';
-  return { timestamp: ts, inputLength: o.input_length, outputLength: o.output_length, hashIds: ids as number[] };
+  const out: { -readonly [K in keyof TraceRequest]: TraceRequest[K] } = {
+    timestamp: ts,
+    inputLength: o.input_length,
+    outputLength: o.output_length,
+    hashIds: ids as number[],
+  };
+  if (o.tenant !== undefined) {
+    if (typeof o.tenant !== 'string' || !/^[A-Za-z0-9_.-]{1,64}$/.test(o.tenant)) return 'bad_field';
+    out.tenant = o.tenant;
+  }
+  if (o.priority !== undefined) {
+    if (!Number.isInteger(o.priority)) return 'bad_field';
+    out.priority = o.priority as number;
+  }
+  if (o.session_id !== undefined) {
+    if (typeof o.session_id !== 'string' || o.session_id.length === 0 || o.session_id.length > 256) return 'bad_field';
+    out.sessionId = o.session_id;
+  }
+  if (o.slo_ttft_ms !== undefined) {
+    if (typeof o.slo_ttft_ms !== 'number' || !(o.slo_ttft_ms > 0)) return 'bad_field';
+    out.sloTtftMs = o.slo_ttft_ms;
+  }
+  return out;
 }
 
 export function formatTraceLine(r: TraceRequest): string {
@@ -73,6 +101,10 @@ export function formatTraceLine(r: TraceRequest): string {
     input_length: r.inputLength,
     output_length: r.outputLength,
     hash_ids: r.hashIds,
+    ...(r.tenant !== undefined ? { tenant: r.tenant } : {}),
+    ...(r.priority !== undefined ? { priority: r.priority } : {}),
+    ...(r.sessionId !== undefined ? { session_id: r.sessionId } : {}),
+    ...(r.sloTtftMs !== undefined ? { slo_ttft_ms: r.sloTtftMs } : {}),
   });
 }
 

@@ -9,8 +9,8 @@ import { Rng } from '../rng.ts';
 import { TRACE_BLOCK_TOKENS, type TraceRequest } from './format.ts';
 import { sortByTimestamp } from './reader.ts';
 
-export type TraceKind = 'skewed' | 'shared-prefix' | 'multi-turn';
-export const TRACE_KINDS: readonly TraceKind[] = ['skewed', 'shared-prefix', 'multi-turn'];
+export type TraceKind = 'skewed' | 'shared-prefix' | 'multi-turn' | 'noisy-neighbour';
+export const TRACE_KINDS: readonly TraceKind[] = ['skewed', 'shared-prefix', 'multi-turn', 'noisy-neighbour'];
 
 /** Hands out fresh block ids. */
 class IdAllocator {
@@ -93,7 +93,7 @@ export const SKEWED_DEFAULTS: SkewedOptions = {
 };
 
 /**
- * REFERENCE section 6's production shape: about 44% of requests under 1,800 tokens and mostly cold, a mean near 14k
+ * docs/protocols.md §6's production shape: about 44% of requests under 1,800 tokens and mostly cold, a mean near 14k
  * and a tail past 130k made of agentic sessions whose context grows turn by turn (tool output appended each turn), so
  * a few long warm requests hold most of the blocks while many short cold ones hold most of the requests.
  */
@@ -231,6 +231,8 @@ export interface MultiTurnOptions {
   answerLen: number;
   /** Mean user think time between turns, seconds. */
   thinkTimeS: number;
+  /** When set, each conversation's requests carry session_id `<prefix><n>`. */
+  sessionPrefix: string;
 }
 
 export const MULTI_TURN_DEFAULTS: MultiTurnOptions = {
@@ -242,6 +244,7 @@ export const MULTI_TURN_DEFAULTS: MultiTurnOptions = {
   userLen: 400,
   answerLen: 350,
   thinkTimeS: 30,
+  sessionPrefix: '',
 };
 
 /** Plain chat sessions: a shared system prompt, then user message + answer appended per turn. */
@@ -255,15 +258,17 @@ export function generateMultiTurn(opts: Partial<MultiTurnOptions> = {}): TraceRe
   for (;;) {
     const rng = new Rng(o.seed, 3);
     const out: TraceRequest[] = [];
+    let sessions = 0;
     const meanGap = (1000 * o.meanTurns) / o.rate;
     for (let start = rng.exp(meanGap); start < horizon; start += rng.exp(meanGap)) {
       const ctx = new Context(ids, base);
+      const session = `${o.sessionPrefix}${sessions++}`;
       // The first message is often a pasted document; later ones are short.
       ctx.append(rng.logNormal(o.userLen * 3, 1.0));
       let t = start;
       for (;;) {
         const answer = rng.logNormal(o.answerLen, 0.7);
-        out.push(request(t, ctx, answer));
+        out.push(o.sessionPrefix ? { ...request(t, ctx, answer), sessionId: session } : request(t, ctx, answer));
         if (rng.chance(1 / o.meanTurns) || t >= horizon) break;
         ctx.append(answer + rng.logNormal(o.userLen, 0.9));
         t += rng.exp(o.thinkTimeS * 1000);
@@ -275,4 +280,66 @@ export function generateMultiTurn(opts: Partial<MultiTurnOptions> = {}): TraceRe
     }
     horizon *= 1.5;
   }
+}
+
+export interface NoisyNeighbourOptions {
+  requests: number;
+  seed: number;
+  /** Requests per second of each steady tenant. */
+  rate: number;
+  /** Steady tenants (tenant-0, tenant-1, ...) besides the noisy one. */
+  steadyTenants: number;
+  /** The noisy tenant sends this many times a steady tenant's rate, during its burst. */
+  noisyFactor: number;
+  /** The burst: fraction of the trace's duration [from, to). */
+  burstFrom: number;
+  burstTo: number;
+  /** Priority of the noisy tenant's requests (steady tenants send 0). */
+  noisyPriority: number;
+}
+
+export const NOISY_NEIGHBOUR_DEFAULTS: NoisyNeighbourOptions = {
+  requests: 3_000,
+  seed: 1,
+  rate: 1,
+  steadyTenants: 3,
+  noisyFactor: 12,
+  burstFrom: 0.25,
+  burstTo: 0.6,
+  noisyPriority: 0,
+};
+
+/**
+ * Several tenants of multi-turn chat (tenant-0, ...) at a steady rate, and one tenant (`noisy`) that floods the fleet
+ * for part of the run: the flow-control benchmark. Every request carries its tenant, priority and session.
+ */
+export function generateNoisyNeighbour(opts: Partial<NoisyNeighbourOptions> = {}): TraceRequest[] {
+  const o = { ...NOISY_NEIGHBOUR_DEFAULTS, ...opts };
+  const tenants = o.steadyTenants + 1;
+  if (tenants > 15) throw new RangeError('noisy-neighbour: at most 14 steady tenants (block ids are shifted per tenant)');
+  const shares = o.steadyTenants + o.noisyFactor * (o.burstTo - o.burstFrom);
+  const durationMs = (1000 * o.requests) / (o.rate * shares);
+  const out: TraceRequest[] = [];
+  for (let k = 0; k < tenants; k++) {
+    const noisy = k === o.steadyTenants;
+    const name = noisy ? 'noisy' : `tenant-${k}`;
+    const rate = noisy ? o.rate * o.noisyFactor : o.rate;
+    const span = noisy ? durationMs * (o.burstTo - o.burstFrom) : durationMs;
+    const offset = noisy ? durationMs * o.burstFrom : 0;
+    const n = Math.max(1, Math.round((rate * span) / 1000));
+    const part = generateMultiTurn({ requests: n, seed: o.seed * 31 + k, rate, thinkTimeS: 5, sessionPrefix: `${name}/c` });
+    for (const r of part) {
+      if (r.timestamp > span) continue;
+      out.push({
+        ...r,
+        // Each tenant's generator numbers its blocks from the same start: shift them apart (no false sharing).
+        hashIds: r.hashIds.map((id) => id + k * 2 ** 28),
+        timestamp: r.timestamp + offset,
+        tenant: name,
+        ...(noisy && o.noisyPriority !== 0 ? { priority: o.noisyPriority } : {}),
+      });
+    }
+  }
+  sortByTimestamp(out);
+  return out;
 }

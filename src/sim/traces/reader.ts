@@ -1,20 +1,57 @@
-/** Streaming reader of Mooncake JSONL traces: constant memory per line, bad lines counted in the stats. */
+/** Streaming reader of Mooncake JSONL traces, plain or gzip: constant memory per line, bad lines counted in the stats. */
 import { createReadStream } from 'node:fs';
+import { open } from 'node:fs/promises';
 import { createInterface } from 'node:readline';
+import { pipeline, type Readable } from 'node:stream';
+import { createGunzip } from 'node:zlib';
 import { parseTraceLine, TraceReadStats, type TraceRequest } from './format.ts';
 
-/** Yields the requests of a trace file in file order. Read errors of the file itself (missing, unreadable) reject. */
+/** gzip's two magic bytes: a compressed trace is recognised by its content, whatever its name. */
+const GZIP_MAGIC = [0x1f, 0x8b];
+
+async function isGzip(path: string): Promise<boolean> {
+  const file = await open(path, 'r');
+  try {
+    const head = Buffer.alloc(2);
+    const { bytesRead } = await file.read(head, 0, 2, 0);
+    return bytesRead === 2 && head[0] === GZIP_MAGIC[0] && head[1] === GZIP_MAGIC[1];
+  } finally {
+    await file.close();
+  }
+}
+
+/** The decoded text of a trace file, decompressed on the fly when it is gzip (`.jsonl.gz`). */
+export async function openTraceText(path: string): Promise<Readable> {
+  // Sniff first: a missing file rejects here, before any stream exists that could emit an unhandled 'error'.
+  const gzip = await isGzip(path);
+  const raw = createReadStream(path);
+  if (!gzip) return raw.setEncoding('utf8');
+  // pipeline: a read error of the file reaches the reader as an error of the decoded stream, and destroying the decoded
+  // stream closes the file. Errors are seen by whoever reads the returned stream.
+  return pipeline(raw, createGunzip(), () => undefined).setEncoding('utf8');
+}
+
+/**
+ * Yields the requests of a trace file (JSONL, or JSONL compressed with gzip) in file order. Read errors of the file
+ * itself (missing, unreadable, a corrupt gzip stream) reject.
+ */
 export async function* readTrace(path: string, stats: TraceReadStats = new TraceReadStats()): AsyncGenerator<TraceRequest> {
-  const rl = createInterface({ input: createReadStream(path, { encoding: 'utf8' }), crlfDelay: Infinity });
-  for await (const line of rl) {
-    stats.lines++;
-    const r = parseTraceLine(line);
-    if (r === null) stats.blankLines++;
-    else if (typeof r === 'string') stats.countBad(r, stats.lines);
-    else {
-      stats.requests++;
-      yield r;
+  const input = await openTraceText(path);
+  const rl = createInterface({ input, crlfDelay: Infinity });
+  try {
+    for await (const line of rl) {
+      stats.lines++;
+      const r = parseTraceLine(line);
+      if (r === null) stats.blankLines++;
+      else if (typeof r === 'string') stats.countBad(r, stats.lines);
+      else {
+        stats.requests++;
+        yield r;
+      }
     }
+  } finally {
+    // A reader stopped early (loadTrace's limit) must not leave the file, or the gunzip stream, open.
+    input.destroy();
   }
 }
 

@@ -241,6 +241,11 @@ export interface WorkerEntry {
   readonly heartbeatAt: number;
   /** Per dp rank, the last engine batch the relay published (seq as a decimal string, fingerprint). */
   readonly resume?: Readonly<Record<string, { readonly seq: string; readonly fp: number }>>;
+  /** Disaggregated serving (absent in entries of older relays: aggregated, vllm). */
+  readonly role?: 'prefill' | 'decode' | 'both';
+  readonly engine?: 'vllm' | 'sglang';
+  /** SGLang prefill workers' bootstrap port. */
+  readonly bootstrapPort?: number;
 }
 
 function parseResume(v: unknown): Record<string, { seq: string; fp: number }> | undefined {
@@ -279,6 +284,12 @@ export function decodeWorkerEntry(data: Uint8Array): WorkerEntry | null {
     relayId: typeof o.relayId === 'string' ? o.relayId : '',
     heartbeatAt: o.heartbeatAt,
     resume: parseResume(o.resume),
+    // Optional P/D fields: an unknown value is dropped (the worker is then aggregated), never a reason to drop the entry.
+    ...(o.role === 'prefill' || o.role === 'decode' || o.role === 'both' ? { role: o.role } : {}),
+    ...(o.engine === 'vllm' || o.engine === 'sglang' ? { engine: o.engine } : {}),
+    ...(Number.isInteger(o.bootstrapPort) && (o.bootstrapPort as number) > 0 && (o.bootstrapPort as number) < 65536
+      ? { bootstrapPort: o.bootstrapPort as number }
+      : {}),
   };
 }
 
@@ -296,7 +307,15 @@ export type LoadMessage =
     }
   | { readonly kind: 'first_token' | 'finished'; readonly replica: string; readonly requestId: string }
   /** Liveness; `hello` also asks peers to re-announce their requests in flight (a replica just started). */
-  | { readonly kind: 'heartbeat' | 'hello' | 'bye'; readonly replica: string };
+  | { readonly kind: 'heartbeat' | 'hello' | 'bye'; readonly replica: string }
+  /** A session now pinned to a source until `expiresAt` (ms since the epoch): replicas keep one session table. */
+  | {
+      readonly kind: 'session';
+      readonly replica: string;
+      readonly sessionId: string;
+      readonly sourceKey: string;
+      readonly expiresAt: number;
+    };
 
 export function encodeLoad(m: LoadMessage): Uint8Array {
   switch (m.kind) {
@@ -306,6 +325,8 @@ export function encodeLoad(m: LoadMessage): Uint8Array {
       return packr.pack(['t', m.replica, m.requestId]);
     case 'finished':
       return packr.pack(['f', m.replica, m.requestId]);
+    case 'session':
+      return packr.pack(['s', m.replica, m.sessionId, m.sourceKey, m.expiresAt]);
     default:
       return packr.pack([m.kind === 'heartbeat' ? 'h' : m.kind === 'hello' ? 'hi' : 'bye', m.replica]);
   }
@@ -330,6 +351,9 @@ export function decodeLoad(data: Uint8Array): LoadMessage | null {
     case 't':
     case 'f':
       return typeof w[2] === 'string' ? { kind: w[0] === 't' ? 'first_token' : 'finished', replica, requestId: w[2] } : null;
+    case 's':
+      if (typeof w[2] !== 'string' || typeof w[3] !== 'string' || typeof w[4] !== 'number' || !Number.isFinite(w[4])) return null;
+      return { kind: 'session', replica, sessionId: w[2], sourceKey: w[3], expiresAt: w[4] };
     case 'h':
       return { kind: 'heartbeat', replica };
     case 'hi':

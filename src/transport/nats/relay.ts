@@ -19,7 +19,8 @@ import { jetstream, JetStreamApiCodes, JetStreamApiError, type JetStreamClient }
 import { randomBytes } from 'node:crypto';
 import { sourceKey, type KvEvent } from '../../core/types.ts';
 import { decodeBatch, type DecodedBatch, type EngineFlavor } from '../../engines/vllm.ts';
-import { consoleLogger, SourceIngest, type IngestLogger } from '../../ingest/source-ingest.ts';
+import { SourceIngest } from '../../ingest/source-ingest.ts';
+import { consoleLog, type LogSink } from '../../log.ts';
 import type { SourceHealth } from '../../ingest/health.ts';
 import { replayClient, requestReplay } from '../replay.ts';
 import { rankEndpoint, ZmqSource } from '../zmq-source.ts';
@@ -54,6 +55,10 @@ export interface RelayOptions {
   /** The router's block size (events of a multiple are split, others quarantined, as in the router). */
   readonly blockSize?: number;
   readonly flavor?: EngineFlavor;
+  /** Disaggregated serving: published in the registry entry (absent: aggregated). */
+  readonly role?: 'prefill' | 'decode' | 'both';
+  /** SGLang prefill: the bootstrap port, published in the registry entry. */
+  readonly bootstrapPort?: number;
   readonly topic?: string;
   readonly relayId?: string;
   /** Registry heartbeat period. Default 2 s. */
@@ -65,7 +70,7 @@ export interface RelayOptions {
   readonly publishTimeoutMs?: number;
   readonly replayTimeoutMs?: number;
   readonly limits?: StreamLimits;
-  readonly log?: IngestLogger;
+  readonly log?: LogSink;
 }
 
 export interface RelayRankStats {
@@ -471,7 +476,7 @@ export class NatsRelay {
   readonly maxMessageBytes: number;
   readonly publishTimeoutMs: number;
   readonly replayTimeoutMs: number;
-  readonly log: IngestLogger;
+  readonly log: LogSink;
   nc!: NatsConnection;
   js!: JetStreamClient;
   plane!: EventPlane;
@@ -499,7 +504,7 @@ export class NatsRelay {
     this.maxMessageBytes = opts.maxMessageBytes ?? 512 * 1024;
     this.publishTimeoutMs = opts.publishTimeoutMs ?? 5000;
     this.replayTimeoutMs = opts.replayTimeoutMs ?? 1000;
-    this.log = opts.log ?? consoleLogger;
+    this.log = opts.log ?? consoleLog;
     for (let r = 0; r < dp; r++) this.pipes.push(new RankPipe(this, r));
   }
 
@@ -515,6 +520,8 @@ export class NatsRelay {
       workerId: this.workerId,
       url: this.opts.url ?? null,
       model: this.opts.model ?? null,
+      ...(this.opts.role ? { role: this.opts.role, engine: this.flavor } : {}),
+      ...(this.opts.bootstrapPort ? { bootstrapPort: this.opts.bootstrapPort } : {}),
       blockSize: this.blockSize,
       dpRanks: this.pipes.map((p) => p.dpRank),
       relayId: this.relayId,

@@ -20,7 +20,7 @@ import { DeliverPolicy, jetstream, type ConsumerMessages, type JetStreamClient }
 import { randomBytes } from 'node:crypto';
 import type { KvRouter } from '../../core/router.ts';
 import { parseSourceKey, sourceKey, type RouteDecision } from '../../core/types.ts';
-import { consoleLogger, type IngestLogger } from '../../ingest/source-ingest.ts';
+import { consoleLog, type LogSink } from '../../log.ts';
 import {
   decodeEventMessage,
   decodeLoad,
@@ -56,10 +56,12 @@ export interface ReplicaOptions {
   /** A worker whose relay has not refreshed its entry for this long (while we were connected) is removed. Default 30 s. */
   readonly workerTtlMs?: number;
   readonly limits?: StreamLimits;
-  readonly log?: IngestLogger;
+  readonly log?: LogSink;
   readonly now?: () => number;
   /** Registry changes, for the server to add or drop the worker's HTTP endpoint. `entry` null: the worker left. */
   readonly onWorker?: (workerId: string, entry: WorkerEntry | null) => void;
+  /** A peer pinned a session to a source (session affinity shared across replicas). */
+  readonly onSession?: (sessionId: string, sourceKey: string, expiresAt: number) => void;
 }
 
 export interface ReplicaStats {
@@ -195,7 +197,7 @@ export class NatsReplica {
   private loadSub: Subscription | null = null;
   private timers: NodeJS.Timeout[] = [];
   private readonly now: () => number;
-  private readonly log: IngestLogger;
+  private readonly log: LogSink;
   private readonly peers = new Map<string, Peer>();
   private readonly local = new Map<string, Added>();
   private readonly workers = new Map<string, { entry: WorkerEntry; seenAt: number }>();
@@ -209,7 +211,7 @@ export class NatsReplica {
   constructor(private readonly opts: ReplicaOptions = {}) {
     this.replicaId = opts.replicaId ?? `r-${randomBytes(4).toString('hex')}`;
     this.now = opts.now ?? Date.now;
-    this.log = opts.log ?? consoleLogger;
+    this.log = opts.log ?? consoleLog;
     this.ready = new Promise((r) => (this.resolveReady = r));
     this.c = {
       replicaId: this.replicaId,
@@ -522,6 +524,11 @@ export class NatsReplica {
   }
 
   /** Generic form of routed / firstToken / finished. */
+  /** Tells the peers where a session is pinned now. */
+  publishSession(sessionId: string, sourceKey: string, expiresAt: number): void {
+    this.publish({ kind: 'session', replica: this.replicaId, sessionId, sourceKey, expiresAt });
+  }
+
   publishLifecycle(m: LoadMessage): void {
     if (m.kind === 'added') this.local.set(m.requestId, m);
     else if (m.kind === 'finished') this.local.delete(m.requestId);
@@ -571,6 +578,9 @@ export class NatsReplica {
         if (peer.requests.delete(id)) this.router.finish(id, {}, now);
         break;
       }
+      case 'session':
+        this.opts.onSession?.(m.sessionId, m.sourceKey, m.expiresAt);
+        break;
       case 'hello':
         for (const a of this.local.values()) this.publish(a);
         break;

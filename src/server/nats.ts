@@ -3,15 +3,16 @@
  *
  * - `shareLifecycle(router, replica)` observes the router's request lifecycle so every local request is announced to
  *   the peer replicas (remote requests, tracked under `<peer>/<id>`, are never re-announced);
- * - `attachToServer(running, options)` makes a running `kvroute serve` a replica: lifecycle sharing, and workers from
+ * - `attachToServer(running, options)` makes a running `kvroute serve` a replica: lifecycle sharing, one session
+ *   table (session pins announced to and learned from the peers), and workers from
  *   the NATS registry added to / removed from its WorkerSet (their sources kept in events mode: their events come
  *   from the stream, not from a ZMQ subscription of the server).
  */
-import type { KvRouter } from '../../core/router.ts';
-import type { RunningServer } from '../../server/app.ts';
-import { registerReplicaMetrics } from './metrics.ts';
-import { NatsReplica, type ReplicaOptions } from './replica.ts';
-import type { WorkerEntry } from './protocol.ts';
+import type { KvRouter } from '../core/router.ts';
+import type { RunningServer } from './app.ts';
+import { registerReplicaMetrics } from '../transport/nats/metrics.ts';
+import { NatsReplica, type ReplicaOptions } from '../transport/nats/replica.ts';
+import type { WorkerEntry } from '../transport/nats/protocol.ts';
 
 export function shareLifecycle(router: KvRouter, replica: NatsReplica): () => void {
   // The replica announces only requests it routed itself (peers' requests are tracked under `<peer>/<id>`).
@@ -33,9 +34,19 @@ export async function attachToServer(running: RunningServer, options: ReplicaOpt
     }
     if (!entry.url) return; // no HTTP endpoint to proxy to: its blocks are indexed, requests cannot go there
     if (workers.get(id)) await workers.remove(id); // URL, model or ranks changed
-    await workers.add({ id, url: entry.url, dp: entry.dpRanks.length, models: entry.model ? [entry.model] : undefined });
-    // WorkerSet adds sources without events as approximate; these are fed by the stream.
-    for (const dp of entry.dpRanks) router.addSource({ workerId: id, dpRank: dp }, { mode: 'events' });
+    // Events mode: these workers' KV events come from the stream, not from a ZMQ subscription of this server.
+    await workers.add(
+      {
+        id,
+        url: entry.url,
+        dp: entry.dpRanks.length,
+        models: entry.model ? [entry.model] : undefined,
+        role: entry.role,
+        engine: entry.engine,
+        bootstrap: entry.bootstrapPort,
+      },
+      { mode: 'events' },
+    );
   };
   const replica = new NatsReplica({
     ...options,
@@ -44,6 +55,14 @@ export async function attachToServer(running: RunningServer, options: ReplicaOpt
       chain = chain.then(() => apply(id, entry)).catch(() => {});
       options.onWorker?.(id, entry);
     },
+    // One session table across replicas: a peer's pin is honoured here, ours are announced to the peers.
+    onSession: (sessionId, sourceKey, expiresAt) => {
+      running.dispatcher.rememberSession(sessionId, { sourceKey, expiresAt });
+      options.onSession?.(sessionId, sourceKey, expiresAt);
+    },
+  });
+  running.lifecycle.onDispatch((a) => {
+    if (a.session) replica.publishSession(a.session.id, a.session.entry.sourceKey, a.session.entry.expiresAt);
   });
   shareLifecycle(router, replica);
   registerReplicaMetrics(replica, running.metrics.registry, running.metrics.prefix);

@@ -11,10 +11,11 @@
  */
 import { sourceKey, type SourceId } from '../core/types.ts';
 import type { EngineFlavor } from '../engines/vllm.ts';
-import { replayClient } from '../transport/replay.ts';
-import { rankEndpoint, ZmqSource } from '../transport/zmq-source.ts';
-import type { BlindRule, SourceHealth } from './health.ts';
-import { consoleLogger, SourceIngest, type EventSink, type IngestLogger, type ResetSink } from './source-ingest.ts';
+import { replayClient } from './replay.ts';
+import { rankEndpoint, ZmqSource } from './zmq-source.ts';
+import type { BlindRule, SourceHealth } from '../ingest/health.ts';
+import { SourceIngest, type EventSink, type ResetSink } from '../ingest/source-ingest.ts';
+import { consoleLog, type LogSink } from '../log.ts';
 
 export interface EventSourceConfig {
   readonly workerId: string;
@@ -33,7 +34,7 @@ export interface EventIngestOptions {
   readonly routerBlockSize: number;
   readonly sink: EventSink;
   readonly onReset: ResetSink;
-  readonly log?: IngestLogger;
+  readonly log?: LogSink;
   readonly replayTimeoutMs?: number;
   readonly maxHeld?: number;
   readonly catchUp?: boolean;
@@ -63,13 +64,13 @@ function ranksOf(cfg: EventSourceConfig): number[] {
 
 export class EventIngest {
   private readonly sources = new Map<string, Running>();
-  private readonly log: IngestLogger;
+  private readonly log: LogSink;
   private readonly blindNow = new Set<string>();
   private blindTimer: NodeJS.Timeout | null = null;
   private probeTimer: NodeJS.Timeout | null = null;
 
   constructor(private readonly opts: EventIngestOptions) {
-    this.log = opts.log ?? consoleLogger;
+    this.log = opts.log ?? consoleLog;
     const every = opts.blindCheckMs ?? 5000;
     if (every > 0) {
       this.blindTimer = setInterval(() => this.checkBlind(), every);

@@ -1,15 +1,25 @@
 /**
  * The embedded default fleet: `kvroute serve` without workers starts mock engines in-process (OpenAI API, prefix
- * cache, vLLM KV events over ZMQ on free ports), so the README's start command gives a working endpoint at once.
+ * cache, vLLM KV events over ZMQ on free ports), so the README's start command gives a working endpoint at once. It
+ * lives with the mock engine so the production server does not import it; only the serve command does.
  */
 import { existsSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
-import { startMocker, type MockerHandle } from '../mocker/server.ts';
-import type { WorkerSpec } from './config.ts';
+import { startMocker } from './server.ts';
+import type { MockerHandle } from './types.ts';
+
+/** How the router reaches one embedded engine (the fields of a `--worker` spec it needs). */
+export interface EmbeddedWorker {
+  readonly url: string;
+  readonly id: string;
+  readonly events?: string;
+  readonly replay?: string;
+  readonly models: readonly string[];
+}
 
 export interface EmbeddedFleet {
-  readonly workers: WorkerSpec[];
+  readonly workers: EmbeddedWorker[];
   readonly mockers: MockerHandle[];
   close(): Promise<void>;
 }
@@ -50,7 +60,7 @@ export async function startEmbeddedFleet(options: {
     await Promise.all(mockers.map((m) => m.close()));
     throw err;
   }
-  const workers: WorkerSpec[] = mockers.map((m, i) => ({
+  const workers: EmbeddedWorker[] = mockers.map((m, i) => ({
     url: m.url,
     id: `mock-${i}`,
     events: m.zmqEndpoint ?? undefined,

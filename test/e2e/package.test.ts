@@ -1,0 +1,119 @@
+/**
+ * What a user gets, end to end, as processes:
+ *  1. the README's first command, `npm ci && npx kvroute serve`, verbatim, in a fresh copy of the repository (its
+ *     files, no node_modules, no dist/): `prepare` builds, the router serves a streamed chat answer;
+ *  2. `npm pack` of that copy, installed into an empty folder with `npm install --omit=dev <tarball>` (production
+ *     dependencies only: no tsx, no TypeScript), then `kvroute --help` and `kvroute serve` (embedded fleet, free port)
+ *     from there, with a streamed chat answer and the dashboard's files served from the package.
+ * Slow (two installs from the npm cache): about a minute.
+ */
+import { spawnSync } from 'node:child_process';
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, describe, expect, it } from 'vitest';
+import { runShell, ShellProcess } from '../fixtures/processes.ts';
+
+const ROOT = fileURLToPath(new URL('../..', import.meta.url));
+const WORK = mkdtempSync(join(tmpdir(), 'kvroute-package-'));
+const FRESH = join(WORK, 'kvroute');
+const INSTALL = join(WORK, 'app');
+
+// The nested npm must not inherit the outer `npm test`'s lifecycle settings (npm_config_*, npm_lifecycle_*).
+const ENV = Object.fromEntries(Object.entries(process.env).filter(([k]) => !/^npm_/i.test(k))) as Record<string, string>;
+const PORT = { KVROUTE_PORT: '0', KVROUTE_LOG_LEVEL: 'info' };
+
+const started: ShellProcess[] = [];
+afterAll(async () => {
+  await Promise.all(started.map((p) => p.stop()));
+  rmSync(WORK, { recursive: true, force: true });
+});
+
+function start(command: string, cwd: string): ShellProcess {
+  const p = new ShellProcess(command, { cwd, env: { ...ENV, ...PORT } });
+  started.push(p);
+  return p;
+}
+
+/** The repository's files as a clone has them: tracked and new (not ignored) files, nothing built or installed. */
+function copyRepository(to: string): void {
+  const r = spawnSync('git', ['ls-files', '-z', '--cached', '--others', '--exclude-standard'], { cwd: ROOT, encoding: 'utf8' });
+  expect(r.status, r.stderr).toBe(0);
+  for (const file of r.stdout.split('\0').filter(Boolean)) {
+    if (!existsSync(join(ROOT, file))) continue; // deleted in the work tree, not yet committed
+    mkdirSync(dirname(join(to, file)), { recursive: true });
+    copyFileSync(join(ROOT, file), join(to, file));
+  }
+}
+
+async function streamedChat(url: string): Promise<string> {
+  const r = await fetch(`${url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'mock-model', stream: true, messages: [{ role: 'user', content: 'Where is the capital of China?' }] }),
+  });
+  expect(r.status).toBe(200);
+  expect(r.headers.get('content-type')).toContain('text/event-stream');
+  const events = (await r.text()).split('\n\n').filter((e) => e.trim());
+  expect(events.at(-1)).toBe('data: [DONE]');
+  return events
+    .slice(0, -1)
+    .map((e) => JSON.parse(e.slice('data: '.length)).choices[0]?.delta?.content ?? '')
+    .join('');
+}
+
+describe('a fresh clone and the packed package, as a user runs them', () => {
+  it('npm ci && npx kvroute serve: prepare builds dist/, the router answers a streamed chat', async () => {
+    copyRepository(FRESH);
+    expect(existsSync(join(FRESH, 'node_modules'))).toBe(false);
+    expect(existsSync(join(FRESH, 'dist'))).toBe(false);
+    const serve = start('npm ci && npx kvroute serve', FRESH);
+    const url = (await serve.waitFor(/kvroute listening on (http:\/\/[\d.:]+)/, 240_000))[1];
+    expect(existsSync(join(FRESH, 'dist/cli/main.js'))).toBe(true);
+    expect((await streamedChat(url)).length).toBeGreaterThan(0);
+    const done = await serve.stop();
+    expect(done.stdout).toContain('shutting down');
+  }, 300_000);
+
+  it('npm pack, npm install --omit=dev <tarball>: kvroute --help and kvroute serve work from the installed package', async () => {
+    expect(existsSync(join(FRESH, 'node_modules')), 'needs the fresh copy of the test above').toBe(true);
+    const pack = await runShell('npm pack --silent', { cwd: FRESH, env: ENV }, 180_000);
+    expect(pack.code, pack.stderr).toBe(0);
+    const tarball = join(FRESH, pack.stdout.trim().split('\n').at(-1)!);
+    const listing = spawnSync('tar', ['-tzf', tarball], { encoding: 'utf8' }).stdout.split('\n');
+    for (const f of [
+      'package/bin/kvroute.mjs',
+      'package/dist/cli/main.js',
+      'package/dist/tokenizer/thread.js',
+      'package/web/dashboard.html',
+    ]) {
+      expect(listing).toContain(f);
+    }
+    expect(listing.filter((f) => /^package\/(src|test|bench|scripts|data)\//.test(f) || f.endsWith('.tsbuildinfo'))).toEqual([]);
+
+    mkdirSync(INSTALL);
+    const install = await runShell(`npm init -y >/dev/null && npm install --omit=dev ${tarball}`, { cwd: INSTALL, env: ENV }, 240_000);
+    expect(install.code, install.stderr).toBe(0);
+    expect(install.stderr).not.toContain('EBADENGINE');
+    const modules = readdirSync(join(INSTALL, 'node_modules'));
+    expect(modules).toContain('kvroute');
+    expect(modules).not.toContain('tsx'); // a dev dependency: nothing at run time needs a TypeScript loader
+    expect(modules).not.toContain('typescript');
+
+    const help = await runShell('npx kvroute --help', { cwd: INSTALL, env: ENV });
+    expect(help.code, help.stderr).toBe(0);
+    expect(help.stdout).toContain('Usage: kvroute');
+    expect(help.stdout).toContain('serve');
+
+    const serve = start('npx kvroute serve', INSTALL);
+    const url = (await serve.waitFor(/kvroute listening on (http:\/\/[\d.:]+)/, 120_000))[1];
+    expect(serve.stdout).toMatch(/"mode":"thread"/); // the tokenizer thread runs the compiled dist/tokenizer/thread.js
+    expect((await streamedChat(url)).length).toBeGreaterThan(0);
+    const dashboard = await fetch(`${url}/dashboard`);
+    expect(dashboard.status).toBe(200);
+    expect(await dashboard.text()).toContain('<canvas');
+    const done = await serve.stop();
+    expect(done.stdout).toContain('shutting down');
+  }, 420_000);
+});

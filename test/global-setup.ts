@@ -1,0 +1,20 @@
+/**
+ * Runs once before any test:
+ *  - builds dist/: tests that start `kvroute` as a process run bin/kvroute.mjs, which runs the compiled CLI, since that
+ *    is what ships. Incremental (dist/.tsbuildinfo), so an up-to-date build costs ~2 s.
+ *  - finds or fetches Chromium and nats-server (test/fixtures/test-binaries.ts) and hands their paths to the tests as
+ *    KVROUTE_CHROMIUM and KVROUTE_NATS_SERVER (test workers inherit this process's environment).
+ */
+import { spawnSync } from 'node:child_process';
+import { createRequire } from 'node:module';
+import { fileURLToPath } from 'node:url';
+import { ensureChromium, ensureNatsServer } from './fixtures/test-binaries.ts';
+
+export default async function setup(): Promise<void> {
+  const root = fileURLToPath(new URL('..', import.meta.url));
+  const tsc = createRequire(import.meta.url).resolve('typescript/bin/tsc');
+  const r = spawnSync(process.execPath, [tsc, '-p', 'tsconfig.build.json'], { cwd: root, encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`npm run build failed (exit ${r.status}):\n${r.stdout}${r.stderr}`);
+  process.env.KVROUTE_NATS_SERVER = ensureNatsServer();
+  process.env.KVROUTE_CHROMIUM = await ensureChromium();
+}

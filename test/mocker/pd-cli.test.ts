@@ -1,0 +1,78 @@
+/** `kvroute mocker --role prefill|decode --pd-protocol vllm|sglang` as processes: the two sides of a pair hand KV over. */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { afterAll, describe, expect, it } from 'vitest';
+
+const children: ChildProcess[] = [];
+afterAll(() => {
+  for (const c of children) if (c.exitCode === null) c.kill('SIGKILL');
+});
+
+function start(args: string[]): Promise<Record<string, unknown>> {
+  const child = spawn(
+    process.execPath,
+    ['bin/kvroute.mjs', 'mocker', '--port', '0', '--host', '127.0.0.1', '--zmq-endpoint', 'none', '--speedup', '50', ...args],
+    {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    },
+  );
+  children.push(child);
+  let err = '';
+  child.stderr!.on('data', (d) => (err += d));
+  return new Promise((resolve, reject) => {
+    let out = '';
+    child.stdout!.on('data', (d) => {
+      out += d;
+      const k = out.indexOf('\n');
+      if (k >= 0) resolve(JSON.parse(out.slice(0, k)) as Record<string, unknown>);
+    });
+    child.on('exit', (code) => reject(new Error(`exited ${code}: ${err}`)));
+  });
+}
+
+const post = (url: string, body: unknown, headers: Record<string, string> = {}) =>
+  fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(body) });
+
+describe('kvroute mocker P/D roles', () => {
+  it('vllm: the prefill answers kv_transfer_params, the decode side pulls them once', async () => {
+    const p = await start(['--role', 'prefill', '--pd-protocol', 'vllm']);
+    const d = await start(['--role', 'decode', '--pd-protocol', 'vllm']);
+    expect([p.role, p.pdProtocol, d.role]).toEqual(['prefill', 'vllm', 'decode']);
+    const prompt = Array.from({ length: 100 }, (_, i) => i + 1);
+    const pr = await post(
+      `${p.url}/v1/completions`,
+      {
+        model: 'mock-model',
+        prompt,
+        max_tokens: 1,
+        stream: false,
+        kv_transfer_params: {
+          do_remote_decode: true,
+          do_remote_prefill: false,
+          remote_engine_id: null,
+          remote_block_ids: null,
+          remote_host: null,
+          remote_port: null,
+        },
+      },
+      { 'x-request-id': 'pair-1' },
+    );
+    const pj = (await pr.json()) as { kv_transfer_params: Record<string, unknown> };
+    expect(pj.kv_transfer_params).toMatchObject({ do_remote_prefill: true, remote_host: '127.0.0.1', remote_num_tokens: 100 });
+    const body = { model: 'mock-model', prompt, max_tokens: 3, kv_transfer_params: pj.kv_transfer_params };
+    const dr = await post(`${d.url}/v1/completions`, body, { 'x-request-id': 'pair-1' });
+    const dj = (await dr.json()) as { usage: { completion_tokens: number; prompt_tokens_details: { cached_tokens: number } } };
+    expect(dr.status).toBe(200);
+    expect(dj.usage.completion_tokens).toBe(3);
+    // The decode engine counts the KV it received as cached: all but the last prompt token.
+    expect(dj.usage.prompt_tokens_details.cached_tokens).toBe(99);
+    // Pulled once: a second decode with the same params finds no lease (kv_load_failure_policy fail: an error).
+    const again = await post(`${d.url}/v1/completions`, body, { 'x-request-id': 'pair-1b' });
+    expect(again.status).toBe(500);
+  });
+
+  it('sglang: the prefill serves a bootstrap port, and refuses a bad --role with a one-line message', async () => {
+    const p = await start(['--role', 'prefill', '--pd-protocol', 'sglang', '--bootstrap-port', '0']);
+    expect(typeof p.bootstrapPort).toBe('number');
+    await expect(start(['--role', 'prefiller'])).rejects.toThrow(/--role/);
+  });
+});
