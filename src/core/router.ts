@@ -11,7 +11,8 @@
 import { ActiveLoad } from './active-load.ts';
 import { TtlIndex } from './approx.ts';
 import { computeSeqHashes, hashSeed, islBlocks as islBlocksOf } from './hashing.ts';
-import { KvIndex } from './index/kv-index.ts';
+import { KvIndex, type IndexApplyResult } from './index/kv-index.ts';
+import { RouterSnapshot, type RouterSnapshotData, type SourceSnapshot } from './index/snapshot.ts';
 import { isLowerTier, TierIndex } from './tiers.ts';
 import { predictedCachedTokens, ReuseLedger } from './ledger.ts';
 import { createRng, type Rng } from './rng.ts';
@@ -20,6 +21,7 @@ import { LoadOrder } from './scheduling/load-order.ts';
 import { createPolicy, DEFAULT_POLICY, POLICY_NAMES } from './scheduling/policies.ts';
 import type { Candidate, Policy } from './scheduling/policy.ts';
 import {
+  parseSourceKey,
   sourceKey,
   type ApplyResult,
   type CandidateScore,
@@ -708,4 +710,63 @@ export class KvRouter {
       })),
     };
   }
+
+  // ================================================================ snapshots (issue 13; KvRouter's public snapshot API)
+
+  /**
+   * A snapshot of the event index keyed by source key. Synchronous cost: a typed-array copy of the index's arrays
+   * (bench/RESULTS.md, "Snapshots"); each source's arrays are then built from that copy by `source(key)`, one source
+   * per call, so a shell spreads the export over event-loop turns while routing and event application go on, and the
+   * result is still the index as it was at this call. Sources holding no blocks are not listed.
+   */
+  snapshot(): RouterSnapshot {
+    const names = new Map<string, number>();
+    const capture = this.index.capture();
+    const captured = new Set(capture.sources());
+    for (const [key, e] of this.sources) if (captured.has(e.index)) names.set(key, e.index);
+    return new RouterSnapshot(capture, names);
+  }
+
+  /**
+   * Loads a snapshot: each listed source's blocks replace what the router holds for it (its offload tiers are
+   * cleared too); a source it does not know is added as an event source. Sources not listed are left alone. Bad
+   * entries are counted in the result, never thrown on. For a restore that must not stall, call restoreSource per
+   * source between event-loop turns.
+   */
+  restore(snapshot: RouterSnapshotData): RestoreResult {
+    const result: RestoreResult = { sources: 0, blocks: 0, rejected: [] };
+    if (snapshot.blockSize !== this.blockSize) {
+      for (const s of snapshot.sources) {
+        result.rejected.push({
+          key: s.key,
+          blocks: s.engineIds.length,
+          reason: `snapshot block size ${snapshot.blockSize}, router ${this.blockSize}`,
+        });
+      }
+      return result;
+    }
+    for (const s of snapshot.sources) {
+      const r = this.restoreSource(s);
+      if (r.applied > 0 || r.rejected === 0) result.sources++;
+      result.blocks += r.applied;
+      if (r.reason) result.rejected.push({ key: s.key, blocks: r.rejected, reason: r.reason });
+    }
+    return result;
+  }
+
+  /** Loads one source of a snapshot taken with this router's block size (see restore). */
+  restoreSource(s: SourceSnapshot): IndexApplyResult {
+    if (typeof s.key !== 'string' || s.key === '') return { applied: 0, rejected: s.engineIds?.length ?? 0, reason: 'unknown_source' };
+    if (!this.sources.has(s.key)) this.addSource(parseSourceKey(s.key), { mode: 'events' });
+    const entry = this.sources.get(s.key)!;
+    this.tiers.clear(entry.index);
+    return this.index.restoreSource(entry.index, s);
+  }
+}
+
+/** What `KvRouter.restore` did: sources and blocks loaded, and each source entry it could not load in full. */
+export interface RestoreResult {
+  sources: number;
+  blocks: number;
+  rejected: Array<{ key: string; blocks: number; reason: string }>;
 }

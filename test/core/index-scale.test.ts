@@ -1,6 +1,7 @@
 /**
  * The index's typed-array internals at a scale the small model test never reaches: table growth, backward-shift
- * deletion under collisions, slot reuse through the free list, and the narrow (<= 64 sources) and wide walks.
+ * deletion under collisions, Robin Hood placement, slot reuse through the free list. Fleets of hundreds and
+ * thousands of sources: test/core/index-fleet.test.ts.
  */
 import { describe, expect, it } from 'vitest';
 import fc from 'fast-check';
@@ -19,16 +20,22 @@ function rng(seed: number): () => number {
 }
 
 describe('U64Map', () => {
-  it('behaves like a Map under inserts, overwrites and deletes through several growths', () => {
+  it('behaves like a Map under inserts, overwrites and deletes through several growths (first-come and Robin Hood)', () => {
     fc.assert(
-      fc.property(fc.integer({ min: 1, max: 2 ** 31 }), fc.boolean(), (seed, sequential) => {
+      fc.property(fc.integer({ min: 1, max: 2 ** 31 }), fc.boolean(), fc.boolean(), (seed, sequential, robinHood) => {
         const rand = rng(seed);
-        const map = new U64Map(4, true);
+        const map = new U64Map(4, true, { robinHood });
         const model = new Map<string, [number, number]>();
         const keys: Array<[number, number]> = [];
         for (let step = 0; step < 4000; step++) {
           const roll = rand();
-          if (roll < 0.6 || keys.length === 0) {
+          if (roll < 0.1 && keys.length > 0) {
+            // insert() leaves a present key alone and reports its value.
+            const [lo, hi] = keys[(rand() * keys.length) | 0];
+            const expected = model.get(`${lo}:${hi}`);
+            expect(map.insert(lo, hi, 7, 7)).toBe(expected ? expected[0] : -1);
+            if (!expected) model.set(`${lo}:${hi}`, [7, 7]);
+          } else if (roll < 0.6 || keys.length === 0) {
             // Sequential small ids (like engine block counters) cluster without mixing: cover both kinds.
             const key: [number, number] = sequential ? [step, 0] : [(rand() * 2 ** 32) >>> 0, (rand() * 64) >>> 0];
             const value = (rand() * 1e6) | 0;
@@ -55,9 +62,43 @@ describe('U64Map', () => {
           expect(model.get(`${lo}:${hi}`)?.[0]).toBe(value);
         });
         expect(seen).toBe(model.size);
+        // A clone is a copy: changing one leaves the other alone.
+        const copy = map.clone();
+        for (const [lo, hi] of keys) map.delete(lo, hi);
+        expect(map.size).toBe(0);
+        expect(copy.size).toBe(model.size);
+        for (const [k, [value]] of model) expect(copy.get(...(k.split(':').map(Number) as [number, number]))).toBe(value);
       }),
       { numRuns: 20 },
     );
+  });
+
+  it('keeps Robin Hood runs ordered by home through growth and deletions (what its early-stopping search relies on)', () => {
+    const rand = rng(9);
+    const map = new U64Map(16, 2, { robinHood: true });
+    const live: Array<[number, number]> = [];
+    for (let step = 0; step < 50_000; step++) {
+      if (live.length < 2000 || rand() < 0.5) {
+        const key: [number, number] = [(rand() * 4096) | 0, 0]; // few distinct keys: many re-inserts and collisions
+        map.set(key[0], key[1], step);
+        live.push(key);
+      } else {
+        const j = (rand() * live.length) | 0;
+        map.delete(live[j][0], live[j][1]);
+        live[j] = live[live.length - 1];
+        live.pop();
+      }
+    }
+    const cap = map.capacity;
+    const dist = (p: number) => {
+      const h = map.home(map.cells[p * 5], map.cells[p * 5 + 1]);
+      return p >= h ? p - h : p + cap - h;
+    };
+    // Along a run, each next entry is at most one further from its home than the one before (sorted by home).
+    for (let p = 0; p < cap; p++) {
+      const q = (p + 1) % cap;
+      if (map.cells[p * 5 + 2] !== 0 && map.cells[q * 5 + 2] !== 0) expect(dist(q)).toBeLessThanOrEqual(dist(p) + 1);
+    }
   });
 });
 
@@ -152,8 +193,8 @@ function runWorkload(sources: number, seed: number, maxBlocks?: number): void {
 }
 
 describe('KvIndex at scale', () => {
-  it('matches the model with 1 membership word (10 sources)', () => runWorkload(10, 1));
-  it('matches the model with 2 membership words (64 sources, the narrow walk)', () => runWorkload(64, 2));
-  it('matches the model with 3 membership words (70 sources, the wide walk)', () => runWorkload(70, 3));
+  it('matches the model at 10 sources (holders inline)', () => runWorkload(10, 1));
+  it('matches the model at 64 sources', () => runWorkload(64, 2));
+  it('matches the model at 70 sources (a third bitset word)', () => runWorkload(70, 3));
   it('only reports real matches under a cap, and keeps per-source counts consistent', () => runWorkload(16, 4, 300));
 });

@@ -1,22 +1,26 @@
 /**
  * The event-fed prefix index: which source holds which block, keyed by the router's own sequence hash.
  *
- * Layout (all typed arrays, grown by doubling):
- * - `table`: open addressing, cells of [low half of the seq hash, slot + 1] (8 bytes); the high half is checked in the
- *   slot's record. Seq hashes are xxh3 outputs, so the low half alone places them well.
- * - `rec`: one record per block slot, [hash lo, hash hi, parent slot + 1, membership bitset (`words` u32)], so that a
- *   lookup costs two cache misses (table cell, record) rather than one per parallel array. Stored as int32 (hash
- *   halves reinterpreted) so that comparisons and bit operations in the hot walk stay in int32.
+ * Layout (all typed arrays):
+ * - `seq`: a U64Map from seq hash to block slot (12-byte cells).
+ * - `rec`: one record per block slot, [hash lo, hash hi, parent slot + 1, holders x2] (20 bytes); the holders are a
+ *   HolderSets set: up to four source numbers inline, a pool list or bitset past that. Slots are stable (engine ids,
+ *   parent links, the LRU cap and snapshots refer to them) and a sequence's blocks get neighbouring slots, so the
+ *   walk's second read is usually the cache line the previous block brought in. (Holders in the table cell instead,
+ *   one read per block, was ~1.5x slower in an A/B run: 20-byte cells straddle cache lines and lengthen probes.)
+ *   Free slots are chained through their parent field.
  * - per source: engine block id -> slot (the dual key: the engine's hash scheme never matters).
- * Free slots are chained through their parent field. Measured on the Mooncake trace at 64 sources: see
- * bench/RESULTS.md ("Index").
+ * Membership costs 8 bytes per block for up to four holders, then follows the holders, not the fleet size. Measured
+ * on the Mooncake trace from 64 to 4,096 sources: bench/RESULTS.md ("Index").
  *
  * Because a sequence hash names a whole prefix, "source s holds blocks 0..k of this request" is a walk down the
- * request's hashes ANDing bitsets, stopping when no source continues.
+ * request's hashes, stopping when no source continues.
  */
 import { hashBlocksInto, hashSeed } from '../hashing.ts';
 import { GPU_MEDIUM, type ApplyResult, type KvEvent, type RejectReason, type StoredEvent } from '../types.ts';
-import { joinU64, U64Map } from './u64-map.ts';
+import { BITS, HolderSets, LIST, MAX_SOURCES } from './holders.ts';
+import { IndexCapture, type SourceBlocks } from './snapshot.ts';
+import { homeOfHashed, joinU64, U64Map } from './u64-map.ts';
 
 export interface KvIndexOptions {
   /** The router's block size in tokens. Events with a multiple of it are split; anything else is rejected. */
@@ -25,8 +29,17 @@ export interface KvIndexOptions {
   readonly maxBlocks?: number;
 }
 
-/** Index-level reasons besides the shared ones; 'engine_id_reused' counts re-announced ids (applied, old block dropped). */
-export type IndexRejectReason = RejectReason | 'unsupported_medium' | 'engine_id_reused';
+/**
+ * Index-level reasons besides the shared ones; 'engine_id_reused' counts re-announced ids (applied, old block
+ * dropped); 'invalid_snapshot' counts snapshot entries that cannot be restored (bad parent positions).
+ */
+export type IndexRejectReason = RejectReason | 'unsupported_medium' | 'engine_id_reused' | 'invalid_snapshot';
+
+export interface IndexApplyResult {
+  readonly applied: number;
+  readonly rejected: number;
+  readonly reason?: IndexRejectReason;
+}
 
 interface SourceState {
   engineIds: U64Map;
@@ -34,27 +47,33 @@ interface SourceState {
   /** Router blocks per engine block (engine block size / router block size), learned from events; 0 until then. */
   split: number;
   /**
-   * Extra engine ids naming a slot this source already held (rare: engines dedupe identical prefixes), so that
-   * removing one of them keeps the block until the last is gone.
+   * Extra references to router blocks this source already held when another of its engine blocks covered them too
+   * (rare: a second engine id for the same prefix, or, with engine blocks of several router blocks, two engine blocks
+   * sharing their first router blocks), so that removing one engine block keeps what the others still cover.
    */
-  aliases: Map<number, number> | null;
+  refs: Map<number, number> | null;
 }
 
 const NONE = -1;
-const MAX_LOAD = 0.75;
-/** Record fields. */
+/** Slot record fields: [hash lo, hash hi, parent slot + 1, holders word 0, holders word 1]. */
+const REC = 5;
 const LO = 0;
 const HI = 1;
 const PARENT = 2;
-const MEMBERS = 3;
+const HOLDERS = 3;
+/** Seq table cell: [lo, hi, slot + 1]. */
+const CELL = 3;
+const SLOT_GROWTH = 1.5;
+/**
+ * The sequence-hash table: keys are xxh3 outputs (homes from the low half as is), placed Robin Hood style. First-come
+ * placement leaves the newest blocks, the ones prompts look up, at the ends of their runs: walks were ~1.3x slower in
+ * an A/B run, for ~10% less CPU per inserted block.
+ */
+const SEQ_TABLE = { robinHood: true, hashedKeys: true } as const;
 
 // Engine ids are bigints at the edge; these split them into u32 halves without allocating.
 const idBuf = new BigUint64Array(1);
-const idHalves = new Uint32Array(idBuf.buffer);
-
-function homeOf(lo: number, shift: number): number {
-  return Math.imul(lo, 0x9e3779b1) >>> shift;
-}
+const idHalves = new Int32Array(idBuf.buffer);
 
 function ctz(x: number): number {
   return 31 - Math.clz32(x & -x);
@@ -63,13 +82,10 @@ function ctz(x: number): number {
 export class KvIndex {
   readonly blockSize: number;
   readonly maxBlocks: number;
-  private table = new Int32Array(2 * 2048);
-  private tableShift = 32 - 11;
+  private readonly seq = new U64Map(1024, 0, SEQ_TABLE);
+  private readonly holders = new HolderSets();
   private rec: Int32Array;
-  /** u32 per record: MEMBERS + words. */
-  private stride: number;
   private slotCap = 1024;
-  private words = 1;
   private nextSlot = 0;
   private freeHead = NONE;
   private liveBlocks = 0;
@@ -82,13 +98,20 @@ export class KvIndex {
   private lruPrev: Int32Array | null = null;
   private lruNext: Int32Array | null = null;
   private childCount: Uint32Array | null = null;
-  private gen: Uint32Array | null = null;
+  private gen: Int32Array | null = null;
   private lruHead = NONE;
   private lruTail = NONE;
+  private prunedBlocks = 0;
 
   private seqScratch = new BigUint64Array(256);
-  private alive = new Int32Array(1);
+  /** Per source number: the walk's answer, its list of sources still matching, and a holder scratch. */
   private scores = new Int32Array(32);
+  private alive = new Int32Array(32);
+  private ids = new Int32Array(32);
+  private aliveBits = new Int32Array(1);
+  private aliveCount = 0;
+  private mark = new Int32Array(32);
+  private stamp = 0;
 
   constructor(options: KvIndexOptions) {
     if (!Number.isInteger(options.blockSize) || options.blockSize <= 0) {
@@ -97,25 +120,33 @@ export class KvIndex {
     this.blockSize = options.blockSize;
     this.maxBlocks = options.maxBlocks ?? Infinity;
     this.capped = Number.isFinite(this.maxBlocks);
-    this.stride = MEMBERS + this.words;
-    this.rec = new Int32Array(this.slotCap * this.stride);
+    this.rec = new Int32Array(this.slotCap * REC);
     if (this.capped) {
-      this.lruPrev = new Int32Array(1024);
-      this.lruNext = new Int32Array(1024);
-      this.childCount = new Uint32Array(1024);
-      this.gen = new Uint32Array(1024);
+      this.lruPrev = new Int32Array(this.slotCap);
+      this.lruNext = new Int32Array(this.slotCap);
+      this.childCount = new Uint32Array(this.slotCap);
+      this.gen = new Int32Array(this.slotCap);
     }
   }
 
   // ---------------------------------------------------------------- sources
 
-  /** Makes `source` (a small non-negative integer chosen by the caller) known to the index. Idempotent. */
+  /** Makes `source` (a small non-negative integer chosen by the caller, below 32,767) known to the index. Idempotent. */
   addSource(source: number): void {
+    if (!Number.isInteger(source) || source < 0 || source >= MAX_SOURCES) {
+      throw new RangeError(`source number must be an integer in [0, ${MAX_SOURCES - 1}], got ${source}`);
+    }
     if (this.sources[source]) return;
-    const needWords = Math.ceil((source + 1) / 32);
-    if (needWords > this.words) this.widen(needWords);
-    this.sources[source] = { engineIds: new U64Map(64, this.capped), cachedBlocks: 0, split: 0, aliases: null };
-    if (this.scores.length < this.words * 32) this.scores = new Int32Array(this.words * 32);
+    this.holders.fleet(source);
+    this.sources[source] = { engineIds: new U64Map(64, this.capped), cachedBlocks: 0, split: 0, refs: null };
+    if (this.scores.length <= source) {
+      const n = Math.max(source + 1, 2 * this.scores.length);
+      this.scores = new Int32Array(n);
+      this.alive = new Int32Array(n);
+      this.ids = new Int32Array(n);
+      this.mark = new Int32Array(n);
+      this.stamp = 0;
+    }
   }
 
   hasSource(source: number): boolean {
@@ -141,8 +172,9 @@ export class KvIndex {
   seqHashOfEngineId(source: number, id: bigint): bigint | null {
     const state = this.sources[source];
     if (!state) return null;
-    const slot = this.lookupEngine(state, id);
-    return slot === NONE ? null : joinU64(this.rec[slot * this.stride + LO], this.rec[slot * this.stride + HI]);
+    idBuf[0] = id;
+    const slot = this.lookupEngine(state, idHalves[0], idHalves[1]);
+    return slot === NONE ? null : joinU64(this.rec[slot * REC + LO], this.rec[slot * REC + HI]);
   }
 
   // ---------------------------------------------------------------- events
@@ -159,7 +191,8 @@ export class KvIndex {
         let applied = 0;
         let rejected = 0;
         for (const id of event.engineIds) {
-          if (this.removeEngineBlock(source, state, id)) applied++;
+          idBuf[0] = id;
+          if (this.removeEngineBlock(source, state, idHalves[0], idHalves[1])) applied++;
           else rejected++;
         }
         this.appliedByKind.removed += applied;
@@ -192,9 +225,10 @@ export class KvIndex {
     let parentSlot = NONE;
     let parentSeq: bigint | null = null;
     if (ev.parent !== null && ev.parent !== undefined) {
-      parentSlot = this.lookupEngine(state, ev.parent);
+      idBuf[0] = ev.parent;
+      parentSlot = this.lookupEngine(state, idHalves[0], idHalves[1]);
       if (parentSlot === NONE && !ev.seqHashes) return this.reject('unknown_parent', n);
-      if (parentSlot !== NONE) parentSeq = joinU64(this.rec[parentSlot * this.stride + LO], this.rec[parentSlot * this.stride + HI]);
+      if (parentSlot !== NONE) parentSeq = joinU64(this.rec[parentSlot * REC + LO], this.rec[parentSlot * REC + HI]);
     }
 
     let seqs: BigUint64Array;
@@ -210,16 +244,13 @@ export class KvIndex {
     state.split = split;
 
     const view = this.viewOf(seqs);
-    const memberAt = MEMBERS + (source >>> 5);
-    const bit = 1 << (source & 31);
-    const engineIds = state.engineIds;
     let prev = parentSlot;
     let duplicates = 0;
     for (let j = 0; j < n; j++) {
       idBuf[0] = ev.engineIds[j];
       const lo = idHalves[0];
       const hi = idHalves[1];
-      const knownSlot = engineIds.find(lo, hi) >= 0 ? this.lookupEngine(state, ev.engineIds[j]) : NONE;
+      const knownSlot = this.lookupEngine(state, lo, hi);
       if (knownSlot !== NONE) {
         const last = j * split + split - 1;
         if (this.findSlot(view[2 * last], view[2 * last + 1]) === knownSlot) {
@@ -229,32 +260,14 @@ export class KvIndex {
           continue;
         }
         // The id now names other content: the engine dropped the old block without a Removed we saw. Drop it too,
-        // so no bit is left unreachable from an engine id.
-        this.removeEngineBlock(source, state, ev.engineIds[j]);
+        // so no holder is left unreachable from an engine id.
+        this.removeEngineBlock(source, state, lo, hi);
         this.count('engine_id_reused', 1);
-        if (prev !== NONE && this.isEmpty(prev)) prev = NONE;
+        if (prev !== NONE && !this.isLive(prev)) prev = NONE;
       }
-      let slot = NONE;
-      let alreadyHeld = true;
-      for (let m = 0; m < split; m++) {
-        const i = j * split + m;
-        slot = this.slotFor(view[2 * i], view[2 * i + 1], prev);
-        // slotFor may have grown `rec`: read the field afterwards.
-        const at = slot * this.stride + memberAt;
-        const word = this.rec[at];
-        if ((word & bit) === 0) {
-          this.rec[at] = word | bit;
-          state.cachedBlocks++;
-          alreadyHeld = false;
-        }
-        prev = slot;
-      }
-      if (alreadyHeld) {
-        // A second engine id for a prefix this source already holds.
-        state.aliases ??= new Map();
-        state.aliases.set(slot, (state.aliases.get(slot) ?? 0) + 1);
-      }
-      engineIds.set(lo, hi, slot, this.gen ? this.gen[slot] : 0);
+      const slot = this.holdChain(source, state, view, j * split, split, prev);
+      this.setEngineId(state, lo, hi, slot);
+      prev = slot;
     }
     if (this.capped) {
       // Touch deepest first so that, walking from the LRU tail, leaves come before their ancestors.
@@ -272,56 +285,62 @@ export class KvIndex {
     return { applied: n, rejected: 0 };
   }
 
-  /** The slot holding a seq hash, or NONE. */
-  private findSlot(lo: number, hi: number): number {
-    const table = this.table;
-    const rec = this.rec;
-    const stride = this.stride;
-    const mask = (table.length >>> 1) - 1;
-    let i = homeOf(lo, this.tableShift);
-    for (;;) {
-      const v = table[2 * i + 1];
-      if (v === 0) return NONE;
-      if (table[2 * i] === lo && rec[(v - 1) * stride + HI] === hi) return v - 1;
-      i = (i + 1) & mask;
+  /**
+   * Makes `source` hold router blocks view[from .. from + split) (one engine block) chained below `prev`; returns the
+   * last block's slot. A block the source already holds gains a reference instead.
+   */
+  private holdChain(source: number, state: SourceState, view: Int32Array, from: number, split: number, prev: number): number {
+    let slot = prev;
+    for (let i = from; i < from + split; i++) {
+      slot = this.slotFor(view[2 * i], view[2 * i + 1], slot);
+      if (i === from) this.chainFirst = slot;
+      // slotFor may have grown `rec`: read it afterwards.
+      if (this.holders.add(this.rec, slot * REC + HOLDERS, source)) state.cachedBlocks++;
+      else {
+        state.refs ??= new Map();
+        state.refs.set(slot, (state.refs.get(slot) ?? 0) + 1);
+      }
     }
+    return slot;
   }
 
-  /** Existing slot for a hash, or a new one (with its parent link). */
+  /** The first block's slot of the last holdChain. */
+  private chainFirst = NONE;
+
+  private setEngineId(state: SourceState, lo: number, hi: number, slot: number): void {
+    state.engineIds.set(lo, hi, slot, this.gen ? this.gen[slot] : 0);
+  }
+
+  /** The slot holding a seq hash, or NONE. */
+  private findSlot(lo: number, hi: number): number {
+    return this.seq.get(lo, hi);
+  }
+
+  /** False for a freed slot (a stale parent link may name one). */
+  private isLive(slot: number): boolean {
+    return this.seq.get(this.rec[slot * REC + LO], this.rec[slot * REC + HI]) === slot;
+  }
+
+  /** The slot of a hash, created (linked to its parent) when absent. One table probe either way. */
   private slotFor(lo: number, hi: number, parentSlot: number): number {
-    const table = this.table;
-    const rec = this.rec;
-    const stride = this.stride;
-    const mask = (table.length >>> 1) - 1;
-    let i = homeOf(lo, this.tableShift);
-    for (;;) {
-      const v = table[2 * i + 1];
-      if (v === 0) break;
-      if (table[2 * i] === lo && rec[(v - 1) * stride + HI] === hi) return v - 1;
-      i = (i + 1) & mask;
-    }
-    let slot: number;
-    if (this.freeHead !== NONE) {
-      slot = this.freeHead;
-      this.freeHead = rec[slot * stride + PARENT] - 1;
-    } else {
-      slot = this.nextSlot++;
+    // The slot a new block would get, offered to the table; taken only if the hash was absent.
+    const fresh = this.freeHead !== NONE ? this.freeHead : this.nextSlot;
+    const found = this.seq.insert(lo, hi, fresh);
+    if (found >= 0) return found;
+    const slot = fresh;
+    if (slot === this.freeHead) this.freeHead = this.rec[slot * REC + PARENT] - 1;
+    else {
+      this.nextSlot++;
       if (slot >= this.slotCap) this.growBlocks();
     }
     const r = this.rec;
-    const at = slot * stride;
+    const at = slot * REC;
     r[at + LO] = lo;
     r[at + HI] = hi;
     r[at + PARENT] = parentSlot + 1;
-    for (let w = 0; w < this.words; w++) r[at + MEMBERS + w] = 0;
+    r[at + HOLDERS] = 0;
+    r[at + HOLDERS + 1] = 0;
     this.liveBlocks++;
-    if (this.liveBlocks > (table.length >>> 1) * MAX_LOAD) {
-      this.growTable();
-      this.tableInsert(lo, slot);
-    } else {
-      table[2 * i] = lo;
-      table[2 * i + 1] = slot + 1;
-    }
     if (this.capped) {
       this.childCount![slot] = 0;
       if (parentSlot !== NONE) this.childCount![parentSlot]++;
@@ -332,45 +351,9 @@ export class KvIndex {
     return slot;
   }
 
-  /** Puts a slot known to be absent into the table. */
-  private tableInsert(lo: number, slot: number): void {
-    const table = this.table;
-    const mask = (table.length >>> 1) - 1;
-    let i = homeOf(lo, this.tableShift);
-    while (table[2 * i + 1] !== 0) i = (i + 1) & mask;
-    table[2 * i] = lo;
-    table[2 * i + 1] = slot + 1;
-  }
-
-  /** Removes a slot's cell; backward shift keeps every probe chain intact without tombstones. */
-  private tableDelete(slot: number): void {
-    const table = this.table;
-    const mask = (table.length >>> 1) - 1;
-    const shift = this.tableShift;
-    const lo = this.rec[slot * this.stride + LO];
-    let hole = homeOf(lo, shift);
-    while (table[2 * hole + 1] !== slot + 1) hole = (hole + 1) & mask;
-    let i = (hole + 1) & mask;
-    for (;;) {
-      const v = table[2 * i + 1];
-      if (v === 0) break;
-      const h = homeOf(table[2 * i], shift);
-      // Move cell i into the hole unless its home lies cyclically in (hole, i].
-      const inRange = hole <= i ? h > hole && h <= i : h > hole || h <= i;
-      if (!inRange) {
-        table[2 * hole] = table[2 * i];
-        table[2 * hole + 1] = v;
-        hole = i;
-      }
-      i = (i + 1) & mask;
-    }
-    table[2 * hole + 1] = 0;
-  }
-
   /** The slot an engine id of this source maps to, or NONE (unknown, or pruned by the cap since). */
-  private lookupEngine(state: SourceState, id: bigint): number {
-    idBuf[0] = id;
-    const pos = state.engineIds.find(idHalves[0], idHalves[1]);
+  private lookupEngine(state: SourceState, lo: number, hi: number): number {
+    const pos = state.engineIds.find(lo, hi);
     if (pos < 0) return NONE;
     const slot = state.engineIds.valueAt(pos);
     if (this.gen && this.gen[slot] !== state.engineIds.auxAt(pos)) {
@@ -380,39 +363,38 @@ export class KvIndex {
     return slot;
   }
 
-  private removeEngineBlock(source: number, state: SourceState, id: bigint): boolean {
-    idBuf[0] = id;
-    const pos = state.engineIds.find(idHalves[0], idHalves[1]);
+  private removeEngineBlock(source: number, state: SourceState, lo: number, hi: number): boolean {
+    const pos = state.engineIds.find(lo, hi);
     if (pos < 0) return false;
     const slot = state.engineIds.valueAt(pos);
     const generation = state.engineIds.auxAt(pos);
     state.engineIds.deleteAt(pos);
     // A mapping to a block the cap pruned since is stale: the block is already gone.
     if (this.gen && this.gen[slot] !== generation) return false;
-    const aliases = state.aliases?.get(slot) ?? 0;
-    if (aliases > 0) {
-      if (aliases === 1) state.aliases!.delete(slot);
-      else state.aliases!.set(slot, aliases - 1);
-      return true;
-    }
     this.dropChain(source, state, slot, state.split);
     return true;
   }
 
-  /** Clears the source's bit on `slot` and up to `split - 1` ancestors (the router blocks of one engine block). */
+  /**
+   * Removes the source from `slot` and up to `split - 1` ancestors (the router blocks of one engine block), except
+   * from blocks another of its engine blocks still covers (a reference is dropped instead).
+   */
   private dropChain(source: number, state: SourceState, slot: number, split: number): void {
-    const memberAt = MEMBERS + (source >>> 5);
-    const bit = 1 << (source & 31);
-    const rec = this.rec;
-    const stride = this.stride;
     let s = slot;
     for (let m = 0; m < split && s !== NONE; m++) {
-      const next = rec[s * stride + PARENT] - 1;
-      const at = s * stride + memberAt;
-      if (rec[at] & bit) {
-        rec[at] &= ~bit;
-        state.cachedBlocks--;
-        if (this.isEmpty(s)) this.freeSlot(s);
+      const next = this.rec[s * REC + PARENT] - 1;
+      // Past the first block the slot comes from a parent link, which may be stale (its block freed since).
+      if (m > 0 && !this.isLive(s)) break;
+      const refs = state.refs?.get(s) ?? 0;
+      if (refs > 0) {
+        if (refs === 1) state.refs!.delete(s);
+        else state.refs!.set(s, refs - 1);
+      } else {
+        const at = s * REC + HOLDERS;
+        if (this.holders.remove(this.rec, at, source)) {
+          state.cachedBlocks--;
+          if (this.rec[at] === 0) this.freeSlot(s);
+        }
       }
       s = next;
     }
@@ -421,34 +403,35 @@ export class KvIndex {
   private clearSource(source: number): void {
     const state = this.sources[source];
     if (!state) return;
-    const slots: number[] = [];
-    state.engineIds.forEach((_lo, _hi, slot, aux) => {
-      if (!this.gen || this.gen[slot] === aux) slots.push(slot);
-    });
-    state.aliases = null;
-    for (const slot of slots) this.dropChain(source, state, slot, state.split);
-    state.engineIds.clear();
+    const map = state.engineIds;
+    const positions = new Int32Array(map.size);
+    const n = map.positions(positions, false);
+    const slots = new Int32Array(n);
+    let k = 0;
+    for (let j = 0; j < n; j++) {
+      const slot = map.valueAt(positions[j]);
+      if (!this.gen || this.gen[slot] === map.auxAt(positions[j])) slots[k++] = slot;
+    }
+    state.refs = null;
+    for (let j = 0; j < k; j++) this.dropChain(source, state, slots[j], state.split);
+    map.clear();
     state.cachedBlocks = 0;
     state.split = 0; // nothing held: a restarted engine may announce another block size
   }
 
-  private isEmpty(slot: number): boolean {
-    const base = slot * this.stride + MEMBERS;
-    for (let w = 0; w < this.words; w++) if (this.rec[base + w] !== 0) return false;
-    return true;
-  }
-
+  /** Frees a block: its hash leaves the table, its slot goes to the free list. */
   private freeSlot(slot: number): void {
-    this.tableDelete(slot);
+    const r = slot * REC;
+    this.holders.clear(this.rec, r + HOLDERS);
+    this.seq.delete(this.rec[r + LO], this.rec[r + HI]);
     this.liveBlocks--;
-    const at = slot * this.stride + PARENT;
+    const at = r + PARENT;
     if (this.capped) {
       this.unlink(slot);
       const p = this.rec[at] - 1;
       if (p !== NONE && this.childCount![p] > 0) this.childCount![p]--;
       this.gen![slot]++;
     }
-    // Free slots are chained through the parent field.
     this.rec[at] = this.freeHead + 1;
     this.freeHead = slot;
   }
@@ -465,14 +448,13 @@ export class KvIndex {
     const n = seqHashes.length;
     if (n === 0 || this.liveBlocks === 0) return scores;
     const view = this.viewOf(seqHashes);
-    if (this.words <= 2) this.walkNarrow(view, n, scores);
-    else this.walkWide(view, n, scores);
-    if (this.capped) this.touchMatched(view, scores);
+    const deepest = this.walk(view, n, scores);
+    if (this.capped && deepest > 0) this.touchPrefix(view, deepest);
     return scores;
   }
 
   /**
-   * A (lo, hi) u32 view of a hash array. The last one is reused: repeated lookups of one prompt and the hashing
+   * A (lo, hi) int32 view of a hash array. The last one is reused: repeated lookups of one prompt and the hashing
    * scratch then allocate nothing (fewer scavenges on the hot path).
    */
   private viewOf(hashes: BigUint64Array): Int32Array {
@@ -487,93 +469,173 @@ export class KvIndex {
   private lastView: Int32Array = new Int32Array(0);
 
   /**
-   * The walk for up to 64 sources (the router's hot path): the alive set in two locals, the table probe inlined.
-   * Per block: one table cell and one record, both usually one cache line.
+   * The walk. `alive` lists the sources holding every block so far; a source missing block i drops out with i, its
+   * answer, and the survivors get the depth reached at the end. A block held by the same sources as the block before
+   * (the same inline holder words: the common case along a prefix) changes nothing and costs one table probe and one
+   * record read; otherwise `alive` is intersected with the block's holders. So a block costs its holders, not the
+   * fleet, and nothing per source is written between blocks. Returns the depth reached.
    */
-  private walkNarrow(view: Int32Array, n: number, scores: Int32Array): void {
+  private walk(view: Int32Array, n: number, scores: Int32Array): number {
+    const seq = this.seq;
+    const cells = seq.cells;
     const rec = this.rec;
-    const table = this.table;
-    const stride = this.stride;
-    const wide = this.words === 2;
-    const shift = this.tableShift;
-    const cellMask = table.length - 2;
-    let alive0 = 0;
-    let alive1 = 0;
-    let i = 0;
+    const alive = this.alive;
+    const data = this.holders.data;
+    const first = seq.get(view[0], view[1]);
+    if (first < 0) return 0;
+    let count: number;
+    let i: number;
+    // Holder words of the last block that changed the alive set.
+    let last0 = 0;
+    let last1 = 0;
+    if (rec[first * REC + HOLDERS] === BITS) {
+      // A first block most of a large fleet holds: bitsets ANDed word by word while the set stays that large.
+      const r = this.walkDense(view, n, scores, first);
+      if (r < 0) return -r - 1;
+      i = r;
+      count = this.aliveCount;
+    } else {
+      count = this.holders.collect(rec, first * REC + HOLDERS, alive);
+      last0 = rec[first * REC + HOLDERS];
+      last1 = rec[first * REC + HOLDERS + 1];
+      i = 1;
+    }
+    // The table's probe, inlined with its parameters in locals: this loop is the router's hot path.
+    const cap = seq.capacity;
+    const shift = seq.homeShift;
+    const mult = seq.homeMult;
     for (; i < n; i++) {
       const lo = view[2 * i];
       const hi = view[2 * i + 1];
-      // c: offset of the cell (two int32 per cell).
-      let c = homeOf(lo, shift) << 1;
+      let c = homeOfHashed(lo, shift, mult);
       let at = -1;
       for (;;) {
-        const v = table[c + 1];
+        const q = c * CELL;
+        const v = cells[q + 2];
         if (v === 0) break;
-        if (table[c] === lo) {
-          const r = (v - 1) * stride;
-          if (rec[r + HI] === hi) {
-            at = r + MEMBERS;
-            break;
-          }
+        if (cells[q] === lo && cells[q + 1] === hi) {
+          at = (v - 1) * REC + HOLDERS;
+          break;
         }
-        c = (c + 2) & cellMask;
+        if (++c === cap) c = 0;
       }
       if (at < 0) break;
       const m0 = rec[at];
-      const m1 = wide ? rec[at + 1] : 0;
-      if (i === 0) {
-        alive0 = m0;
-        alive1 = m1;
+      const m1 = rec[at + 1];
+      if (m0 === last0 && m1 === last1) continue;
+      last0 = m0;
+      last1 = m1;
+      let next = 0;
+      if (m0 >= 0) {
+        // Up to four inline holders (an empty half reads as -1).
+        const h0 = (m0 & 0xffff) - 1;
+        const h1 = (m0 >>> 16) - 1;
+        const h2 = (m1 & 0xffff) - 1;
+        const h3 = (m1 >>> 16) - 1;
+        for (let j = 0; j < count; j++) {
+          const s = alive[j];
+          if (s === h0 || s === h1 || s === h2 || s === h3) alive[next++] = s;
+          else scores[s] = i;
+        }
+      } else if (m0 === LIST) {
+        const k = data[m1];
+        const mark = this.mark;
+        const stamp = this.nextStamp();
+        for (let j = 0; j < k; j++) mark[data[m1 + 2 + j]] = stamp;
+        for (let j = 0; j < count; j++) {
+          const s = alive[j];
+          if (mark[s] === stamp) alive[next++] = s;
+          else scores[s] = i;
+        }
+      } else {
+        const width = data[m1 + 1];
+        for (let j = 0; j < count; j++) {
+          const s = alive[j];
+          const w = s >>> 5;
+          if (w < width && (data[m1 + 2 + w] & (1 << (s & 31))) !== 0) alive[next++] = s;
+          else scores[s] = i;
+        }
+      }
+      if (next === 0) return i;
+      count = next;
+    }
+    for (let j = 0; j < count; j++) scores[alive[j]] = i;
+    return i;
+  }
+
+  /** A fresh stamp for `mark` (a set membership test without clearing the array each time). */
+  private nextStamp(): number {
+    if (this.stamp === 0x7fffffff) {
+      this.mark.fill(0);
+      this.stamp = 0;
+    }
+    return ++this.stamp;
+  }
+
+  /**
+   * The walk while blocks are held by more sources than a list holds: the alive set is a bitset, ANDed with each
+   * block's, and sources dropping out at block i get i. At the first smaller block the survivors become the alive
+   * list (aliveCount of them); returns the next block then, or -(depth + 1) when done.
+   */
+  private walkDense(view: Int32Array, n: number, scores: Int32Array, first: number): number {
+    const seq = this.seq;
+    const rec = this.rec;
+    const data = this.holders.data;
+    const W = this.holders.width;
+    if (this.aliveBits.length < W) this.aliveBits = new Int32Array(W);
+    const alive = this.aliveBits;
+    alive.fill(0, 0, W);
+    let off = rec[first * REC + HOLDERS + 1];
+    let width = data[off + 1];
+    for (let w = 0; w < width; w++) alive[w] = data[off + 2 + w];
+    // Words [lo, hi) may be non-zero.
+    let lo = 0;
+    let hi = width;
+    let i = 1;
+    for (; i < n; i++) {
+      const slot = seq.get(view[2 * i], view[2 * i + 1]);
+      if (slot < 0) break;
+      const at = slot * REC + HOLDERS;
+      const m0 = rec[at];
+      if (m0 === BITS) {
+        off = rec[at + 1];
+        width = data[off + 1];
+        let newLo = -1;
+        let newHi = 0;
+        for (let w = lo; w < hi; w++) {
+          const cur = alive[w];
+          if (cur === 0) continue;
+          const kept = w < width ? cur & data[off + 2 + w] : 0;
+          for (let d = cur & ~kept; d !== 0; d &= d - 1) scores[(w << 5) + ctz(d)] = i;
+          alive[w] = kept;
+          if (kept !== 0) {
+            if (newLo < 0) newLo = w;
+            newHi = w + 1;
+          }
+        }
+        if (newLo < 0) return -i - 1;
+        lo = newLo;
+        hi = newHi;
         continue;
       }
-      const next0 = alive0 & m0;
-      const next1 = alive1 & m1;
-      if (((next0 ^ alive0) | (next1 ^ alive1)) !== 0) {
-        // Sources dropping out here hold exactly i leading blocks.
-        for (let d = alive0 & ~next0; d !== 0; d &= d - 1) scores[ctz(d)] = i;
-        for (let d = alive1 & ~next1; d !== 0; d &= d - 1) scores[32 + ctz(d)] = i;
-        alive0 = next0;
-        alive1 = next1;
-        if ((alive0 | alive1) === 0) return;
+      // Fewer holders: survivors (holders still alive) continue as the alive list; everyone else stops at i.
+      const list = this.alive;
+      const k = this.holders.collect(rec, at, this.ids);
+      let next = 0;
+      for (let j = 0; j < k; j++) {
+        const s = this.ids[j];
+        if ((alive[s >>> 5] & (1 << (s & 31))) !== 0) list[next++] = s;
       }
+      for (let w = lo; w < hi; w++) for (let d = alive[w]; d !== 0; d &= d - 1) scores[(w << 5) + ctz(d)] = i;
+      if (next === 0) return -i - 1;
+      this.aliveCount = next;
+      return i + 1;
     }
-    for (let d = alive0; d !== 0; d &= d - 1) scores[ctz(d)] = i;
-    for (let d = alive1; d !== 0; d &= d - 1) scores[32 + ctz(d)] = i;
+    for (let w = lo; w < hi; w++) for (let d = alive[w]; d !== 0; d &= d - 1) scores[(w << 5) + ctz(d)] = i;
+    return -i - 1;
   }
 
-  /** The same walk for any number of membership words. */
-  private walkWide(view: Int32Array, n: number, scores: Int32Array): void {
-    const W = this.words;
-    if (this.alive.length < W) this.alive = new Int32Array(W);
-    const alive = this.alive;
-    let i = 0;
-    let any = 0;
-    for (; i < n; i++) {
-      const slot = this.findSlot(view[2 * i], view[2 * i + 1]);
-      if (slot === NONE) break;
-      const base = slot * this.stride + MEMBERS;
-      any = 0;
-      for (let w = 0; w < W; w++) {
-        const m = this.rec[base + w];
-        if (i === 0) {
-          alive[w] = m;
-        } else {
-          const next = alive[w] & m;
-          for (let d = alive[w] & ~next; d !== 0; d &= d - 1) scores[w * 32 + ctz(d)] = i;
-          alive[w] = next;
-        }
-        any |= alive[w];
-      }
-      if (any === 0) return;
-    }
-    for (let w = 0; w < W && i > 0; w++) {
-      for (let d = alive[w]; d !== 0; d &= d - 1) scores[w * 32 + ctz(d)] = i;
-    }
-  }
-
-  private touchMatched(view: Int32Array, scores: Int32Array): void {
-    let deepest = 0;
-    for (let s = 0; s < scores.length; s++) if (scores[s] > deepest) deepest = scores[s];
+  private touchPrefix(view: Int32Array, deepest: number): void {
     for (let i = deepest - 1; i >= 0; i--) {
       const slot = this.findSlot(view[2 * i], view[2 * i + 1]);
       if (slot !== NONE) this.touch(slot);
@@ -622,66 +684,118 @@ export class KvIndex {
 
   /** Removes a block from every source. Engine-id mappings to it go stale and are detected by generation. */
   private prune(slot: number): void {
-    const base = slot * this.stride + MEMBERS;
-    for (let w = 0; w < this.words; w++) {
-      let bits = this.rec[base + w];
-      while (bits !== 0) {
-        const s = w * 32 + ctz(bits);
-        const state = this.sources[s];
-        if (state) state.cachedBlocks--;
-        bits &= bits - 1;
-      }
-      this.rec[base + w] = 0;
+    const k = this.holders.collect(this.rec, slot * REC + HOLDERS, this.ids);
+    for (let j = 0; j < k; j++) {
+      const state = this.sources[this.ids[j]];
+      if (!state) continue;
+      state.cachedBlocks--;
+      state.refs?.delete(slot); // the slot will be reused: a reference left here would protect another block
     }
     this.prunedBlocks++;
     this.freeSlot(slot);
   }
 
-  private prunedBlocks = 0;
-
   // ---------------------------------------------------------------- growth
 
   private growBlocks(): void {
-    const cap = this.slotCap * 2;
-    const grow32 = (a: Uint32Array) => {
-      const b = new Uint32Array(cap);
-      b.set(a);
-      return b;
-    };
-    const growI32 = (a: Int32Array) => {
-      const b = new Int32Array(cap);
-      b.set(a);
-      return b;
-    };
-    const rec = new Int32Array(cap * this.stride);
+    const cap = Math.ceil(this.slotCap * SLOT_GROWTH);
+    const rec = new Int32Array(cap * REC);
     rec.set(this.rec);
     this.rec = rec;
     this.slotCap = cap;
     if (this.capped) {
-      this.lruPrev = growI32(this.lruPrev!);
-      this.lruNext = growI32(this.lruNext!);
-      this.childCount = grow32(this.childCount!);
-      this.gen = grow32(this.gen!);
+      const grow = <T extends Int32Array | Uint32Array>(a: T, b: T): T => {
+        b.set(a);
+        return b;
+      };
+      this.lruPrev = grow(this.lruPrev!, new Int32Array(cap));
+      this.lruNext = grow(this.lruNext!, new Int32Array(cap));
+      this.childCount = grow(this.childCount!, new Uint32Array(cap));
+      this.gen = grow(this.gen!, new Int32Array(cap));
     }
   }
 
-  private growTable(): void {
-    const old = this.table;
-    this.table = new Int32Array(old.length * 2);
-    this.tableShift--;
-    for (let c = 0; c < old.length; c += 2) if (old[c + 1] !== 0) this.tableInsert(old[c], old[c + 1] - 1);
+  // ---------------------------------------------------------------- snapshots
+
+  /**
+   * A consistent copy of what a snapshot needs (slot records and each source's engine-id table): typed-array copies
+   * only, so the synchronous cost is a memory copy; the per-source arrays are built from the copy later, in pieces,
+   * while this index goes on changing.
+   */
+  capture(): IndexCapture {
+    const maps = new Map<number, { split: number; engineIds: U64Map }>();
+    this.sources.forEach((state, source) => {
+      if (state && state.engineIds.size > 0) maps.set(source, { split: state.split, engineIds: state.engineIds.clone() });
+    });
+    return new IndexCapture(this.blockSize, this.rec.slice(0, this.nextSlot * REC), REC, this.gen?.slice(0, this.nextSlot) ?? null, maps);
   }
 
-  /** More sources than the bitsets hold: re-lay the records with more membership words. */
-  private widen(words: number): void {
-    const stride = MEMBERS + words;
-    const rec = new Int32Array(this.slotCap * stride);
-    for (let slot = 0; slot < this.nextSlot; slot++) {
-      for (let f = 0; f < this.stride; f++) rec[slot * stride + f] = this.rec[slot * this.stride + f];
+  /**
+   * Replaces everything `source` holds with a snapshot's blocks (IndexCapture.exportSource's arrays, or the same
+   * decoded from the wire). Engine ids and hashes are read as u32 halves: no bigint per block. Entries that cannot be
+   * restored (an engine id listed twice, a parent position out of range) are counted, never thrown on.
+   */
+  restoreSource(source: number, blocks: SourceBlocks): IndexApplyResult {
+    const state = this.sources[source];
+    const n = blocks.engineIds.length;
+    if (!state) return this.reject('unknown_source', n);
+    const bs = this.blockSize;
+    if (!Number.isInteger(blocks.blockSize) || blocks.blockSize <= 0 || blocks.blockSize % bs !== 0) {
+      return this.reject('block_size_mismatch', n);
     }
-    this.rec = rec;
-    this.words = words;
-    this.stride = stride;
+    const split = blocks.blockSize / bs;
+    if (blocks.seqHashes.length !== n * split) return this.reject('token_count_mismatch', n);
+    if (blocks.parents && blocks.parents.length !== n) return this.reject('invalid_snapshot', n);
+    this.clearSource(source);
+    if (n === 0) return { applied: 0, rejected: 0 };
+    // Sized for all of them at once: any insertion order is then as cheap as any other.
+    state.engineIds = new U64Map(n, this.capped);
+    state.split = split;
+    const ids = new Int32Array(blocks.engineIds.buffer, blocks.engineIds.byteOffset, 2 * n);
+    const view = new Int32Array(blocks.seqHashes.buffer, blocks.seqHashes.byteOffset, 2 * n * split);
+    const firstSlot = new Int32Array(n).fill(NONE);
+    const lastSlot = new Int32Array(n).fill(NONE);
+    let applied = 0;
+    let duplicates = 0;
+    for (let j = 0; j < n; j++) {
+      const lo = ids[2 * j];
+      const hi = ids[2 * j + 1];
+      if (state.engineIds.find(lo, hi) >= 0) {
+        duplicates++;
+        continue;
+      }
+      const slot = this.holdChain(source, state, view, j * split, split, NONE);
+      // holdChain linked the engine block's own router blocks; its first block's parent is linked below.
+      firstSlot[j] = this.chainFirst;
+      lastSlot[j] = slot;
+      this.setEngineId(state, lo, hi, slot);
+      applied++;
+    }
+    let invalid = 0;
+    const parents = blocks.parents;
+    if (parents) {
+      // A block created here without its parent gets it now (a parent is a fact of content: any holder's is right).
+      for (let j = 0; j < n; j++) {
+        const p = parents[j];
+        if (p < 0 || firstSlot[j] === NONE) continue;
+        if (p >= n || p === j || !Number.isInteger(p)) {
+          invalid++;
+          continue;
+        }
+        const ps = lastSlot[p];
+        const at = firstSlot[j] * REC + PARENT;
+        if (ps === NONE || ps === firstSlot[j] || this.rec[at] !== 0) continue;
+        this.rec[at] = ps + 1;
+        if (this.capped) this.childCount![ps]++;
+      }
+    }
+    if (this.capped) this.enforceCap();
+    this.appliedByKind.stored += applied;
+    if (duplicates > 0) this.count('duplicate_block', duplicates);
+    if (invalid > 0) this.count('invalid_snapshot', invalid);
+    const rejected = duplicates;
+    if (rejected > 0) return { applied, rejected, reason: 'duplicate_block' };
+    return invalid > 0 ? { applied, rejected: 0, reason: 'invalid_snapshot' } : { applied, rejected: 0 };
   }
 
   // ---------------------------------------------------------------- introspection
@@ -700,13 +814,15 @@ export class KvIndex {
     pairs: number;
     sources: number;
     bytes: number;
+    /** Blocks whose holders outgrew their cell (more than four sources). */
+    overflowBlocks: number;
     pruned: number;
     applied: { stored: number; removed: number; cleared: number };
     rejected: Record<string, number>;
   } {
     let pairs = 0;
     let sources = 0;
-    let bytes = this.table.byteLength + this.rec.byteLength;
+    let bytes = this.seq.byteLength + this.rec.byteLength + this.holders.byteLength;
     if (this.capped) bytes += this.lruPrev!.byteLength * 4;
     for (const s of this.sources) {
       if (!s) continue;
@@ -716,57 +832,52 @@ export class KvIndex {
     }
     const rejected: Record<string, number> = {};
     for (const [k, v] of this.rejects) rejected[k] = v;
-    return { blocks: this.liveBlocks, pairs, sources, bytes, pruned: this.prunedBlocks, applied: { ...this.appliedByKind }, rejected };
+    return {
+      blocks: this.liveBlocks,
+      pairs,
+      sources,
+      bytes,
+      overflowBlocks: this.holders.overflowBlocks,
+      pruned: this.prunedBlocks,
+      applied: { ...this.appliedByKind },
+      rejected,
+    };
   }
 
   /**
    * Events that rebuild an identical index from empty (same blocks per source, same engine-id mappings), carrying
-   * the router's hashes so no tokens are needed. Used for snapshots.
+   * the router's hashes so no tokens are needed. The older snapshot form (one bigint per engine id); `capture()`
+   * and `restoreSource()` are the typed-array path.
    */
   dump(): Array<{ source: number; event: StoredEvent }> {
+    const capture = this.capture();
     const out: Array<{ source: number; event: StoredEvent }> = [];
-    this.sources.forEach((state, source) => {
-      if (!state) return;
-      const ids: bigint[] = [];
-      const hashes: bigint[] = [];
-      const split = state.split;
-      state.engineIds.forEach((lo, hi, slot, aux) => {
-        if (this.gen && this.gen[slot] !== aux) return;
-        const chain: bigint[] = [];
-        let s = slot;
-        for (let m = 0; m < split && s !== NONE; m++) {
-          chain.push(joinU64(this.rec[s * this.stride + LO], this.rec[s * this.stride + HI]));
-          s = this.rec[s * this.stride + PARENT] - 1;
-        }
-        if (chain.length !== split) return;
-        ids.push(joinU64(lo, hi));
-        for (let m = chain.length - 1; m >= 0; m--) hashes.push(chain[m]);
-      });
-      if (ids.length === 0) return;
+    for (const source of capture.sources()) {
+      const blocks = capture.exportSource(source);
+      if (!blocks || blocks.engineIds.length === 0) continue;
       out.push({
         source,
         event: {
           kind: 'stored',
           parent: null,
-          engineIds: ids,
+          engineIds: Array.from(blocks.engineIds),
           tokens: null,
-          blockSize: split * this.blockSize,
-          seqHashes: BigUint64Array.from(hashes),
+          blockSize: blocks.blockSize,
+          seqHashes: blocks.seqHashes,
         },
       });
-    });
+    }
     return out;
   }
 
   /** Router hashes a source holds (for tests and debugging; not a hot path). */
   blocksOf(source: number): Set<bigint> {
     const out = new Set<bigint>();
-    const memberAt = MEMBERS + (source >>> 5);
-    const bit = 1 << (source & 31);
     if (!this.sources[source]) return out;
-    for (let slot = 0; slot < this.nextSlot; slot++) {
-      const at = slot * this.stride;
-      if (this.rec[at + memberAt] & bit) out.add(joinU64(this.rec[at + LO], this.rec[at + HI]));
+    const cells = this.seq.cells;
+    for (let at = 0; at < cells.length; at += CELL) {
+      const slot = cells[at + 2] - 1;
+      if (slot >= 0 && this.holders.has(this.rec, slot * REC + HOLDERS, source)) out.add(joinU64(cells[at], cells[at + 1]));
     }
     return out;
   }

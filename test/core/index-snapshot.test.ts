@@ -1,0 +1,299 @@
+/**
+ * Snapshots through the public API: KvRouter.snapshot() -> per-source typed arrays -> KvRouter.restore() into an
+ * empty router gives the same answers, the same engine-id mappings (later events apply the same way), a copy taken at
+ * snapshot() time, and counted rejections (never a throw) for bad snapshot data.
+ */
+import { describe, expect, it } from 'vitest';
+import fc from 'fast-check';
+import { KvRouter } from '../../src/core/router.ts';
+import { createRng, type Rng } from '../../src/core/rng.ts';
+import type { SourceSnapshot } from '../../src/core/index/snapshot.ts';
+import type { KvEvent } from '../../src/core/types.ts';
+
+const BS = 4;
+
+/** A random prefix tree of router hashes; engine block k of a sequence is `split` router blocks. */
+function sequences(rand: Rng, count: number, blocks: number): bigint[][] {
+  const seqs: bigint[][] = [];
+  for (let k = 0; k < count; k++) {
+    const share = k === 0 ? 0 : Math.floor(rand() * blocks);
+    const from = seqs[Math.floor(rand() * k)];
+    const seq: bigint[] = [];
+    for (let b = 0; b < blocks; b++)
+      seq.push(b < share ? from[b] : BigInt.asUintN(64, BigInt(Math.floor(rand() * 2 ** 32)) * 6364136223846793005n + BigInt(k * 977 + b)));
+    seqs.push(seq);
+  }
+  return seqs;
+}
+
+/** Drives a router's sources with random stores, removals and clears; engine ids are per source and per prefix. */
+class Engines {
+  readonly held = new Map<string, Set<bigint>>();
+  constructor(
+    private readonly rand: Rng,
+    readonly keys: string[],
+    private readonly seqs: bigint[][],
+    private readonly split: number,
+  ) {
+    for (const k of keys) this.held.set(k, new Set());
+  }
+
+  /** Engine id of engine block e of sequence k on source `key`: equal prefixes get equal ids (so aliases are rare). */
+  eid(key: string, k: number, e: number): bigint {
+    const last = this.seqs[k][e * this.split + this.split - 1];
+    return last ^ (BigInt(this.keys.indexOf(key) + 1) * 0x1000193n);
+  }
+
+  step(apply: (key: string, ev: KvEvent) => void): void {
+    const key = this.keys[Math.floor(this.rand() * this.keys.length)];
+    const held = this.held.get(key)!;
+    const roll = this.rand();
+    const engineBlocks = this.seqs[0].length / this.split;
+    if (roll < 0.6) {
+      const k = Math.floor(this.rand() * this.seqs.length);
+      const upTo = 1 + Math.floor(this.rand() * engineBlocks);
+      let start = 0;
+      while (start < upTo && held.has(this.eid(key, k, start))) start++;
+      if (start === upTo) return;
+      const ids = Array.from({ length: upTo - start }, (_, j) => this.eid(key, k, start + j));
+      apply(key, {
+        kind: 'stored',
+        parent: start === 0 ? null : this.eid(key, k, start - 1),
+        engineIds: ids,
+        tokens: null,
+        blockSize: BS * this.split,
+        seqHashes: BigUint64Array.from(this.seqs[k].slice(start * this.split, upTo * this.split)),
+      });
+      for (const id of ids) held.add(id);
+    } else if (roll < 0.95) {
+      if (held.size === 0) return;
+      const ids = [...held];
+      const id = ids[Math.floor(this.rand() * ids.length)];
+      apply(key, { kind: 'removed', engineIds: [id] });
+      held.delete(id);
+    } else {
+      apply(key, { kind: 'cleared' });
+      held.clear();
+    }
+  }
+}
+
+function makeRouter(keys: string[], maxIndexedBlocks?: number): KvRouter {
+  const r = new KvRouter({ blockSize: BS, maxIndexedBlocks });
+  for (const k of keys) r.addSource({ workerId: k, dpRank: 0 });
+  return r;
+}
+
+/** Overlap per source key (a fresh router numbers its sources in the order sourceKeys() lists them). */
+function overlapByKey(router: KvRouter, seq: bigint[]): Map<string, number> {
+  const m = router.index.findMatches(BigUint64Array.from(seq));
+  return new Map(router.sourceKeys().map((k, i) => [k, m[i] ?? 0]));
+}
+
+function cachedByKey(router: KvRouter): Map<string, number> {
+  return new Map(router.state().sources.map((s) => [s.source, s.cachedBlocks]));
+}
+
+describe('KvRouter.snapshot / restore', () => {
+  it('restore into an empty router gives identical findMatches, counts and engine-id mappings (property)', () => {
+    fc.assert(
+      fc.property(fc.integer({ min: 1, max: 2 ** 30 }), fc.constantFrom(3, 40, 130), fc.constantFrom(1, 2), (seed, fleet, split) => {
+        const rand = createRng(seed);
+        const seqs = sequences(rand, 24, 8 * split);
+        const keys = Array.from({ length: fleet }, (_, i) => (i % 5 === 4 ? `w${i}#1` : `w${i}`));
+        const engines = new Engines(rand, keys, seqs, split);
+        const a = makeRouter(keys);
+        for (let i = 0; i < 600; i++) engines.step((k, ev) => a.applyEvents(k, [ev]));
+        const snap = a.snapshot();
+        const data = snap.data();
+        const b = new KvRouter({ blockSize: BS });
+        const result = b.restore(data);
+        expect(result.rejected).toEqual([]);
+        expect(result.blocks).toBe(data.sources.reduce((n, x) => n + x.engineIds.length, 0));
+        // Sources holding nothing are not in the snapshot; every other one is, with the same blocks.
+        const holding = [...cachedByKey(a)].filter(([, n]) => n > 0);
+        expect(new Map(holding)).toEqual(cachedByKey(b));
+        for (const seq of seqs) {
+          const want = overlapByKey(a, seq);
+          const got = overlapByKey(b, seq);
+          for (const [k, n] of want) expect(got.get(k) ?? 0, `${k}`).toBe(n);
+        }
+        // The dual key survives: later events apply identically to both routers.
+        for (let i = 0; i < 300; i++) {
+          engines.step((k, ev) => {
+            const ra = a.applyEvents(k, [ev]);
+            if (!b.hasSource(k)) b.addSource({ workerId: k.split('#')[0], dpRank: Number(k.split('#')[1] ?? 0) });
+            expect(b.applyEvents(k, [ev])).toEqual(ra);
+          });
+        }
+        for (const seq of seqs) {
+          const want = overlapByKey(a, seq);
+          const got = overlapByKey(b, seq);
+          for (const [k, n] of want) expect(got.get(k) ?? 0).toBe(n);
+        }
+      }),
+      { numRuns: 25 },
+    );
+  });
+
+  it('is a copy taken at snapshot(): later events do not leak into it', () => {
+    const rand = createRng(3);
+    const seqs = sequences(rand, 6, 6);
+    const keys = ['a', 'b'];
+    const engines = new Engines(rand, keys, seqs, 1);
+    const router = makeRouter(keys);
+    for (let i = 0; i < 100; i++) engines.step((k, ev) => router.applyEvents(k, [ev]));
+    const before = seqs.map((s) => overlapByKey(router, s));
+    const snap = router.snapshot();
+    router.applyEvents('a', [{ kind: 'cleared' }]);
+    router.applyEvents('b', [
+      { kind: 'stored', parent: null, engineIds: [777n], tokens: null, blockSize: BS, seqHashes: new BigUint64Array([123n]) },
+    ]);
+    const restored = new KvRouter({ blockSize: BS });
+    restored.addSource({ workerId: 'a', dpRank: 0 });
+    restored.addSource({ workerId: 'b', dpRank: 0 });
+    expect(restored.restore(snap.data()).rejected).toEqual([]);
+    seqs.forEach((s, i) => {
+      expect(overlapByKey(restored, s)).toEqual(before[i]);
+    });
+    expect(restored.index.findMatches(new BigUint64Array([123n]))[1]).toBe(0);
+  });
+
+  it('restoring over a router replaces the listed sources and leaves the others alone', () => {
+    const src = makeRouter(['a']);
+    src.applyEvents('a', [
+      { kind: 'stored', parent: null, engineIds: [1n, 2n], tokens: null, blockSize: BS, seqHashes: new BigUint64Array([10n, 11n]) },
+    ]);
+    const dst = makeRouter(['a', 'c']);
+    dst.applyEvents('a', [
+      { kind: 'stored', parent: null, engineIds: [5n], tokens: null, blockSize: BS, seqHashes: new BigUint64Array([50n]) },
+    ]);
+    dst.applyEvents('c', [
+      { kind: 'stored', parent: null, engineIds: [6n], tokens: null, blockSize: BS, seqHashes: new BigUint64Array([10n]) },
+    ]);
+    expect(dst.restore(src.snapshot().data())).toEqual({ sources: 1, blocks: 2, rejected: [] });
+    expect(overlapByKey(dst, [10n, 11n])).toEqual(
+      new Map([
+        ['a', 2],
+        ['c', 1],
+      ]),
+    );
+    expect(overlapByKey(dst, [50n]).get('a')).toBe(0);
+    expect(dst.index.seqHashOfEngineId(0, 2n)).toBe(11n);
+  });
+
+  it('keeps parent links, so the LRU cap still prunes leaves before their prefixes', () => {
+    // A chain of four blocks on one source, restored into a router capped at four blocks; one more block evicts one.
+    const src = makeRouter(['a']);
+    src.applyEvents('a', [
+      {
+        kind: 'stored',
+        parent: null,
+        engineIds: [1n, 2n, 3n, 4n],
+        tokens: null,
+        blockSize: BS,
+        seqHashes: new BigUint64Array([10n, 11n, 12n, 13n]),
+      },
+    ]);
+    const data = src.snapshot().data();
+    const withLinks = makeRouter(['a'], 4);
+    withLinks.restore(data);
+    withLinks.applyEvents('a', [
+      { kind: 'stored', parent: null, engineIds: [9n], tokens: null, blockSize: BS, seqHashes: new BigUint64Array([90n]) },
+    ]);
+    expect(overlapByKey(withLinks, [10n, 11n, 12n, 13n]).get('a')).toBe(3);
+    // The same snapshot without its parent positions: every restored block looks like a leaf, and the oldest goes.
+    const noLinks = makeRouter(['a'], 4);
+    noLinks.restore({ blockSize: BS, sources: data.sources.map(({ parents: _p, ...s }) => s) });
+    noLinks.applyEvents('a', [
+      { kind: 'stored', parent: null, engineIds: [9n], tokens: null, blockSize: BS, seqHashes: new BigUint64Array([90n]) },
+    ]);
+    expect(overlapByKey(noLinks, [10n, 11n, 12n, 13n]).get('a')).toBeLessThan(3);
+  });
+
+  it('counts bad snapshot data instead of throwing', () => {
+    const r = new KvRouter({ blockSize: BS });
+    const ok = (key: string, extra: Partial<SourceSnapshot> = {}): SourceSnapshot => ({
+      key,
+      blockSize: BS,
+      engineIds: new BigUint64Array([1n, 2n]),
+      seqHashes: new BigUint64Array([10n, 11n]),
+      parents: new Int32Array([-1, 0]),
+      ...extra,
+    });
+    expect(r.restore({ blockSize: 8, sources: [ok('a')] }).rejected).toEqual([
+      { key: 'a', blocks: 2, reason: 'snapshot block size 8, router 4' },
+    ]);
+    const result = r.restore({
+      blockSize: BS,
+      sources: [
+        ok('short', { seqHashes: new BigUint64Array([10n]) }),
+        ok('odd-size', { blockSize: 6 }),
+        ok('parents-length', { parents: new Int32Array([-1]) }),
+        ok('parents-range', { parents: new Int32Array([5, 1]) }),
+        ok('dup', { engineIds: new BigUint64Array([1n, 1n]) }),
+        ok(''),
+        ok('good'),
+      ],
+    });
+    expect(result.rejected).toEqual([
+      { key: 'short', blocks: 2, reason: 'token_count_mismatch' },
+      { key: 'odd-size', blocks: 2, reason: 'block_size_mismatch' },
+      { key: 'parents-length', blocks: 2, reason: 'invalid_snapshot' },
+      { key: 'parents-range', blocks: 0, reason: 'invalid_snapshot' },
+      { key: 'dup', blocks: 1, reason: 'duplicate_block' },
+      { key: '', blocks: 2, reason: 'unknown_source' },
+    ]);
+    // Entries with a bad parent position are still restored (unlinked); the good source is whole.
+    expect(overlapByKey(r, [10n, 11n]).get('parents-range')).toBe(2);
+    expect(overlapByKey(r, [10n, 11n]).get('good')).toBe(2);
+    expect(r.index.stats().rejected).toMatchObject({
+      invalid_snapshot: 4,
+      duplicate_block: 1,
+      token_count_mismatch: 2,
+      block_size_mismatch: 2,
+    });
+  });
+
+  it('exports router hashes split per engine block, with parent positions', () => {
+    const src = makeRouter(['a']);
+    src.applyEvents('a', [
+      {
+        kind: 'stored',
+        parent: null,
+        engineIds: [1n, 2n],
+        tokens: null,
+        blockSize: 2 * BS,
+        seqHashes: new BigUint64Array([10n, 11n, 12n, 13n]),
+      },
+    ]);
+    const s = src.snapshot().source('a')!;
+    expect(s.blockSize).toBe(2 * BS);
+    const pairs = Array.from(s.engineIds, (id, j) => [id, s.seqHashes[2 * j], s.seqHashes[2 * j + 1], s.parents![j]]);
+    const byId = new Map(pairs.map((p) => [p[0], p.slice(1)]));
+    const first = Array.from(s.engineIds).indexOf(1n);
+    expect(byId.get(1n)).toEqual([10n, 11n, -1]);
+    expect(byId.get(2n)).toEqual([12n, 13n, first]);
+    expect(src.snapshot().source('missing')).toBeNull();
+  });
+
+  it('exports in steps of bounded work with the same result as one piece', () => {
+    const rand = createRng(8);
+    const seqs = sequences(rand, 30, 16);
+    const engines = new Engines(rand, ['a'], seqs, 2);
+    const router = makeRouter(['a']);
+    for (let i = 0; i < 400; i++) engines.step((k, ev) => router.applyEvents(k, [ev]));
+    const snap = router.snapshot();
+    const whole = snap.source('a')!;
+    const steps = snap.sourceSteps('a', 16);
+    let pauses = 0;
+    let r = steps.next();
+    while (!r.done) {
+      pauses++;
+      r = steps.next();
+    }
+    expect(pauses).toBeGreaterThan(whole.engineIds.length / 16);
+    expect(r.value).toEqual(whole);
+    expect(snap.sourceSteps('missing').next()).toEqual({ done: true, value: null });
+  });
+});
