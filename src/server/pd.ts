@@ -344,8 +344,7 @@ export async function prefillLeg(ctx: { readonly pd: PdMetrics }, a: PrefillLegR
   const pairId = leg.attempt === 0 && attempt.attempt === 0 ? attempt.requestId : `${attempt.requestId}.${attempt.attempt}.${leg.attempt}`;
   const headers = legHeaders(prefillWorker, leg.decision.source.dpRank, pairId);
   const t0 = performance.now();
-  const send = (body: string) => () =>
-    prefillWorker.pool.request({ method: 'POST', path: a.path, headers, body, signal: a.signal });
+  const send = (body: string) => () => prefillWorker.pool.request({ method: 'POST', path: a.path, headers, body, signal: a.signal });
   if (attempt.engine === 'sglang') {
     const host = new URL(prefillWorker.url).hostname;
     const room = bootstrapRoom(prefillWorker.sourceKeys.length, leg.decision.source.dpRank);
