@@ -80,14 +80,18 @@ export interface Metadata {
 export interface Struct {
   fields?: Record<string, Value>;
 }
+/**
+ * google.protobuf.Value as protobufjs bundles the well-known types (their field names camelCase, whatever keepCase
+ * says; the wire format is the published one).
+ */
 export interface Value {
-  kind?: 'null_value' | 'number_value' | 'string_value' | 'bool_value' | 'struct_value' | 'list_value';
-  null_value?: number;
-  number_value?: number;
-  string_value?: string;
-  bool_value?: boolean;
-  struct_value?: Struct;
-  list_value?: { values?: Value[] };
+  kind?: 'nullValue' | 'numberValue' | 'stringValue' | 'boolValue' | 'structValue' | 'listValue';
+  nullValue?: number;
+  numberValue?: number;
+  stringValue?: string;
+  boolValue?: boolean;
+  structValue?: Struct;
+  listValue?: { values?: Value[] };
 }
 
 export interface ProcessingRequest {
@@ -162,26 +166,26 @@ export function setHeaders(headers: Readonly<Record<string, string>>): HeaderMut
 }
 
 export function stringValue(s: string): Value {
-  return { string_value: s };
+  return { stringValue: s };
 }
 
 /** A Struct of string fields under one namespace: `{ [ns]: { [k]: v } }`. */
 export function namespacedStrings(ns: string, fields: Readonly<Record<string, string>>): Struct {
   const inner: Record<string, Value> = {};
   for (const [k, v] of Object.entries(fields)) inner[k] = stringValue(v);
-  return { fields: { [ns]: { struct_value: { fields: inner } } } };
+  return { fields: { [ns]: { structValue: { fields: inner } } } };
 }
 
 /** The strings of a Value: a string (comma separated), or a list of strings; anything else is none. */
 export function valueStrings(v: Value | undefined): string[] | undefined {
   if (!v) return undefined;
-  if (typeof v.string_value === 'string') {
-    return v.string_value
+  if (typeof v.stringValue === 'string') {
+    return v.stringValue
       .split(',')
       .map((s) => s.trim())
       .filter(Boolean);
   }
-  if (v.list_value) return (v.list_value.values ?? []).flatMap((x) => (typeof x.string_value === 'string' ? [x.string_value.trim()] : []));
+  if (v.listValue) return (v.listValue.values ?? []).flatMap((x) => (typeof x.stringValue === 'string' ? [x.stringValue.trim()] : []));
   return undefined;
 }
 

@@ -42,9 +42,9 @@ function headerMap(h: Record<string, string>) {
 
 function struct(ns: string, key: string, value: unknown): Struct {
   const v = Array.isArray(value)
-    ? { list_value: { values: value.map((s) => ({ string_value: String(s) })) } }
-    : { string_value: String(value) };
-  return { fields: { [ns]: { struct_value: { fields: { [key]: v } } } } } as Struct;
+    ? { listValue: { values: value.map((s) => ({ stringValue: String(s) })) } }
+    : { stringValue: String(value) };
+  return { fields: { [ns]: { structValue: { fields: { [key]: v } } } } } as Struct;
 }
 
 function mutations(r: ProcessingResponse['request_headers']): Record<string, string> {
@@ -165,7 +165,7 @@ export class EnvoyStream {
       };
     }
     if (!first.request_headers) throw new Error(`unexpected first answer: ${JSON.stringify(first)}`);
-    const lb = first.dynamic_metadata?.fields?.['envoy.lb']?.struct_value?.fields?.[DESTINATION_HEADER]?.string_value;
+    const lb = first.dynamic_metadata?.fields?.['envoy.lb']?.structValue?.fields?.[DESTINATION_HEADER]?.stringValue;
     const parts: Buffer[] = [];
     let bodyChunks = 0;
     if (body) {
@@ -200,7 +200,9 @@ export class EnvoyStream {
   ): Promise<{ status: number; body: string; echoed: string }> {
     const endpoint = opts.endpoint ?? picked.headers[DESTINATION_HEADER].split(',')[0];
     const upstreamHeaders: Record<string, string> = { 'content-type': 'application/json' };
-    for (const [k, v] of Object.entries(picked.headers)) if (!k.startsWith(':') && k !== DESTINATION_HEADER) upstreamHeaders[k] = v;
+    for (const [k, v] of Object.entries(picked.headers)) {
+      if (!k.startsWith(':') && k !== DESTINATION_HEADER && k !== 'content-length') upstreamHeaders[k] = v;
+    }
     const res = await fetch(`http://${endpoint}${opts.path ?? '/v1/completions'}`, {
       method: 'POST',
       headers: upstreamHeaders,
@@ -241,7 +243,7 @@ export class EnvoyStream {
 
 function toFilter(ns: string, key: string, value: unknown): Record<string, Struct> {
   const s = struct(ns, key, value);
-  return { [ns]: s.fields![ns].struct_value! };
+  return { [ns]: s.fields![ns].structValue! };
 }
 
 /** A client of one picker: streams (one per request) and gRPC health. */

@@ -244,7 +244,9 @@ describe('kvroute epp in front of three mock engines', () => {
     expect('immediate' in noModel && noModel.immediate.status).toBe(400);
     const unknown = await envoy.roundTrip({ body: JSON.stringify({ model: 'nope', prompt: 'hi' }) });
     expect('immediate' in unknown && unknown.immediate.status).toBe(404);
-    const budget = await envoy.roundTrip({ body: completion(randomTokens(50, 9)), headers: { 'x-kvroute-tenant': 'tiny' } });
+    // The budget admits a request while the tenant has tokens left (the first uses them up); the next is refused.
+    await envoy.roundTrip({ body: completion(randomTokens(50, 9)), headers: { 'x-kvroute-tenant': 'tiny' } });
+    const budget = await envoy.roundTrip({ body: completion(randomTokens(50, 10)), headers: { 'x-kvroute-tenant': 'tiny' } });
     if (!('immediate' in budget)) throw new Error('picked');
     expect(budget.immediate.status).toBe(429);
     expect(Number(budget.immediate.headers['retry-after'])).toBeGreaterThanOrEqual(1);
