@@ -84,17 +84,15 @@ async function metricsText(p: EppProcess): Promise<string> {
   return (await fetch(`${p.metricsUrl}/metrics`)).text();
 }
 
-/** The sum of a metric's samples whose labels contain `labels` (all samples when empty). */
+/** The sum of a metric's samples whose labels contain `labels` (all samples when empty); 0 when there is none. */
 function metric(text: string, name: string, labels = ''): number {
   let sum = 0;
-  let seen = false;
   for (const line of text.split('\n')) {
     if (!line.startsWith(`${name}{`) && !line.startsWith(`${name} `)) continue;
     if (labels && !line.includes(labels)) continue;
     sum += Number(line.slice(line.lastIndexOf(' ') + 1));
-    seen = true;
   }
-  return seen ? sum : Number.NaN;
+  return sum;
 }
 
 async function eventually(cond: () => Promise<boolean>, ms = 10_000): Promise<void> {
