@@ -6,64 +6,25 @@
  * immediate responses; malformed streams end in an error and the process goes on; the accounting after served,
  * cancelled and fallen-back requests; gRPC health; P/D through the picker.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
+import { spawn } from 'node:child_process';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DESTINATION_HEADER, protocols } from '../../src/epp/protocol.ts';
 import { startMocker, type MockerHandle, type MockerOptions } from '../../src/mocker/server.ts';
 import type { RunningServer } from '../../src/server/app.ts';
-import { randomTokens, serve, sleep } from '../server/helpers.ts';
+import { randomTokens, serve } from '../server/helpers.ts';
 import { EnvoySide } from './envoy-side.ts';
+import { CLI, type EppProcess, eventually, metric, metricsText, startEpp } from './picker.ts';
 
-const CLI = fileURLToPath(new URL('../../bin/kvroute.mjs', import.meta.url));
-
-interface EppProcess {
-  readonly address: string;
-  readonly metricsUrl: string;
-  readonly proc: ChildProcess;
-  output(): string;
-  stop(): Promise<number | null>;
-}
-
-const procs: EppProcess[] = [];
 const mocks: MockerHandle[] = [];
 const clients: EnvoySide[] = [];
+const procs: EppProcess[] = [];
+const epp = (args: string[]) => track(startEpp(args));
 
-async function epp(args: string[]): Promise<EppProcess> {
-  const proc = spawn(process.execPath, [CLI, 'epp', '--port', '0', '--metrics-port', '0', '--health-interval-ms', '200', ...args], {
-    env: { ...process.env, KVROUTE_LOG_LEVEL: 'info' },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  let out = '';
-  proc.stderr!.on('data', (d: Buffer) => {
-    out += d.toString();
-  });
-  const m = await new Promise<RegExpExecArray>((resolve, reject) => {
-    const t = setTimeout(() => reject(new Error(`kvroute epp did not start: ${out}`)), 30_000);
-    proc.stdout!.on('data', (d: Buffer) => {
-      out += d.toString();
-      const found = /kvroute epp listening on grpc:\/\/(\S+) \(ext_proc\); metrics on (http:\/\/[\d.:]+)/.exec(out);
-      if (found) {
-        clearTimeout(t);
-        resolve(found);
-      }
-    });
-    proc.once('exit', (code) => reject(new Error(`kvroute epp exited ${code}: ${out}`)));
-  });
-  const p: EppProcess = {
-    address: m[1],
-    metricsUrl: m[2],
-    proc,
-    output: () => out,
-    stop: async () => {
-      if (proc.exitCode !== null) return proc.exitCode;
-      proc.kill('SIGTERM');
-      return new Promise((r) => proc.once('exit', (code) => r(code)));
-    },
-  };
-  procs.push(p);
-  return p;
+async function track(p: Promise<EppProcess>): Promise<EppProcess> {
+  const started = await p;
+  procs.push(started);
+  return started;
 }
 
 async function mock(seed: number, extra: Partial<MockerOptions> = {}): Promise<MockerHandle> {
@@ -79,29 +40,6 @@ function side(p: EppProcess): EnvoySide {
 }
 
 const hostPort = (url: string) => new URL(url).host;
-
-async function metricsText(p: EppProcess): Promise<string> {
-  return (await fetch(`${p.metricsUrl}/metrics`)).text();
-}
-
-/** The sum of a metric's samples whose labels contain `labels` (all samples when empty); 0 when there is none. */
-function metric(text: string, name: string, labels = ''): number {
-  let sum = 0;
-  for (const line of text.split('\n')) {
-    if (!line.startsWith(`${name}{`) && !line.startsWith(`${name} `)) continue;
-    if (labels && !line.includes(labels)) continue;
-    sum += Number(line.slice(line.lastIndexOf(' ') + 1));
-  }
-  return sum;
-}
-
-async function eventually(cond: () => Promise<boolean>, ms = 10_000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!(await cond())) {
-    if (Date.now() > end) throw new Error('condition not met in time');
-    await sleep(50);
-  }
-}
 
 const completion = (prompt: number[], extra: Record<string, unknown> = {}) =>
   JSON.stringify({ model: 'm', prompt, max_tokens: 3, ...extra });
