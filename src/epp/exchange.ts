@@ -264,6 +264,13 @@ export class Exchange {
       }
       if (step.kind === 'reject') return this.refused(step);
       const attempt = step;
+      if (this.abort.signal.aborted) {
+        // The stream ended between the dispatcher's decision and now: the attempt is given up, as serve gives up one
+        // whose client left (counted where it was routed, finished as cancelled).
+        core.metrics.routed(attempt.prefill?.decision ?? attempt.decision, { tokenize: tokenizeS });
+        core.lifecycle.finish(requestId, { outcome: 'cancelled' });
+        return;
+      }
       const worker = core.workers.get(attempt.workerId);
       if (!worker) {
         step = await core.lifecycle.failed(requestId, `${attempt.workerId}: removed`, this.abort.signal);
@@ -280,6 +287,7 @@ export class Exchange {
         }
         const leg = await prefillLeg(core, { attempt, prefillWorker, clientJson: json, clientText: text, path, signal: this.abort.signal });
         if (this.abort.signal.aborted) {
+          core.metrics.routed(attempt.prefill.decision, { tokenize: tokenizeS });
           core.lifecycle.finish(requestId, { outcome: 'cancelled' });
           return;
         }

@@ -303,15 +303,16 @@ describe('kvroute epp without a healthy endpoint', () => {
   });
 });
 
-describe('kvroute epp in front of a disaggregated vLLM fleet', () => {
+describe.each(['vllm', 'sglang'] as const)('kvroute epp in front of a disaggregated %s fleet', (protocol) => {
   it('runs the prefill leg itself and sends the proxy to the decode worker with the handoff in the body', async () => {
-    const prefill = await mock(31, { pd: { role: 'prefill', protocol: 'vllm', bootstrapPort: 0 } } as Partial<MockerOptions>);
-    const decode = await mock(32, { pd: { role: 'decode', protocol: 'vllm' } } as Partial<MockerOptions>);
+    const prefill = await mock(31, { pd: { role: 'prefill', protocol, bootstrapPort: 0 } } as Partial<MockerOptions>);
+    const decode = await mock(32, { pd: { role: 'decode', protocol } } as Partial<MockerOptions>);
+    const bootstrap = protocol === 'sglang' ? `,bootstrap=${prefill.bootstrapPort}` : '';
     const picker = await epp([
       '-w',
-      `${prefill.url},events=${prefill.zmqEndpoint},id=p0,model=m,role=prefill,engine=vllm`,
+      `${prefill.url},events=${prefill.zmqEndpoint},id=p0,model=m,role=prefill,engine=${protocol}${bootstrap}`,
       '-w',
-      `${decode.url},events=${decode.zmqEndpoint},id=d0,model=m,role=decode,engine=vllm`,
+      `${decode.url},events=${decode.zmqEndpoint},id=d0,model=m,role=decode,engine=${protocol}`,
       '--disagg-min-uncached-tokens',
       '0',
     ]);
@@ -322,13 +323,20 @@ describe('kvroute epp in front of a disaggregated vLLM fleet', () => {
     expect(r.picked.headers[DESTINATION_HEADER].split(',')[0]).toBe(hostPort(decode.url));
     expect(r.picked.headers['x-kvroute-prefill-worker']).toBe('p0');
     const sent = JSON.parse(r.picked.body.toString());
-    expect(sent.kv_transfer_params?.remote_block_ids ?? sent.kv_transfer_params).toBeTruthy();
+    if (protocol === 'vllm') expect(sent.kv_transfer_params).toBeTruthy();
+    else {
+      expect(sent.bootstrap_host).toBe(new URL(prefill.url).hostname);
+      expect(sent.bootstrap_port).toBe(prefill.bootstrapPort);
+      expect(typeof sent.bootstrap_room).toBe('number');
+    }
     expect(sent.stream).toBe(true);
+    expect(sent.prompt).toEqual(prompt);
     expect(Number(r.picked.headers['content-length'])).toBe(r.picked.body.length);
     expect(r.response.status).toBe(200);
     expect(r.response.body).toContain('data: [DONE]');
+    await eventually(async () => metric(await metricsText(picker), 'router_pd_requests_total', 'path="disaggregated"') === 1);
     const t = await metricsText(picker);
-    expect(metric(t, 'router_pd_requests_total', 'path="disaggregated"')).toBe(1);
+    expect(metric(t, 'router_pd_handoff_failures_total')).toBe(0);
     expect(metric(t, 'router_requests_in_flight')).toBe(0);
   }, 60_000);
 });
