@@ -6,9 +6,11 @@
  * immediate responses; malformed streams end in an error and the process goes on; the accounting after served,
  * cancelled and fallen-back requests; gRPC health; P/D through the picker.
  */
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { serveSchema } from '../../src/config/serve.ts';
+import { longFlag, settingsOf } from '../../src/config/settings.ts';
 import { DESTINATION_HEADER, protocols } from '../../src/epp/protocol.ts';
 import { startMocker, type MockerHandle, type MockerOptions } from '../../src/mocker/server.ts';
 import type { RunningServer } from '../../src/server/app.ts';
@@ -289,6 +291,27 @@ describe('kvroute epp without a healthy endpoint', () => {
     watch.on('error', () => {});
     h.close();
   }, 30_000);
+
+  it('--help is complete: the picker, its ports, and every serve setting with its variable and config key', () => {
+    const r = spawnSync(process.execPath, [CLI, 'epp', '--help'], { encoding: 'utf8' });
+    expect(r.status).toBe(0);
+    const help = r.stdout.replace(/\s+/g, ' ');
+    for (const word of [
+      'ext_proc',
+      'x-gateway-destination-endpoint',
+      'FULL_DUPLEX_STREAMED',
+      'liveness',
+      'readiness',
+      'docs/endpoint-picker.md',
+    ]) {
+      expect(help).toContain(word);
+    }
+    for (const { key, entry } of settingsOf(serveSchema)) {
+      expect(help, key).toContain(longFlag(entry));
+      expect(help, key).toContain(`env: ${entry.env}`);
+      expect(help, key).toContain(`config: ${key}`);
+    }
+  });
 
   it('a bad setting exits 2 with one line', async () => {
     const proc = spawn(process.execPath, [CLI, 'epp', '--port', 'x'], { stdio: ['ignore', 'pipe', 'pipe'] });
