@@ -26,10 +26,11 @@ const ENV = Object.fromEntries(Object.entries(process.env).filter(([k]) => !/^np
 const PORT = { KVROUTE_PORT: '0', KVROUTE_LOG_LEVEL: 'info' };
 
 const started: ShellProcess[] = [];
+// Generous: stopping three process groups and removing two installs take a while on a loaded machine.
 afterAll(async () => {
   await Promise.all(started.map((p) => p.stop()));
   rmSync(WORK, { recursive: true, force: true });
-});
+}, 120_000);
 
 function start(command: string, cwd: string): ShellProcess {
   const p = new ShellProcess(command, { cwd, env: { ...ENV, ...PORT } });
