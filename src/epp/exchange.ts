@@ -182,7 +182,8 @@ export class Exchange {
     const hint = valueStrings(metadataField(msg.metadata_context, SUBSET_NAMESPACE, SUBSET_KEY));
     if (hint !== undefined) this.subset = new Set(hint.map((e) => e.toLowerCase()));
     this.phase = 'request_body';
-    if (h.end_of_stream) return this.route();
+    // No body follows: the request ended with its headers, or the proxy was configured to send none.
+    if (h.end_of_stream || this.requestBodyMode === NONE) return this.route();
     return undefined;
   }
 
