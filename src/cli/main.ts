@@ -23,6 +23,7 @@ registerHash(program);
 (await import('./trace.ts')).registerTrace(program);
 (await import('./serve.ts')).registerServe(program);
 (await import('./relay.ts')).registerRelay(program);
+(await import('./epp.ts')).registerEpp(program);
 
 const commandLabel = () => `kvroute${program.args[0] ? ` ${program.args[0]}` : ''}`;
 const settled = guardStartup(commandLabel);

@@ -14,41 +14,35 @@
 import { randomBytes } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import pino, { type Logger } from 'pino';
-import { Dispatcher } from '../core/dispatch/dispatcher.ts';
-import { KvRouter, TIER_CREDIT_ON } from '../core/router.ts';
-import { parseSourceKey } from '../core/types.ts';
+import type { Logger } from 'pino';
+import type { Dispatcher } from '../core/dispatch/dispatcher.ts';
+import type { KvRouter } from '../core/router.ts';
 import { sendJson } from '../http/body.ts';
+import type { RouterMetrics } from '../metrics/registry.ts';
+import type { LocalTokenizer } from '../tokenizer/local.ts';
+import type { TokenizerService } from '../tokenizer/service.ts';
+import { composeRouter } from './compose.ts';
+import type { Lifecycle } from './lifecycle.ts';
+import type { WorkerSet } from './workers.ts';
 import { HttpError, sendError } from '../http/errors.ts';
 import { dashboardHandler } from '../metrics/dashboard.ts';
-import { FlowMetrics } from '../metrics/flow.ts';
-import { PdMetrics } from '../metrics/pd.ts';
-import { RouterMetrics } from '../metrics/registry.ts';
-import type { EngineMirror } from '../metrics/scrape.ts';
-import { LocalTokenizer } from '../tokenizer/local.ts';
-import { RemoteTokenizer } from '../tokenizer/remote.ts';
-import { inlineTokenizer, type TokenizerService, threadTokenizer } from '../tokenizer/service.ts';
 import { sendAnthropicError } from '../anthropic/messages.ts';
 import { authorizeDebug, handleAdmin } from './admin.ts';
 import { anthropicPath, ROUTED_PATHS } from './apis/index.ts';
 import { handlePassthrough, passthroughPath } from './passthrough.ts';
 import { NO_TRACE, type RequestTrace, type RequestTracer, startTracing, tracingConfig } from './tracing.ts';
 import type { ServeConfig } from '../config/serve.ts';
-import { ServerEvents } from './events.ts';
 import { handleInference, type InferenceContext, type RecentDecision } from './inference.ts';
 import { sessionHeaderNames } from './identity.ts';
-import { Lifecycle } from './lifecycle.ts';
 import {
   createSecurity,
   httpServerTimeouts,
-  LOG_REDACT_PATHS,
   loadApiKeys,
   parseAllowList,
   parseRateLimit,
   type Security,
   toHttpError,
 } from './security/index.ts';
-import { WorkerSet } from './workers.ts';
 
 export { sanitizeRequestId } from './inference.ts';
 
@@ -93,17 +87,6 @@ async function buildSecurity(config: ServeConfig, log: Logger): Promise<Security
   });
 }
 
-async function buildTokenizer(config: ServeConfig, options: StartOptions, log: Logger): Promise<TokenizerService | null> {
-  if (options.tokenizer) return inlineTokenizer(options.tokenizer);
-  if (!config.tokenizerDir) return null;
-  const tokenizer =
-    config.tokenizerThreads > 0
-      ? await threadTokenizer(config.tokenizerDir)
-      : inlineTokenizer(await LocalTokenizer.load(config.tokenizerDir));
-  log.info({ dir: config.tokenizerDir, mode: tokenizer.kind, ...(await tokenizer.info()) }, 'loaded tokenizer');
-  return tokenizer;
-}
-
 function listen(server: Server, port: number, host: string): Promise<string> {
   return new Promise<string>((resolve, reject) => {
     server.once('error', reject);
@@ -137,92 +120,19 @@ function answerError(req: IncomingMessage, res: ServerResponse, err: unknown, lo
 }
 
 export async function startServer(config: ServeConfig, options: StartOptions = {}): Promise<RunningServer> {
-  const log = options.logger ?? pino({ level: config.logLevel, base: undefined, redact: LOG_REDACT_PATHS });
-  const guard = options.security ?? (await buildSecurity(config, log));
-  const router = new KvRouter({
-    blockSize: config.blockSize,
-    policy: config.policy,
-    knobs: {
-      prefillLoadScale: config.prefillLoadScale,
-      overlapCredit: config.overlapCredit,
-      temperature: config.temperature,
-      decodeOverlapCredit: config.decodeOverlapCredit,
-      ...(config.tierCredit ? TIER_CREDIT_ON : {}),
-    },
-    seed: config.seed,
-    selection: config.selection,
-    busy: { activeBlockFraction: config.busyKvFraction, activePrefillTokens: config.busyPrefillTokens },
-    clock: () => performance.now(),
+  const core = await composeRouter(config, options);
+  const { log, router, dispatcher, lifecycle, workers, metrics, flowMetrics, pd, events, tokenizer, remote } = core;
+  const shells = await (async () => {
+    const guard = options.security ?? (await buildSecurity(config, log));
+    const traceConfig = tracingConfig(config, options.env ?? process.env);
+    const tracer: RequestTracer | null = traceConfig ? await startTracing(traceConfig) : null;
+    if (traceConfig) log.info({ url: traceConfig.url, protocol: traceConfig.protocol, sampler: traceConfig.sampler }, 'tracing to OTLP');
+    return { guard, tracer };
+  })().catch(async (err: unknown) => {
+    await core.close();
+    throw err;
   });
-  const dispatcher = new Dispatcher(router, {
-    queueLimit: config.queueLimit,
-    queueTimeoutMs: config.queueTimeoutMs,
-    retries: config.retries,
-    breaker: { threshold: config.breakerThreshold, cooldownMs: config.breakerCooldownMs },
-    pins: { limit: config.responsePinLimit, ttlMs: config.responsePinTtlMs },
-    flow: { bands: config.bands, order: config.queueOrder, weights: config.tenantWeights },
-    tokenBudgets: config.tenantTokenBudgets,
-    sessions: { ttlMs: config.sessionTtlMs, loadFactor: config.sessionLoadFactor },
-    prefillTokensPerSecond: config.prefillTokensPerSecond,
-    pd: { minUncachedTokens: config.disaggMinUncachedTokens },
-  });
-  const traceConfig = tracingConfig(config, options.env ?? process.env);
-  const tracer: RequestTracer | null = traceConfig ? await startTracing(traceConfig) : null;
-  if (traceConfig) log.info({ url: traceConfig.url, protocol: traceConfig.protocol, sampler: traceConfig.sampler }, 'tracing to OTLP');
-  const metrics = new RouterMetrics({ router, prefix: config.metricsPrefix });
-  const flowMetrics = new FlowMetrics(metrics.registry, metrics.prefix, () => dispatcher.census(), [
-    ...Object.keys(config.tenantWeights ?? {}),
-    ...Object.keys(config.tenantTokenBudgets ?? {}).filter((t) => t !== '*'),
-  ]);
-  const pd = new PdMetrics(
-    metrics.registry,
-    config.metricsPrefix,
-    () => dispatcher.pdStats,
-    () => dispatcher.workers().flatMap((w) => w.sourceKeys.map((sourceKey) => ({ sourceKey, role: w.role }))),
-  );
-  metrics.setDecodeSources((key) => dispatcher.worker(parseSourceKey(key).workerId)?.role === 'decode');
-  const lifecycle = new Lifecycle(dispatcher, metrics, flowMetrics, log);
-  // --tokenizer-mode: local needs --tokenizer; render and remote ask the engines (and ignore local files).
-  const mode = config.tokenizerMode ?? (config.tokenizerDir || options.tokenizer ? 'local' : config.remoteTokenize ? 'remote' : null);
-  if (mode === 'local' && !config.tokenizerDir && !options.tokenizer) {
-    throw new Error("--tokenizer-mode local needs --tokenizer <dir> (the model's tokenizer.json and tokenizer_config.json)");
-  }
-  const tokenizer = mode === 'local' ? await buildTokenizer(config, options, log) : null;
-  const remote = mode === 'render' || mode === 'remote' ? new RemoteTokenizer({ mode: mode === 'render' ? 'render' : 'tokenize' }) : null;
-  const events = new ServerEvents(router, metrics, log, config.blockSize);
-
-  const workers = new WorkerSet(
-    dispatcher,
-    {
-      intervalMs: config.healthIntervalMs,
-      timeoutMs: config.healthTimeoutMs,
-      ejectAfter: config.ejectAfter,
-      upstreamTimeoutMs: config.upstreamTimeoutMs,
-    },
-    {
-      onEffects: (effects) => lifecycle.apply(effects),
-      onAdded: (w) => events.added(w),
-      onRemoved: (w) => events.removed(w),
-      onHealthChange: (w, healthy) => {
-        for (const k of w.sourceKeys) metrics.setHealthy(k, healthy);
-        if (healthy) log.info({ worker: w.id }, 'worker healthy again: readmitted');
-        else log.warn({ worker: w.id, error: w.lastProbeError }, 'worker failed health checks: ejected');
-      },
-    },
-  );
-  for (const spec of config.workers) await workers.add(spec);
-  workers.startHealthChecks();
-
-  // Engine-side prefix-cache counters mirrored next to the router's own (the honest comparison of hit rates); the
-  // engine's KV capacity learned on the way feeds the kv-pressure policy (unless blocks= says otherwise).
-  const mirror: EngineMirror | null =
-    config.engineMetricsIntervalMs > 0
-      ? metrics.mirrorEngines({
-          targets: () => workers.list().map((w) => ({ workerId: w.id, url: w.url })),
-          intervalMs: config.engineMetricsIntervalMs,
-          onCapacity: (workerId, numGpuBlocks) => dispatcher.learnCapacity(workerId, numGpuBlocks),
-        })
-      : null;
+  const { guard, tracer } = shells;
 
   const recent: RecentDecision[] = [];
   let inFlight = 0;
@@ -407,8 +317,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     url = await listen(server, config.port, config.host);
   } catch (err) {
     metricsServer?.close();
-    metrics.stop();
-    await Promise.all([events.close(), tokenizer?.close(), workers.destroy(), mirror?.stop(), tracer?.close()]);
+    await Promise.all([core.close(), tracer?.close()]);
     throw err;
   }
   const port = (server.address() as AddressInfo).port;
@@ -425,11 +334,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
       server.closeAllConnections();
       metricsServer?.closeAllConnections();
       metricsServer?.close();
-      await mirror?.stop();
-      await tokenizer?.close();
-      await workers.destroy();
-      await events.close();
-      metrics.stop();
+      await core.close();
       await tracer?.close();
     })();
     return closed;

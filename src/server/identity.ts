@@ -26,7 +26,7 @@ const TENANT = /^[A-Za-z0-9_.-]{1,64}$/;
 const SESSION = /^[\x21-\x7e]{1,256}$/;
 const PRIORITY_LIMIT = 2 ** 31;
 
-function header(req: IncomingMessage, name: string): string | undefined {
+function header(req: RequestHeaders, name: string): string | undefined {
   const v = req.headers[name];
   return typeof v === 'string' ? v : Array.isArray(v) ? v[0] : undefined;
 }
@@ -37,10 +37,13 @@ export function sessionHeaderNames(config: Pick<ServeConfig, 'sessionHeaders' | 
   return [...new Set(names.map((n) => n.toLowerCase()))];
 }
 
+/** What is read of a request: its headers (an HTTP request, or the headers a gateway's proxy forwarded). */
+export type RequestHeaders = Pick<IncomingMessage, 'headers'>;
+
 export function requestIdentity(
-  req: IncomingMessage,
+  req: RequestHeaders,
   body: Record<string, unknown>,
-  guard: Security,
+  guard: Pick<Security, 'tenantOf'>,
   sessionHeaders: readonly string[],
 ): RequestIdentity {
   let tenant = guard.tenantOf(req) ?? undefined;

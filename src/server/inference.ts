@@ -69,7 +69,11 @@ export function sanitizeRequestId(value: string | string[] | undefined): string 
   return /^[\x21-\x7e]{1,128}$/.test(value) ? value : null;
 }
 
-async function tokensFor(ctx: InferenceContext, req: RoutedRequest): Promise<ArrayLike<number>> {
+/** What tokenization needs of a context (the router's, or the endpoint picker's). */
+export type TokenizeContext = Pick<InferenceContext, 'tokenizer' | 'remote' | 'dispatcher' | 'workers' | 'log'>;
+
+/** Routing tokens of a request: as given, from the local tokenizer, or from an engine; [] when it cannot be known. */
+export async function tokensFor(ctx: TokenizeContext, req: RoutedRequest): Promise<ArrayLike<number>> {
   const p = req.prompt;
   if (p.kind === 'ids') return p.ids;
   if (p.kind === 'none') return [];
@@ -106,7 +110,7 @@ export async function readJsonBody(req: IncomingMessage, config: ServeConfig): P
  * Sequences a request asks for (n × prompts): more than one cannot share one P/D handoff. Only chat and completions
  * are handed over between a prefill and a decode worker; every other API is served by one worker.
  */
-function handoffOf(api: ApiAdapter, body: Record<string, unknown>): { sequences: number } | { noHandoff: string } {
+export function handoffOf(api: ApiAdapter, body: Record<string, unknown>): { sequences: number } | { noHandoff: string } {
   if (api.name !== 'chat' && api.name !== 'completions') return { noHandoff: 'api' };
   const n = typeof body.n === 'number' && Number.isInteger(body.n) && body.n > 1 ? body.n : 1;
   const p = body.prompt;

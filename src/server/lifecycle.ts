@@ -49,6 +49,17 @@ export class Lifecycle {
     return this.wait(requestId, signal, () => this.dispatcher.failed(requestId, error, this.now()));
   }
 
+  /**
+   * A gateway's proxy served the attempt on another worker (its fallback): the new attempt there, the refusal, or null
+   * when the dispatcher had nothing to change. Synchronous: the request is under way, nothing waits.
+   */
+  servedElsewhere(requestId: string, workerId: string, error: string): DispatchAttempt | DispatchRefusal | null {
+    const effects = this.dispatcher.servedElsewhere(requestId, workerId, error, this.now());
+    const mine = effects.find((e): e is DispatchAttempt | DispatchRefusal => e.kind !== 'finished' && e.requestId === requestId);
+    this.apply(effects.filter((e) => e !== mine));
+    return mine ?? null;
+  }
+
   /** The prefill leg failed before answering: resolves with a new prefill leg, decode alone, or the final refusal. */
   prefillFailed(requestId: string, error: string, signal: AbortSignal): Promise<NextStep> {
     return this.wait(requestId, signal, () => this.dispatcher.prefillFailed(requestId, error, this.now()));

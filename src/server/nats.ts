@@ -3,13 +3,13 @@
  *
  * - `shareLifecycle(router, replica)` observes the router's request lifecycle so every local request is announced to
  *   the peer replicas (remote requests, tracked under `<peer>/<id>`, are never re-announced);
- * - `attachToServer(running, options)` makes a running `kvroute serve` a replica: lifecycle sharing, one session
+ * - `attachToServer(running, options)` makes a running `kvroute serve` or `kvroute epp` (their shared composition) a replica: lifecycle sharing, one session
  *   table (session pins announced to and learned from the peers), and workers from
  *   the NATS registry added to / removed from its WorkerSet (their sources kept in events mode: their events come
  *   from the stream, not from a ZMQ subscription of the server).
  */
 import type { KvRouter } from '../core/router.ts';
-import type { RunningServer } from './app.ts';
+import type { RouterCore } from './compose.ts';
 import { registerReplicaMetrics } from '../transport/nats/metrics.ts';
 import { NatsReplica, type ReplicaOptions } from '../transport/nats/replica.ts';
 import type { WorkerEntry } from '../transport/nats/protocol.ts';
@@ -23,8 +23,11 @@ export function shareLifecycle(router: KvRouter, replica: NatsReplica): () => vo
   });
 }
 
+/** What a replica attaches to: the composition `kvroute serve` and `kvroute epp` share (compose.ts). */
+export type Attachable = Pick<RouterCore, 'router' | 'workers' | 'dispatcher' | 'lifecycle' | 'metrics'>;
+
 /** Starts a replica for a running server; resolves when it is ready (snapshot loaded, stream caught up). */
-export async function attachToServer(running: RunningServer, options: ReplicaOptions): Promise<NatsReplica> {
+export async function attachToServer(running: Attachable, options: ReplicaOptions): Promise<NatsReplica> {
   const { router, workers } = running;
   let chain = Promise.resolve();
   const apply = async (id: string, entry: WorkerEntry | null) => {

@@ -19,7 +19,7 @@
 import { randomBytes } from 'node:crypto';
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher as UndiciDispatcher } from 'undici';
-import type { DispatchAttempt } from '../core/dispatch/dispatcher.ts';
+import type { DispatchAttempt, PrefillReport } from '../core/dispatch/dispatcher.ts';
 import type { ApiAdapter, RoutedRequest } from './apis/index.ts';
 import type { RequestTrace } from './tracing.ts';
 import { appendMembers, rawMember } from '../openai/raw-json.ts';
@@ -302,4 +302,77 @@ export async function pdAttempt(ctx: PdContext, a: PdAttemptRequest): Promise<Pd
 function cancelled(ctx: PdContext, requestId: string): AttemptOutcome {
   ctx.lifecycle.finish(requestId, { outcome: 'cancelled' });
   return { kind: 'done' };
+}
+
+/** The prefill leg of a shell that does not carry the decode leg itself (the endpoint picker: the gateway's proxy does). */
+export interface PrefillLegRequest {
+  readonly attempt: DispatchAttempt;
+  readonly prefillWorker: Worker;
+  readonly clientJson: Record<string, unknown>;
+  /** The client's body as received. */
+  readonly clientText: string;
+  readonly path: string;
+  readonly signal: AbortSignal;
+}
+
+export type PrefillLegOutcome =
+  /**
+   * The body the decode leg must carry. vLLM: the prefill answered (`cachedTokens`, `transferParams` as the dispatcher's
+   * prefillDone wants them). SGLang: the prefill leg is under way, `answered` settles when it answers (it waits for the
+   * decode side's bootstrap connection, so the decode leg must be sent first).
+   */
+  | {
+      readonly kind: 'ok';
+      readonly decodeBody: string;
+      /** The X-Request-Id both legs carry. */
+      readonly pairId: string;
+      readonly report?: PrefillReport;
+      readonly answered?: Promise<PrefillReport | { readonly failed: string }>;
+    }
+  | { readonly kind: 'client_error'; readonly status: number; readonly text: string }
+  | { readonly kind: 'failed'; readonly message: string };
+
+/**
+ * The same handoff as pdAttempt, with the decode leg left to the caller: vLLM's prefill request (read whole, its
+ * kv_transfer_params copied verbatim into the decode body), or SGLang's bootstrap fields added to the client's body,
+ * identical on both legs.
+ */
+export async function prefillLeg(ctx: { readonly pd: PdMetrics }, a: PrefillLegRequest): Promise<PrefillLegOutcome> {
+  const { attempt, prefillWorker } = a;
+  const client: ClientBody = { body: a.clientJson };
+  const leg = attempt.prefill!;
+  const pairId = leg.attempt === 0 && attempt.attempt === 0 ? attempt.requestId : `${attempt.requestId}.${attempt.attempt}.${leg.attempt}`;
+  const headers = legHeaders(prefillWorker, leg.decision.source.dpRank, pairId);
+  const t0 = performance.now();
+  const send = (body: string) => () => prefillWorker.pool.request({ method: 'POST', path: a.path, headers, body, signal: a.signal });
+  if (attempt.engine === 'sglang') {
+    const host = new URL(prefillWorker.url).hostname;
+    const room = bootstrapRoom(prefillWorker.sourceKeys.length, leg.decision.source.dpRank);
+    const { kvroute: _ours, ...rest } = a.clientJson;
+    const base = 'kvroute' in a.clientJson ? JSON.stringify(rest) : a.clientText;
+    const body = sglangBody(base, host, prefillWorker.bootstrapPort, room);
+    const answered = readPrefill(send(body), prefillWorker.id).then((p) => {
+      ctx.pd.legDuration('prefill', (performance.now() - t0) / 1000);
+      if (p.kind !== 'ok') return { failed: p.message ?? `${prefillWorker.id} answered ${p.status}` };
+      return { cachedTokens: prefillCachedTokens(p.text!) };
+    });
+    return { kind: 'ok', decodeBody: body, pairId, answered };
+  }
+  const p = await readPrefill(send(vllmPrefillBody(client)), prefillWorker.id);
+  ctx.pd.legDuration('prefill', (performance.now() - t0) / 1000);
+  if (p.kind === 'failed') return { kind: 'failed', message: p.message! };
+  if (p.kind === 'client_error') return { kind: 'client_error', status: p.status!, text: p.text! };
+  try {
+    JSON.parse(p.text!);
+  } catch {
+    return { kind: 'failed', message: `${prefillWorker.id}: the prefill answer is not JSON: ${p.text!.slice(0, 100)}` };
+  }
+  let transferParams = rawMember(p.text!, 'kv_transfer_params');
+  if (transferParams === 'null' || (transferParams !== undefined && !transferParams.startsWith('{'))) transferParams = undefined;
+  return {
+    kind: 'ok',
+    decodeBody: vllmDecodeBody(client, a.clientText, transferParams),
+    pairId,
+    report: { cachedTokens: prefillCachedTokens(p.text!), transferParams: transferParams !== undefined },
+  };
 }

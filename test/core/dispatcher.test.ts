@@ -229,3 +229,37 @@ describe('Dispatcher: retries and accounting', () => {
     expect(only<DispatchRefusal>(d.submit({ requestId: 'r', model: 'm', tokens: toks(8) }, 0), 'reject').code).toBe('duplicate_request');
   });
 });
+
+describe('Dispatcher.servedElsewhere: a gateway proxy served the attempt on a fallback', () => {
+  it('counts the request where it ran: the pick is taken back (its breaker told), the served worker carries it', () => {
+    const { router, d } = setup();
+    for (const id of ['w0', 'w1', 'w2']) d.addWorker({ id, mode: 'events', models: ['m'] }, 0);
+    const tokens = toks(32);
+    router.applyEvents('w1', [storedEvent(tokens, 8, 1n, BS)]);
+    const a = only<DispatchAttempt>(d.submit({ requestId: 'r', model: 'm', tokens }, 0), 'dispatch');
+    expect(a.workerId).toBe('w1');
+    const moved = only<DispatchAttempt>(d.servedElsewhere('r', 'w2', 'proxy fell back', 1), 'dispatch');
+    expect(moved.workerId).toBe('w2');
+    expect(moved.decision.overlapBlocks).toBe(0); // w2 holds none of it: the ledger counts what really happened
+    expect(d.worker('w1')?.inFlight).toBe(0);
+    expect(d.worker('w2')?.inFlight).toBe(1);
+    expect(router.ledger.bySource.get('w1')?.requests ?? 0).toBe(0);
+    expect(router.ledger.bySource.get('w2')?.requests).toBe(1);
+    d.finish('r', { outcome: 'ok', cachedTokens: 0 }, 2);
+    expect(router.ledger.view().requests).toBe(1);
+    expect(d.pending).toBe(0);
+  });
+
+  it('the same worker, an unknown request or a worker not in the fleet: nothing moves, nothing leaks', () => {
+    const { d } = setup();
+    d.addWorker({ id: 'w0', mode: 'events', models: ['m'] }, 0);
+    d.addWorker({ id: 'w1', mode: 'events', models: ['m'] }, 0);
+    const a = only<DispatchAttempt>(d.submit({ requestId: 'r', model: 'm', tokens: toks(8) }, 0), 'dispatch');
+    expect(d.servedElsewhere('r', a.workerId, 'same', 1)).toEqual([]);
+    expect(d.servedElsewhere('nope', 'w0', 'unknown', 1)).toEqual([]);
+    const gone = only<DispatchRefusal>(d.servedElsewhere('r', 'ghost', 'not a worker', 1), 'reject');
+    expect(gone.code).toBe('upstream_failed');
+    expect(d.pending).toBe(0);
+    expect(d.worker(a.workerId)?.inFlight).toBe(0);
+  });
+});

@@ -117,9 +117,48 @@ const DOC = {
     'kvroute serve --band interactive,max-priority=0 --band batch,max-priority=100,sheddable --tenant-weights acme=2 --session-preset claude-code',
   noisySim: 'kvroute sim --scenario noisy-neighbour',
   otel: 'OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 OTEL_SERVICE_NAME=kvroute npx kvroute serve -w http://gpu1:8000',
+  epp: 'kvroute epp --port 9002 --metrics-port 9090',
+  eppHelp: 'kvroute epp --help',
 };
 
 const CASES: DocCase[] = [
+  {
+    doc: DOC.epp,
+    run: async () => {
+      // The embedded fleet behind the picker; a request played from Envoy's side is picked and served, health and
+      // /metrics answer on the documented ports (free ones here).
+      const [grpcPort, metricsPort] = [await freePort(), await freePort()];
+      const proc = track(start(substitute(DOC.epp, { '9002': String(grpcPort), '9090': String(metricsPort) })));
+      const address = (await proc.waitFor(/kvroute epp listening on grpc:\/\/(\S+) \(ext_proc\)/))[1];
+      expect(address).toBe(`127.0.0.1:${grpcPort}`);
+      const { EnvoySide } = await import('../epp/envoy-side.ts');
+      const envoy = new EnvoySide(address);
+      try {
+        const r = await envoy.roundTrip({
+          path: '/v1/chat/completions',
+          body: JSON.stringify({ model: 'mock-model', messages: [{ role: 'user', content: 'Where is the capital of China?' }] }),
+        });
+        if (!('picked' in r)) throw new Error(`immediate response: ${JSON.stringify(r.immediate)}`);
+        expect(r.response.status).toBe(200);
+        expect((await envoy.check('readiness')).status).toBe(1);
+      } finally {
+        envoy.close();
+      }
+      const metrics = await (await fetch(`http://127.0.0.1:${metricsPort}/metrics`)).text();
+      expect(metrics).toMatch(/^epp_requests_total\{result="routed"\} 1$/m);
+      expect((await proc.stop()).stdout).toContain('shutting down');
+    },
+  },
+  {
+    doc: DOC.eppHelp,
+    run: async () => {
+      const r = await shell(DOC.eppHelp);
+      expect(r.code).toBe(0);
+      expect(r.stdout).toContain('Usage: kvroute epp');
+      expect(r.stdout).toContain('--metrics-port');
+      expect(r.stdout).toContain('x-gateway-destination-endpoint');
+    },
+  },
   {
     doc: DOC.flowServe,
     run: async () => {

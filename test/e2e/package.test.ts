@@ -13,6 +13,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
+import { EnvoySide } from '../epp/envoy-side.ts';
 import { runShell, ShellProcess } from '../fixtures/processes.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
@@ -25,10 +26,11 @@ const ENV = Object.fromEntries(Object.entries(process.env).filter(([k]) => !/^np
 const PORT = { KVROUTE_PORT: '0', KVROUTE_LOG_LEVEL: 'info' };
 
 const started: ShellProcess[] = [];
+// Generous: stopping three process groups and removing two installs take a while on a loaded machine.
 afterAll(async () => {
   await Promise.all(started.map((p) => p.stop()));
   rmSync(WORK, { recursive: true, force: true });
-});
+}, 120_000);
 
 function start(command: string, cwd: string): ShellProcess {
   const p = new ShellProcess(command, { cwd, env: { ...ENV, ...PORT } });
@@ -87,6 +89,8 @@ describe('a fresh clone and the packed package, as a user runs them', () => {
       'package/dist/cli/main.js',
       'package/dist/tokenizer/thread.js',
       'package/web/dashboard.html',
+      'package/proto/envoy/service/ext_proc/v3/external_processor.proto',
+      'package/proto/grpc/health/v1/health.proto',
     ]) {
       expect(listing).toContain(f);
     }
@@ -115,5 +119,25 @@ describe('a fresh clone and the packed package, as a user runs them', () => {
     expect(await dashboard.text()).toContain('<canvas');
     const done = await serve.stop();
     expect(done.stdout).toContain('shutting down');
-  }, 420_000);
+
+    // The endpoint picker from the installed package: its proto files load from the package, a request played from
+    // Envoy's side is picked and served, health answers.
+    const epp = start('npx kvroute epp --metrics-port 0', INSTALL);
+    const address = (await epp.waitFor(/kvroute epp listening on grpc:\/\/(\S+) \(ext_proc\)/, 120_000))[1];
+    const envoy = new EnvoySide(address);
+    try {
+      const r = await envoy.roundTrip({
+        path: '/v1/chat/completions',
+        body: JSON.stringify({ model: 'mock-model', messages: [{ role: 'user', content: 'Where is the capital of China?' }] }),
+      });
+      if (!('picked' in r)) throw new Error(`immediate response: ${JSON.stringify(r.immediate)}`);
+      expect(r.response.status).toBe(200);
+      expect(JSON.parse(r.response.body).choices[0].message.content.length).toBeGreaterThan(0);
+      expect((await envoy.check('readiness')).status).toBe(1);
+    } finally {
+      envoy.close();
+    }
+    const eppDone = await epp.stop();
+    expect(eppDone.stdout).toContain('shutting down');
+  }, 480_000);
 });

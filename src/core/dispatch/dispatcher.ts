@@ -273,6 +273,8 @@ interface Tracked {
   session?: SessionOutcome;
   /** The current attempt followed a pin. */
   pinned?: boolean;
+  /** Source keys one try is restricted to (the worker a gateway's proxy really sent the request to). */
+  only?: ReadonlySet<string>;
 }
 
 type TryResult =
@@ -417,11 +419,16 @@ export class Dispatcher {
   /**
    * The worker a request that needs no prefix affinity goes to (a pass-through: /tokenize, /detokenize, other engine
    * paths): the worker-level filters for its model (any model when null), then the fewest requests in flight, ties by
-   * the order workers joined. Nothing is tracked: these requests are not part of the routing accounting.
+   * the order workers joined; only sources in `subset` when given (a gateway's endpoint subset). Nothing is tracked:
+   * these requests are not part of the routing accounting.
    */
-  passthroughTarget(model: string | null, now: number): { workerId: string } | { code: RefusalCode; message: string } {
+  passthroughTarget(
+    model: string | null,
+    now: number,
+    subset?: ReadonlySet<string>,
+  ): { workerId: string } | { code: RefusalCode; message: string } {
     if (this.closed) return { code: 'closed', message: 'the router is shutting down' };
-    const el = eligibility(this.workerStates.values(), model === null ? { model: '', anyModel: true } : { model }, now);
+    const el = eligibility(this.workerStates.values(), model === null ? { model: '', anyModel: true, subset } : { model, subset }, now);
     if (el.kind === 'ineligible') return { code: el.reason, message: el.message };
     let best: WorkerState | undefined;
     for (const w of el.workers.values()) if (!best || w.inFlight < best.inFlight) best = w;
@@ -537,6 +544,45 @@ export class Dispatcher {
         this.tracked.delete(requestId);
         out.push(this.reject(t, r.code, r.message, now, r.retryAfterMs));
       }
+    }
+    return this.drain(now, out);
+  }
+
+  /**
+   * A gateway's proxy sent the attempt to another worker than the one picked (one of the fallbacks the picker listed,
+   * after the pick failed to connect): the attempt is taken back as a failure of the picked worker (its breaker
+   * counts it) and the request is routed again on `workerId` alone, so load, ledger and metrics count it where it is
+   * served. Returns the new attempt (its effect), or a refusal when that worker cannot take it in the core's view
+   * (busy, ineligible): the request is then no longer tracked (it runs uncounted). A disaggregated attempt is left as
+   * it is (its prefill leg is done; the decode side pulls the KV wherever it runs), as is any attempt of a P/D fleet: no
+   * effect.
+   */
+  servedElsewhere(requestId: string, workerId: string, error: string, now: number): DispatchEffect[] {
+    const t = this.tracked.get(requestId);
+    const target = this.workerStates.get(workerId);
+    if (!t?.worker || t.path !== 'aggregated' || t.worker.id === workerId) return [];
+    const w = t.worker;
+    t.worker = undefined;
+    t.sourceKey = undefined;
+    w.inFlight = Math.max(0, w.inFlight - 1);
+    w.breaker.failure(requestId, now);
+    this.router.finish(requestId, { outcome: 'retried' }, now);
+    for (const k of w.sourceKeys) t.excluded.add(k);
+    t.lastError = error;
+    const out: DispatchEffect[] = [];
+    if (!target) {
+      this.tracked.delete(requestId);
+      out.push(this.reject(t, 'upstream_failed', `served by ${workerId}, which is not in the fleet`, now));
+      return this.drain(now, out);
+    }
+    t.only = new Set(target.sourceKeys);
+    const r = this.tryRoute(t, now);
+    t.only = undefined;
+    if (r.kind === 'dispatch') out.push(r.effect);
+    else {
+      this.tracked.delete(requestId);
+      const why = r.kind === 'busy' ? `${workerId} is busy` : r.message;
+      out.push(this.reject(t, 'upstream_failed', `served by ${workerId}, not routable there: ${why}`, now));
     }
     return this.drain(now, out);
   }
@@ -815,7 +861,7 @@ export class Dispatcher {
     // A pin to a worker that left the fleet is void (its state left with it): the request routes like any other.
     const pinned = sub.pinKey !== undefined ? this.pins.lookup(sub.pinKey, now) : undefined;
     t.pinned = pinned !== undefined;
-    const el = eligibility(this.workerStates.values(), { model: sub.model, roles: sub.roles, subset: sub.subset, pinned }, now);
+    const el = eligibility(this.workerStates.values(), { model: sub.model, roles: sub.roles, subset: t.only ?? sub.subset, pinned }, now);
     if (el.kind === 'ineligible') return { kind: 'refused', code: el.reason, message: el.message };
     const preferred = sub.sessionId ? this.sessions.get(sub.sessionId, now) : undefined;
     const result = this.router.route(

@@ -35,9 +35,9 @@ export interface Security {
   /** 403 when an admin-registered worker points outside --allow-worker-hosts. */
   checkWorker(spec: WorkerEndpoints): Denial | null;
   /** Fingerprint of the request's key (for logs), or null. Never the key. */
-  keyIdOf(req: IncomingMessage): string | null;
+  keyIdOf(req: Pick<IncomingMessage, 'headers'>): string | null;
   /** With API keys: the tenant of the request's key (its name, else its fingerprint); null without keys. */
-  tenantOf(req: IncomingMessage): string | null;
+  tenantOf(req: Pick<IncomingMessage, 'headers'>): string | null;
   readonly enabled: { apiKeys: number; rateLimit: RateLimitSpec | null; allowWorkerHosts: readonly string[] | null };
 }
 
@@ -45,7 +45,7 @@ export function createSecurity(options: SecurityOptions = {}): Security {
   const keys = options.apiKeys && options.apiKeys.size > 0 ? options.apiKeys : null;
   const limiter = options.rateLimit ? new KeyedRateLimiter(options.rateLimit, options.clock ?? Date.now) : null;
   const allow = options.allowWorkerHosts ?? null;
-  const keyIdOf = (req: IncomingMessage): string | null => {
+  const keyIdOf = (req: Pick<IncomingMessage, 'headers'>): string | null => {
     if (!keys) return null;
     const t = bearerToken(req.headers);
     return t ? keys.match(t) : null;

@@ -1,0 +1,604 @@
+/**
+ * One ext_proc stream = one HTTP request through the gateway, as the Endpoint Picker Protocol runs it with
+ * FULL_DUPLEX_STREAMED bodies:
+ *
+ *   request_headers            kept (path, session and tenant headers); the subset hint read from metadata_context
+ *   request_body chunks        gathered (within --body-limit) until end_of_stream; nothing is answered before
+ *   end of the request body    parse (the same adapters as serve) -> tokenize -> the core dispatcher (the same
+ *                              submit, queue, refusals; a P/D decision runs its prefill leg here) -> the headers
+ *                              response: x-gateway-destination-endpoint (pick, then fallbacks) and the same value in
+ *                              dynamic_metadata envoy.lb, then the body streamed back (unchanged, or the decode leg's)
+ *                              | an immediate response (400, 413, 404, 429, 503, ...) in OpenAI's error shape
+ *   response_headers           the endpoint that served (metadata_context envoy.lb); the routing is counted
+ *   response_body chunks       passed back unchanged; watched for the first token and the usage (SSE or JSON)
+ *   end of the response        finish (delivered cached tokens to the ledger, load freed); a stream that ends
+ *                              earlier finishes the request as cancelled (a queued one leaves the queue)
+ *
+ * Every decision is the dispatcher's; this module turns its effects into ext_proc messages.
+ */
+import type { DispatchAttempt, DispatchRefusal } from '../core/dispatch/dispatcher.ts';
+import { POLICY_NAMES } from '../core/scheduling/policies.ts';
+import { parseSourceKey, type RouteDecision } from '../core/types.ts';
+import { tooLarge } from '../http/body.ts';
+import { badRequest, errorBody, HttpError } from '../http/errors.ts';
+import type { EppMetrics, EppResult } from '../metrics/epp.ts';
+import { parseJsonBody } from '../openai/request.ts';
+import { type ApiAdapter, ROUTED_PATHS, type RoutedRequest } from '../server/apis/index.ts';
+import type { RouterCore } from '../server/compose.ts';
+import { requestIdentity } from '../server/identity.ts';
+import { handoffOf, tokensFor } from '../server/inference.ts';
+import type { NextStep } from '../server/lifecycle.ts';
+import { prefillLeg } from '../server/pd.ts';
+import { refusalError } from '../server/refusals.ts';
+import { checkJsonDepth, type Security } from '../server/security/index.ts';
+import { SseRelay, type StreamUsage } from '../server/sse.ts';
+import type { Worker } from '../server/workers.ts';
+import {
+  DESTINATION_HEADER,
+  LB_NAMESPACE,
+  metadataField,
+  namespacedStrings,
+  type ProcessingRequest,
+  type ProcessingResponse,
+  readHeaders,
+  SERVED_KEY,
+  SUBSET_KEY,
+  SUBSET_NAMESPACE,
+  setHeaders,
+  valueStrings,
+} from './protocol.ts';
+
+/** Body chunks streamed back to the proxy are at most this large (gRPC's default message limit is 4 MiB). */
+const CHUNK = 1024 * 1024;
+/** Envoy's ProcessingMode.BodySendMode. */
+const FULL_DUPLEX_STREAMED = 4;
+const NONE = 0;
+
+export interface EppContext {
+  readonly core: RouterCore;
+  readonly metrics: EppMetrics;
+  readonly guard: Pick<Security, 'tenantOf'>;
+  readonly sessionHeaders: readonly string[];
+  readonly nextRequestId: () => string;
+  /** Fallback endpoints listed after the pick (at most). */
+  readonly fallbacks: number;
+}
+
+/** A peer that broke the protocol: the stream ends with INVALID_ARGUMENT (the process goes on). */
+export class ProtocolError extends Error {}
+
+/** `host:port` of a worker, as a gateway names its endpoints. */
+export function endpointOf(w: Pick<Worker, 'url'>): string {
+  const u = new URL(w.url);
+  const port = u.port || (u.protocol === 'https:' ? '443' : '80');
+  return `${u.hostname}:${port}`.toLowerCase();
+}
+
+/** The request in flight after the pick: what the response path needs. */
+interface Flight {
+  requestId: string;
+  attempt: DispatchAttempt;
+  /** The decision the routing metrics count (a disaggregated request's prefill leg). */
+  accounted: RouteDecision;
+  endpoint: string;
+  api: ApiAdapter;
+  /** The answer's id names state the engine stores (a stored response): pinned to the worker that served. */
+  pinsAnswer: boolean;
+  stream: boolean;
+  t0: number;
+  tokenizeS: number;
+  /** Tracked by the dispatcher until finished (false once finished, or when the proxy served it where it cannot be counted). */
+  tracked: boolean;
+  committed: boolean;
+  sawServed: boolean;
+  status?: number;
+  relay?: SseRelay;
+  json?: Buffer[];
+  jsonBytes: number;
+  firstAt?: number;
+  lastAt: number;
+}
+
+type Phase = 'request_headers' | 'request_body' | 'routing' | 'answered' | 'response' | 'done';
+
+export class Exchange {
+  private phase: Phase = 'request_headers';
+  private headers = new Map<string, string>();
+  private readonly chunks: Buffer[] = [];
+  private bytes = 0;
+  private subset: Set<string> | undefined;
+  private readonly abort = new AbortController();
+  private flight: Flight | null = null;
+  private requestBodyMode: number | undefined;
+  private responseBodyMode: number | undefined;
+  private result: EppResult | null = null;
+
+  constructor(
+    private readonly ctx: EppContext,
+    private readonly send: (msg: ProcessingResponse) => void,
+    /** Ends the stream from our side (after an immediate response). */
+    private readonly end: () => void,
+  ) {}
+
+  /** One message from the proxy. Throws ProtocolError when it makes no sense at this point of the exchange. */
+  async handle(msg: ProcessingRequest): Promise<void> {
+    if (!msg || typeof msg !== 'object') throw new ProtocolError('empty ProcessingRequest');
+    const cfg = (msg as { protocol_config?: { request_body_mode?: number; response_body_mode?: number } }).protocol_config;
+    if (cfg) {
+      this.requestBodyMode = cfg.request_body_mode ?? NONE;
+      this.responseBodyMode = cfg.response_body_mode ?? NONE;
+      if (this.requestBodyMode !== NONE && this.requestBodyMode !== FULL_DUPLEX_STREAMED) {
+        throw new ProtocolError(
+          `request bodies in mode ${this.requestBodyMode}: the endpoint picker needs FULL_DUPLEX_STREAMED (4) or NONE`,
+        );
+      }
+    }
+    switch (msg.request) {
+      case 'request_headers':
+        return this.onRequestHeaders(msg);
+      case 'request_body':
+        return this.onRequestBody(msg);
+      case 'request_trailers':
+        if (this.phase !== 'request_body' && this.phase !== 'request_headers') throw new ProtocolError('request trailers out of order');
+        return this.route(); // trailers end the request body
+      case 'response_headers':
+        return this.onResponseHeaders(msg);
+      case 'response_body':
+        return this.onResponseBody(msg);
+      case 'response_trailers':
+        this.send({ response_trailers: {} });
+        this.complete();
+        return;
+      default:
+        throw new ProtocolError('a ProcessingRequest without any of request_headers, request_body, response_headers, ...');
+    }
+  }
+
+  /** The stream is over (ended, cancelled or broken): nothing may stay counted as in flight. */
+  close(): void {
+    this.abort.abort();
+    const f = this.flight;
+    if (f?.tracked) {
+      this.commit(f);
+      f.tracked = false;
+      this.ctx.core.lifecycle.finish(f.requestId, { outcome: 'cancelled', cachedTokens: f.relay?.usage?.cachedTokens });
+    }
+    if (this.result === null) this.count('cancelled');
+    this.phase = 'done';
+  }
+
+  /** The stream broke the protocol: counted, then closed like any other. */
+  protocolError(): void {
+    if (this.result === null) this.count('protocol_error');
+    this.close();
+  }
+
+  // ---------------------------------------------------------------------------------------------- request path
+
+  private onRequestHeaders(msg: ProcessingRequest): Promise<void> | undefined {
+    if (this.phase !== 'request_headers') throw new ProtocolError('request headers twice');
+    const h = msg.request_headers ?? {};
+    this.headers = readHeaders(h.headers);
+    const hint = valueStrings(metadataField(msg.metadata_context, SUBSET_NAMESPACE, SUBSET_KEY));
+    if (hint !== undefined) this.subset = new Set(hint.map((e) => e.toLowerCase()));
+    this.phase = 'request_body';
+    // No body follows: the request ended with its headers, or the proxy was configured to send none.
+    if (h.end_of_stream || this.requestBodyMode === NONE) return this.route();
+    return undefined;
+  }
+
+  private onRequestBody(msg: ProcessingRequest): Promise<void> | undefined {
+    if (this.phase !== 'request_body')
+      throw new ProtocolError(
+        `a request body chunk ${this.phase === 'request_headers' ? 'before the headers' : 'after the end of the body'}`,
+      );
+    const b = msg.request_body ?? {};
+    const chunk = b.body ?? Buffer.alloc(0);
+    this.bytes += chunk.length;
+    if (this.bytes > this.ctx.core.config.bodyLimitBytes) {
+      this.phase = 'done';
+      this.immediate(tooLarge(this.ctx.core.config.bodyLimitBytes), 'bad_request');
+      return undefined;
+    }
+    if (chunk.length > 0) this.chunks.push(chunk);
+    if (b.end_of_stream) return this.route();
+    return undefined;
+  }
+
+  private async route(): Promise<void> {
+    this.phase = 'routing';
+    const { core } = this.ctx;
+    const path = (this.headers.get(':path') ?? '/').split('?')[0];
+    const method = (this.headers.get(':method') ?? 'POST').toUpperCase();
+    const api = method === 'POST' ? ROUTED_PATHS.get(path) : undefined;
+    const body = Buffer.concat(this.chunks);
+    if (!api) return this.passthrough(body);
+
+    let parsed: RoutedRequest;
+    let json: Record<string, unknown>;
+    let text: string;
+    let identity: ReturnType<typeof requestIdentity>;
+    try {
+      const tooDeep = checkJsonDepth(body, core.config.maxJsonDepth);
+      if (tooDeep) throw tooDeep;
+      text = body.toString('utf8');
+      json = parseJsonBody(text) as Record<string, unknown>;
+      parsed = api.parse(json);
+      if (parsed.policy && !(POLICY_NAMES as readonly string[]).includes(parsed.policy)) {
+        throw badRequest(`unknown policy "${parsed.policy}"; known: ${POLICY_NAMES.join(', ')}`, 'kvroute.policy');
+      }
+      identity = requestIdentity({ headers: Object.fromEntries(this.headers) }, json, this.ctx.guard, this.ctx.sessionHeaders);
+    } catch (err) {
+      if (err instanceof HttpError) return this.immediate(err, 'bad_request');
+      throw err;
+    }
+    const pre = core.dispatcher.precheck(parsed.model, Date.now());
+    if (pre) {
+      core.metrics.refused(pre.code);
+      return this.immediate(refusalError(pre, core.config), 'refused');
+    }
+    const t0 = performance.now();
+    const tokens = await tokensFor(core, parsed);
+    const tokenizeS = (performance.now() - t0) / 1000;
+    if (this.abort.signal.aborted) return;
+    const requestId = this.ctx.nextRequestId();
+    core.metrics.apiRequest(api.name);
+    let step: NextStep = await core.lifecycle.submit(
+      {
+        requestId,
+        model: parsed.model,
+        tokens,
+        cacheSalt: parsed.cacheSalt,
+        policy: parsed.policy,
+        knobs: parsed.knobs,
+        pinKey: parsed.pinKey,
+        ...handoffOf(api, json),
+        ...identity,
+        ...(this.subset ? { subset: this.sourcesOf(this.subset) } : {}),
+      },
+      this.abort.signal,
+    );
+    for (;;) {
+      if (step.kind === 'aborted') {
+        core.metrics.outcome('cancelled');
+        return;
+      }
+      if (step.kind === 'reject') return this.refused(step);
+      const attempt = step;
+      if (this.abort.signal.aborted) {
+        // The stream ended between the dispatcher's decision and now: the attempt is given up, as serve gives up one
+        // whose client left (counted where it was routed, finished as cancelled).
+        core.metrics.routed(attempt.prefill?.decision ?? attempt.decision, { tokenize: tokenizeS });
+        core.lifecycle.finish(requestId, { outcome: 'cancelled' });
+        return;
+      }
+      const worker = core.workers.get(attempt.workerId);
+      if (!worker) {
+        step = await core.lifecycle.failed(requestId, `${attempt.workerId}: removed`, this.abort.signal);
+        continue;
+      }
+      let upstream = body;
+      let extra: Record<string, string> = {};
+      let accounted = attempt.decision;
+      if (attempt.prefill) {
+        const prefillWorker = core.workers.get(attempt.prefill.workerId);
+        if (!prefillWorker) {
+          step = await core.lifecycle.prefillFailed(requestId, `${attempt.prefill.workerId}: removed`, this.abort.signal);
+          continue;
+        }
+        const leg = await prefillLeg(core, { attempt, prefillWorker, clientJson: json, clientText: text, path, signal: this.abort.signal });
+        if (this.abort.signal.aborted) {
+          core.metrics.routed(attempt.prefill.decision, { tokenize: tokenizeS });
+          core.lifecycle.finish(requestId, { outcome: 'cancelled' });
+          return;
+        }
+        if (leg.kind === 'failed') {
+          core.log.warn({ requestId, worker: prefillWorker.id, error: leg.message }, 'prefill leg failed before answering');
+          step = await core.lifecycle.prefillFailed(requestId, leg.message, this.abort.signal);
+          continue;
+        }
+        accounted = attempt.prefill.decision;
+        if (leg.kind === 'client_error') {
+          // The engine refused the request itself (the decode side would too): its answer is the client's.
+          core.metrics.routed(accounted, { tokenize: tokenizeS });
+          core.lifecycle.finish(requestId, { outcome: 'error' });
+          return this.immediateRaw(leg.status, leg.text, 'routed');
+        }
+        if (leg.report) core.lifecycle.prefillDone(requestId, leg.report);
+        leg.answered?.then((r) => {
+          if ('failed' in r) core.log.warn({ requestId, worker: prefillWorker.id, error: r.failed }, 'SGLang prefill leg failed');
+          else core.lifecycle.prefillDone(requestId, r);
+        });
+        upstream = Buffer.from(leg.decodeBody, 'utf8');
+        extra = { 'x-request-id': leg.pairId, 'x-kvroute-prefill-worker': attempt.prefill.decision.sourceKey };
+      }
+      this.answer(attempt, worker, accounted, api, parsed, upstream, upstream !== body, extra, tokenizeS);
+      return;
+    }
+  }
+
+  /** Paths that are not routed (GET /v1/models, /tokenize, ...): the fewest requests in flight, nothing counted. */
+  private passthrough(body: Buffer): void {
+    const { core } = this.ctx;
+    const target = core.dispatcher.passthroughTarget(null, Date.now(), this.subset ? this.sourcesOf(this.subset) : undefined);
+    if ('code' in target) {
+      this.immediate(refusalError(target, core.config), 'refused');
+      return;
+    }
+    const worker = core.workers.get(target.workerId)!;
+    this.sendPick([endpointOf(worker)], {}, body, false);
+    this.count('passthrough');
+    this.phase = 'answered';
+  }
+
+  private answer(
+    attempt: DispatchAttempt,
+    worker: Worker,
+    accounted: RouteDecision,
+    api: ApiAdapter,
+    parsed: RoutedRequest,
+    body: Buffer,
+    changed: boolean,
+    extra: Record<string, string>,
+    tokenizeS: number,
+  ): void {
+    const { core } = this.ctx;
+    const d = attempt.decision;
+    const endpoint = endpointOf(worker);
+    const endpoints = [endpoint, ...this.fallbacks(d, endpoint)];
+    const headers: Record<string, string> = {
+      'x-kvroute-worker': d.sourceKey,
+      'x-kvroute-request-id': attempt.requestId,
+      'x-kvroute-overlap-blocks': String(accounted.overlapBlocks),
+      'x-kvroute-isl-blocks': String(d.islBlocks),
+      ...extra,
+    };
+    if (worker.sourceKeys.length > 1) headers['x-data-parallel-rank'] = String(d.source.dpRank);
+    if (changed) headers['content-length'] = String(body.length);
+    this.flight = {
+      requestId: attempt.requestId,
+      attempt,
+      accounted,
+      endpoint,
+      api,
+      pinsAnswer: parsed.pinsAnswer,
+      stream: parsed.stream,
+      t0: performance.now(),
+      tokenizeS,
+      tracked: true,
+      committed: false,
+      sawServed: false,
+      jsonBytes: 0,
+      lastAt: 0,
+    };
+    core.events.routed(d.sourceKey);
+    core.log.debug(
+      { requestId: attempt.requestId, worker: d.sourceKey, endpoints, overlapBlocks: d.overlapBlocks, islBlocks: d.islBlocks },
+      'picked',
+    );
+    this.sendPick(endpoints, headers, body, changed);
+    this.count('routed');
+    this.phase = 'answered';
+  }
+
+  /** The headers response naming the endpoints (header and envoy.lb metadata, one value), then the body streamed back. */
+  private sendPick(endpoints: readonly string[], headers: Record<string, string>, body: Buffer, changed: boolean): void {
+    const value = endpoints.join(',');
+    this.send({
+      request_headers: {
+        response: { header_mutation: setHeaders({ [DESTINATION_HEADER]: value, ...headers }), clear_route_cache: true },
+      },
+      dynamic_metadata: namespacedStrings(LB_NAMESPACE, { [DESTINATION_HEADER]: value }),
+    });
+    if (this.requestBodyMode === NONE && !changed) return; // the proxy sends no body (protocol_config said so)
+    if (this.bytes === 0 && !changed) return; // the request had no body (end_of_stream on its headers)
+    for (let off = 0; off < body.length || off === 0; off += CHUNK) {
+      const last = off + CHUNK >= body.length;
+      this.send({
+        request_body: {
+          response: { body_mutation: { streamed_response: { body: body.subarray(off, off + CHUNK), end_of_stream: last } } },
+        },
+      });
+      if (last) break;
+    }
+  }
+
+  /** Endpoints after the pick, best first (the policy's order of the other candidates), one per worker. */
+  private fallbacks(d: RouteDecision, primary: string): string[] {
+    const { core } = this.ctx;
+    const out: string[] = [];
+    const seen = new Set([primary]);
+    for (const c of d.candidates) {
+      if (out.length >= this.ctx.fallbacks) break;
+      const w = core.workers.get(parseSourceKey(c.source).workerId);
+      if (!w) continue;
+      const e = endpointOf(w);
+      if (seen.has(e)) continue;
+      seen.add(e);
+      out.push(e);
+    }
+    return out;
+  }
+
+  /** The source keys of the workers behind the given endpoints. */
+  private sourcesOf(endpoints: ReadonlySet<string>): Set<string> {
+    const keys = new Set<string>();
+    for (const w of this.ctx.core.workers.list()) if (endpoints.has(endpointOf(w))) for (const k of w.sourceKeys) keys.add(k);
+    return keys;
+  }
+
+  private refused(r: DispatchRefusal): void {
+    const { core } = this.ctx;
+    core.metrics.refused(r.code);
+    if (r.code === 'upstream_failed') core.metrics.outcome('error');
+    this.immediate(refusalError(r, core.config), 'refused');
+  }
+
+  private immediate(err: HttpError, result: EppResult): void {
+    const body = errorBody(err.message, err.type, err.code, err.param);
+    this.sendImmediate(err.status, body, { ...err.headers }, String(err.code), result);
+  }
+
+  private immediateRaw(status: number, body: string, result: EppResult): void {
+    this.sendImmediate(status, body, {}, 'engine_error', result);
+  }
+
+  private sendImmediate(status: number, body: string, headers: Record<string, string>, details: string, result: EppResult): void {
+    this.ctx.metrics.immediateResponse(status);
+    this.count(result);
+    this.phase = 'done';
+    this.send({
+      immediate_response: {
+        status: { code: status },
+        headers: setHeaders({ 'content-type': 'application/json', ...headers }),
+        body: Buffer.from(body, 'utf8'),
+        details,
+      },
+    });
+    this.end();
+  }
+
+  private count(result: EppResult): void {
+    if (this.result !== null) return;
+    this.result = result;
+    this.ctx.metrics.request(result);
+  }
+
+  // ---------------------------------------------------------------------------------------------- response path
+
+  private onResponseHeaders(msg: ProcessingRequest): void {
+    if (this.phase !== 'answered') throw new ProtocolError('response headers before the request was answered');
+    this.phase = 'response';
+    this.send({ response_headers: { response: {} } });
+    const f = this.flight;
+    if (!f) {
+      // A pass-through: nothing to count; the rest of the response is passed back unchanged.
+      if (msg.response_headers?.end_of_stream) this.complete();
+      return;
+    }
+    const h = readHeaders(msg.response_headers?.headers);
+    f.status = Number(h.get(':status') ?? '200');
+    this.readServed(f, msg);
+    this.commit(f);
+    f.stream = f.status === 200 && (h.get('content-type') ?? '').includes('text/event-stream');
+    if (f.stream) f.relay = new SseRelay(false, f.api.dialect);
+    else f.json = [];
+    if (msg.response_headers?.end_of_stream || this.responseBodyMode === NONE) this.finish(f);
+  }
+
+  private onResponseBody(msg: ProcessingRequest): void {
+    if (this.phase !== 'response') throw new ProtocolError('a response body chunk before the response headers');
+    const b = msg.response_body ?? {};
+    const chunk = b.body ?? Buffer.alloc(0);
+    this.send({
+      response_body: { response: { body_mutation: { streamed_response: { body: chunk, end_of_stream: b.end_of_stream ?? false } } } },
+    });
+    const f = this.flight;
+    if (!f) {
+      if (b.end_of_stream) this.complete();
+      return;
+    }
+    this.readServed(f, msg);
+    if (f.tracked && chunk.length > 0) this.observe(f, chunk);
+    if (b.end_of_stream) this.finish(f);
+  }
+
+  /** First token and usage, as serve's proxy sees them (the bytes themselves go back unchanged). */
+  private observe(f: Flight, chunk: Buffer): void {
+    const { core } = this.ctx;
+    if (f.relay) {
+      const out = f.relay.push(chunk);
+      if (out.length === 0) return;
+      const now = performance.now();
+      if (f.firstAt === undefined) {
+        f.firstAt = now;
+        core.lifecycle.firstToken(f.requestId);
+        core.metrics.firstToken(f.attempt.decision.sourceKey, (now - f.t0) / 1000);
+      } else core.metrics.token(f.attempt.decision.sourceKey, (now - f.lastAt) / 1000);
+      f.lastAt = now;
+      return;
+    }
+    if (f.json && f.jsonBytes + chunk.length <= core.config.bodyLimitBytes) {
+      f.json.push(chunk);
+      f.jsonBytes += chunk.length;
+    } else f.json = undefined; // too large to read: passed back, its usage unknown
+  }
+
+  /** The proxy's report of the endpoint that served; another than the pick moves the accounting there. */
+  private readServed(f: Flight, msg: ProcessingRequest): void {
+    if (f.sawServed) return;
+    const served = valueStrings(metadataField(msg.metadata_context, LB_NAMESPACE, SERVED_KEY))?.[0]?.toLowerCase();
+    if (served === undefined) return;
+    f.sawServed = true;
+    if (served === f.endpoint || !f.tracked) return;
+    const { core } = this.ctx;
+    const w = core.workers.list().find((x) => endpointOf(x) === served);
+    if (!w) {
+      this.ctx.metrics.servedElsewhere('unknown');
+      core.log.warn(
+        { requestId: f.requestId, picked: f.endpoint, served },
+        'the proxy served the request on an endpoint that is not a worker',
+      );
+      return;
+    }
+    const next = core.lifecycle.servedElsewhere(f.requestId, w.id, `the proxy fell back from ${f.endpoint} to ${served}`);
+    if (next === null) return; // nothing to move (a P/D fleet's attempt)
+    if (next.kind === 'dispatch') {
+      this.ctx.metrics.servedElsewhere('moved');
+      f.attempt = next;
+      f.accounted = next.decision;
+      f.endpoint = served;
+      core.events.routed(next.decision.sourceKey);
+    } else {
+      this.ctx.metrics.servedElsewhere('untracked');
+      f.tracked = false;
+      f.committed = true; // nothing of it is counted: it is no longer the router's request
+    }
+  }
+
+  /** The routing counts once the attempt is final (answered, or given up by the client), as in serve. */
+  private commit(f: Flight): void {
+    if (f.committed) return;
+    f.committed = true;
+    this.ctx.core.metrics.routed(f.accounted, { tokenize: f.tokenizeS });
+  }
+
+  private finish(f: Flight): void {
+    this.complete();
+    if (!f.tracked) return;
+    f.tracked = false;
+    this.commit(f);
+    const { core } = this.ctx;
+    const ok = f.status === 200;
+    let usage: StreamUsage | undefined;
+    if (f.relay) {
+      f.relay.flush();
+      usage = f.relay.usage;
+    } else if (ok && f.json) {
+      try {
+        usage = f.api.readAnswer(JSON.parse(Buffer.concat(f.json).toString('utf8')));
+      } catch {
+        /* not JSON: nothing to learn */
+      }
+      // A whole answer: the first token is not observable apart from the end.
+      core.lifecycle.firstToken(f.requestId);
+      core.metrics.firstToken(f.attempt.decision.sourceKey, (performance.now() - f.t0) / 1000);
+    }
+    const outcome = !ok || f.relay?.sawError ? 'error' : 'ok';
+    // A 5xx is the worker's fault (the proxy already sent it there: no retry is possible from here); a 4xx the request's.
+    core.lifecycle.finish(
+      f.requestId,
+      {
+        outcome,
+        cachedTokens: usage?.cachedTokens,
+        ...((f.status ?? 200) >= 500 ? { workerFault: true } : {}),
+        pinKey: outcome === 'ok' && f.pinsAnswer ? usage?.responseId : undefined,
+      },
+      usage?.completionTokens,
+    );
+  }
+
+  private complete(): void {
+    this.phase = 'done';
+  }
+}

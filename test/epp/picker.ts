@@ -1,0 +1,73 @@
+/** `kvroute epp` as a process from the built package, and reading its metrics. */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { sleep } from '../server/helpers.ts';
+
+export const CLI = fileURLToPath(new URL('../../bin/kvroute.mjs', import.meta.url));
+
+export interface EppProcess {
+  readonly address: string;
+  readonly metricsUrl: string;
+  readonly proc: ChildProcess;
+  output(): string;
+  stop(): Promise<number | null>;
+}
+
+/** Starts `kvroute epp --port 0 --metrics-port 0 ARGS`; resolves once it logs both addresses. */
+export async function startEpp(args: string[]): Promise<EppProcess> {
+  const proc = spawn(process.execPath, [CLI, 'epp', '--port', '0', '--metrics-port', '0', '--health-interval-ms', '200', ...args], {
+    env: { ...process.env, KVROUTE_LOG_LEVEL: 'info' },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  proc.stderr!.on('data', (d: Buffer) => {
+    out += d.toString();
+  });
+  const m = await new Promise<RegExpExecArray>((resolve, reject) => {
+    const t = setTimeout(() => reject(new Error(`kvroute epp did not start: ${out}`)), 30_000);
+    proc.stdout!.on('data', (d: Buffer) => {
+      out += d.toString();
+      const found = /kvroute epp listening on grpc:\/\/(\S+) \(ext_proc\); metrics on (http:\/\/[\d.:]+)/.exec(out);
+      if (found) {
+        clearTimeout(t);
+        resolve(found);
+      }
+    });
+    proc.once('exit', (code) => reject(new Error(`kvroute epp exited ${code}: ${out}`)));
+  });
+  const p: EppProcess = {
+    address: m[1],
+    metricsUrl: m[2],
+    proc,
+    output: () => out,
+    stop: async () => {
+      if (proc.exitCode !== null) return proc.exitCode;
+      proc.kill('SIGTERM');
+      return new Promise((r) => proc.once('exit', (code) => r(code)));
+    },
+  };
+  return p;
+}
+
+export async function metricsText(p: EppProcess): Promise<string> {
+  return (await fetch(`${p.metricsUrl}/metrics`)).text();
+}
+
+/** The sum of a metric's samples whose labels contain `labels` (all samples when empty); 0 when there is none. */
+export function metric(text: string, name: string, labels = ''): number {
+  let sum = 0;
+  for (const line of text.split('\n')) {
+    if (!line.startsWith(`${name}{`) && !line.startsWith(`${name} `)) continue;
+    if (labels && !line.includes(labels)) continue;
+    sum += Number(line.slice(line.lastIndexOf(' ') + 1));
+  }
+  return sum;
+}
+
+export async function eventually(cond: () => Promise<boolean>, ms = 10_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await cond())) {
+    if (Date.now() > end) throw new Error('condition not met in time');
+    await sleep(50);
+  }
+}
