@@ -5,7 +5,7 @@
 set -eu
 out="${1:?usage: scripts/docker/build.sh OUT_DIR}"
 mkdir -p "$out"
-npm ci --no-audit --no-fund
+npm ci --no-audit --no-fund --prefer-offline
 # prepack cleans dist/ and compiles it again: the tarball holds what tsc made from these sources.
 tarball="$(npm pack --silent --pack-destination "$out" | tail -n 1)"
 mv "$out/$tarball" "$out/kvroute.tgz"

@@ -9,6 +9,6 @@ prefix="${2:?usage: scripts/docker/install.sh TARBALL PREFIX}"
 mkdir -p "$prefix"
 cd "$prefix"
 [ -f package.json ] || printf '{"name":"kvroute-image","private":true}\n' > package.json
-npm install --omit=dev --no-audit --no-fund --no-save "$tarball"
+npm install --omit=dev --no-audit --no-fund --no-save --prefer-offline "$tarball"
 npm cache clean --force 2>/dev/null || true
 "$prefix/node_modules/.bin/kvroute" --version

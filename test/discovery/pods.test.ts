@@ -143,7 +143,7 @@ describe('pod verdicts', () => {
     expect(r({ metadata: { name: 'a', labels: 'app=vllm' } })).toBe('bad_label');
     expect(r({ metadata: { name: 'a', labels: { app: 3 } } })).toBe('bad_label');
     expect(r(pod('a', { labels: { app: 'vllm', 'llm-d.ai/role': 'leader' } }))).toBe('bad_label');
-    for (const annotations of [
+    for (const annotations of <Record<string, string>[]>[
       { 'kvroute.io/port': '0' },
       { 'kvroute.io/port': '65536' },
       { 'kvroute.io/events-port': '55x' },
