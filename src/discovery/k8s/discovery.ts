@@ -84,6 +84,12 @@ export function defaultNamespace(kc: KubeConfig): string {
   return 'default';
 }
 
+function sumStats(a: ListWatchStats, b: ListWatchStats | undefined): ListWatchStats {
+  const out = { ...a };
+  if (b) for (const k of Object.keys(out) as (keyof ListWatchStats)[]) out[k] += b[k];
+  return out;
+}
+
 const BAD_REASONS: readonly BadObjectReason[] = ['not_an_object', 'no_name', 'bad_annotation', 'bad_label', 'bad_pool_spec'];
 
 export class K8sDiscovery {
@@ -97,6 +103,7 @@ export class K8sDiscovery {
   private podWatch: ListWatch | null = null;
   private poolWatch: ListWatch | null = null;
   private chain: Promise<void> = Promise.resolve();
+  private targetChain: Promise<void> = Promise.resolve();
   private stopped = false;
   private readonly logged = new Set<string>();
   private readonly bad: Record<BadObjectReason, number> = Object.fromEntries(BAD_REASONS.map((r) => [r, 0])) as Record<
@@ -107,6 +114,8 @@ export class K8sDiscovery {
   private removed = 0;
   private sinkErrors = 0;
   private podsSynced = false;
+  /** Counters of pod watches replaced by a new pool selector, so the series never go down. */
+  private readonly retired: ListWatchStats = { lists: 0, relists: 0, watches: 0, events: 0, bookmarks: 0, errors: 0, badEvents: 0 };
 
   constructor(private readonly opts: K8sDiscoveryOptions) {
     if (Boolean(opts.pool) === Boolean(opts.selector)) throw new Error('K8sDiscovery needs exactly one of pool and selector');
@@ -140,7 +149,7 @@ export class K8sDiscovery {
   stats(): K8sDiscoveryStats {
     return {
       workers: this.applied.size,
-      pods: this.podWatch ? { ...this.podWatch.stats } : null,
+      pods: this.podWatch || this.retired.lists > 0 ? sumStats(this.retired, this.podWatch?.stats) : null,
       pool: this.poolWatch ? { ...this.poolWatch.stats } : null,
       badObjects: { ...this.bad },
       added: this.added,
@@ -180,7 +189,12 @@ export class K8sDiscovery {
           next = null; // a pool we cannot read selects nothing
         }
       }
-      void this.setTarget(next).then(poolSeen);
+      // Serialised: a pool event arriving while the pod watch restarts waits for it.
+      this.targetChain = this.targetChain
+        .then(() => this.setTarget(next))
+        .then(poolSeen, (err: unknown) => {
+          this.opts.log.error({ err: String(err) }, 'kubernetes discovery: applying the pool failed');
+        });
     };
     this.poolWatch = new ListWatch({
       watch: this.watch,
@@ -218,8 +232,7 @@ export class K8sDiscovery {
     const prev = this.target;
     this.target = next;
     if (!next) {
-      await this.podWatch?.stop();
-      this.podWatch = null;
+      await this.retirePodWatch();
       this.pods.clear();
       this.podsSynced = true;
       this.reconcile();
@@ -227,12 +240,19 @@ export class K8sDiscovery {
       return;
     }
     if (!this.podWatch || prev?.selector.text !== next.selector.text) {
-      await this.podWatch?.stop();
-      this.podWatch = null;
+      await this.retirePodWatch();
       if (this.stopped) return;
       await this.watchPods();
     } else this.reconcile();
     await this.chain;
+  }
+
+  private async retirePodWatch(): Promise<void> {
+    const w = this.podWatch;
+    if (!w) return;
+    this.podWatch = null;
+    await w.stop();
+    Object.assign(this.retired, sumStats(this.retired, w.stats));
   }
 
   // --- the pods --------------------------------------------------------------------------------------------------
