@@ -1,6 +1,6 @@
 # kvroute image: docker build -t kvroute:0.1.0 .
 # Stage 1 compiles and packs the package (npm pack); stage 2 installs that tarball with production dependencies only
-# and runs as the unprivileged "node" user (uid 1000). The same two scripts run in test/deploy/docker.test.ts, since no Docker
+# and runs as the unprivileged "node" user (uid 1000). The same two scripts run in test/deploy/dockerfile-steps.ts, since no Docker
 # daemon runs where the tests do.
 FROM node:20-bookworm-slim AS build
 WORKDIR /src

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Image build stage (Dockerfile, stage "build"), also run by test/deploy/docker.test.ts: installs the locked
+# Image build stage (Dockerfile, stage "build"), also run by test/deploy/dockerfile-steps.ts: installs the locked
 # dependencies, compiles, and packs the package exactly as `npm pack` ships it. Run from the repository root.
 #   scripts/docker/build.sh OUT_DIR   -> OUT_DIR/kvroute.tgz
 set -eu

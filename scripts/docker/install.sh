@@ -1,5 +1,5 @@
 #!/bin/sh
-# Image runtime stage (Dockerfile, final stage), also run by test/deploy/docker.test.ts: installs the packed package
+# Image runtime stage (Dockerfile, final stage), also run by test/deploy/dockerfile-steps.ts: installs the packed package
 # with its production dependencies only (no TypeScript, no test tools) into PREFIX, whose node_modules/.bin/kvroute
 # is the image's entrypoint.
 #   scripts/docker/install.sh TARBALL PREFIX

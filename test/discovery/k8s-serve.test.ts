@@ -5,6 +5,9 @@
  * relabelled; the pool's selector changed or the pool deleted) must show in the worker set within a second; the
  * watch survives disconnects, 410 Gone (relist), injected server errors (backoff) and malformed objects (counted).
  */
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startMocker } from '../../src/mocker/server.ts';
 import type { MockerHandle } from '../../src/mocker/types.ts';
@@ -243,6 +246,17 @@ describe('kvroute serve --k8s-pool', () => {
     const r3 = await missing.exited;
     expect(r3.code).not.toBe(0);
     expect(r3.stderr.trim().split('\n')).toEqual([expect.stringMatching(/^kvroute serve: .*\/nonexistent\/kubeconfig/)]);
+    // No kubeconfig anywhere and no service account: one line, not a watch of client-node's http://localhost:8080.
+    const home = mkdtempSync(join(tmpdir(), 'kvroute-home-'));
+    const none = new ShellProcess('node bin/kvroute.mjs serve --k8s-selector app=b --port 0', {
+      cwd: ROOT,
+      env: { HOME: home, KUBECONFIG: '' },
+    });
+    const r4 = await none.exited;
+    expect(r4.code).not.toBe(0);
+    expect(r4.stderr.trim().split('\n')).toEqual([
+      'kvroute serve: no Kubernetes credentials: set --kubeconfig, $KUBECONFIG, ~/.kube/config, or run in a pod with a service account',
+    ]);
   }, 30_000);
 });
 

@@ -162,7 +162,7 @@ const CASES: DocCase[] = [
   {
     doc: 'docker build -t kvroute:0.1.0 .',
     notOurs:
-      "needs a Docker daemon (none runs here); test/deploy/docker.test.ts runs the Dockerfile's build and install steps, its entrypoint and its health check",
+      "needs a Docker daemon (none runs here); test/deploy/dockerfile-steps.ts runs the Dockerfile's build and install steps, its entrypoint and its health check",
   },
   { doc: 'kubectl create namespace kvroute', notOurs: 'needs a Kubernetes cluster (none runs here)' },
   { doc: 'kubectl apply -n kvroute -k deploy/k8s/epp/envoy-gateway', notOurs: NO_CLUSTER },

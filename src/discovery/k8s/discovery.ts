@@ -6,7 +6,9 @@
  * blocks). Malformed objects are counted by reason and logged once per object and cause; they never stop the watch.
  */
 import { CoreV1Api, CustomObjectsApi, KubeConfig, Watch } from '@kubernetes/client-node';
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
+import { homedir } from 'node:os';
+import { join } from 'node:path';
 import type { WorkerSpec } from '../../config/worker-spec.ts';
 import type { LogSink } from '../../log.ts';
 import { ListWatch, type ListWatchStats } from './list-watch.ts';
@@ -54,11 +56,20 @@ export interface K8sDiscoveryStats {
   readonly sinkErrors: number;
 }
 
+const SA_TOKEN = '/var/run/secrets/kubernetes.io/serviceaccount/token';
+
 /** The kubeconfig: a file (--kubeconfig), else $KUBECONFIG, ~/.kube/config or the pod's service account. */
 export function loadKubeConfig(file?: string): KubeConfig {
   const kc = new KubeConfig();
   if (file) kc.loadFromFile(file);
-  else kc.loadFromDefault();
+  else {
+    // client-node falls back to an unauthenticated http://localhost:8080 when it finds nothing: refuse that instead.
+    const found = Boolean(process.env.KUBECONFIG) || existsSync(join(homedir(), '.kube', 'config')) || existsSync(SA_TOKEN);
+    if (!found) {
+      throw new Error('no Kubernetes credentials: set --kubeconfig, $KUBECONFIG, ~/.kube/config, or run in a pod with a service account');
+    }
+    kc.loadFromDefault();
+  }
   if (!kc.getCurrentCluster()) {
     throw new Error(
       file
