@@ -2,15 +2,17 @@
  * `kvroute relay`: one engine's KV events (ZMQ) -> the JetStream event stream that router replicas consume.
  */
 import type { Command } from 'commander';
-import pino from 'pino';
+import pino, { type Logger } from 'pino';
 import { bytesArg, choiceArg, intArg, LOG_LEVELS, zmqEndpointArg } from '../config/parsers.ts';
+import { addServeOptions, K8S_SETTINGS, serveSettingsFrom } from '../config/serve.ts';
 import { NatsRelay } from '../transport/nats/relay.ts';
 import { checkWorkerId } from '../transport/nats/protocol.ts';
+import type { LogSink } from '../log.ts';
 
 interface RelayCliOptions {
   nats: string;
-  worker: string;
-  events: string;
+  worker?: string;
+  events?: string;
   replay?: string;
   dp: number;
   model?: string;
@@ -28,8 +30,67 @@ interface RelayCliOptions {
   logLevel: string;
 }
 
+const sink = (log: Logger): LogSink => ({
+  info: (o: object, m: string) => log.info(o, m),
+  warn: (o: object, m: string) => log.warn(o, m),
+  error: (o: object, m: string) => log.error(o, m),
+});
+
+/** Handlers first: a SIGTERM during start-up (waiting for NATS, priming) still stops cleanly. */
+function stopSignal(): Promise<void> {
+  return new Promise<void>((resolve) => {
+    process.once('SIGINT', () => resolve());
+    process.once('SIGTERM', () => resolve());
+  });
+}
+
+/** `--k8s-selector` / `--k8s-pool`: one relay per discovered pod (worker id = pod name), added and removed with the pods. */
+async function relayDiscovered(opts: RelayCliOptions, settings: ReturnType<typeof k8sSettingsOf>): Promise<void> {
+  const log = pino({ level: opts.logLevel, base: undefined });
+  const { FleetRelay } = await import('../transport/nats/fleet-relay.ts');
+  const { discoveryFromSettings } = await import('../discovery/k8s/index.ts');
+  const fleet = new FleetRelay(
+    opts.nats.split(','),
+    {
+      blockSize: opts.blockSize,
+      topic: opts.topic,
+      heartbeatMs: opts.heartbeatMs,
+      limits: { maxAgeMs: opts.maxAgeS * 1000, maxBytes: opts.maxBytes, replicas: opts.replicas },
+      model: opts.model ?? null,
+    },
+    sink(log),
+  );
+  // Credentials first: a relay that cannot reach the API says so in one line before it connects anywhere.
+  const discovery = discoveryFromSettings(settings, fleet, sink(log));
+  const stopped = stopSignal();
+  log.info(
+    { nats: opts.nats, pool: settings.k8sPool ?? null, selector: settings.k8sSelector ?? null },
+    'relay starting: connecting to NATS',
+  );
+  try {
+    await Promise.race([fleet.start(), stopped]);
+  } catch (err) {
+    log.error({ err: String(err) }, 'relay could not connect to NATS');
+    process.exitCode = 1;
+    return;
+  }
+  void discovery.start().then(() => log.info({ workers: fleet.size }, 'kubernetes discovery synced: relaying the ready pods'));
+  const stats = setInterval(() => log.info({ workers: fleet.stats() }, 'relay counters'), opts.statsEveryS * 1000);
+  await stopped;
+  clearInterval(stats);
+  await discovery.stop();
+  await fleet.close(2000);
+  log.info('relay stopped');
+  await new Promise<void>((resolve) => log.flush(() => resolve()));
+  process.exit(process.exitCode ?? 0);
+}
+
+function k8sSettingsOf(cmd: Command) {
+  return serveSettingsFrom(cmd, K8S_SETTINGS, { env: process.env });
+}
+
 export function registerRelay(program: Command): void {
-  program
+  const relay = program
     .command('relay')
     .summary("publish one engine's KV events to NATS JetStream for router replicas")
     .description(
@@ -38,13 +99,15 @@ export function registerRelay(program: Command): void {
         'keeping a registry entry for the worker (URL, model, block size, dp ranks, heartbeat) in the KV bucket ' +
         'kvroute-workers. Router replicas (kvroute serve --nats URL) discover workers there and consume the stream. ' +
         'A restarted relay resumes after the last published engine seq when the engine can replay it, and otherwise ' +
-        "resets the worker's blocks on the replicas.",
+        "resets the worker's blocks on the replicas. With --k8s-selector or --k8s-pool instead of --worker and --events, " +
+        'relays every Ready pod it discovers (worker id = pod name, ports and role from the pod: docs/kubernetes.md) and ' +
+        'deregisters pods that leave.',
     )
     .requiredOption('--nats <url>', 'NATS server URL(s), comma-separated (nats://host:4222)')
-    .requiredOption('--worker <id>', 'worker id, as the router names it ([A-Za-z0-9_-], no dots)')
-    .requiredOption(
+    .option('--worker <id>', 'worker id, as the router names it ([A-Za-z0-9_-], no dots); required without --k8s-*')
+    .option(
       '--events <endpoint>',
-      "rank 0's KV event endpoint (vLLM kv-events-config endpoint, connectable form)",
+      "rank 0's KV event endpoint (vLLM kv-events-config endpoint, connectable form); required without --k8s-*",
       zmqEndpointArg('--events', { connectable: true }),
     )
     .option(
@@ -78,13 +141,34 @@ export function registerRelay(program: Command): void {
     .option('--max-bytes <n>', 'stream retention by size, e.g. 1gb (when the stream is created)', bytesArg('--max-bytes'), 1024 ** 3)
     .option('--replicas <n>', 'JetStream replicas of the stream and buckets (when created)', intArg('--replicas', { min: 1 }), 1)
     .option('--stats-every-s <n>', 'log publishing counters this often', intArg('--stats-every-s', { min: 1 }), 60)
-    .option('--log-level <level>', 'pino log level', choiceArg('--log-level', LOG_LEVELS), 'info')
+    .option('--log-level <level>', 'pino log level', choiceArg('--log-level', LOG_LEVELS), 'info');
+  addServeOptions(relay, K8S_SETTINGS);
+  relay
     .addHelpText(
       'after',
-      '\nExample:\n  kvroute relay --nats nats://nats:4222 --worker vllm-0 --events tcp://vllm-0:5557 --replay tcp://vllm-0:5558 \\\n' +
-        '    --model Qwen/Qwen3-8B --url http://vllm-0:8000',
+      '\nExamples:\n  kvroute relay --nats nats://nats:4222 --worker vllm-0 --events tcp://vllm-0:5557 --replay tcp://vllm-0:5558 \\\n' +
+        '    --model Qwen/Qwen3-8B --url http://vllm-0:8000\n' +
+        '  kvroute relay --nats nats://nats:4222 --k8s-selector app=vllm   # every Ready pod of the namespace',
     )
-    .action(async (opts: RelayCliOptions) => {
+    .action(async (opts: RelayCliOptions, cmd: Command) => {
+      const settings = k8sSettingsOf(cmd);
+      const discovering = settings.k8sPool !== undefined || settings.k8sSelector !== undefined;
+      const usage = (msg: string) => {
+        process.stderr.write(`kvroute relay: ${msg}\n`);
+        process.exitCode = 2;
+      };
+      if (settings.k8sPool !== undefined && settings.k8sSelector !== undefined) {
+        return usage('--k8s-pool and --k8s-selector exclude each other: a pool brings its own selector');
+      }
+      if (discovering) {
+        if (opts.worker !== undefined || opts.events !== undefined) {
+          return usage('--worker and --events name one engine: with --k8s-selector or --k8s-pool the pods give them');
+        }
+        return relayDiscovered(opts, settings);
+      }
+      if (opts.worker === undefined || opts.events === undefined) {
+        return usage('--worker and --events are required (or --k8s-selector / --k8s-pool to relay every discovered pod)');
+      }
       const bad = checkWorkerId(opts.worker);
       if (bad) {
         process.stderr.write(`kvroute relay: ${bad}\n`);
@@ -109,11 +193,7 @@ export function registerRelay(program: Command): void {
         limits: { maxAgeMs: opts.maxAgeS * 1000, maxBytes: opts.maxBytes, replicas: opts.replicas },
         log,
       });
-      // Handlers first: a SIGTERM during start-up (waiting for NATS, priming) still stops cleanly.
-      const stopped = new Promise<void>((resolve) => {
-        process.once('SIGINT', () => resolve());
-        process.once('SIGTERM', () => resolve());
-      });
+      const stopped = stopSignal();
       log.info({ nats: opts.nats, worker: opts.worker }, 'relay starting: connecting to NATS and the engine');
       try {
         await Promise.race([relay.start(), stopped]);

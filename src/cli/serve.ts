@@ -45,7 +45,8 @@ export function registerServe(program: Command): void {
       let fleet: EmbeddedFleet | null = null;
       const mockCount = config.mockWorkers;
       const natsUrls = config.nats ?? [];
-      if (config.workers.length === 0 && mockCount > 0 && natsUrls.length === 0) {
+      const k8s = config.k8sPool !== undefined || config.k8sSelector !== undefined;
+      if (config.workers.length === 0 && mockCount > 0 && natsUrls.length === 0 && !k8s) {
         config.tokenizerDir ??= bundledTokenizerDir();
         log.info(`no --worker given: starting an embedded fleet of ${mockCount} mock engines (a few seconds)`);
         fleet = await startEmbeddedFleet({
@@ -62,12 +63,43 @@ export function registerServe(program: Command): void {
       }
       // With --nats, /health says 503 until the snapshot is loaded and the event stream caught up.
       let natsReady = natsUrls.length === 0;
+      // With --k8s-*, /health says 503 until the pods have been listed once.
+      let discovery: import('../discovery/k8s/index.ts').K8sDiscovery | null = null;
       let server: RunningServer;
       try {
-        server = await startServer(config, { logger: log, readiness: () => natsReady });
+        server = await startServer(config, { logger: log, readiness: () => natsReady && (discovery?.synced ?? true) });
       } catch (err) {
         await fleet?.close();
         throw err;
+      }
+      if (k8s) {
+        const { discoveryFromSettings, registerDiscoveryMetrics } = await import('../discovery/k8s/index.ts');
+        const { workers } = server;
+        try {
+          discovery = discoveryFromSettings(
+            config,
+            {
+              // The admin API's path: the worker joins the dispatcher's table, its events are subscribed.
+              add: async (spec) => void (await workers.add(spec)),
+              remove: async (id) => void (await workers.remove(id)),
+            },
+            {
+              info: (o: object, m: string) => log.info(o, m),
+              warn: (o: object, m: string) => log.warn(o, m),
+              error: (o: object, m: string) => log.error(o, m),
+            },
+          );
+        } catch (err) {
+          await server.close(0);
+          throw err;
+        }
+        registerDiscoveryMetrics(discovery, server.metrics.registry, config.metricsPrefix);
+        const d = discovery;
+        log.info(
+          { pool: config.k8sPool ?? null, selector: config.k8sSelector ?? null, namespace: config.k8sNamespace ?? null },
+          'watching Kubernetes for workers',
+        );
+        void d.start().then(() => log.info({ workers: d.stats().workers }, 'kubernetes discovery synced'));
       }
       let replica: { close(): Promise<void> } | null = null;
       if (natsUrls.length > 0) {
@@ -99,7 +131,7 @@ export function registerServe(program: Command): void {
         }
         stopping = true;
         log.info({ signal, inFlight: server.inFlight(), graceMs: config.shutdownGraceMs }, 'shutting down');
-        void (replica?.close() ?? Promise.resolve())
+        void Promise.all([replica?.close(), discovery?.stop()])
           .then(() => server.close())
           .then(() => fleet?.close())
           .then(() => process.exit(0));

@@ -34,6 +34,7 @@ import { LOG_LEVELS } from './parsers.ts';
 import { OTLP_PROTOCOLS, TRACE_SAMPLERS } from '../server/tracing.ts';
 import { BAND_SPEC_GRAMMAR, bandSchema, numberMapSchema } from './flow-spec.ts';
 import { WORKER_SPEC_GRAMMAR, workerSchema } from './worker-spec.ts';
+import { parseLabelSelector, POOL_GROUPS, type PoolGroup } from '../discovery/k8s/pods.ts';
 
 export { parseWorkerSpec, type WorkerSpec, workerFromUnknown } from './worker-spec.ts';
 
@@ -49,6 +50,7 @@ const G = {
   flow: 'Flow control, tenants and sessions (docs/flow-control.md):',
   scaleOut: 'Scale-out (NATS JetStream):',
   mock: 'Embedded mock fleet (when no worker is given):',
+  k8s: 'Kubernetes discovery (docs/kubernetes.md):',
 } as const;
 
 const port = integer({ min: 0, max: 65535 });
@@ -446,6 +448,71 @@ export const serveSchema = z.strictObject({
     help: 'with --nats: index snapshot period while this replica holds the snapshot lease; 0 never writes',
     group: G.scaleOut,
   }),
+  k8sPool: optional(text({ pattern: /^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/, accepts: 'a Kubernetes object name' }), {
+    flag: '--k8s-pool <name>',
+    env: 'KVROUTE_K8S_POOL',
+    help: "discover workers from this InferencePool's ready pods (its selector and target port), watched in --k8s-namespace",
+    group: G.k8s,
+  }),
+  k8sPoolGroup: withDefault(choice(Object.keys(POOL_GROUPS) as [PoolGroup, ...PoolGroup[]]), 'inference.networking.k8s.io', {
+    flag: '--k8s-pool-group <group>',
+    env: 'KVROUTE_K8S_POOL_GROUP',
+    help: "the InferencePool's API group: inference.networking.k8s.io (v1) or the older inference.networking.x-k8s.io (v1alpha2)",
+    group: G.k8s,
+  }),
+  k8sSelector: optional(
+    custom(
+      z.string().refine(
+        (v) => {
+          try {
+            parseLabelSelector(v);
+            return true;
+          } catch {
+            return false;
+          }
+        },
+        { error: 'bad label selector' },
+      ),
+      'a label selector of key=value, key!=value, key or !key terms separated by commas (e.g. app=vllm,tier!=batch)',
+      { range: 'e.g. app=vllm' },
+    ),
+    {
+      flag: '--k8s-selector <labels>',
+      env: 'KVROUTE_K8S_SELECTOR',
+      help: 'discover workers from the ready pods matching this label selector, watched in --k8s-namespace',
+      group: G.k8s,
+    },
+  ),
+  k8sNamespace: optional(text({ pattern: /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/, accepts: 'a namespace name' }), {
+    flag: '--k8s-namespace <ns>',
+    env: 'KVROUTE_K8S_NAMESPACE',
+    help: "namespace watched (default: the kubeconfig context's, else the pod's own, else default)",
+    group: G.k8s,
+  }),
+  kubeconfig: optional(text(), {
+    flag: '--kubeconfig <file>',
+    env: 'KVROUTE_KUBECONFIG',
+    help: 'kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else the in-cluster service account)',
+    group: G.k8s,
+  }),
+  k8sPort: withDefault(integer({ min: 1, max: 65535 }), 8000, {
+    flag: '--k8s-port <n>',
+    env: 'KVROUTE_K8S_PORT',
+    help: "with --k8s-selector: the engines' HTTP port (a pod's kvroute.io/port annotation overrides it; a pool gives its target port)",
+    group: G.k8s,
+  }),
+  k8sEventsPort: withDefault(port, 5557, {
+    flag: '--k8s-events-port <n>',
+    env: 'KVROUTE_K8S_EVENTS_PORT',
+    help: "discovered pods' ZMQ KV-event port (annotation kvroute.io/events-port overrides it; 0: approximate mode)",
+    group: G.k8s,
+  }),
+  k8sReplayPort: withDefault(port, 5558, {
+    flag: '--k8s-replay-port <n>',
+    env: 'KVROUTE_K8S_REPLAY_PORT',
+    help: "discovered pods' ZMQ replay port (annotation kvroute.io/replay-port overrides it; 0: none)",
+    group: G.k8s,
+  }),
   mockWorkers: withDefault(integer({ min: 0 }), 4, {
     flag: '--mock-workers <n>',
     env: 'KVROUTE_MOCK_WORKERS',
@@ -552,6 +619,18 @@ export const ADMISSION_SETTINGS = [
   'retries',
 ] as const satisfies readonly ServeSettingKey[];
 
+/** Kubernetes discovery settings, shared by every command that discovers workers (serve, relay). */
+export const K8S_SETTINGS = [
+  'k8sPool',
+  'k8sPoolGroup',
+  'k8sSelector',
+  'k8sNamespace',
+  'kubeconfig',
+  'k8sPort',
+  'k8sEventsPort',
+  'k8sReplayPort',
+] as const satisfies readonly ServeSettingKey[];
+
 /** `--config`: not a setting itself (a config file cannot name another), but read the same ways. */
 export const CONFIG_OPTION = { flag: '-c, --config <file>', env: 'KVROUTE_CONFIG' } as const;
 
@@ -586,10 +665,24 @@ function checkCombination(config: ServeConfig, from: Resolved<ServeConfig>['sour
       `${label('metricsPort')} must differ from ${label('port')}, got ${config.metricsPort} for both (from ${src('metricsPort')} and ${src('port')})`,
     );
   }
+  checkK8s(config, label, src);
   if (config.bodyTimeoutMs !== 0 && config.bodyTimeoutMs < config.headerTimeoutMs) {
     throw new SettingError(
       `${label('bodyTimeoutMs')} must be 0 or >= ${label('headerTimeoutMs')}, got ${config.bodyTimeoutMs} < ${config.headerTimeoutMs} ` +
         `(from ${src('bodyTimeoutMs')} and ${src('headerTimeoutMs')})`,
+    );
+  }
+}
+
+/** --k8s-pool and --k8s-selector exclude each other (a pool brings its own selector). */
+export function checkK8s(
+  config: Partial<Pick<ServeConfig, 'k8sPool' | 'k8sSelector'>>,
+  label: (key: ServeSettingKey) => string,
+  src: (key: ServeSettingKey) => string,
+): void {
+  if (config.k8sPool !== undefined && config.k8sSelector !== undefined) {
+    throw new SettingError(
+      `${label('k8sPool')} and ${label('k8sSelector')} exclude each other: a pool brings its own selector (from ${src('k8sPool')} and ${src('k8sSelector')})`,
     );
   }
 }

@@ -20,6 +20,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freePort, runShell, ShellProcess, type ShellResult, substitute } from '../fixtures/processes.ts';
 import { OtlpReceiver } from '../server/otlp-receiver.ts';
+import { FakeKubeApi, pod } from '../fixtures/k8s-api.ts';
 import { type DocCommand, documentedCommands, normalise } from './doc-commands.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
@@ -119,7 +120,11 @@ const DOC = {
   otel: 'OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 OTEL_SERVICE_NAME=kvroute npx kvroute serve -w http://gpu1:8000',
   epp: 'kvroute epp --port 9002 --metrics-port 9090',
   eppHelp: 'kvroute epp --help',
+  k8sServe: 'kvroute serve --k8s-selector app=vllm --k8s-namespace kvroute --kubeconfig ~/.kube/config',
 };
+
+const NO_CLUSTER =
+  'needs a Kubernetes cluster (none runs here); test/deploy/manifests.test.ts renders this overlay and validates every object against the Kubernetes schemas';
 
 const CASES: DocCase[] = [
   {
@@ -158,6 +163,55 @@ const CASES: DocCase[] = [
       expect(r.stdout).toContain('--metrics-port');
       expect(r.stdout).toContain('x-gateway-destination-endpoint');
     },
+  },
+  {
+    doc: DOC.k8sServe,
+    run: async () => {
+      // docs/kubernetes.md, from outside the cluster: a fake API server stands in for the cluster, its kubeconfig for
+      // ~/.kube/config; the pod labelled app=vllm points at a mock engine (pod IP 127.0.0.1, its ports annotated).
+      const api = await new FakeKubeApi().start();
+      try {
+        const engine = await startEngine();
+        api.put(
+          FakeKubeApi.podsPath('kvroute'),
+          pod('vllm-0', {
+            namespace: 'kvroute',
+            labels: { app: 'vllm' },
+            annotations: {
+              'kvroute.io/port': String(engine.http),
+              'kvroute.io/events-port': String(engine.events),
+              'kvroute.io/replay-port': String(engine.replay),
+            },
+          }),
+        );
+        const { proc, url } = await startRouter(substitute(DOC.k8sServe, { '~/.kube/config': api.kubeconfig() }));
+        await proc.waitFor(/worker joined \(pod ready\)/);
+        await proc.waitFor(/subscribed to KV events of vllm-0/);
+        expect((await fetch(`${url}/health`)).status).toBe(200);
+        const answer = await chat(url, 'Where is the capital of China?');
+        expect(answer.status).toBe(200);
+        expect(answer.headers.get('x-kvroute-worker')).toMatch(/^vllm-0\b/);
+        expect(streamedContent(answer.text).length).toBeGreaterThan(0);
+        await proc.stop();
+      } finally {
+        await api.close();
+      }
+    },
+  },
+  {
+    doc: 'docker build -t kvroute:0.1.0 .',
+    notOurs:
+      "needs a Docker daemon (none runs here); test/deploy/dockerfile-steps.ts runs the Dockerfile's build and install steps, its entrypoint and its health check",
+  },
+  { doc: 'kubectl create namespace kvroute', notOurs: 'needs a Kubernetes cluster (none runs here)' },
+  { doc: 'kubectl apply -n kvroute -k deploy/k8s/epp/envoy-gateway', notOurs: NO_CLUSTER },
+  { doc: 'kubectl apply -n kvroute -k deploy/k8s/epp/istio', notOurs: NO_CLUSTER },
+  { doc: 'kubectl apply -n kvroute -k deploy/k8s/epp/kgateway', notOurs: NO_CLUSTER },
+  { doc: 'kubectl apply -n kvroute -k deploy/k8s/standalone', notOurs: NO_CLUSTER },
+  {
+    doc: 'kubectl apply -n kvroute -k deploy/k8s/standalone --dry-run=server',
+    notOurs:
+      "needs a Kubernetes cluster's API server (the server-side dry run is its own validation); test/deploy/manifests.test.ts validates offline",
   },
   {
     doc: DOC.flowServe,

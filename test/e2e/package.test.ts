@@ -5,7 +5,8 @@
  *  2. `npm pack` of that copy, installed into an empty folder with `npm install --omit=dev <tarball>` (production
  *     dependencies only: no tsx, no TypeScript), then `kvroute --help` and `kvroute serve` (embedded fleet, free port)
  *     from there, with a streamed chat answer and the dashboard's files served from the package.
- * Slow (two installs from the npm cache): about a minute.
+ *  3. the Dockerfile's steps (test/deploy/dockerfile-steps.ts), here so that its install never runs beside these.
+ * Slow (installs from the npm cache): a few minutes.
  */
 import { spawnSync } from 'node:child_process';
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
@@ -15,6 +16,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import { EnvoySide } from '../epp/envoy-side.ts';
 import { runShell, ShellProcess } from '../fixtures/processes.ts';
+import { describeDockerfile } from '../deploy/dockerfile-steps.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const WORK = mkdtempSync(join(tmpdir(), 'kvroute-package-'));
@@ -141,3 +143,5 @@ describe('a fresh clone and the packed package, as a user runs them', () => {
     expect(eppDone.stdout).toContain('shutting down');
   }, 480_000);
 });
+
+describeDockerfile();

@@ -1,0 +1,258 @@
+/**
+ * deploy/k8s, linted: every overlay rendered (test/fixtures/kustomize.ts), every object validated against the
+ * Kubernetes API's own schemas (kubernetes-models: the OpenAPI schemas of the Kubernetes API compiled to validators;
+ * @kubernetes-models/gateway-api for Gateway and HTTPRoute; the InferencePool CRD's schema in
+ * test/fixtures/schemas, checked with ajv), then the references between objects checked: selectors reach pod
+ * templates, probes and Services name real container ports, the RBAC grants discovery what it watches, the EPP, the
+ * InferencePool and the HTTPRoute name each other, kvroute's flags exist. Like kubeconform without --strict, the
+ * schemas do not refuse unknown fields; the reference checks catch the misspellings that matter.
+ */
+import { readdirSync, readFileSync, statSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Ajv } from 'ajv';
+import { Deployment } from 'kubernetes-models/apps/v1/Deployment';
+import { StatefulSet } from 'kubernetes-models/apps/v1/StatefulSet';
+import { Role } from 'kubernetes-models/rbac.authorization.k8s.io/v1/Role';
+import { RoleBinding } from 'kubernetes-models/rbac.authorization.k8s.io/v1/RoleBinding';
+import { ConfigMap } from 'kubernetes-models/v1/ConfigMap';
+import { Service } from 'kubernetes-models/v1/Service';
+import { ServiceAccount } from 'kubernetes-models/v1/ServiceAccount';
+import { Gateway } from '@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1/Gateway';
+import { HTTPRoute } from '@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1/HTTPRoute';
+import { describe, expect, it } from 'vitest';
+import { serveSchema } from '../../src/config/serve.ts';
+import { settingsOf, longFlag } from '../../src/config/settings.ts';
+import { build, type K8sObject } from '../fixtures/kustomize.ts';
+
+const ROOT = fileURLToPath(new URL('../..', import.meta.url));
+const DEPLOY = join(ROOT, 'deploy/k8s');
+const OVERLAYS = ['standalone', 'relay', 'epp/envoy-gateway', 'epp/istio', 'epp/kgateway'];
+
+type Validator = { validate(): void };
+const MODELS: Record<string, new (o: never) => Validator> = {
+  'apps/v1/Deployment': Deployment,
+  'apps/v1/StatefulSet': StatefulSet,
+  'rbac.authorization.k8s.io/v1/Role': Role,
+  'rbac.authorization.k8s.io/v1/RoleBinding': RoleBinding,
+  'v1/ConfigMap': ConfigMap,
+  'v1/Service': Service,
+  'v1/ServiceAccount': ServiceAccount,
+  'gateway.networking.k8s.io/v1/Gateway': Gateway,
+  'gateway.networking.k8s.io/v1/HTTPRoute': HTTPRoute,
+};
+const ajv = new Ajv({ allErrors: true });
+const inferencePool = ajv.compile(JSON.parse(readFileSync(join(ROOT, 'test/fixtures/schemas/inferencepool-v1.schema.json'), 'utf8')));
+
+function validate(o: K8sObject): string[] {
+  const key = `${o.apiVersion}/${o.kind}`;
+  if (key === 'inference.networking.k8s.io/v1/InferencePool') {
+    return inferencePool(o) ? [] : (inferencePool.errors ?? []).map((e) => `${e.instancePath} ${e.message}`);
+  }
+  const Model = MODELS[key];
+  if (!Model) return [`no schema for ${key}`];
+  try {
+    new Model(o as never).validate();
+    return [];
+  } catch (err) {
+    return [(err as Error).message];
+  }
+}
+
+type Pod = { metadata?: { labels?: Record<string, string> }; spec: { serviceAccountName?: string; containers: Container[] } };
+type Container = {
+  name: string;
+  image: string;
+  args?: string[];
+  ports?: { name?: string; containerPort: number }[];
+  readinessProbe?: Probe;
+  livenessProbe?: Probe;
+};
+type Probe = { httpGet?: { port: string | number }; grpc?: { port: number; service?: string } };
+
+const workloads = (objs: K8sObject[]) =>
+  objs.filter((o) => o.kind === 'Deployment' || o.kind === 'StatefulSet') as (K8sObject & {
+    spec: { selector: { matchLabels: Record<string, string> }; template: Pod };
+  })[];
+const kvrouteContainers = (objs: K8sObject[]) =>
+  workloads(objs).flatMap((w) => w.spec.template.spec.containers.filter((c) => c.image.startsWith('kvroute:')).map((c) => ({ w, c })));
+const flagValue = (args: string[], flag: string) => args.find((a) => a.startsWith(`${flag}=`))?.slice(flag.length + 1);
+
+describe('deploy/k8s', () => {
+  it('every kustomization folder is an overlay or a base some overlay uses', () => {
+    const dirs: string[] = [];
+    const walk = (d: string) => {
+      for (const e of readdirSync(d)) {
+        const p = join(d, e);
+        if (statSync(p).isDirectory()) walk(p);
+        else if (e === 'kustomization.yaml') dirs.push(d.slice(DEPLOY.length + 1));
+      }
+    };
+    walk(DEPLOY);
+    expect(dirs.sort()).toEqual(['base', 'engines', 'epp/base', ...OVERLAYS].sort());
+  });
+
+  for (const overlay of OVERLAYS) {
+    describe(overlay, () => {
+      const objs = build(join(DEPLOY, overlay));
+
+      it('renders, and every object is valid against its Kubernetes schema', () => {
+        expect(objs.length).toBeGreaterThan(3);
+        const errors = objs.flatMap((o) => validate(o).map((e) => `${o.kind} ${o.metadata.name}: ${e}`));
+        expect(errors).toEqual([]);
+        expect(new Set(objs.map((o) => o.metadata.namespace))).toEqual(new Set(['kvroute']));
+      });
+
+      it('selectors reach pod templates; Services and probes name real container ports; kvroute runs with probes', () => {
+        for (const w of workloads(objs)) {
+          const labels = w.spec.template.metadata?.labels ?? {};
+          for (const [k, v] of Object.entries(w.spec.selector.matchLabels)) expect(labels[k], `${w.metadata.name} selector ${k}`).toBe(v);
+          for (const c of w.spec.template.spec.containers) {
+            const names = new Set((c.ports ?? []).map((p) => p.name));
+            const numbers = new Set((c.ports ?? []).map((p) => p.containerPort));
+            for (const probe of [c.readinessProbe, c.livenessProbe]) {
+              const port = probe?.httpGet?.port ?? probe?.grpc?.port;
+              if (port !== undefined)
+                expect(typeof port === 'string' ? names.has(port) : numbers.has(port), `${c.name} probe port ${port}`).toBe(true);
+            }
+          }
+        }
+        for (const svc of objs.filter((o) => o.kind === 'Service') as (K8sObject & {
+          spec: { selector: Record<string, string>; ports: { name: string; targetPort?: string | number; port: number }[] };
+        })[]) {
+          const backing = workloads(objs).filter((w) =>
+            Object.entries(svc.spec.selector).every(([k, v]) => w.spec.template.metadata?.labels?.[k] === v),
+          );
+          expect(backing.length, `Service ${svc.metadata.name} selects no workload`).toBeGreaterThan(0);
+          for (const p of svc.spec.ports) {
+            const target = p.targetPort ?? p.port;
+            const ok = backing.some((w) =>
+              w.spec.template.spec.containers.some((c) => (c.ports ?? []).some((cp) => cp.name === target || cp.containerPort === target)),
+            );
+            expect(ok, `Service ${svc.metadata.name} port ${p.name} -> ${target}`).toBe(true);
+          }
+        }
+        for (const { w, c } of kvrouteContainers(objs)) {
+          if (c.args?.[0] === 'relay') continue; // a sidecar: the engine's pod has the probes
+          expect(c.readinessProbe, `${w.metadata.name} readiness`).toBeDefined();
+          expect(c.livenessProbe, `${w.metadata.name} liveness`).toBeDefined();
+          expect(c.ports?.some((p) => p.name === 'metrics') || c.args?.[0] === 'serve', `${w.metadata.name} metrics port`).toBe(true);
+        }
+      });
+
+      it("kvroute's flags exist, and discovery has the RBAC for what it watches", () => {
+        const serveFlags = new Set(settingsOf(serveSchema).map((s) => longFlag(s.entry)));
+        const relayFlags = new Set([
+          '--nats',
+          '--worker',
+          '--events',
+          '--replay',
+          '--model',
+          '--url',
+          '--block-size',
+          '--replicas',
+          '--dp',
+        ]);
+        for (const { w, c } of kvrouteContainers(objs)) {
+          const [command, ...args] = c.args ?? [];
+          expect(['serve', 'relay', 'epp']).toContain(command);
+          for (const a of args) {
+            const flag = a.split('=')[0];
+            // epp composes serve's settings; its own two are its listeners (docs/endpoint-picker.md).
+            const known = command === 'relay' ? relayFlags.has(flag) : serveFlags.has(flag) || (command === 'epp' && flag === '--port');
+            expect(known, `${w.metadata.name}: kvroute ${command} ${flag}`).toBe(true);
+          }
+          const discovers = args.some((a) => a.startsWith('--k8s-selector=') || a.startsWith('--k8s-pool='));
+          if (!discovers) continue;
+          const pod = w.spec.template.spec;
+          expect(pod.serviceAccountName, `${w.metadata.name} runs as the discovery service account`).toBe('kvroute');
+          const binding = objs.find(
+            (o) =>
+              o.kind === 'RoleBinding' &&
+              (o.subjects as { kind: string; name: string }[]).some((s) => s.kind === 'ServiceAccount' && s.name === 'kvroute'),
+          ) as (K8sObject & { roleRef: { name: string }; subjects: { namespace?: string }[] }) | undefined;
+          expect(binding).toBeDefined();
+          expect(binding!.subjects[0].namespace).toBe('kvroute');
+          const role = objs.find((o) => o.kind === 'Role' && o.metadata.name === binding!.roleRef.name) as
+            | (K8sObject & { rules: { apiGroups: string[]; resources: string[]; verbs: string[] }[] })
+            | undefined;
+          const grants = (group: string, resource: string) =>
+            role?.rules.some(
+              (r) =>
+                r.apiGroups.includes(group) && r.resources.includes(resource) && ['get', 'list', 'watch'].every((v) => r.verbs.includes(v)),
+            );
+          expect(grants('', 'pods')).toBe(true);
+          if (args.some((a) => a.startsWith('--k8s-pool='))) expect(grants('inference.networking.k8s.io', 'inferencepools')).toBe(true);
+          // What discovery selects exists: the selector's pods, or the pool.
+          const selector = flagValue(args, '--k8s-selector');
+          if (selector) {
+            const [k, v] = selector.split('=');
+            expect(
+              workloads(objs).some((x) => x.spec.template.metadata?.labels?.[k] === v),
+              `pods for ${selector}`,
+            ).toBe(true);
+          }
+        }
+      });
+
+      if (overlay.startsWith('epp/')) {
+        it('the EPP, the InferencePool and the HTTPRoute name each other; the pool selects the engines on their port', () => {
+          const pool = objs.find((o) => o.kind === 'InferencePool') as K8sObject & {
+            spec: {
+              selector: { matchLabels: Record<string, string> };
+              targetPorts: { number: number }[];
+              endpointPickerRef: { name: string; port: { number: number } };
+            };
+          };
+          const epp = kvrouteContainers(objs).find(({ c }) => c.args?.[0] === 'epp')!;
+          expect(flagValue(epp.c.args!, '--k8s-pool')).toBe(pool.metadata.name);
+          expect(flagValue(epp.c.args!, '--port')).toBe(String(pool.spec.endpointPickerRef.port.number));
+          expect(epp.c.readinessProbe?.grpc?.service).toBe('readiness');
+          expect(epp.c.livenessProbe?.grpc?.service).toBe('liveness');
+          const svc = objs.find((o) => o.kind === 'Service' && o.metadata.name === pool.spec.endpointPickerRef.name) as K8sObject & {
+            spec: { selector: Record<string, string>; ports: { port: number }[] };
+          };
+          expect(svc, 'the Service endpointPickerRef names').toBeDefined();
+          expect(svc.spec.ports.map((p) => p.port)).toContain(pool.spec.endpointPickerRef.port.number);
+          expect(Object.entries(svc.spec.selector).every(([k, v]) => epp.w.spec.template.metadata?.labels?.[k] === v)).toBe(true);
+          const engines = workloads(objs).filter((w) =>
+            Object.entries(pool.spec.selector.matchLabels).every(([k, v]) => w.spec.template.metadata?.labels?.[k] === v),
+          );
+          expect(engines.map((e) => e.metadata.name)).toEqual(['vllm']);
+          expect(engines[0].spec.template.spec.containers[0].ports?.map((p) => p.containerPort)).toContain(pool.spec.targetPorts[0].number);
+          const route = objs.find((o) => o.kind === 'HTTPRoute') as K8sObject & {
+            spec: { parentRefs: { name: string }[]; rules: { backendRefs: { group: string; kind: string; name: string }[] }[] };
+          };
+          expect(route.spec.rules[0].backendRefs).toEqual([
+            { group: 'inference.networking.k8s.io', kind: 'InferencePool', name: pool.metadata.name },
+          ]);
+          const gateway = objs.find((o) => o.kind === 'Gateway') as K8sObject & { spec: { gatewayClassName: string } };
+          expect(route.spec.parentRefs[0].name).toBe(gateway.metadata.name);
+          expect(gateway.spec.gatewayClassName).toBe(
+            { 'epp/envoy-gateway': 'eg', 'epp/istio': 'istio', 'epp/kgateway': 'kgateway' }[overlay],
+          );
+        });
+      }
+    });
+  }
+
+  it('the validators refuse what they should: a bad field type, a missing required field, a bad pool', () => {
+    const [router] = build(join(DEPLOY, 'standalone')).filter((o) => o.kind === 'Deployment');
+    const broken = structuredClone(router) as K8sObject & {
+      spec: { replicas: unknown; template: { spec: { containers: { ports: unknown[] }[] } } };
+    };
+    broken.spec.replicas = 'two';
+    broken.spec.template.spec.containers[0].ports = [{ name: 'http' }];
+    expect(validate(broken).join(' ')).toMatch(/replicas must be integer/);
+    expect(validate(broken).join(' ')).toMatch(/containerPort/);
+    const [pool] = build(join(DEPLOY, 'epp/istio')).filter((o) => o.kind === 'InferencePool');
+    const badPool = structuredClone(pool) as K8sObject & { spec: Record<string, unknown> };
+    badPool.spec.targetPorts = [{ number: 70000 }];
+    delete badPool.spec.endpointPickerRef;
+    expect(validate(badPool).join(' ')).toMatch(/must have required property 'endpointPickerRef'/);
+    expect(validate(badPool).join(' ')).toMatch(/targetPorts\/0\/number must be <= 65535/);
+    expect(validate({ apiVersion: 'example.com/v1', kind: 'Widget', metadata: { name: 'w' } })).toEqual([
+      'no schema for example.com/v1/Widget',
+    ]);
+  });
+});

@@ -1,0 +1,189 @@
+/** The pure side of Kubernetes discovery: selectors, InferencePool specs (both groups), pod verdicts, worker diffs. */
+import { describe, expect, it } from 'vitest';
+import {
+  BadObject,
+  diffWorkers,
+  matchesSelector,
+  parseLabelSelector,
+  podVerdict,
+  poolTarget,
+  specKey,
+} from '../../src/discovery/k8s/pods.ts';
+import { workerFromUnknown } from '../../src/config/worker-spec.ts';
+import { pod } from '../fixtures/k8s-api.ts';
+
+const DEFAULTS = { port: 8000, eventsPort: 5557, replayPort: 5558 };
+const all = parseLabelSelector('app=vllm');
+
+function bad(fn: () => unknown): BadObject {
+  try {
+    fn();
+  } catch (err) {
+    if (err instanceof BadObject) return err;
+    throw err;
+  }
+  throw new Error('expected a BadObject');
+}
+
+describe('label selectors', () => {
+  it('parses equality and existence terms, matches like the apiserver, refuses set-based and malformed terms', () => {
+    const s = parseLabelSelector('app = vllm, tier!=batch,gpu,!canary,llm-d.ai/role==decode');
+    expect(s.text).toBe('app=vllm,tier!=batch,gpu,!canary,llm-d.ai/role=decode');
+    const base = { app: 'vllm', gpu: 'h100', 'llm-d.ai/role': 'decode' };
+    expect(matchesSelector(s, base)).toBe(true);
+    expect(matchesSelector(s, { ...base, tier: 'batch' })).toBe(false);
+    expect(matchesSelector(s, { ...base, tier: 'online' })).toBe(true);
+    expect(matchesSelector(s, { ...base, canary: '' })).toBe(false);
+    expect(matchesSelector(s, { app: 'vllm', 'llm-d.ai/role': 'decode' })).toBe(false); // no gpu label
+    expect(() => parseLabelSelector('app in (a,b)')).toThrow(/set-based/);
+    expect(() => parseLabelSelector('app=,')).toThrow(/empty term/);
+    expect(() => parseLabelSelector('-bad=x')).toThrow(/bad label key/);
+    expect(() => parseLabelSelector('app=has space')).toThrow(/bad label selector term/);
+  });
+});
+
+describe('InferencePool specs', () => {
+  it('reads v1 (selector.matchLabels, targetPorts) and v1alpha2 (selector, targetPortNumber)', () => {
+    const v1 = poolTarget(
+      { spec: { selector: { matchLabels: { b: '2', a: '1' } }, targetPorts: [{ number: 8000 }], endpointPickerRef: { name: 'epp' } } },
+      'inference.networking.k8s.io',
+    );
+    expect(v1).toEqual({ selector: expect.objectContaining({ text: 'a=1,b=2' }), port: 8000 });
+    const alpha = poolTarget({ spec: { selector: { app: 'x' }, targetPortNumber: 9000 } }, 'inference.networking.x-k8s.io');
+    expect(alpha.port).toBe(9000);
+    expect(alpha.selector.text).toBe('app=x');
+  });
+
+  it('refuses malformed specs with a reason', () => {
+    const g = 'inference.networking.k8s.io' as const;
+    expect(bad(() => poolTarget('pool', g)).reason).toBe('not_an_object');
+    expect(bad(() => poolTarget({}, g)).reason).toBe('bad_pool_spec');
+    expect(bad(() => poolTarget({ spec: { selector: { app: 'x' }, targetPorts: [{ number: 1 }] } }, g)).message).toMatch(/matchLabels/);
+    expect(bad(() => poolTarget({ spec: { selector: { matchLabels: { a: 'b' } }, targetPorts: [] } }, g)).message).toMatch(/targetPorts/);
+    expect(bad(() => poolTarget({ spec: { selector: { matchLabels: { a: 'b' } }, targetPorts: [{ number: 70000 }] } }, g)).reason).toBe(
+      'bad_pool_spec',
+    );
+    expect(bad(() => poolTarget({ spec: { selector: { matchLabels: { a: 5 } }, targetPorts: [{ number: 1 }] } }, g)).reason).toBe(
+      'bad_pool_spec',
+    );
+    expect(bad(() => poolTarget({ spec: { selector: { app: 'x' } } }, 'inference.networking.x-k8s.io')).message).toMatch(
+      /targetPortNumber/,
+    );
+  });
+});
+
+describe('pod verdicts', () => {
+  it('a ready, selected pod is a worker with the documented defaults; the spec passes the admin API schema', () => {
+    const v = podVerdict(pod('vllm-0', { labels: { app: 'vllm' }, ip: '10.0.0.7' }), all, DEFAULTS);
+    expect(v).toEqual({
+      kind: 'worker',
+      spec: { id: 'vllm-0', url: 'http://10.0.0.7:8000', events: 'tcp://10.0.0.7:5557', replay: 'tcp://10.0.0.7:5558' },
+    });
+    if (v.kind === 'worker') expect(workerFromUnknown(v.spec)).toMatchObject({ id: 'vllm-0', url: 'http://10.0.0.7:8000' });
+    // The pool's target port replaces the default; the annotation wins over both.
+    const pooled = podVerdict(pod('a', { labels: { app: 'vllm' } }), all, DEFAULTS, 9000);
+    expect(pooled.kind === 'worker' && pooled.spec.url).toBe('http://127.0.0.1:9000');
+    const annotated = podVerdict(pod('a', { labels: { app: 'vllm' }, annotations: { 'kvroute.io/port': '7000' } }), all, DEFAULTS, 9000);
+    expect(annotated.kind === 'worker' && annotated.spec.url).toBe('http://127.0.0.1:7000');
+  });
+
+  it('reads role, engine, bootstrap port, dp, models, blocks; events-port 0 means approximate mode; IPv6 is bracketed', () => {
+    const v = podVerdict(
+      pod('sg-0', {
+        labels: { app: 'vllm', 'llm-d.ai/role': 'prefill' },
+        ip: 'fd00::7',
+        annotations: {
+          'sglang.ai/bootstrap-port': '8998',
+          'kvroute.io/dp': '2',
+          'kvroute.io/model': 'Qwen/Qwen3-8B, lora-a',
+          'kvroute.io/blocks': '4096',
+          'kvroute.io/events-port': '0',
+        },
+      }),
+      all,
+      DEFAULTS,
+    );
+    expect(v).toEqual({
+      kind: 'worker',
+      spec: {
+        id: 'sg-0',
+        url: 'http://[fd00::7]:8000',
+        dp: 2,
+        models: ['Qwen/Qwen3-8B', 'lora-a'],
+        blocks: 4096,
+        engine: 'sglang',
+        role: 'prefill',
+        bootstrap: 8998,
+      },
+    });
+  });
+
+  it('unready, terminating, IP-less and unselected pods are absent, with the reason', () => {
+    const reason = (o: unknown) => {
+      const v = podVerdict(o, all, DEFAULTS);
+      return v.kind === 'absent' ? v.reason : 'worker';
+    };
+    expect(reason(pod('a', { labels: { app: 'vllm' }, ready: false }))).toBe('not_ready');
+    expect(reason(pod('a', { labels: { app: 'web' } }))).toBe('not_selected');
+    expect(reason(pod('a', { labels: { app: 'vllm' }, ip: '' }))).toBe('no_ip');
+    const terminating = pod('a', { labels: { app: 'vllm' } });
+    (terminating.metadata as Record<string, unknown>).deletionTimestamp = '2026-12-01T00:00:00Z';
+    expect(reason(terminating)).toBe('terminating');
+    const pending = pod('a', { labels: { app: 'vllm' } });
+    (pending.status as Record<string, unknown>).phase = 'Pending';
+    expect(reason(pending)).toBe('not_ready');
+    expect(reason({ metadata: { name: 'a', labels: { app: 'vllm' } } })).toBe('not_ready'); // no status at all
+  });
+
+  it('malformed pods are BadObjects with a bounded reason, never exceptions of another kind', () => {
+    const r = (o: unknown) => bad(() => podVerdict(o, all, DEFAULTS)).reason;
+    expect(r(null)).toBe('not_an_object');
+    expect(r({ metadata: {} })).toBe('no_name');
+    expect(r({ metadata: { name: 'a b' } })).toBe('no_name');
+    expect(r({ metadata: { name: 'a', labels: 'app=vllm' } })).toBe('bad_label');
+    expect(r({ metadata: { name: 'a', labels: { app: 3 } } })).toBe('bad_label');
+    expect(r(pod('a', { labels: { app: 'vllm', 'llm-d.ai/role': 'leader' } }))).toBe('bad_label');
+    for (const annotations of <Record<string, string>[]>[
+      { 'kvroute.io/port': '0' },
+      { 'kvroute.io/port': '65536' },
+      { 'kvroute.io/events-port': '55x' },
+      { 'kvroute.io/dp': '0' },
+      { 'kvroute.io/blocks': '-1' },
+      { 'kvroute.io/engine': 'trtllm' },
+      { 'sglang.ai/bootstrap-port': 'auto' },
+    ]) {
+      expect(r(pod('a', { labels: { app: 'vllm' }, annotations }))).toBe('bad_annotation');
+    }
+  });
+});
+
+describe('worker diffs', () => {
+  it('adds new workers, removes gone ones, and replaces a worker whose spec changed', () => {
+    const a = { id: 'a', url: 'http://10.0.0.1:8000' };
+    const b = { id: 'b', url: 'http://10.0.0.2:8000' };
+    const applied = new Map([
+      ['a', specKey(a)],
+      ['b', specKey(b)],
+    ]);
+    const moved = { ...b, url: 'http://10.0.0.9:8000' };
+    const c = { id: 'c', url: 'http://10.0.0.3:8000', role: 'decode' as const };
+    const diff = diffWorkers(
+      applied,
+      new Map([
+        ['b', moved],
+        ['c', c],
+      ]),
+    );
+    expect(diff.remove).toEqual(['a', 'b']);
+    expect(diff.add).toEqual([moved, c]);
+    expect(
+      diffWorkers(
+        applied,
+        new Map([
+          ['a', a],
+          ['b', b],
+        ]),
+      ),
+    ).toEqual({ remove: [], add: [] });
+  });
+});
