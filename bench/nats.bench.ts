@@ -169,7 +169,7 @@ async function main(): Promise<void> {
     // 2. Snapshot write.
     const w = await rep.writeSnapshot();
     console.log(
-      `\nsnapshot write at ${router.index.stats().blocks.toLocaleString()} blocks: ${w.ms.toFixed(0)} ms in all (dump + encode + object store put), of which ${w.dumpMs.toFixed(0)} ms synchronous (dump + encode: routing waits), ${(w.bytes / 2 ** 20).toFixed(1)} MiB`,
+      `\nsnapshot write at ${router.index.stats().blocks.toLocaleString()} blocks: ${w.ms.toFixed(0)} ms in all (dump + encode + object store put), longest synchronous piece ${w.longestStepMs.toFixed(1)} ms (capture ${w.captureMs.toFixed(1)} ms), ${(w.bytes / 2 ** 20).toFixed(1)} MiB`,
     );
 
     // 3. More events after the snapshot, then a replica restart.
