@@ -126,6 +126,37 @@ async function runRelay(
 
 // ------------------------------------------------------------------------------------------ main: NATS + replicas
 
+/**
+ * Routes back to back (one route() + finish per event-loop turn) until `work` settles; the longest gap between the
+ * end of one call and the start of the next is how long routing waited on something else. The prompts are the
+ * engine emulator's chains (2,048 tokens, 128 blocks each), so every call walks a full-length match.
+ */
+async function routingGaps<T>(router: KvRouter, work: Promise<T>): Promise<{ result: T; longestMs: number; routes: number }> {
+  let done = false;
+  let longest = 0;
+  let routes = 0;
+  const chains = Math.max(1, Math.floor(router.index.stats().blocks / 128));
+  const loop = (async () => {
+    let last = performance.now();
+    while (!done) {
+      await new Promise<void>((r) => setImmediate(r));
+      const t = performance.now();
+      if (t - last > longest) longest = t - last;
+      const k = routes % chains;
+      const tokens = Array.from({ length: 2048 }, (_, i) => ((7 + k * 2048 + i) % 150_000) + 1);
+      const d = router.route({ requestId: `probe${routes}`, tokens }, Date.now());
+      if (d.kind === 'routed') router.finish(d.requestId, {}, Date.now());
+      routes++;
+      last = performance.now();
+    }
+  })();
+  const result = await work.finally(() => {
+    done = true;
+  });
+  await loop;
+  return { result, longestMs: longest, routes };
+}
+
 async function main(): Promise<void> {
   const blocks = Number(arg('blocks', '1000000'));
   const after = Number(arg('after', '100000'));
@@ -166,10 +197,21 @@ async function main(): Promise<void> {
       `  index: ${router.index.stats().blocks.toLocaleString()} blocks, ${(router.index.stats().bytes / 2 ** 20).toFixed(0)} MiB`,
     );
 
-    // 2. Snapshot write.
-    const w = await rep.writeSnapshot();
+    // 2. Snapshot write while this process routes: the longest gap between route() calls is the routing stall.
+    const check = router.route({ requestId: 'check', tokens: Array.from({ length: 2048 }, (_, i) => ((7 + i) % 150_000) + 1) }, Date.now());
+    if (check.kind !== 'routed' || check.overlapBlocks !== 128) throw new Error('the routing probe does not match the indexed chains');
+    router.finish(check.requestId, {}, Date.now());
+    const idle = await routingGaps(router, sleep(1500));
+    const during = await routingGaps(router, rep.writeSnapshot());
+    const w = during.result;
     console.log(
-      `\nsnapshot write at ${router.index.stats().blocks.toLocaleString()} blocks: ${w.ms.toFixed(0)} ms in all (dump + encode + object store put), longest synchronous piece ${w.longestStepMs.toFixed(1)} ms (capture ${w.captureMs.toFixed(1)} ms), ${(w.bytes / 2 ** 20).toFixed(1)} MiB`,
+      `\nsnapshot write at ${router.index.stats().blocks.toLocaleString()} blocks: ${w.ms.toFixed(0)} ms in all (capture + export in steps + object store put + purge), ${(w.bytes / 2 ** 20).toFixed(1)} MiB`,
+    );
+    console.log(
+      `  routing stall (longest gap between route() calls, ${during.routes.toLocaleString()} routed meanwhile): ${during.longestMs.toFixed(1)} ms (goal < 50 ms); without a snapshot over 1.5 s: ${idle.longestMs.toFixed(1)} ms (${idle.routes.toLocaleString()} routed)`,
+    );
+    console.log(
+      `  longest synchronous piece of the export ${w.longestStepMs.toFixed(1)} ms, index copy (KvRouter.snapshotSteps(), events held back meanwhile) ${w.captureMs.toFixed(1)} ms from first to last step`,
     );
 
     // 3. More events after the snapshot, then a replica restart.

@@ -52,6 +52,8 @@ export class EventConsumer {
   private messages: ConsumerMessages | null = null;
   private loop: Promise<void> | null = null;
   private listener: (() => void) | null = null;
+  /** While set, messages wait before they are applied (a snapshot is copying the index). */
+  private held: Promise<void> | null = null;
 
   constructor(private readonly d: EventConsumerDeps) {}
 
@@ -64,6 +66,24 @@ export class EventConsumer {
     this.stats.appliedSeq = seq;
     this.listener = onApplied;
     this.loop = this.consume();
+  }
+
+  /**
+   * Runs `work` with event application held back: messages already received wait (the client keeps pulling up to
+   * its batch), none is lost or reordered. Routing is not held (it only reads the index).
+   */
+  async hold<T>(work: () => Promise<T>): Promise<T> {
+    let release!: () => void;
+    const previous = this.held;
+    const mine = new Promise<void>((r) => (release = r));
+    this.held = mine;
+    try {
+      await previous;
+      return await work();
+    } finally {
+      if (this.held === mine) this.held = null;
+      release();
+    }
   }
 
   /** Drops the current consumer and starts a new one from the last applied sequence (after a reconnect). */
@@ -85,6 +105,7 @@ export class EventConsumer {
         this.messages = msgs;
         void this.logStatus(msgs);
         for await (const m of msgs) {
+          while (this.held) await this.held;
           if (this.closed) break;
           if (this.apply(m.seq, m.subject, m.data) === 'gap') {
             gap = true;

@@ -179,6 +179,7 @@ export class NatsReplica {
       replicaId: this.replicaId,
       now: this.now,
       leaseTtlMs: this.opts.leaseTtlMs ?? Math.max(10_000, 3 * snapEvery),
+      holdEvents: (work) => this.events.hold(work),
     });
     void this.watchStatus();
 
@@ -299,7 +300,7 @@ export class NatsReplica {
   private async maybeSnapshot(): Promise<void> {
     if (!this.readyFlag || this.c.degraded) return;
     try {
-      const w = await this.lease.attempt(this.events.appliedSeq);
+      const w = await this.lease.attempt(() => this.events.appliedSeq);
       if (w) this.written(w);
     } catch (err) {
       this.log.warn({ err: String(err) }, 'snapshot write failed');
@@ -308,7 +309,7 @@ export class NatsReplica {
 
   /** Writes a snapshot of the current index (whoever holds the lease), then purges the stream below the previous one. */
   async writeSnapshot(): Promise<SnapshotWrite> {
-    const w = await this.lease.write(this.events.appliedSeq);
+    const w = await this.lease.write(() => this.events.appliedSeq);
     this.written(w);
     return w;
   }

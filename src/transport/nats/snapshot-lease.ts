@@ -8,7 +8,7 @@ import type { JetStreamManager } from '@nats-io/jetstream';
 import type { ObjectStore } from '@nats-io/obj';
 import type { KvRouter } from '../../core/router.ts';
 import { LEASE_KEY, SNAPSHOT_NAME, STREAM } from './protocol.ts';
-import { describedSeq, exportSnapshot, putSnapshot } from './snapshot-store.ts';
+import { describedSeq, exportSnapshot, putSnapshot, type HoldEvents } from './snapshot-store.ts';
 
 export interface SnapshotLeaseDeps {
   readonly lease: KV;
@@ -19,6 +19,8 @@ export interface SnapshotLeaseDeps {
   /** Wall clock (ms since the epoch): lease expiry is compared across replicas. */
   readonly now: () => number;
   readonly leaseTtlMs: number;
+  /** Holds back event application while the index is copied. */
+  readonly holdEvents: HoldEvents;
 }
 
 export interface SnapshotWrite {
@@ -75,24 +77,28 @@ export class SnapshotLease {
   }
 
   /** A periodic attempt: writes when the index moved past the last snapshot and the lease is ours. */
-  async attempt(appliedSeq: number): Promise<SnapshotWrite | null> {
-    if (this.writing || appliedSeq <= this.coveredSeq) return null;
+  async attempt(appliedSeq: () => number): Promise<SnapshotWrite | null> {
+    if (this.writing || appliedSeq() <= this.coveredSeq) return null;
     if (!(await this.acquire())) return null;
     return this.write(appliedSeq);
   }
 
-  /** Writes a snapshot covering `appliedSeq` (read now: the capture is synchronous), then purges below the previous one. */
-  async write(appliedSeq: number): Promise<SnapshotWrite> {
+  /** Writes a snapshot covering the applied sequence (read once events are held back), then purges below the previous one. */
+  async write(appliedSeq: () => number): Promise<SnapshotWrite> {
     this.writing = true;
     try {
       const t0 = performance.now();
-      const streamSeq = appliedSeq;
-      const exp = await exportSnapshot(this.d.router, { streamSeq, takenAt: this.d.now(), replica: this.d.replicaId });
+      const exp = await exportSnapshot(this.d.router, this.d.holdEvents, () => ({
+        streamSeq: appliedSeq(),
+        takenAt: this.d.now(),
+        replica: this.d.replicaId,
+      }));
+      const streamSeq = exp.streamSeq;
       const prev = await this.d.snapshots.info(SNAPSHOT_NAME).catch(() => null);
       const prevSeq = describedSeq(prev?.description);
       const base = { captureMs: exp.captureMs, longestStepMs: exp.longestStepMs };
       if (prevSeq >= streamSeq) return { streamSeq: prevSeq, bytes: 0, ms: 0, purged: 0, ...base }; // a peer was further along
-      await putSnapshot(this.d.snapshots, exp, streamSeq, this.d.replicaId);
+      await putSnapshot(this.d.snapshots, exp, this.d.replicaId);
       this.coveredSeq = streamSeq;
       this.stats.snapshotsWritten++;
       let purged = 0;

@@ -1,18 +1,22 @@
 /**
- * Index snapshots in and out of the object store, through KvRouter's public snapshot API, without stalling routing:
- * the router's `snapshot()` is a typed-array copy (the one synchronous piece), then each source is exported with
- * `sourceSteps` and encoded frame by frame, one bounded step per event-loop turn (`setImmediate` in between), so
- * routing and event application go on while a snapshot is written. Loading decodes in steps the same way and
- * restores one source per turn.
+ * Index snapshots in and out of the object store, through KvRouter's public snapshot API, without stalling routing.
+ * Writing: the router's `snapshotSteps()` copies the index's typed arrays a few MiB per step while the replica holds
+ * back its events (routing goes on: it only reads the index; the copy is consistent because nothing writes it), then
+ * each source is exported from that copy with `sourceSteps` and encoded frame by frame while events flow again. One
+ * bounded step per event-loop turn (`setImmediate` in between). Loading decodes in steps the same way and restores
+ * one source per turn.
  */
 import type { ObjectStore } from '@nats-io/obj';
-import type { SourceSnapshot } from '../../core/index/snapshot.ts';
+import type { RouterSnapshot, SourceSnapshot } from '../../core/index/snapshot.ts';
 import type { KvRouter } from '../../core/router.ts';
 import { SNAPSHOT_NAME } from './protocol.ts';
 import { decodeSnapshotSteps, SnapshotEncoder, type SnapshotHeader, type SnapshotRefusal } from './snapshot-format.ts';
 
-/** 512 KiB object chunks (the store's default is 128 KiB): fewer messages for a starting replica to fetch. */
-const OBJECT_CHUNK = 512 * 1024;
+/**
+ * Object chunks of 128 KiB (the store's default): the client hashes each chunk (SHA-256 in JavaScript) in one piece, a
+ * millisecond or two at this size; 512 KiB chunks made that a routing stall of its own.
+ */
+const OBJECT_CHUNK = 128 * 1024;
 
 const turn = () => new Promise<void>((resolve) => setImmediate(resolve));
 
@@ -28,10 +32,12 @@ export async function runSteps<T>(steps: Generator<void, T, void>, onStep?: (ms:
 }
 
 export interface SnapshotExport {
+  /** The stream sequence the snapshot covers (applied when the copy was taken). */
+  readonly streamSeq: number;
   readonly chunks: Uint8Array[];
   readonly bytes: number;
   readonly blocks: number;
-  /** The synchronous index copy (`KvRouter.snapshot()`). */
+  /** The index copy (`KvRouter.snapshotSteps()`, in steps, events held back meanwhile), event-loop turns included. */
   readonly captureMs: number;
   /** The longest synchronous piece of the whole export, the capture included: routing waited at most this long. */
   readonly longestStepMs: number;
@@ -39,20 +45,52 @@ export interface SnapshotExport {
   readonly ms: number;
 }
 
-/** The router's index as snapshot bytes, built in steps (see the file comment). */
-export async function exportSnapshot(router: KvRouter, header: Omit<SnapshotHeader, 'routerBlockSize'>): Promise<SnapshotExport> {
+/** Work per export step (KvRouter's units: a table cell or an engine id, ~0.1-0.2 us each on a loaded host): a few ms. */
+const EXPORT_STEP = 16_384;
+/** A capture the index changed under (a worker removed meanwhile) is taken again, this many times in all. */
+const CAPTURE_ATTEMPTS = 3;
+
+/** Runs `work` with the replica's event application held back (the stepped capture needs an unchanging index). */
+export type HoldEvents = <T>(work: () => Promise<T>) => Promise<T>;
+
+export class SnapshotCaptureError extends Error {
+  readonly code = 'index_changed';
+  constructor(attempts: number) {
+    super(`the index changed during each of ${attempts} snapshot captures`);
+    this.name = 'SnapshotCaptureError';
+  }
+}
+
+/**
+ * The router's index as snapshot bytes, built in steps (see the file comment): the capture with events held back,
+ * then each source's export and encoding with events flowing again.
+ */
+export async function exportSnapshot(
+  router: KvRouter,
+  hold: HoldEvents,
+  /** Called with events held back, just before the copy: the stream sequence, time and writer the snapshot states. */
+  header: () => Omit<SnapshotHeader, 'routerBlockSize'>,
+): Promise<SnapshotExport> {
   const t0 = performance.now();
-  const snap = router.snapshot();
-  const captureMs = performance.now() - t0;
-  let longest = captureMs;
+  let longest = 0;
   const onStep = (ms: number) => {
     if (ms > longest) longest = ms;
   };
+  let snap: RouterSnapshot | null = null;
+  let head = header();
+  for (let attempt = 0; !snap; attempt++) {
+    if (attempt === CAPTURE_ATTEMPTS) throw new SnapshotCaptureError(attempt);
+    snap = await hold(() => {
+      head = header();
+      return runSteps(router.snapshotSteps(), onStep);
+    });
+  }
+  const captureMs = performance.now() - t0;
   const keys = snap.keys;
-  const enc = new SnapshotEncoder({ ...header, routerBlockSize: snap.blockSize }, keys.length);
+  const enc = new SnapshotEncoder({ ...head, routerBlockSize: snap.blockSize }, keys.length);
   for (const key of keys) {
     await turn();
-    const s: SourceSnapshot = (await runSteps(snap.sourceSteps(key), onStep)) ?? {
+    const s: SourceSnapshot = (await runSteps(snap.sourceSteps(key, EXPORT_STEP), onStep)) ?? {
       key,
       blockSize: snap.blockSize,
       engineIds: new BigUint64Array(0),
@@ -61,7 +99,7 @@ export async function exportSnapshot(router: KvRouter, header: Omit<SnapshotHead
     await runSteps(enc.addSource(s), onStep);
   }
   const out = enc.finish();
-  return { ...out, captureMs, longestStepMs: longest, ms: performance.now() - t0 };
+  return { ...out, streamSeq: head.streamSeq, captureMs, longestStepMs: longest, ms: performance.now() - t0 };
 }
 
 /** Stream sequence an object's description says its snapshot covers (0 when absent or unreadable). */
@@ -75,16 +113,28 @@ export function describedSeq(description: string | undefined): number {
 }
 
 /** Puts exported chunks as the snapshot object (a stream of the chunks: never joined into one buffer). */
-export async function putSnapshot(store: ObjectStore, exp: SnapshotExport, streamSeq: number, replica: string): Promise<void> {
+export async function putSnapshot(store: ObjectStore, exp: SnapshotExport, replica: string): Promise<void> {
+  // Pieces of at most one object chunk: the client then never joins more than two chunks' worth of bytes at once.
   let i = 0;
+  let at = 0;
   const stream = new ReadableStream<Uint8Array>({
     pull(controller) {
-      if (i < exp.chunks.length) controller.enqueue(exp.chunks[i++]);
-      else controller.close();
+      if (i === exp.chunks.length) {
+        controller.close();
+        return;
+      }
+      const c = exp.chunks[i];
+      const end = Math.min(c.byteLength, at + OBJECT_CHUNK);
+      controller.enqueue(c.subarray(at, end));
+      at = end;
+      if (at === c.byteLength) {
+        i++;
+        at = 0;
+      }
     },
   });
   await store.put(
-    { name: SNAPSHOT_NAME, description: JSON.stringify({ streamSeq, replica }), options: { max_chunk_size: OBJECT_CHUNK } },
+    { name: SNAPSHOT_NAME, description: JSON.stringify({ streamSeq: exp.streamSeq, replica }), options: { max_chunk_size: OBJECT_CHUNK } },
     stream,
   );
 }
