@@ -32,6 +32,8 @@ export interface SnapshotWrite {
   readonly captureMs: number;
   /** The longest synchronous piece of the export (capture included): the longest routing waited on this write. */
   readonly longestStepMs: number;
+  /** The most CPU time one export step used. */
+  readonly longestStepCpuMs: number;
   readonly purged: number;
 }
 
@@ -96,7 +98,7 @@ export class SnapshotLease {
       const streamSeq = exp.streamSeq;
       const prev = await this.d.snapshots.info(SNAPSHOT_NAME).catch(() => null);
       const prevSeq = describedSeq(prev?.description);
-      const base = { captureMs: exp.captureMs, longestStepMs: exp.longestStepMs };
+      const base = { captureMs: exp.captureMs, longestStepMs: exp.longestStepMs, longestStepCpuMs: exp.longestStepCpuMs };
       if (prevSeq >= streamSeq) return { streamSeq: prevSeq, bytes: 0, ms: 0, purged: 0, ...base }; // a peer was further along
       await putSnapshot(this.d.snapshots, exp, this.d.replicaId);
       this.coveredSeq = streamSeq;
