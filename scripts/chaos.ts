@@ -357,11 +357,10 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
     engines.map((e, i) => {
       const key = `engine${i}`;
       const truth = e.engine.cachedSeqHashes();
-      // KvRouter keeps the source -> index slot map private; the slot is what KvIndex.blocksOf takes.
-      const entry = (server.router as unknown as { sources: Map<string, { index: number }> }).sources.get(
-        server.router.sourceKeys().find((k) => k.startsWith(key))!,
-      );
-      const held = entry ? server.router.index.blocksOf(entry.index) : new Set<bigint>();
+      // The router's blocks for that engine, through its public snapshot (a copy of the index, then one source's arrays).
+      const source = server.router.sourceKeys().find((k) => k.startsWith(key));
+      const blocks = source ? server.router.snapshot().source(source) : null;
+      const held = new Set<bigint>(blocks ? blocks.seqHashes : []);
       let missing = 0;
       let extra = 0;
       for (const h of truth) if (!held.has(h)) missing++;

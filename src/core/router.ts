@@ -12,7 +12,7 @@ import { ActiveLoad } from './active-load.ts';
 import { TtlIndex } from './approx.ts';
 import { computeSeqHashes, hashSeed, islBlocks as islBlocksOf } from './hashing.ts';
 import { KvIndex, type IndexApplyResult } from './index/kv-index.ts';
-import { RouterSnapshot, type RouterSnapshotData, type SourceSnapshot } from './index/snapshot.ts';
+import { type IndexCapture, RouterSnapshot, type RouterSnapshotData, type SourceSnapshot } from './index/snapshot.ts';
 import { isLowerTier, TierIndex } from './tiers.ts';
 import { predictedCachedTokens, ReuseLedger } from './ledger.ts';
 import { createRng, type Rng } from './rng.ts';
@@ -720,8 +720,21 @@ export class KvRouter {
    * result is still the index as it was at this call. Sources holding no blocks are not listed.
    */
   snapshot(): RouterSnapshot {
+    return this.named(this.index.capture());
+  }
+
+  /**
+   * The same snapshot taken in steps of bounded work (`next()` until done, yielding to the event loop in between),
+   * for a shell that must not stall on the copy either. Apply no events until it returns (routing goes on: it only
+   * reads the index); if the index changed anyway the result is null and the snapshot must be taken again.
+   */
+  *snapshotSteps(budget?: number): Generator<void, RouterSnapshot | null, void> {
+    const capture = yield* this.index.captureSteps(budget);
+    return capture ? this.named(capture) : null;
+  }
+
+  private named(capture: IndexCapture): RouterSnapshot {
     const names = new Map<string, number>();
-    const capture = this.index.capture();
     const captured = new Set(capture.sources());
     for (const [key, e] of this.sources) if (captured.has(e.index)) names.set(key, e.index);
     return new RouterSnapshot(capture, names);

@@ -296,4 +296,38 @@ describe('KvRouter.snapshot / restore', () => {
     expect(r.value).toEqual(whole);
     expect(snap.sourceSteps('missing').next()).toEqual({ done: true, value: null });
   });
+
+  it('takes the copy itself in steps: the same snapshot as snapshot(), or null when the index changed meanwhile', () => {
+    const rand = createRng(9);
+    const seqs = sequences(rand, 30, 16);
+    const keys = ['a', 'b'];
+    const engines = new Engines(rand, keys, seqs, 2);
+    const router = makeRouter(keys);
+    for (let i = 0; i < 400; i++) engines.step((k, ev) => router.applyEvents(k, [ev]));
+    const whole = router.snapshot().data();
+    const steps = router.snapshotSteps(64);
+    let pauses = 0;
+    let r = steps.next();
+    while (!r.done) {
+      pauses++;
+      // Routing reads the index between steps: that does not disturb the copy.
+      router.index.findMatches(BigUint64Array.from(seqs[pauses % seqs.length]));
+      r = steps.next();
+    }
+    expect(pauses).toBeGreaterThan(10);
+    expect(r.value!.data()).toEqual(whole);
+
+    for (const change of [
+      () => router.applyEvents('a', [{ kind: 'cleared' }]),
+      () => router.removeSource('b'),
+      () => router.restoreSource({ ...whole.sources[0] }),
+    ]) {
+      const s = router.snapshotSteps(64);
+      s.next();
+      change();
+      let x = s.next();
+      while (!x.done) x = s.next();
+      expect(x.value).toBeNull();
+    }
+  });
 });

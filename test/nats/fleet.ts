@@ -142,21 +142,21 @@ export async function traffic(
   await Promise.all(Array.from({ length: concurrency }, worker));
 }
 
-/** Blocks (router seq hashes) the router's index holds for a source key. */
+/** Blocks (router seq hashes) the router's index holds for a source key (read through its public snapshot). */
 export function blocksOf(router: KvRouter, key: string): Set<bigint> {
-  const sources = (router as unknown as { sources: Map<string, { index: number }> }).sources;
-  const e = sources.get(key);
-  return e ? router.index.blocksOf(e.index) : new Set();
+  const s = router.snapshot().source(key);
+  return new Set(s ? s.seqHashes : []);
 }
 
-/** findMatches keyed by source key (index numbers may differ between replicas). */
+/** Per source key, how many leading blocks of `seqHashes` the index holds (what findMatches counts), when any. */
 export function matchesByKey(router: KvRouter, seqHashes: BigUint64Array): Record<string, number> {
-  const sources = (router as unknown as { sources: Map<string, { index: number }> }).sources;
-  const m = router.index.findMatches(seqHashes);
+  const snap = router.snapshot();
   const out: Record<string, number> = {};
-  for (const [key, e] of sources) {
-    const v = e.index < m.length ? m[e.index] : 0;
-    if (v > 0) out[key] = v;
+  for (const key of snap.keys) {
+    const held = new Set(snap.source(key)?.seqHashes ?? []);
+    let n = 0;
+    while (n < seqHashes.length && held.has(seqHashes[n])) n++;
+    if (n > 0) out[key] = n;
   }
   return out;
 }

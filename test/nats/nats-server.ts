@@ -3,7 +3,7 @@
  * restart() brings it back on the same port and store (the JetStream state survives, as in production).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, connect as tcpConnect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -41,13 +41,22 @@ export class NatsServer {
   port = 0;
   private proc: ChildProcess | null = null;
 
+  /** `maxPayload`: the server's max_payload in bytes (default 1 MiB), set through a config file. */
+  constructor(private readonly options: { maxPayload?: number } = {}) {}
+
   get url(): string {
     return `nats://127.0.0.1:${this.port}`;
   }
 
   async start(): Promise<void> {
     if (this.port === 0) this.port = await freePort();
-    this.proc = spawn(natsBinary(), ['-js', '-sd', this.dir, '-a', '127.0.0.1', '-p', String(this.port)], { stdio: 'ignore' });
+    const args = ['-js', '-sd', this.dir, '-a', '127.0.0.1', '-p', String(this.port)];
+    if (this.options.maxPayload !== undefined) {
+      const conf = join(this.dir, 'server.conf');
+      writeFileSync(conf, `max_payload: ${this.options.maxPayload}\n`);
+      args.push('-c', conf);
+    }
+    this.proc = spawn(natsBinary(), args, { stdio: 'ignore' });
     const end = Date.now() + 10_000;
     while (!(await canConnect(this.port))) {
       if (Date.now() > end) throw new Error(`nats-server did not start on port ${this.port}`);

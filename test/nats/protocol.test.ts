@@ -10,19 +10,14 @@ import {
   checkWorkerId,
   decodeEventMessage,
   decodeLoad,
-  decodeSnapshot,
   decodeWorkerEntry,
   encodeEventMessage,
   encodeLoad,
-  encodeSnapshot,
   encodeWorkerEntry,
   eventSubject,
   subjectSource,
   type EventItem,
 } from '../../src/transport/nats/protocol.ts';
-import { KvRouter } from '../../src/core/router.ts';
-import { dumpRouter, loadRouter } from '../../src/transport/nats/replica.ts';
-import { matchesByKey } from './fleet.ts';
 
 const u64 = fc.bigInt({ min: 0n, max: (1n << 64n) - 1n });
 const stored = fc
@@ -161,45 +156,5 @@ describe('subjects, registry, lifecycle', () => {
       }),
       { numRuns: 300 },
     );
-  });
-});
-
-describe('snapshots', () => {
-  it('dump -> encode -> decode -> load rebuilds an identical index, by source key', () => {
-    const a = new KvRouter({ blockSize: 4, overlay: false });
-    a.addSource({ workerId: 'w0', dpRank: 0 });
-    a.addSource({ workerId: 'w0', dpRank: 1 });
-    a.addSource({ workerId: 'w1', dpRank: 0 });
-    a.removeSource('w0'); // index numbers now differ from a fresh router's
-    a.addSource({ workerId: 'w2', dpRank: 0 });
-    let id = 1n;
-    for (const key of ['w0#1', 'w1', 'w2']) {
-      let parent: bigint | null = null;
-      for (let b = 0; b < 50; b++) {
-        const ids = [id++, id++];
-        a.applyEvents(key, [
-          { kind: 'stored', parent, engineIds: ids, tokens: Array.from({ length: 8 }, (_, i) => b * 8 + i + key.length), blockSize: 4 },
-        ]);
-        parent = b % 5 === 4 ? null : ids[1];
-      }
-    }
-    const snap = decodeSnapshot(encodeSnapshot({ streamSeq: 9, routerBlockSize: 4, takenAt: 1, replica: 'x', sources: dumpRouter(a) }))!;
-    expect(snap.streamSeq).toBe(9);
-    const b = new KvRouter({ blockSize: 4, overlay: false });
-    expect(loadRouter(b, snap.sources)).toBe(300);
-    expect(b.sourceKeys().sort()).toEqual(['w0#1', 'w1', 'w2']);
-    // w1's first chain: five events of 8 tokens, 2..41.
-    const probe = a.hashRequest(Array.from({ length: 40 }, (_, i) => i + 2));
-    const byKey = (r: KvRouter) => Object.fromEntries(r.state().sources.map((s) => [s.source, s.cachedBlocks]));
-    expect(byKey(b)).toEqual(byKey(a));
-    expect(matchesByKey(b, probe)).toEqual({ w1: 10, w2: 10 });
-    // Removals by engine id work on the loaded index (the engine-id mapping survived).
-    b.applyEvents('w1', [{ kind: 'removed', engineIds: [101n, 102n] }]);
-    a.applyEvents('w1', [{ kind: 'removed', engineIds: [101n, 102n] }]);
-    expect(byKey(b)).toEqual(byKey(a));
-    expect(matchesByKey(b, probe)).toEqual(matchesByKey(a, probe));
-    // w1 lost the first block of that chain to the removal; w2 (same tokens) still holds all 10.
-    expect(matchesByKey(b, probe)).toEqual({ w2: 10 });
-    expect(decodeSnapshot(new Uint8Array([1, 2, 3]))).toBeNull();
   });
 });

@@ -20,7 +20,7 @@ import { hashBlocksInto, hashSeed } from '../hashing.ts';
 import { GPU_MEDIUM, type ApplyResult, type KvEvent, type RejectReason, type StoredEvent } from '../types.ts';
 import { BITS, HolderSets, LIST, MAX_SOURCES } from './holders.ts';
 import { IndexCapture, type SourceBlocks } from './snapshot.ts';
-import { homeOfHashed, joinU64, U64Map } from './u64-map.ts';
+import { copySteps, homeOfHashed, joinU64, U64Map } from './u64-map.ts';
 
 export interface KvIndexOptions {
   /** The router's block size in tokens. Events with a multiple of it are split; anything else is rejected. */
@@ -64,6 +64,8 @@ const HOLDERS = 3;
 /** Seq table cell: [lo, hi, slot + 1]. */
 const CELL = 3;
 const SLOT_GROWTH = 1.5;
+/** Words copied per step of a stepped capture: 1 MiB, under a millisecond. */
+const CAPTURE_STEP = 1 << 18;
 /**
  * The sequence-hash table: keys are xxh3 outputs (homes from the low half as is), placed Robin Hood style. First-come
  * placement leaves the newest blocks, the ones prompts look up, at the ends of their runs: walks were ~1.3x slower in
@@ -102,6 +104,8 @@ export class KvIndex {
   private lruHead = NONE;
   private lruTail = NONE;
   private prunedBlocks = 0;
+  /** Bumped by every call that may change blocks (apply, restoreSource, removeSource): see captureSteps. */
+  private changes = 0;
 
   private seqScratch = new BigUint64Array(256);
   /** Per source number: the walk's answer, its list of sources still matching, and a holder scratch. */
@@ -156,6 +160,7 @@ export class KvIndex {
   /** Drops every block of the source and forgets it. */
   removeSource(source: number): void {
     if (!this.sources[source]) return;
+    this.changes++;
     this.clearSource(source);
     this.sources[source] = undefined;
   }
@@ -183,6 +188,7 @@ export class KvIndex {
   apply(source: number, event: KvEvent): ApplyResult {
     const state = this.sources[source];
     if (!state) return this.reject('unknown_source', 1);
+    this.changes++;
     switch (event.kind) {
       case 'stored':
         return this.applyStored(source, state, event);
@@ -723,11 +729,36 @@ export class KvIndex {
    * while this index goes on changing.
    */
   capture(): IndexCapture {
+    const steps = this.captureSteps(Number.POSITIVE_INFINITY);
+    let r = steps.next();
+    while (!r.done) r = steps.next();
+    return r.value!;
+  }
+
+  /**
+   * The same copy in steps of at most `budget` words (1 MiB by default: under a millisecond), for a caller that must not stall.
+   * The copy is only consistent if the index does not change until the generator returns: the caller holds back
+   * its events meanwhile (routing only reads the index). Any change that happens anyway (apply, restoreSource,
+   * removeSource) is detected and the result is null: take it again later.
+   */
+  *captureSteps(budget = CAPTURE_STEP): Generator<void, IndexCapture | null, void> {
+    const start = this.changes;
     const maps = new Map<number, { split: number; engineIds: U64Map }>();
+    const held: Array<[number, SourceState]> = [];
     this.sources.forEach((state, source) => {
-      if (state && state.engineIds.size > 0) maps.set(source, { split: state.split, engineIds: state.engineIds.clone() });
+      if (state && state.engineIds.size > 0) held.push([source, state]);
     });
-    return new IndexCapture(this.blockSize, this.rec.slice(0, this.nextSlot * REC), REC, this.gen?.slice(0, this.nextSlot) ?? null, maps);
+    for (const [source, state] of held) {
+      const engineIds = yield* state.engineIds.cloneSteps(budget);
+      if (this.changes !== start) return null;
+      maps.set(source, { split: state.split, engineIds });
+      yield;
+    }
+    const rec = yield* copySteps(this.rec, this.nextSlot * REC, budget);
+    if (this.changes !== start) return null;
+    const gen = this.gen ? yield* copySteps(this.gen, this.nextSlot, budget) : null;
+    if (this.changes !== start) return null;
+    return new IndexCapture(this.blockSize, rec, REC, gen, maps);
   }
 
   /**
@@ -739,6 +770,7 @@ export class KvIndex {
     const state = this.sources[source];
     const n = blocks.engineIds.length;
     if (!state) return this.reject('unknown_source', n);
+    this.changes++;
     const bs = this.blockSize;
     if (!Number.isInteger(blocks.blockSize) || blocks.blockSize <= 0 || blocks.blockSize % bs !== 0) {
       return this.reject('block_size_mismatch', n);

@@ -288,8 +288,19 @@ export class U64Map {
 
   /** An independent copy (a typed-array copy: snapshots take one without walking the entries). */
   clone(): U64Map {
+    const steps = this.cloneSteps(Number.POSITIVE_INFINITY);
+    let r = steps.next();
+    while (!r.done) r = steps.next();
+    return r.value;
+  }
+
+  /**
+   * The same copy in steps of at most `budget` cells' words, yielding in between. The map must not be modified until
+   * the generator returns (its owner checks; see KvIndex.captureSteps).
+   */
+  *cloneSteps(budget: number): Generator<void, U64Map, void> {
     const copy = new U64Map(0, this.stride - 3, this.options);
-    copy.cells = this.cells.slice();
+    copy.cells = yield* copySteps(this.cells, this.cells.length, budget);
     copy.cap = this.cap;
     copy.homeShift = this.homeShift;
     copy.homeMult = this.homeMult;
@@ -396,4 +407,15 @@ export function joinU64(lo: number, hi: number): bigint {
 /** A (lo, hi) view of a BigUint64Array, for hot loops. Little-endian hosts only (checked at hashing). */
 export function u32View(hashes: BigUint64Array): Uint32Array {
   return new Uint32Array(hashes.buffer, hashes.byteOffset, hashes.length * 2);
+}
+
+/** The first `n` words of `src` into a new array, at most `budget` words per step (yielding after each step but the last). */
+export function* copySteps(src: Int32Array, n: number, budget: number): Generator<void, Int32Array, void> {
+  const out = new Int32Array(n);
+  for (let at = 0; at < n; at += budget) {
+    const end = Math.min(n, at + budget);
+    out.set(src.subarray(at, end), at);
+    if (end < n) yield;
+  }
+  return out;
 }

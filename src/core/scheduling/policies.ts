@@ -190,7 +190,8 @@ export function roundRobin(): Picker {
   };
 }
 
-function mix32(x: number): number {
+/** lowbias32 (not rng.ts's splitmix32 finaliser: prefix-hash picks depend on these constants). */
+function lowbias32(x: number): number {
   x = Math.imul(x ^ (x >>> 16), 0x7feb352d);
   x = Math.imul(x ^ (x >>> 15), 0x846ca68b);
   return (x ^ (x >>> 16)) >>> 0;
@@ -211,7 +212,7 @@ export function rendezvous(prefixBlocks: number, epsilon: number): Picker {
       const n = ctx.seqHashes.length;
       // The seq hash of block K-1 names the whole first-K-block prefix. Prompts shorter than one block hash by length.
       const key = n === 0 ? ctx.promptTokens : Number(ctx.seqHashes[Math.min(prefixBlocks, n) - 1] & 0xffffffffn);
-      const scores = ctx.candidates.map((c) => mix32(key ^ stringHash(c.key)));
+      const scores = ctx.candidates.map((c) => lowbias32(key ^ stringHash(c.key)));
       const order = ctx.candidates.map((_, i) => i).sort((a, b) => scores[b] - scores[a]);
       let sum = 0;
       for (const l of loads) sum += l;

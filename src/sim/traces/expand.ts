@@ -8,7 +8,7 @@
  * memoises them per id, which turns hashing the conversation trace into mostly cache lookups.
  */
 import { BASE_SEED, computeSeqHashes, fullBlocks, hashBlocksInto } from '../../core/hashing.ts';
-import { mix32 } from '../rng.ts';
+import { mix32 } from '../../core/rng.ts';
 import { TRACE_BLOCK_TOKENS, type TraceRequest } from './format.ts';
 
 /** Pseudo-token ids stay inside a realistic vocabulary range (and clear of low special ids). */

@@ -5,7 +5,7 @@
  * context only grows past it (so the next turn of a session reuses it), while a trailing partial block always gets
  * a fresh id (the next turn extends it, which makes it a different block). Shared system prompts are shared ids.
  */
-import { Rng } from '../rng.ts';
+import { Sfc32 } from '../../core/rng.ts';
 import { TRACE_BLOCK_TOKENS, type TraceRequest } from './format.ts';
 import { sortByTimestamp } from './reader.ts';
 
@@ -113,7 +113,7 @@ export function generateSkewed(opts: Partial<SkewedOptions> = {}): TraceRequest[
   const sessionFraction = Math.max(0, 1 - o.shortFraction - o.mediumFraction);
   let horizon = ((1.5 * o.requests) / o.rate) * 1000;
   for (;;) {
-    const rng = new Rng(o.seed, 1);
+    const rng = new Sfc32(o.seed, 1);
     const out: TraceRequest[] = [];
     // One-shot classes: Poisson arrivals.
     const oneShot = (fraction: number, make: (t: number) => TraceRequest) => {
@@ -191,7 +191,7 @@ export function generateSharedPrefix(opts: Partial<SharedPrefixOptions> = {}): T
   const o = { ...SHARED_PREFIX_DEFAULTS, ...opts };
   const groups = o.requests !== undefined && opts.groups === undefined ? Math.ceil(o.requests / o.promptsPerGroup) : o.groups;
   const ids = new IdAllocator();
-  const rng = new Rng(o.seed, 2);
+  const rng = new Sfc32(o.seed, 2);
   const prompts: Array<{ ctx: Context }> = [];
   for (let g = 0; g < groups; g++) {
     const system = new Context(ids);
@@ -256,7 +256,7 @@ export function generateMultiTurn(opts: Partial<MultiTurnOptions> = {}): TraceRe
   const base = system.snapshot();
   let horizon = ((1.5 * o.requests) / o.rate) * 1000;
   for (;;) {
-    const rng = new Rng(o.seed, 3);
+    const rng = new Sfc32(o.seed, 3);
     const out: TraceRequest[] = [];
     let sessions = 0;
     const meanGap = (1000 * o.meanTurns) / o.rate;

@@ -39,6 +39,11 @@ const COUNTERS: ReadonlyArray<readonly [string, CounterKey, string]> = [
   ['router_nats_snapshots_written_total', 'snapshotsWritten', 'Index snapshots this replica wrote while holding the lease.'],
   ['router_nats_purged_messages_total', 'purged', 'Stream messages purged after a snapshot covered them.'],
   [
+    'router_nats_snapshot_errors_total',
+    'snapshotErrors',
+    'Stored snapshots refused (unreadable, another format version, truncated, corrupt, another block size): the stream was replayed instead.',
+  ],
+  [
     'router_nats_workers_removed_total',
     'workersRemoved',
     'Workers removed because their registry entry was deleted or its heartbeat expired.',
@@ -75,13 +80,13 @@ export function registerReplicaMetrics(replica: NatsReplica, registry: Registry,
   gauge('router_nats_peers', 'Peer replicas heard from and not yet expired.', (s) => s.peers);
   gauge(
     'router_nats_snapshot_write_seconds',
-    'Duration of the last snapshot write (dump, encode, upload, purge).',
+    'Duration of the last snapshot write (index copy, export in steps, upload, purge).',
     (s) => s.snapshotWriteMs / 1000,
   );
   gauge(
-    'router_nats_snapshot_dump_seconds',
-    'Synchronous part of the last snapshot write: routing on this replica waited this long.',
-    (s) => s.snapshotDumpMs / 1000,
+    'router_nats_snapshot_longest_step_seconds',
+    'Longest synchronous piece of the last snapshot write (the index copy, or one export step): routing waited at most this long.',
+    (s) => s.snapshotLongestStepMs / 1000,
   );
   gauge('router_nats_snapshot_load_seconds', 'Duration of the snapshot load at start.', (s) => s.snapshotLoadMs / 1000);
 }

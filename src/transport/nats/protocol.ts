@@ -6,6 +6,7 @@
  *   KV      kvroute-workers  key <worker>                            registry entry (URL, model, block size, ranks, heartbeat)
  *   KV      kvroute-lease    key snapshot                            who writes snapshots, until when
  *   object  kvroute-snapshots name index                             latest index snapshot + the stream seq it covers
+ *                                                                    (its byte format: snapshot-format.ts)
  *   core    kvroute.load                                             request lifecycle of every replica (not persisted)
  *
  * Encoding is msgpack (msgpackr, which keeps bigints); 64-bit ids and hashes travel as little-endian byte strings of
@@ -363,60 +364,4 @@ export function decodeLoad(data: Uint8Array): LoadMessage | null {
     default:
       return null;
   }
-}
-
-// ------------------------------------------------------------------------------------------ snapshots
-
-export interface SnapshotSource {
-  readonly sourceKey: string;
-  /** Engine block size of the source's blocks (a multiple of the router's). */
-  readonly blockSize: number;
-  readonly engineIds: BigUint64Array;
-  /** Router sequence hashes, `blockSize / routerBlockSize` per engine id, in order. */
-  readonly seqHashes: BigUint64Array;
-}
-
-export interface Snapshot {
-  /** Last stream sequence applied to the index this snapshot was taken from. */
-  readonly streamSeq: number;
-  readonly routerBlockSize: number;
-  readonly takenAt: number;
-  readonly replica: string;
-  readonly sources: readonly SnapshotSource[];
-}
-
-export function encodeSnapshot(s: Snapshot): Uint8Array {
-  return packr.pack([
-    1,
-    s.streamSeq,
-    s.routerBlockSize,
-    s.takenAt,
-    s.replica,
-    s.sources.map((x) => [x.sourceKey, x.blockSize, u64Bytes(x.engineIds), u64Bytes(x.seqHashes)]),
-  ]);
-}
-
-export function decodeSnapshot(data: Uint8Array): Snapshot | null {
-  let w: unknown;
-  try {
-    w = unpackr.unpack(data);
-  } catch {
-    return null;
-  }
-  if (!Array.isArray(w) || w[0] !== 1 || typeof w[1] !== 'number' || typeof w[2] !== 'number' || !Array.isArray(w[5])) return null;
-  const sources: SnapshotSource[] = [];
-  for (const x of w[5] as unknown[]) {
-    if (!Array.isArray(x) || typeof x[0] !== 'string' || typeof x[1] !== 'number') return null;
-    const engineIds = bytesU64(x[2]);
-    const seqHashes = bytesU64(x[3]);
-    if (!engineIds || !seqHashes) return null;
-    sources.push({ sourceKey: x[0], blockSize: x[1], engineIds, seqHashes });
-  }
-  return {
-    streamSeq: w[1],
-    routerBlockSize: w[2],
-    takenAt: typeof w[3] === 'number' ? w[3] : 0,
-    replica: typeof w[4] === 'string' ? w[4] : '',
-    sources,
-  };
 }

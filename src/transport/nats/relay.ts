@@ -14,7 +14,7 @@
  * process and the relay resumes at L + 1 (no reset). Otherwise it publishes a reset and rebuilds the source from the
  * engine's replay buffer (as far as it reaches) and the live stream.
  */
-import { connect, type NatsConnection } from '@nats-io/transport-node';
+import { connect, InvalidArgumentError, type NatsConnection } from '@nats-io/transport-node';
 import { jetstream, JetStreamApiCodes, JetStreamApiError, type JetStreamClient } from '@nats-io/jetstream';
 import { randomBytes } from 'node:crypto';
 import { sourceKey, type KvEvent } from '../../core/types.ts';
@@ -367,7 +367,9 @@ class RankPipe {
             this.stats.lastStreamSeq = lastMsg?.seq ?? 0;
             continue;
           }
-          if (/max.?payload/i.test(String(err))) {
+          // The client refuses a message before sending it with InvalidArgumentError; for a publish with a valid
+          // subject and our options, the only such check is the payload against the server's max_payload.
+          if (err instanceof InvalidArgumentError) {
             // Retrying cannot help; the source's state on the replicas is unknown from here: reset it.
             this.stats.dropped++;
             r.log.error(
