@@ -10,7 +10,7 @@
  *
  * For each: req/s at saturation (autocannon, closed loop, --connections), CPU milliseconds per request of the proxy's
  * process tree (/proc/<pid>/stat, so the load generator and the upstream are not counted), and the latency the proxy
- * adds at half of its saturation rate (an open-loop undici generator at that rate against the proxy, then against the
+ * adds at half of its saturation rate (an open-loop generator, bench/lib/raw-client.ts, at that rate against the proxy, then against the
  * upstream directly with the same bodies; p50 and p99 of the difference). The load generator runs in this process and
  * shares the 2 cores with everything else: its CPU per request is printed beside each row, so a row whose generator
  * is near a full core is generator-bound, not proxy-bound.
@@ -21,10 +21,10 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import { cpus, loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import autocannon from 'autocannon';
-import { Pool } from 'undici';
 import { LocalTokenizer } from '../src/tokenizer/local.ts';
 import { findNginx, NGINX_INSTALL_HINT, startNginx } from './lib/nginx.ts';
 import { procAvailable, treeCpuMs } from './lib/proc-cpu.ts';
+import { RawClient } from './lib/raw-client.ts';
 
 const HELP = `bench:capacity: req/s, CPU per request and added latency of direct, nginx and kvroute on one fast upstream
 
@@ -36,6 +36,7 @@ usage: npm run bench:capacity -- [options]
   --ids <n>              token ids per completions prompt (default 2048)
   --system-tokens <n>    approximate tokens of the chat system prompt (default 8192)
   --chunks <n>           SSE chunks per streamed answer (default 4)
+  --rounds <n>           saturation runs per proxy, alternating between proxies; the median is reported (default 1)
   --processes <list>     kvroute --processes values to run, comma-separated (default 1)
   --compare <bin>        also run another kvroute build (its bin/kvroute.mjs), rows marked "before"
   --only <list>          rows to run: direct,nginx,ids,chat,cold (default all)
@@ -70,6 +71,7 @@ const CONNECTIONS = num('connections', 32);
 const IDS = num('ids', 2048);
 const SYSTEM_TOKENS = num('system-tokens', 8192);
 const CHUNKS = num('chunks', 4);
+const ROUNDS = num('rounds', 1);
 const PROCESSES = (opt('processes') ?? '1').split(',').map(Number);
 const COMPARE = opt('compare');
 const ONLY = new Set((opt('only') ?? 'direct,nginx,ids,chat,cold').split(','));
@@ -184,7 +186,8 @@ function prose(tokens: number, seed: number): string {
 }
 
 function chatWorkload(system: string, cold: boolean): Workload {
-  const user = (n: number) => `Question ${n}: what is ${n % 97} times ${(n * 31) % 89}, and why does the ${WORDS[n % WORDS.length]} matter?`;
+  const user = (n: number) =>
+    `Question ${n}: what is ${n % 97} times ${(n * 31) % 89}, and why does the ${WORDS[n % WORDS.length]} matter?`;
   // Cold: each request's system prompt starts differently, so the prefix cache of the tokenizer misses (and so does
   // the routing index); warm: one system prompt, distinct user turns.
   const body = (n: number) =>
@@ -223,7 +226,7 @@ async function saturate(url: string, w: Workload, duration: number, pid: number 
     headers: { 'content-type': 'application/json' },
     requests: [
       {
-        setupRequest: (req: Record<string, unknown>) => ({ ...req, body: w.body(n++) }),
+        setupRequest: (req) => ({ ...req, body: w.body(n++) }),
       },
     ],
   });
@@ -240,21 +243,23 @@ async function saturate(url: string, w: Workload, duration: number, pid: number 
   };
 }
 
-/** Open loop at `rate` req/s for `seconds`: latencies (ms) of the answers in full, in order of sending. */
+/** Open loop at `rate` req/s for `seconds`: latencies (ms) of the answers in full (bench/lib/raw-client.ts). */
 async function paced(url: string, w: Workload, rate: number, seconds: number): Promise<{ lat: number[]; errors: number }> {
-  const pool = new Pool(url, { connections: 256, pipelining: 1 });
+  const client = RawClient.fromUrl(url, 512);
   const lat: number[] = [];
   let errors = 0;
   let sent = 0;
   const total = Math.max(1, Math.round(rate * seconds));
+  // Request bytes built ahead (a few hundred distinct bodies, cycled), so building them is not timed.
+  const distinct = Math.min(total, 256);
+  const requests = Array.from({ length: distinct }, (_, n) => RawClient.post(w.path, w.body(n)));
   const inflight: Promise<void>[] = [];
   const t0 = performance.now();
   const one = async (n: number) => {
     const s = performance.now();
     try {
-      const res = await pool.request({ method: 'POST', path: w.path, headers: { 'content-type': 'application/json' }, body: w.body(n) });
-      await res.body.text();
-      if (res.statusCode === 200) lat.push(performance.now() - s);
+      const status = await client.send(requests[n % distinct]);
+      if (status === 200) lat.push(performance.now() - s);
       else errors++;
     } catch {
       errors++;
@@ -266,7 +271,7 @@ async function paced(url: string, w: Workload, rate: number, seconds: number): P
     await new Promise((r) => setTimeout(r, 1));
   }
   await Promise.all(inflight);
-  await pool.close();
+  client.close();
   return { lat, errors };
 }
 
@@ -284,6 +289,8 @@ interface Row {
   rps: number;
   errors: number;
   proxyCpuMsPerReq: number | null;
+  /** CPU ms/request of each saturation round (the median is proxyCpuMsPerReq). */
+  cpuRounds?: number[];
   loadgenCpuMsPerReq: number;
   /** At half of saturation: the proxy's p50/p99 minus direct's at the same rate, same bodies (ms). */
   addedP50Ms: number | null;
@@ -296,10 +303,18 @@ async function main(): Promise<void> {
     console.error('bench:capacity: /proc is not readable: CPU per request needs Linux');
     process.exit(1);
   }
-  progress(`node ${process.version}, ${cpus().length} cores, loadavg ${loadavg().map((x) => x.toFixed(1)).join(' ')}`);
-  const up = spawn(process.execPath, ['--import', 'tsx', fileURLToPath(new URL('./lib/fast-upstream.ts', import.meta.url)), '--chunks', String(CHUNKS)], {
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
+  progress(
+    `node ${process.version}, ${cpus().length} cores, loadavg ${loadavg()
+      .map((x) => x.toFixed(1))
+      .join(' ')}`,
+  );
+  const up = spawn(
+    process.execPath,
+    ['--import', 'tsx', fileURLToPath(new URL('./lib/fast-upstream.ts', import.meta.url)), '--chunks', String(CHUNKS)],
+    {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    },
+  );
   children.push(up);
   const upstream = `http://127.0.0.1:${(await waitForLine(up, /PORT (\d+)/))[1]}`;
   progress(`upstream ${upstream} (pid ${up.pid})`);
@@ -343,25 +358,39 @@ async function main(): Promise<void> {
     }
   }
 
-  const probe = async (proxy: string, url: string, pid: number, w: Workload) => {
-    progress(`${proxy} ${w.name}: warm-up, saturation ${DURATION} s`);
-    await saturate(url, w, 1, null);
-    const s = await saturate(url, w, DURATION, pid);
-    const rate = Math.max(1, Math.floor(s.rps / 2));
-    progress(`${proxy} ${w.name}: ${s.rps.toFixed(0)} req/s; latency at ${rate} req/s, ${LAT_DURATION} s each, proxy then direct`);
-    const viaProxy = await paced(url, w, rate, LAT_DURATION);
-    const viaDirect = await paced(upstream, w, rate, LAT_DURATION);
-    rows.push({
-      proxy,
-      workload: w.name,
-      rps: s.rps,
-      errors: s.errors + viaProxy.errors,
-      proxyCpuMsPerReq: s.proxyCpuMsPerReq,
-      loadgenCpuMsPerReq: s.loadgenCpuMsPerReq,
-      addedP50Ms: pct(viaProxy.lat, 0.5) - pct(viaDirect.lat, 0.5),
-      addedP99Ms: pct(viaProxy.lat, 0.99) - pct(viaDirect.lat, 0.99),
-      rateProbed: rate,
-    });
+  /** Saturation `ROUNDS` times per target, alternating targets round by round (drift in machine load hits all alike);
+   * the median round per target; then each target's latency at half of its median rate. */
+  const probeAll = async (targets: { proxy: string; url: string; pid: number }[], w: Workload) => {
+    const runs = new Map<string, Saturation[]>(targets.map((t) => [t.proxy, []]));
+    for (const t of targets) await saturate(t.url, w, 1, null); // warm-up (JIT, connections)
+    for (let r = 0; r < ROUNDS; r++) {
+      for (const t of targets) {
+        progress(`${t.proxy} ${w.name}: saturation ${DURATION} s${ROUNDS > 1 ? ` (round ${r + 1}/${ROUNDS})` : ''}`);
+        runs.get(t.proxy)?.push(await saturate(t.url, w, DURATION, t.pid));
+      }
+    }
+    for (const t of targets) {
+      const all = (runs.get(t.proxy) ?? []).sort((a, b) => (a.proxyCpuMsPerReq ?? 0) - (b.proxyCpuMsPerReq ?? 0));
+      const s = all[Math.floor((all.length - 1) / 2)];
+      const rpsAll = all.map((x) => x.rps).sort((a, b) => a - b);
+      const rps = rpsAll[Math.floor((rpsAll.length - 1) / 2)];
+      const rate = Math.max(1, Math.floor(rps / 2));
+      progress(`${t.proxy} ${w.name}: ${rps.toFixed(0)} req/s; latency at ${rate} req/s, ${LAT_DURATION} s each, proxy then direct`);
+      const viaProxy = await paced(t.url, w, rate, LAT_DURATION);
+      const viaDirect = await paced(upstream, w, rate, LAT_DURATION);
+      rows.push({
+        proxy: t.proxy,
+        workload: w.name,
+        rps,
+        errors: all.reduce((a, x) => a + x.errors, 0) + viaProxy.errors,
+        proxyCpuMsPerReq: s.proxyCpuMsPerReq,
+        cpuRounds: all.map((x) => x.proxyCpuMsPerReq ?? Number.NaN),
+        loadgenCpuMsPerReq: s.loadgenCpuMsPerReq,
+        addedP50Ms: pct(viaProxy.lat, 0.5) - pct(viaDirect.lat, 0.5),
+        addedP99Ms: pct(viaProxy.lat, 0.99) - pct(viaDirect.lat, 0.99),
+        rateProbed: rate,
+      });
+    }
   };
 
   if (ONLY.has('nginx')) {
@@ -374,7 +403,7 @@ async function main(): Promise<void> {
       const ng = await startNginx(bin, Number(new URL(upstream).port));
       notes.push(`nginx: ${bin}, one process (master_process off), proxy_pass with upstream keepalive 256, proxy_buffering off`);
       try {
-        for (const { w } of selected.filter((x) => x.key === 'ids')) await probe('nginx', ng.url, ng.pid, w);
+        for (const { w } of selected.filter((x) => x.key === 'ids')) await probeAll([{ proxy: 'nginx', url: ng.url, pid: ng.pid }], w);
       } finally {
         await ng.stop();
       }
@@ -386,17 +415,21 @@ async function main(): Promise<void> {
   builds.push({ label: '', bin: fileURLToPath(new URL('../bin/kvroute.mjs', import.meta.url)) });
   const kvWorkloads = selected.filter((x) => x.key !== 'ids' || ONLY.has('ids'));
   if (kvWorkloads.length > 0) {
-    for (const b of builds) {
-      for (const p of PROCESSES) {
-        const name = `kvroute${p > 1 ? ` x${p}` : ''}${b.label ? ` (${b.label})` : ''}`;
-        const kv = await startKvroute(b.bin, upstream, p);
-        progress(`${name}: ${kv.url} (pid ${kv.child.pid})`);
-        try {
-          for (const { w } of kvWorkloads) await probe(name, kv.url, kv.child.pid as number, w);
-        } finally {
-          await stopChild(kv.child);
+    // Every kvroute variant runs at once (an idle one costs nothing: no health probes, no metrics scrapes), so rounds
+    // can alternate between them.
+    const running: { proxy: string; url: string; pid: number; child: ChildProcess }[] = [];
+    try {
+      for (const b of builds) {
+        for (const p of PROCESSES) {
+          const proxy = `kvroute${p > 1 ? ` x${p}` : ''}${b.label ? ` (${b.label})` : ''}`;
+          const kv = await startKvroute(b.bin, upstream, p);
+          progress(`${proxy}: ${kv.url} (pid ${kv.child.pid})`);
+          running.push({ proxy, url: kv.url, pid: kv.child.pid as number, child: kv.child });
         }
       }
+      for (const { w } of kvWorkloads) await probeAll(running, w);
+    } finally {
+      for (const r of running) await stopChild(r.child);
     }
   }
   await stopChild(up);
@@ -405,26 +438,35 @@ async function main(): Promise<void> {
   const nginxCpu = new Map(rows.filter((r) => r.proxy === 'nginx').map((r) => [r.workload, r]));
   const idsNginx = (workload: string) => nginxCpu.get(workload) ?? nginxCpu.get(`ids ${IDS} stream`);
   const f = (x: number | null, d = 3) => (x === null || Number.isNaN(x) ? '-' : x.toFixed(d));
-  console.log(`# bench:capacity  node ${process.version}, ${cpus().length} cores, loadavg ${loadavg().map((x) => x.toFixed(1)).join(' ')}`);
+  console.log(
+    `# bench:capacity  node ${process.version}, ${cpus().length} cores, loadavg ${loadavg()
+      .map((x) => x.toFixed(1))
+      .join(' ')}`,
+  );
   console.log(
     `saturation: autocannon ${CONNECTIONS} connections x ${DURATION} s; added latency: open loop at half of saturation, ${LAT_DURATION} s, proxy minus direct`,
   );
   for (const n of notes) console.log(`- ${n}`);
   console.log('');
-  console.log('| proxy | workload | req/s | CPU ms/req (proxy) | × nginx CPU | req/s ÷ nginx | added p50 ms | added p99 ms | at req/s | loadgen CPU ms/req | errors |');
-  console.log('|---|---|---|---|---|---|---|---|---|---|---|');
+  console.log(
+    '| proxy | workload | req/s | CPU ms/req (proxy) | × nginx CPU | req/s ÷ nginx | added p50 ms | added p99 ms | at req/s | loadgen CPU ms/req | errors | CPU ms/req by round |',
+  );
+  console.log('|---|---|---|---|---|---|---|---|---|---|---|---|');
   for (const r of rows) {
     const ng = r.proxy === 'direct' ? undefined : idsNginx(r.workload);
     const cpuRatio = ng?.proxyCpuMsPerReq && r.proxyCpuMsPerReq ? r.proxyCpuMsPerReq / ng.proxyCpuMsPerReq : null;
     const rpsRatio = ng ? r.rps / ng.rps : null;
     console.log(
-      `| ${r.proxy} | ${r.workload} | ${r.rps.toFixed(0)} | ${f(r.proxyCpuMsPerReq)} | ${f(cpuRatio, 1)} | ${f(rpsRatio, 2)} | ${f(r.addedP50Ms)} | ${f(r.addedP99Ms)} | ${r.rateProbed ?? '-'} | ${f(r.loadgenCpuMsPerReq)} | ${r.errors} |`,
+      `| ${r.proxy} | ${r.workload} | ${r.rps.toFixed(0)} | ${f(r.proxyCpuMsPerReq)} | ${f(cpuRatio, 1)} | ${f(rpsRatio, 2)} | ${f(r.addedP50Ms)} | ${f(r.addedP99Ms)} | ${r.rateProbed ?? '-'} | ${f(r.loadgenCpuMsPerReq)} | ${r.errors} | ${r.cpuRounds?.map((x) => f(x)).join(', ') ?? '-'} |`,
     );
   }
   if (rows.some((r) => r.workload.startsWith('chat'))) {
     console.log('\n(chat rows are compared with nginx on the same-sized token-id completions: nginx parses no JSON either way)');
   }
-  if (JSON_OUT) console.log(JSON.stringify({ node: process.version, cores: cpus().length, connections: CONNECTIONS, duration: DURATION, notes, rows }, null, 2));
+  if (JSON_OUT)
+    console.log(
+      JSON.stringify({ node: process.version, cores: cpus().length, connections: CONNECTIONS, duration: DURATION, notes, rows }, null, 2),
+    );
 }
 
 await main();

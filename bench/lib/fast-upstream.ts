@@ -68,7 +68,9 @@ export function startFastUpstream(chunks: number): Promise<number> {
   });
   server.keepAliveTimeout = 65_000;
   server.maxRequestsPerSocket = 0;
-  return new Promise((resolve) => server.listen({ port: 0, host: '127.0.0.1', backlog: 4096 }, () => resolve((server.address() as AddressInfo).port)));
+  return new Promise((resolve) =>
+    server.listen({ port: 0, host: '127.0.0.1', backlog: 4096 }, () => resolve((server.address() as AddressInfo).port)),
+  );
 }
 
 if (process.argv[1] && import.meta.url.endsWith(process.argv[1].replace(/^.*\//, '/'))) {
