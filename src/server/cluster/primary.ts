@@ -13,7 +13,17 @@ import type { ServeConfig } from '../../config/serve.ts';
 import type { RunningServer } from '../app.ts';
 import type { RecentDecision } from '../inference.ts';
 import type { NextStep } from '../lifecycle.ts';
-import { isShellMessage, METRIC_CALLS, type MetricCall, type PrimaryMessage, type ShellMessage, type ShellWorkerInfo } from './protocol.ts';
+import {
+  isShellMessage,
+  METRIC_CALLS,
+  type MetricCall,
+  Outbox,
+  type PrimaryMessage,
+  type ShellMessage,
+  type ShellWorkerInfo,
+} from './protocol.ts';
+
+const EMPTY_HASHES = new BigUint64Array(0);
 
 export interface RunningCluster {
   /** The public URL the shells listen on. */
@@ -32,6 +42,7 @@ interface ShellState {
   readonly waiting: Map<string, AbortController>;
   /** Requests dispatched and not yet finished. */
   readonly active: Set<string>;
+  readonly outbox: Outbox<PrimaryMessage>;
   listening: boolean;
 }
 
@@ -62,9 +73,7 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
     const w = id ? server.workers.get(id) : undefined;
     return w ? [{ id: w.id, url: w.url, sourceKeys: w.sourceKeys, bootstrapPort: w.bootstrapPort }] : [];
   };
-  const send = (s: ShellState, m: PrimaryMessage) => {
-    if (s.worker.isConnected()) s.worker.send(m);
-  };
+  const send = (s: ShellState, m: PrimaryMessage) => s.outbox.push(m);
   const answer = (s: ShellState, id: string, wait: (signal: AbortSignal) => Promise<NextStep>) => {
     const ac = new AbortController();
     s.waiting.set(id, ac);
@@ -72,8 +81,14 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
     void wait(ac.signal).then((step) => {
       s.waiting.delete(id);
       if (step.kind !== 'dispatch') s.active.delete(id); // refused or aborted: nothing left to finish
-      const workers = step.kind === 'dispatch' ? [...infoOf(step.workerId), ...infoOf(step.prefill?.workerId)] : [];
-      send(s, { k: 'kvr.step', id, step, workers });
+      if (step.kind !== 'dispatch') {
+        send(s, { k: 'kvr.step', id, step, workers: [] });
+        return;
+      }
+      // The shell needs the decision's numbers, not its hashes or every candidate's scores: a smaller message.
+      const decision = { ...step.decision, seqHashes: EMPTY_HASHES, candidates: [] };
+      const workers = [...infoOf(step.workerId), ...infoOf(step.prefill?.workerId)];
+      send(s, { k: 'kvr.step', id, step: { ...step, decision }, workers });
     });
   };
   const metric = (call: MetricCall) => {
@@ -84,9 +99,11 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
     else (server.metrics[name] as (...a: unknown[]) => void).apply(server.metrics, args);
   };
 
-  const onMessage = (s: ShellState, m: ShellMessage) => {
+  const onMessage = (s: ShellState, m: ShellMessage): void => {
     const lc = server.lifecycle;
     switch (m.k) {
+      case 'kvr.batch':
+        return; // unpacked by the listener
       case 'kvr.submit':
         answer(s, m.id, (signal) => lc.submit(m.sub, signal));
         return;
@@ -133,14 +150,19 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
 
   const fork = (): ShellState => {
     const worker = cluster.fork();
-    const s: ShellState = { worker, waiting: new Map(), active: new Set(), listening: false };
+    const outbox = new Outbox<PrimaryMessage>((m) => {
+      if (worker.isConnected()) worker.send(m);
+    });
+    const s: ShellState = { worker, waiting: new Map(), active: new Set(), outbox, listening: false };
     shells.set(worker.id, s);
     worker.on('message', (m: unknown) => {
       if (!isShellMessage(m)) return;
-      try {
-        onMessage(s, m);
-      } catch (err) {
-        log.error({ err, message: m.k }, 'HTTP shell message failed');
+      for (const one of m.k === 'kvr.batch' ? m.msgs : [m]) {
+        try {
+          onMessage(s, one);
+        } catch (err) {
+          log.error({ err, message: one.k }, 'HTTP shell message failed');
+        }
       }
     });
     worker.once('exit', (code, signal) => {

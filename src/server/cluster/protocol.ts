@@ -43,14 +43,43 @@ export type ShellMessage =
   | { readonly k: 'kvr.metrics'; readonly calls: readonly MetricCall[] }
   | { readonly k: 'kvr.listening'; readonly url: string }
   /** The shell's message handler is in place: send kvr.start (a message sent earlier would be lost). */
-  | { readonly k: 'kvr.ready' };
+  | { readonly k: 'kvr.ready' }
+  /** Messages of one event-loop turn, in order: one IPC write instead of several. */
+  | { readonly k: 'kvr.batch'; readonly msgs: readonly ShellMessage[] };
 
 /** Primary → shell. */
 export type PrimaryMessage =
   | { readonly k: 'kvr.start'; readonly config: ServeConfig; readonly primaryUrl: string }
   | { readonly k: 'kvr.step'; readonly id: string; readonly step: NextStep; readonly workers: readonly ShellWorkerInfo[] }
   | { readonly k: 'kvr.target'; readonly id: string; readonly worker: ShellWorkerInfo | null }
-  | { readonly k: 'kvr.close'; readonly graceMs: number };
+  | { readonly k: 'kvr.close'; readonly graceMs: number }
+  | { readonly k: 'kvr.batch'; readonly msgs: readonly PrimaryMessage[] };
+
+/**
+ * Messages for one peer, sent together at the end of the event-loop turn (each IPC message is a write and a
+ * deserialisation on the other side: batching them is most of the channel's cost under load).
+ */
+export class Outbox<M> {
+  private queued: M[] = [];
+  private scheduled = false;
+
+  constructor(private readonly write: (m: M | { readonly k: 'kvr.batch'; readonly msgs: readonly M[] }) => void) {}
+
+  push(m: M): void {
+    this.queued.push(m);
+    if (this.scheduled) return;
+    this.scheduled = true;
+    setImmediate(() => this.flush());
+  }
+
+  flush(): void {
+    this.scheduled = false;
+    const q = this.queued;
+    if (q.length === 0) return;
+    this.queued = [];
+    this.write(q.length === 1 ? q[0] : { k: 'kvr.batch', msgs: q });
+  }
+}
 
 export function isShellMessage(m: unknown): m is ShellMessage {
   return typeof m === 'object' && m !== null && typeof (m as { k?: unknown }).k === 'string' && (m as { k: string }).k.startsWith('kvr.');

@@ -23,31 +23,29 @@ import type { PdWorker } from '../pd.ts';
 import { httpServerTimeouts, LOG_REDACT_PATHS, toHttpError } from '../security/index.ts';
 import { NO_TRACE } from '../tracing.ts';
 import { workerPool } from '../workers.ts';
-import type { MetricCall, PrimaryMessage, ShellMessage, ShellWorkerInfo } from './protocol.ts';
+import { type MetricCall, Outbox, type PrimaryMessage, type ShellMessage, type ShellWorkerInfo } from './protocol.ts';
 
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'transfer-encoding', 'upgrade', 'proxy-connection', 'te', 'trailer', 'host']);
 
-function send(m: ShellMessage): void {
+const outbox = new Outbox<ShellMessage>((m) => {
   if (process.connected) process.send?.(m);
-}
+});
+const send = (m: ShellMessage) => outbox.push(m);
 
 /** Metric calls, sent to the primary in one message per turn of the event loop. */
 class ForwardedMetrics {
   private calls: MetricCall[] = [];
-  private scheduled = false;
 
   call(c: MetricCall): void {
+    if (this.calls.length === 0) setImmediate(() => this.flush());
     this.calls.push(c);
-    if (this.scheduled) return;
-    this.scheduled = true;
-    setImmediate(() => this.flush());
   }
 
   flush(): void {
-    this.scheduled = false;
     if (this.calls.length === 0) return;
     send({ k: 'kvr.metrics', calls: this.calls });
     this.calls = [];
+    outbox.flush();
   }
 }
 
@@ -121,7 +119,9 @@ class ForwardedLifecycle implements LifecyclePort {
   }
 
   submit(sub: Submission, signal: AbortSignal): Promise<NextStep> {
-    return this.wait(sub.requestId, signal, { k: 'kvr.submit', id: sub.requestId, sub });
+    // Token ids as a typed array: the channel copies its bytes instead of serialising each number.
+    const tokens = sub.tokens && !(sub.tokens instanceof Uint32Array) ? Uint32Array.from(sub.tokens) : sub.tokens;
+    return this.wait(sub.requestId, signal, { k: 'kvr.submit', id: sub.requestId, sub: { ...sub, tokens } });
   }
 
   failed(requestId: string, error: string, signal: AbortSignal): Promise<NextStep> {
@@ -265,13 +265,15 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
   );
   server.maxRequestsPerSocket = 0;
 
-  process.on('message', (m: PrimaryMessage) => {
-    if (m.k === 'kvr.step') lifecycle.step(m.id, m.step, m.workers);
+  const onMessage = (m: PrimaryMessage) => {
+    if (m.k === 'kvr.batch') for (const one of m.msgs) onMessage(one);
+    else if (m.k === 'kvr.step') lifecycle.step(m.id, m.step, m.workers);
     else if (m.k === 'kvr.target') {
       targets.get(m.id)?.(m.worker);
       targets.delete(m.id);
     } else if (m.k === 'kvr.close') void close(m.graceMs);
-  });
+  };
+  process.on('message', onMessage);
   process.on('disconnect', () => {
     // The primary is gone: no decision can be had. Stop at once.
     lifecycle.abandon();
@@ -281,12 +283,14 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
   const close = async (graceMs: number) => {
     if (closing) return;
     closing = true;
+    outbox.flush();
     server.close();
     server.closeIdleConnections();
     const deadline = Date.now() + graceMs;
     while (inFlight > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
     server.closeAllConnections();
     forwarded.flush();
+    outbox.flush();
     await Promise.all([tokenizer?.close(), workers.close(), primary.close().catch(() => {})]);
     process.exit(0);
   };
