@@ -52,7 +52,8 @@ function shellEntry(): { exec: string; execArgv: string[] } {
   const ts = self.endsWith('.ts');
   return {
     exec: self.replace(/primary\.(ts|js)$/, `shell-main.${ts ? 'ts' : 'js'}`),
-    execArgv: ts ? ['--import', 'tsx'] : [],
+    // The primary's node flags (a heap limit, --cpu-prof) apply to its shells too.
+    execArgv: ts ? [...process.execArgv.filter((a) => a !== '--import' && a !== 'tsx'), '--import', 'tsx'] : process.execArgv,
   };
 }
 
