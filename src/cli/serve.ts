@@ -65,6 +65,10 @@ export function registerServe(program: Command): void {
       if (config.processes > 1 && natsUrls.length > 0) {
         throw new SettingError('--processes > 1 cannot be combined with --nats (run one replica per process instead)');
       }
+      if (config.processes > 1 && config.rateLimit) {
+        // Each shell would keep its own buckets: N times the limit.
+        throw new SettingError('--processes > 1 cannot be combined with --rate-limit (each process would allow the whole rate)');
+      }
       // With --nats, /health says 503 until the snapshot is loaded and the event stream caught up.
       let natsReady = natsUrls.length === 0;
       let server: RunningServer;
