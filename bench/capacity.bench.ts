@@ -4,6 +4,7 @@
  *
  *   direct          the load generator straight at the upstream
  *   nginx           Debian's nginx as a plain reverse proxy (proxy_pass, upstream keepalive, one process)
+ *   bare node       the cheapest Node proxy (bench/lib/bare-proxy.ts): the floor under anything on Node's HTTP stack
  *   kvroute ids     completions given as token ids: parse, hash, match, select, proxy
  *   kvroute chat    chat through the tokenizer: a shared ~8k-token system prompt with distinct user turns (warm), and
  *                   distinct ~8k-token prompts (cold)
@@ -39,7 +40,7 @@ usage: npm run bench:capacity -- [options]
   --rounds <n>           saturation runs per proxy, alternating between proxies; the median is reported (default 1)
   --processes <list>     kvroute --processes values to run, comma-separated (default 1)
   --compare <bin>        also run another kvroute build (its bin/kvroute.mjs), rows marked "before"
-  --only <list>          rows to run: direct,nginx,ids,chat,cold (default all)
+  --only <list>          rows to run: direct,nginx,bare,ids,chat,cold (default all; bare: the cheapest Node proxy)
   --nginx <path>         the nginx binary (default: found in ${'/usr/sbin'} and similar)
   --json                 print the results as JSON after the table
   -h, --help             this text
@@ -74,7 +75,7 @@ const CHUNKS = num('chunks', 4);
 const ROUNDS = num('rounds', 1);
 const PROCESSES = (opt('processes') ?? '1').split(',').map(Number);
 const COMPARE = opt('compare');
-const ONLY = new Set((opt('only') ?? 'direct,nginx,ids,chat,cold').split(','));
+const ONLY = new Set((opt('only') ?? 'direct,nginx,bare,ids,chat,cold').split(','));
 const JSON_OUT = argv.includes('--json');
 
 const progress = (s: string) => process.stderr.write(`[capacity] ${s}\n`);
@@ -333,7 +334,9 @@ async function main(): Promise<void> {
     if (ONLY.has('chat')) workloads.push({ key: 'chat', w: chatWorkload(system, false) });
     if (ONLY.has('cold')) workloads.push({ key: 'cold', w: chatWorkload(system, true) });
   }
-  const selected = workloads.filter((x) => ONLY.has(x.key) || (x.key === 'ids' && (ONLY.has('direct') || ONLY.has('nginx'))));
+  const selected = workloads.filter(
+    (x) => ONLY.has(x.key) || (x.key === 'ids' && (ONLY.has('direct') || ONLY.has('nginx') || ONLY.has('bare'))),
+  );
 
   // Direct: the baseline each proxy's latency is compared with (measured again at each probed rate).
   const direct = new Map<string, Saturation>();
@@ -407,6 +410,21 @@ async function main(): Promise<void> {
       } finally {
         await ng.stop();
       }
+    }
+  }
+
+  if (ONLY.has('bare')) {
+    const bare = spawn(process.execPath, ['--import', 'tsx', fileURLToPath(new URL('./lib/bare-proxy.ts', import.meta.url)), upstream], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    children.push(bare);
+    const bareUrl = `http://127.0.0.1:${(await waitForLine(bare, /PORT (\d+)/))[1]}`;
+    notes.push('bare node proxy: bench/lib/bare-proxy.ts (node:http + one undici Pool, body passed unread): the floor of a Node proxy');
+    try {
+      for (const { w } of selected.filter((x) => x.key === 'ids'))
+        await probeAll([{ proxy: 'bare node', url: bareUrl, pid: bare.pid as number }], w);
+    } finally {
+      await stopChild(bare);
     }
   }
 
