@@ -438,7 +438,8 @@ async function main(): Promise<void> {
     const running: { proxy: string; url: string; pid: number; child: ChildProcess }[] = [];
     try {
       for (const b of builds) {
-        for (const p of PROCESSES) {
+        // An earlier build may predate --processes: it runs as one process.
+        for (const p of b.label ? [1] : PROCESSES) {
           const proxy = `kvroute${p > 1 ? ` x${p}` : ''}${b.label ? ` (${b.label})` : ''}`;
           const kv = await startKvroute(b.bin, upstream, p);
           progress(`${proxy}: ${kv.url} (pid ${kv.child.pid})`);
