@@ -3,6 +3,8 @@ import { type Command, Option } from 'commander';
 import pino from 'pino';
 import { addServeOptions, CONFIG_OPTION, serveConfigFromCommand } from '../config/serve.ts';
 import { type RunningServer, startServer } from '../server/app.ts';
+import { type RunningCluster, startCluster } from '../server/cluster/primary.ts';
+import { SettingError } from '../config/settings.ts';
 import { LOG_REDACT_PATHS } from '../server/security/index.ts';
 import { bundledTokenizerDir, startEmbeddedFleet, type EmbeddedFleet } from '../mocker/embedded.ts';
 
@@ -61,13 +63,25 @@ export function registerServe(program: Command): void {
           `embedded fleet up: ${mockCount} mock engines serving "${config.mockModel}" with KV events over ZMQ`,
         );
       }
+      if (config.processes > 1 && natsUrls.length > 0) {
+        throw new SettingError('--processes > 1 cannot be combined with --nats (run one replica per process instead)');
+      }
+      if (config.processes > 1 && config.rateLimit) {
+        // Each shell would keep its own buckets: N times the limit.
+        throw new SettingError('--processes > 1 cannot be combined with --rate-limit (each process would allow the whole rate)');
+      }
       // With --nats, /health says 503 until the snapshot is loaded and the event stream caught up.
       let natsReady = natsUrls.length === 0;
       // With --k8s-*, /health says 503 until the pods have been listed once.
       let discovery: import('../discovery/k8s/index.ts').K8sDiscovery | null = null;
       let server: RunningServer;
+      // --processes: the router itself listens on an internal loopback port; the HTTP shells take the public one.
+      const multi = config.processes > 1;
       try {
-        server = await startServer(config, { logger: log, readiness: () => natsReady && (discovery?.synced ?? true) });
+        server = await startServer(multi ? { ...config, host: '127.0.0.1', port: 0 } : config, {
+          logger: log,
+          readiness: () => natsReady && (discovery?.synced ?? true),
+        });
       } catch (err) {
         await fleet?.close();
         throw err;
@@ -101,6 +115,17 @@ export function registerServe(program: Command): void {
         );
         void d.start().then(() => log.info({ workers: d.stats().workers }, 'kubernetes discovery synced'));
       }
+      let shells: RunningCluster | null = null;
+      if (multi) {
+        try {
+          shells = await startCluster(config, server, log);
+        } catch (err) {
+          await server.close(0);
+          await fleet?.close();
+          throw err;
+        }
+      }
+      const publicUrl = shells?.url ?? server.url;
       let replica: { close(): Promise<void> } | null = null;
       if (natsUrls.length > 0) {
         const { attachToServer } = await import('../server/nats.ts');
@@ -119,8 +144,8 @@ export function registerServe(program: Command): void {
         log.info('replica ready: snapshot loaded and stream caught up');
       }
       log.info(
-        { url: server.url, workers: config.workers.length, policy: config.policy, blockSize: config.blockSize },
-        `kvroute listening on ${server.url} (OpenAI API at ${server.url}/v1)` +
+        { url: publicUrl, workers: config.workers.length, policy: config.policy, blockSize: config.blockSize, processes: config.processes },
+        `kvroute listening on ${publicUrl} (OpenAI API at ${publicUrl}/v1)` +
           (server.metricsUrl ? `; metrics and dashboard on ${server.metricsUrl}` : ''),
       );
       let stopping = false;
@@ -132,6 +157,7 @@ export function registerServe(program: Command): void {
         stopping = true;
         log.info({ signal, inFlight: server.inFlight(), graceMs: config.shutdownGraceMs }, 'shutting down');
         void Promise.all([replica?.close(), discovery?.stop()])
+          .then(() => shells?.close(config.shutdownGraceMs))
           .then(() => server.close())
           .then(() => fleet?.close())
           .then(() => process.exit(0));

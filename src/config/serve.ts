@@ -115,6 +115,14 @@ export const serveSchema = z.strictObject({
   ),
   host: withDefault(text(), '127.0.0.1', { flag: '--host <addr>', env: 'KVROUTE_HOST', help: 'listen address', group: G.listen }),
   port: withDefault(port, 8080, { flag: '-p, --port <n>', env: 'KVROUTE_PORT', help: 'listen port (0 = any free port)', group: G.listen }),
+  processes: withDefault(integer({ min: 1, max: 256 }), 1, {
+    flag: '--processes <n>',
+    env: 'KVROUTE_PROCESSES',
+    help:
+      'HTTP processes sharing the port (node:cluster): each parses, tokenizes and proxies; one routing core in the primary ' +
+      'makes every decision (docs/operations.md "Every core"). 1 = one process',
+    group: G.listen,
+  }),
   blockSize: withDefault(integer({ min: 1 }), 16, {
     flag: '-b, --block-size <n>',
     env: 'KVROUTE_BLOCK_SIZE',

@@ -57,13 +57,10 @@ export class TtlIndex {
     const v = u32View(seqHashes);
     const sl = saltLo(source);
     const sh = saltHi(source);
-    let added = 0;
-    for (let i = 0; i < seqHashes.length; i++) {
-      const lo = (v[2 * i] ^ sl) >>> 0;
-      const hi = (v[2 * i + 1] ^ sh) >>> 0;
-      if (this.table.find(lo, hi) < 0) added++;
-      this.table.set(lo, hi, expiry, source);
-    }
+    // One probe per block: set() inserts or updates, and the table's size says which.
+    const before = this.table.size;
+    for (let i = 0; i < seqHashes.length; i++) this.table.set((v[2 * i] ^ sl) >>> 0, (v[2 * i + 1] ^ sh) >>> 0, expiry, source);
+    const added = this.table.size - before;
     const count = (this.counts.get(source) ?? 0) + added;
     this.counts.set(source, count);
     // Evict with 10% hysteresis so a full source is not rescanned on every request.

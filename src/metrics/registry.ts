@@ -72,6 +72,9 @@ interface SumCount {
   count: number;
 }
 
+/** The metrics a request handler records (a shell of `--processes` forwards them to the primary's registry). */
+export type RequestMetrics = Pick<RouterMetrics, 'routed' | 'firstToken' | 'token' | 'refused' | 'outcome' | 'apiRequest'>;
+
 export class RouterMetrics {
   readonly registry: Registry;
   readonly contentType: string;

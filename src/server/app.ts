@@ -32,7 +32,7 @@ import { anthropicPath, ROUTED_PATHS } from './apis/index.ts';
 import { handlePassthrough, passthroughPath } from './passthrough.ts';
 import { NO_TRACE, type RequestTrace, type RequestTracer, startTracing, tracingConfig } from './tracing.ts';
 import type { ServeConfig } from '../config/serve.ts';
-import { handleInference, type InferenceContext, type RecentDecision } from './inference.ts';
+import { handleInference, type InferenceContext, RECENT_MAX, type RecentDecision } from './inference.ts';
 import { sessionHeaderNames } from './identity.ts';
 import {
   createSecurity,
@@ -58,6 +58,8 @@ export interface RunningServer {
   readonly workers: WorkerSet;
   readonly metrics: RouterMetrics;
   readonly tokenizer: TokenizerService | null;
+  /** The routed path's context (HTTP shells of --processes report through its ports). */
+  readonly inference: InferenceContext;
   /** Requests accepted and not yet answered in full. */
   inFlight(): number;
   /** Stop accepting, let in-flight requests finish within the grace period, then close everything. */
@@ -76,7 +78,7 @@ export interface StartOptions {
   readonly env?: Readonly<Record<string, string | undefined>>;
 }
 
-async function buildSecurity(config: ServeConfig, log: Logger): Promise<Security> {
+export async function buildSecurity(config: ServeConfig, log: Logger): Promise<Security> {
   const hasKeys = (config.apiKeys?.length ?? 0) > 0 || Boolean(config.apiKeyFile);
   const loaded = hasKeys ? await loadApiKeys({ flags: config.apiKeys, file: config.apiKeyFile }) : null;
   for (const w of loaded?.warnings ?? []) log.warn(w);
@@ -87,7 +89,7 @@ async function buildSecurity(config: ServeConfig, log: Logger): Promise<Security
   });
 }
 
-function listen(server: Server, port: number, host: string): Promise<string> {
+export function listen(server: Server, port: number, host: string): Promise<string> {
   return new Promise<string>((resolve, reject) => {
     server.once('error', reject);
     // A deeper accept backlog than node's 511, so a connection storm queues in the kernel instead of being dropped.
@@ -104,7 +106,7 @@ function listen(server: Server, port: number, host: string): Promise<string> {
  * Answers a handler's failure in the path's error shape (OpenAI's, or Anthropic's on /v1/messages); anything that is
  * not an HttpError is our bug. Returns the status answered.
  */
-function answerError(req: IncomingMessage, res: ServerResponse, err: unknown, log: Logger): number {
+export function answerError(req: IncomingMessage, res: ServerResponse, err: unknown, log: Logger): number {
   const path = (req.url ?? '/').split('?')[0];
   const send = anthropicPath(path) ? sendAnthropicError : sendError;
   if (err instanceof HttpError) {
@@ -142,15 +144,19 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
   const inference: InferenceContext = {
     config,
     log,
-    dispatcher,
+    precheck: (model) => dispatcher.precheck(model, Date.now()),
+    tokenizingWorker: core.tokenizingWorker,
     lifecycle,
     workers,
     metrics,
     tokenizer,
     remote,
-    noteRouted: (key) => events.routed(key),
+    noteRouted: (d) => {
+      events.routed(d.worker);
+      recent.push(d);
+      if (recent.length > RECENT_MAX) recent.shift();
+    },
     nextRequestId: () => `kvr-${idPrefix}-${++seq}`,
-    recent,
     guard,
     sessionHeaders: sessionHeaderNames(config),
     pd,
@@ -351,6 +357,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     workers,
     metrics,
     tokenizer,
+    inference,
     inFlight: () => inFlight,
     close,
   };

@@ -19,7 +19,7 @@ import { inlineTokenizer, type TokenizerService, threadTokenizer } from '../toke
 import { ServerEvents } from './events.ts';
 import { Lifecycle } from './lifecycle.ts';
 import { LOG_REDACT_PATHS } from './security/index.ts';
-import { WorkerSet } from './workers.ts';
+import { type Worker, WorkerSet } from './workers.ts';
 
 export interface ComposeOptions {
   readonly logger?: Logger;
@@ -42,11 +42,13 @@ export interface RouterCore {
   readonly tokenizer: TokenizerService | null;
   /** The engines tokenize (render endpoints or /tokenize), when the mode says so. */
   readonly remote: RemoteTokenizer | null;
+  /** The worker the engines' tokenizer is asked on for a model (the dispatcher's pass-through choice), if any. */
+  tokenizingWorker(model: string): Promise<Worker | undefined>;
   /** Refuses queued requests and stops every shell (probes, ingestion, tokenizer, mirror, metrics). */
   close(): Promise<void>;
 }
 
-async function buildTokenizer(config: ServeConfig, options: ComposeOptions, log: Logger): Promise<TokenizerService | null> {
+export async function buildTokenizer(config: ServeConfig, options: ComposeOptions, log: Logger): Promise<TokenizerService | null> {
   if (options.tokenizer) return inlineTokenizer(options.tokenizer);
   if (!config.tokenizerDir) return null;
   const tokenizer =
@@ -159,5 +161,24 @@ export async function composeRouter(config: ServeConfig, options: ComposeOptions
     })();
     return closed;
   };
-  return { config, log, router, dispatcher, lifecycle, workers, metrics, flowMetrics, pd, events, tokenizer, remote, close };
+  const tokenizingWorker = async (model: string): Promise<Worker | undefined> => {
+    const target = dispatcher.passthroughTarget(model, Date.now());
+    return 'workerId' in target ? workers.get(target.workerId) : undefined;
+  };
+  return {
+    config,
+    log,
+    router,
+    dispatcher,
+    lifecycle,
+    workers,
+    metrics,
+    flowMetrics,
+    pd,
+    events,
+    tokenizer,
+    remote,
+    tokenizingWorker,
+    close,
+  };
 }

@@ -10,27 +10,27 @@ import type { DispatchAttempt, Dispatcher } from '../core/dispatch/dispatcher.ts
 import { POLICY_NAMES } from '../core/scheduling/policies.ts';
 import { readBody } from '../http/body.ts';
 import { badRequest } from '../http/errors.ts';
-import type { RouterMetrics } from '../metrics/registry.ts';
+import type { RequestMetrics } from '../metrics/registry.ts';
 import type { RemoteTokenizer } from '../tokenizer/remote.ts';
 import type { TokenizerService } from '../tokenizer/service.ts';
 import type { ServeConfig } from '../config/serve.ts';
-import type { Lifecycle } from './lifecycle.ts';
+import type { LifecyclePort } from './lifecycle.ts';
 import { parseJsonBody } from '../openai/request.ts';
 import type { ApiAdapter, RoutedRequest } from './apis/index.ts';
 import type { PdMetrics } from '../metrics/pd.ts';
-import { pdAttempt, type PdOutcome } from './pd.ts';
+import { pdAttempt, type PdOutcome, type PdWorker } from './pd.ts';
 import { proxyAttempt } from './proxy.ts';
 import type { RequestTrace } from './tracing.ts';
 import { refusalError } from './refusals.ts';
 import { requestIdentity } from './identity.ts';
 import { checkJsonDepth, type Security } from './security/index.ts';
-import type { WorkerSet } from './workers.ts';
 
 export interface RecentDecision {
   requestId: string;
   api: string;
   at: number;
   model: string;
+  /** The source key routed to. */
   worker: string;
   policy: string;
   promptTokens: number;
@@ -41,26 +41,32 @@ export interface RecentDecision {
   queuedMs: number;
 }
 
-const RECENT_MAX = 64;
+/** Decisions /debug/state lists, newest last. */
+export const RECENT_MAX = 64;
 
 export interface InferenceContext {
   readonly config: ServeConfig;
   readonly log: Logger;
-  readonly dispatcher: Dispatcher;
-  readonly lifecycle: Lifecycle;
-  readonly workers: WorkerSet;
-  readonly metrics: RouterMetrics;
+  /**
+   * An unknown model or a dead fleet, answered before tokenizing (the real decision comes later); a shell of
+   * `--processes` has no dispatcher to ask and leaves it to the submission.
+   */
+  readonly precheck: (model: string) => ReturnType<Dispatcher['precheck']>;
+  /** The worker that tokenizes for the engines (remote and render modes), as the dispatcher names it. */
+  readonly tokenizingWorker: (model: string) => Promise<PdWorker | undefined>;
+  readonly lifecycle: LifecyclePort;
+  readonly workers: { get(id: string): PdWorker | undefined };
+  readonly metrics: RequestMetrics;
   readonly tokenizer: TokenizerService | null;
   /** The engine tokenizes (render endpoints or /tokenize), when there is no local tokenizer or the mode says so. */
   readonly remote: RemoteTokenizer | null;
-  /** A request was routed to this source (event-stream blindness accounting). */
-  readonly noteRouted: (sourceKey: string) => void;
+  /** A request was routed (event-stream blindness accounting by its source; the recent decisions of /debug/state). */
+  readonly noteRouted: (decision: RecentDecision) => void;
   readonly nextRequestId: () => string;
-  readonly recent: RecentDecision[];
   readonly guard: Security;
   /** Session headers to read, in order. */
   readonly sessionHeaders: readonly string[];
-  readonly pd: PdMetrics;
+  readonly pd: Pick<PdMetrics, 'legDuration'>;
 }
 
 /** A client's x-request-id, if it is a short printable token; anything else is ignored rather than echoed. */
@@ -70,7 +76,7 @@ export function sanitizeRequestId(value: string | string[] | undefined): string 
 }
 
 /** What tokenization needs of a context (the router's, or the endpoint picker's). */
-export type TokenizeContext = Pick<InferenceContext, 'tokenizer' | 'remote' | 'dispatcher' | 'workers' | 'log'>;
+export type TokenizeContext = Pick<InferenceContext, 'tokenizer' | 'remote' | 'tokenizingWorker' | 'log'>;
 
 /** Routing tokens of a request: as given, from the local tokenizer, or from an engine; [] when it cannot be known. */
 export async function tokensFor(ctx: TokenizeContext, req: RoutedRequest): Promise<ArrayLike<number>> {
@@ -81,8 +87,7 @@ export async function tokensFor(ctx: TokenizeContext, req: RoutedRequest): Promi
     if (ctx.tokenizer) return p.kind === 'text' ? await ctx.tokenizer.encodePrompt(p.text) : await ctx.tokenizer.encodeChat(p.chat);
     if (ctx.remote) {
       // A worker serving the model tokenizes exactly as the engines do; the dispatcher says which one may be asked.
-      const target = ctx.dispatcher.passthroughTarget(req.model, Date.now());
-      const worker = 'workerId' in target ? ctx.workers.get(target.workerId) : undefined;
+      const worker = await ctx.tokenizingWorker(req.model);
       if (worker) {
         const ids =
           p.kind === 'text' ? await ctx.remote.prompt(worker.url, req.model, p.text) : await ctx.remote.chat(worker.url, req.model, p.chat);
@@ -127,7 +132,7 @@ export async function handleInference(
   t0: number,
   trace: RequestTrace,
 ): Promise<void> {
-  const { config, dispatcher, lifecycle, metrics } = ctx;
+  const { config, lifecycle, metrics } = ctx;
   const { text, body: json } = await readJsonBody(req, config);
   const parsed = api.parse(json);
   trace.set({ 'gen_ai.request.model': parsed.model, 'kvroute.stream': parsed.stream });
@@ -137,7 +142,7 @@ export async function handleInference(
   // Every adapter has checked the body is a JSON object.
   const identity = requestIdentity(req, json as Record<string, unknown>, ctx.guard, ctx.sessionHeaders);
   // Answer an unknown model or a dead fleet before spending time on tokenization; the real decision comes later.
-  const pre = dispatcher.precheck(parsed.model, Date.now());
+  const pre = ctx.precheck(parsed.model);
   if (pre) {
     metrics.refused(pre.code);
     throw refusalError(pre, config);
@@ -279,8 +284,7 @@ function note(ctx: InferenceContext, a: DispatchAttempt, api: string, model: str
     },
     'routed',
   );
-  ctx.noteRouted(d.sourceKey);
-  ctx.recent.push({
+  ctx.noteRouted({
     requestId: a.requestId,
     api,
     at: Date.now(),
@@ -294,5 +298,4 @@ function note(ctx: InferenceContext, a: DispatchAttempt, api: string, model: str
     attempt: a.attempt,
     queuedMs: a.queuedMs,
   });
-  if (ctx.recent.length > RECENT_MAX) ctx.recent.shift();
 }

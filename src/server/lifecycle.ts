@@ -18,6 +18,12 @@ import type { RouterMetrics } from '../metrics/registry.ts';
 
 export type NextStep = DispatchAttempt | DispatchRefusal | { readonly kind: 'aborted' };
 
+/**
+ * What an HTTP handler asks of the lifecycle: the Lifecycle itself in one process; with `--processes` a shell's proxy of
+ * the primary's (src/server/cluster/), so every decision is still made by the one dispatcher.
+ */
+export type LifecyclePort = Pick<Lifecycle, 'submit' | 'failed' | 'prefillFailed' | 'prefillDone' | 'firstToken' | 'finish'>;
+
 export class Lifecycle {
   private readonly waiters = new Map<string, (step: NextStep) => void>();
   private timer: NodeJS.Timeout | undefined;

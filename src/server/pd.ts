@@ -24,16 +24,19 @@ import type { ApiAdapter, RoutedRequest } from './apis/index.ts';
 import type { RequestTrace } from './tracing.ts';
 import { appendMembers, rawMember } from '../openai/raw-json.ts';
 import type { PdMetrics } from '../metrics/pd.ts';
-import { type AttemptContext, type AttemptOutcome, proxyAttempt } from './proxy.ts';
+import { type AttemptContext, type AttemptOutcome, type AttemptWorker, proxyAttempt } from './proxy.ts';
 import { readUsage } from './sse.ts';
 import type { Worker } from './workers.ts';
+
+/** What a P/D leg needs of its worker (SGLang's bootstrap port on top of an attempt's). */
+export type PdWorker = AttemptWorker & Pick<Worker, 'bootstrapPort'>;
 
 export type PdOutcome = AttemptOutcome | { readonly kind: 'prefill_failed'; readonly message: string };
 
 export interface PdAttemptRequest {
   readonly attempt: DispatchAttempt;
-  readonly decodeWorker: Worker;
-  readonly prefillWorker: Worker;
+  readonly decodeWorker: PdWorker;
+  readonly prefillWorker: PdWorker;
   readonly api: ApiAdapter;
   readonly parsed: RoutedRequest;
   /** The client's JSON body (the legs' bodies are built from it). */
@@ -52,7 +55,7 @@ export interface PdAttemptRequest {
 }
 
 export interface PdContext extends AttemptContext {
-  readonly pd: PdMetrics;
+  readonly pd: Pick<PdMetrics, 'legDuration'>;
 }
 
 /** vLLM's prefill request: what the NixlConnector's P side expects. */
@@ -162,7 +165,7 @@ function prefillCachedTokens(text: string): number | undefined {
   return cached;
 }
 
-function legHeaders(worker: Worker, dpRank: number, requestId: string): Record<string, string> {
+function legHeaders(worker: PdWorker, dpRank: number, requestId: string): Record<string, string> {
   const h: Record<string, string> = { 'content-type': 'application/json', 'x-request-id': requestId };
   if (worker.sourceKeys.length > 1) h['x-data-parallel-rank'] = String(dpRank);
   return h;

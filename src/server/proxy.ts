@@ -10,12 +10,15 @@ import type { ServerResponse } from 'node:http';
 import type { Dispatcher as UndiciDispatcher } from 'undici';
 import type { DispatchAttempt } from '../core/dispatch/dispatcher.ts';
 import type { RouteDecision } from '../core/types.ts';
-import type { RouterMetrics } from '../metrics/registry.ts';
+import type { RequestMetrics } from '../metrics/registry.ts';
 import type { ApiAdapter, RoutedRequest } from './apis/index.ts';
-import type { Lifecycle } from './lifecycle.ts';
+import type { LifecyclePort } from './lifecycle.ts';
 import { SseRelay, type StreamUsage } from './sse.ts';
 import type { RequestTrace } from './tracing.ts';
 import type { Worker } from './workers.ts';
+
+/** What one attempt needs of its worker: where to send, and whether to name the data-parallel rank. */
+export type AttemptWorker = Pick<Worker, 'id' | 'url' | 'pool' | 'sourceKeys'>;
 
 /** Hop-by-hop and length headers are the proxy's own business; everything else from the engine passes through. */
 const SKIP_RESPONSE_HEADERS = new Set(['connection', 'keep-alive', 'transfer-encoding', 'content-length', 'date', 'server']);
@@ -32,8 +35,8 @@ function copyHeaders(upstream: UndiciDispatcher.ResponseData['headers'], extra: 
 export type AttemptOutcome = { readonly kind: 'done' } | { readonly kind: 'failed'; readonly message: string };
 
 export interface AttemptContext {
-  readonly lifecycle: Lifecycle;
-  readonly metrics: RouterMetrics;
+  readonly lifecycle: LifecyclePort;
+  readonly metrics: RequestMetrics;
   readonly log: { warn(o: object, m: string): void };
   /** A streaming client that reads nothing for this long is dropped (0 disables). */
   readonly clientStallTimeoutMs: number;
@@ -41,7 +44,7 @@ export interface AttemptContext {
 
 export interface AttemptRequest {
   readonly attempt: DispatchAttempt;
-  readonly worker: Worker;
+  readonly worker: AttemptWorker;
   readonly api: ApiAdapter;
   readonly parsed: RoutedRequest;
   readonly body: string;

@@ -29,6 +29,21 @@ export interface HealthOptions {
   readonly upstreamTimeoutMs?: number;
 }
 
+/**
+ * The connection pool to one worker (the router's and every HTTP shell's): streams are long-lived, so generous
+ * connections keep them from queueing behind each other; `upstreamTimeoutMs` of silence ends one.
+ */
+export function workerPool(origin: string, upstreamTimeoutMs: number | undefined): Pool {
+  const silence = upstreamTimeoutMs ?? 300_000;
+  return new Pool(origin, {
+    connections: 4096,
+    pipelining: 1,
+    keepAliveTimeout: 30_000,
+    headersTimeout: silence,
+    bodyTimeout: silence,
+  });
+}
+
 export class Worker {
   readonly id: string;
   readonly url: string;
@@ -47,15 +62,7 @@ export class Worker {
     const u = new URL(spec.url);
     this.id = core.id;
     this.url = spec.url;
-    // Streams are long-lived; a pool per worker with generous connections keeps them from queueing behind each other.
-    const silence = opts.upstreamTimeoutMs ?? 300_000;
-    this.pool = new Pool(u.origin, {
-      connections: 4096,
-      pipelining: 1,
-      keepAliveTimeout: 30_000,
-      headersTimeout: silence,
-      bodyTimeout: silence,
-    });
+    this.pool = workerPool(u.origin, opts.upstreamTimeoutMs);
     this.sourceKeys = core.sourceKeys;
     this.cards = (spec.models ?? []).map((id) => ({ id, object: 'model', owned_by: 'kvroute' }));
   }

@@ -2,6 +2,7 @@
  * Body of the tokenizer worker thread: one LocalTokenizer (with its segment cache) answering encode requests, so a
  * cold 100k-token prompt (100+ ms of BPE) never stalls the streams on the server's event loop.
  */
+import { getHeapStatistics } from 'node:v8';
 import { parentPort, workerData } from 'node:worker_threads';
 import type { ChatPromptInput } from './chat.ts';
 import { LocalTokenizer, type LocalTokenizerOptions } from './local.ts';
@@ -17,6 +18,7 @@ export type ThreadReply =
   | { id: number; ok: false; error: string };
 
 const { dir, options } = workerData as { dir: string; options?: LocalTokenizerOptions };
+
 const tok = await LocalTokenizer.load(dir, options);
 const port = parentPort!;
 port.on('message', (req: ThreadRequest) => {
@@ -31,6 +33,8 @@ port.on('message', (req: ThreadRequest) => {
           fastTemplate: tok.chat.fastPath,
           fastTemplateVerified: tok.chat.fastVerified,
           fastTemplateMismatch: tok.chat.fastMismatch,
+          // This thread's own V8 heap (the segment cache lives here, outside the main thread's heap metrics).
+          heapUsedBytes: getHeapStatistics().used_heap_size,
         },
       } satisfies ThreadReply);
       return;

@@ -253,3 +253,38 @@ describe('session affinity', () => {
     expect(d.sessions.get('peer-session', 1011)).toBeUndefined();
   });
 });
+
+describe('tables bounded by the tenants that matter (a tenant is whatever a header says)', () => {
+  it('FlowQueue forgets finish tags behind the virtual clock, and a returning tenant starts there', () => {
+    const q = new FlowQueue();
+    // A busy tenant keeps the clock moving; 20,000 one-off tenants pass through the queue one request each.
+    for (let i = 0; i < 20_000; i++) {
+      const busy = item(q, `busy${i}`, 'busy');
+      q.push(busy);
+      const once = item(q, `t${i}`, `tenant-${i}`);
+      q.push(once);
+      for (const id of queueOrder(q)) {
+        const it = q.remove(id);
+        if (it) q.dispatched(it);
+      }
+    }
+    expect(q.length).toBe(0);
+    expect(q.finishTags).toBeLessThanOrEqual(1024 + 2);
+    // Fairness is unchanged for a forgotten tenant: behind a flood of A it is still served next, as a new one would be.
+    for (let i = 0; i < 10; i++) q.push(item(q, `a${i}`, 'A'));
+    q.push(item(q, 'x0', 'tenant-7'));
+    expect(queueOrder(q).slice(0, 2)).toEqual(['a0', 'x0']);
+  });
+
+  it('TokenBudgets forgets refilled buckets but keeps a tenant that is paying back', () => {
+    const b = new TokenBudgets({ '*': 6000 });
+    expect(b.admit('greedy', 6000, 0).ok).toBe(true);
+    b.charge('greedy', 60_000, 0); // deep in debt: refused for ~10 minutes
+    for (let i = 0; i < 5000; i++) expect(b.admit(`t${i}`, 100, i * 100).ok).toBe(true);
+    expect(b.size).toBeLessThanOrEqual(1024 + 1);
+    // 500 s later the greedy tenant is still paying back: its bucket was kept, so it is still refused.
+    expect(b.admit('greedy', 1, 500_000).ok).toBe(false);
+    // A forgotten tenant starts full, as it would have been by now.
+    expect(b.balance('t3', 500_000)).toBe(6000);
+  });
+});

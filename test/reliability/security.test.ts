@@ -241,6 +241,26 @@ describe('JSON nesting depth (before JSON.parse)', () => {
       { numRuns: 300, seed: 7 },
     );
   });
+
+  it('refuses exactly what the full scan refuses, whether the bracket count settles it or not', async () => {
+    const { jsonDepth, checkJsonDepth } = await import('../../src/server/security/index.ts');
+    const b = (s: string) => Buffer.from(s);
+    // Many brackets, shallow: past the count's shortcut, the scan decides (depth 2, allowed).
+    expect(checkJsonDepth(b(`[${Array.from({ length: 200 }, () => '[]').join(',')}]`), 64)).toBeNull();
+    // Brackets inside strings count for the shortcut but not for depth: still allowed.
+    expect(checkJsonDepth(b(`{"a":"${'['.repeat(500)}"}`), 64)).toBeNull();
+    // Deep nesting behind many shallow siblings is still found.
+    const deep = `[${'[],'.repeat(100)}${'['.repeat(70)}${']'.repeat(70)}]`;
+    expect(checkJsonDepth(b(deep), 64)?.status).toBe(400);
+    const fc = (await import('fast-check')).default;
+    fc.assert(
+      fc.property(fc.jsonValue({ maxDepth: 8 }), fc.integer({ min: 1, max: 8 }), (v, limit) => {
+        const buf = Buffer.from(JSON.stringify(v));
+        return (checkJsonDepth(buf, limit) !== null) === jsonDepth(buf) > limit;
+      }),
+      { numRuns: 500, seed: 11 },
+    );
+  });
 });
 
 describe('log redaction', () => {

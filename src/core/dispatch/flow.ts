@@ -66,6 +66,9 @@ export interface Band {
   readonly order: 'fcfs' | 'edf';
 }
 
+/** Finish tags kept beyond twice the waiting requests before the ones behind the virtual clock are dropped. */
+const FINISH_SLACK = 1024;
+
 export class FlowQueue {
   readonly bands: readonly Band[];
   private readonly order: 'fair' | 'fifo';
@@ -136,8 +139,25 @@ export class FlowQueue {
       const fin = this.finish[band];
       start = Math.max(this.virtual[band], fin.get(item.tenant) ?? 0);
       fin.set(item.tenant, start + Math.max(1, item.cost) / this.weightOf(item.tenant));
+      if (fin.size > 2 * this.items.size + FINISH_SLACK) this.forgetPast(band);
     }
     this.items.set(item.requestId, { ...item, band, start });
+  }
+
+  /**
+   * Drops finish tags at or behind the band's virtual time: such a tag gives the same start as no tag (the start is the
+   * larger of the two), so fairness is unchanged while the table stays bounded by the tenants still ahead of the
+   * virtual clock (every tenant ever seen would otherwise stay, and a tenant is whatever a header says).
+   */
+  private forgetPast(band: number): void {
+    const v = this.virtual[band];
+    const fin = this.finish[band];
+    for (const [tenant, tag] of fin) if (tag <= v) fin.delete(tenant);
+  }
+
+  /** Tenants with a finish tag, all bands (bounded: see forgetPast). */
+  get finishTags(): number {
+    return this.finish.reduce((a, m) => a + m.size, 0);
   }
 
   remove(requestId: string): FlowItem | undefined {

@@ -31,8 +31,23 @@ export function jsonDepth(buf: Uint8Array, limit = Infinity): number {
   return max;
 }
 
+/**
+ * Whether `buf` holds at most `limit` opening brackets (`[` or `{`, in strings or not): then no nesting can exceed
+ * `limit`. Two native byte searches instead of a JavaScript loop over every byte; a typical request (a few objects, one
+ * prompt array, long strings) is settled here.
+ */
+function fewOpenings(buf: Uint8Array, limit: number): boolean {
+  const b = Buffer.isBuffer(buf) ? buf : Buffer.from(buf.buffer, buf.byteOffset, buf.byteLength);
+  let n = 0;
+  for (const c of [0x5b, 0x7b]) {
+    for (let i = b.indexOf(c); i >= 0; i = b.indexOf(c, i + 1)) if (++n > limit) return false;
+  }
+  return true;
+}
+
 /** 400 (invalid_request_error, code nesting_too_deep) when the body nests deeper than `limit`; null otherwise. */
 export function checkJsonDepth(buf: Uint8Array, limit = DEFAULT_MAX_JSON_DEPTH): HttpError | null {
+  if (fewOpenings(buf, limit)) return null;
   const d = jsonDepth(buf, limit);
   return d > limit ? badRequest(`request body nests deeper than ${limit} levels`, null, 'nesting_too_deep') : null;
 }

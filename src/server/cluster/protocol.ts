@@ -1,0 +1,86 @@
+/**
+ * The IPC between the primary (the routing core: KvRouter, Dispatcher, workers, events, metrics) and its HTTP shells
+ * under `kvroute serve --processes N`. Messages go over node:cluster's channel with the 'advanced' serialization
+ * (structured clone: typed arrays, Sets and bigints arrive as sent). A shell asks, the primary decides and answers:
+ * every routing decision is the one dispatcher's, in the order the primary receives the submissions.
+ */
+import type { FinishReport, PrefillReport, Submission } from '../../core/dispatch/dispatcher.ts';
+import type { ServeConfig } from '../../config/serve.ts';
+import type { NextStep } from '../lifecycle.ts';
+
+/** Where a shell sends an attempt: what it needs of a worker to open its own connection pool. */
+export interface ShellWorkerInfo {
+  readonly id: string;
+  readonly url: string;
+  readonly sourceKeys: readonly string[];
+  readonly bootstrapPort: number;
+}
+
+/** Metric calls a shell batches (method name of RequestMetrics / PdMetrics, arguments). */
+export type MetricCall =
+  | readonly ['routed', ...unknown[]]
+  | readonly ['firstToken', ...unknown[]]
+  | readonly ['token', ...unknown[]]
+  | readonly ['refused', ...unknown[]]
+  | readonly ['outcome', ...unknown[]]
+  | readonly ['apiRequest', ...unknown[]]
+  | readonly ['legDuration', ...unknown[]]
+  | readonly ['noteRouted', ...unknown[]];
+
+export const METRIC_CALLS = new Set(['routed', 'firstToken', 'token', 'refused', 'outcome', 'apiRequest', 'legDuration', 'noteRouted']);
+
+/** Shell → primary. Each carries the router's request id. */
+export type ShellMessage =
+  | { readonly k: 'kvr.submit'; readonly id: string; readonly sub: Submission }
+  | { readonly k: 'kvr.failed'; readonly id: string; readonly error: string }
+  | { readonly k: 'kvr.prefillFailed'; readonly id: string; readonly error: string }
+  | { readonly k: 'kvr.cancel'; readonly id: string }
+  /** Which worker tokenizes for `model` (remote and render tokenizer modes); answered with kvr.target. */
+  | { readonly k: 'kvr.target'; readonly id: string; readonly model: string }
+  | { readonly k: 'kvr.prefillDone'; readonly id: string; readonly report: PrefillReport }
+  | { readonly k: 'kvr.firstToken'; readonly id: string }
+  | { readonly k: 'kvr.finish'; readonly id: string; readonly report: FinishReport; readonly outputTokens?: number }
+  | { readonly k: 'kvr.metrics'; readonly calls: readonly MetricCall[] }
+  | { readonly k: 'kvr.listening'; readonly url: string }
+  /** The shell's message handler is in place: send kvr.start (a message sent earlier would be lost). */
+  | { readonly k: 'kvr.ready' }
+  /** Messages of one event-loop turn, in order: one IPC write instead of several. */
+  | { readonly k: 'kvr.batch'; readonly msgs: readonly ShellMessage[] };
+
+/** Primary → shell. */
+export type PrimaryMessage =
+  | { readonly k: 'kvr.start'; readonly config: ServeConfig; readonly primaryUrl: string }
+  | { readonly k: 'kvr.step'; readonly id: string; readonly step: NextStep; readonly workers: readonly ShellWorkerInfo[] }
+  | { readonly k: 'kvr.target'; readonly id: string; readonly worker: ShellWorkerInfo | null }
+  | { readonly k: 'kvr.close'; readonly graceMs: number }
+  | { readonly k: 'kvr.batch'; readonly msgs: readonly PrimaryMessage[] };
+
+/**
+ * Messages for one peer, sent together at the end of the event-loop turn (each IPC message is a write and a
+ * deserialisation on the other side: batching them is most of the channel's cost under load).
+ */
+export class Outbox<M> {
+  private queued: M[] = [];
+  private scheduled = false;
+
+  constructor(private readonly write: (m: M | { readonly k: 'kvr.batch'; readonly msgs: readonly M[] }) => void) {}
+
+  push(m: M): void {
+    this.queued.push(m);
+    if (this.scheduled) return;
+    this.scheduled = true;
+    setImmediate(() => this.flush());
+  }
+
+  flush(): void {
+    this.scheduled = false;
+    const q = this.queued;
+    if (q.length === 0) return;
+    this.queued = [];
+    this.write(q.length === 1 ? q[0] : { k: 'kvr.batch', msgs: q });
+  }
+}
+
+export function isShellMessage(m: unknown): m is ShellMessage {
+  return typeof m === 'object' && m !== null && typeof (m as { k?: unknown }).k === 'string' && (m as { k: string }).k.startsWith('kvr.');
+}

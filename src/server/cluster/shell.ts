@@ -1,0 +1,301 @@
+/**
+ * One HTTP shell of `kvroute serve --processes N`: it listens on the shared public port (node:cluster), and for every
+ * routed API does the per-request work a core can do alone (read and parse the body, tokenize, proxy the attempt with
+ * its own connection pools, relay the stream), asking the primary's dispatcher for each decision over IPC and telling
+ * it of first tokens and finishes. Every other path (/health, /metrics, /v1/models, /admin, /debug, /tokenize, ...) is
+ * passed to the primary's internal listener as it came, so there is one answer for each, from the one router.
+ */
+import { randomBytes } from 'node:crypto';
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import pino, { type Logger } from 'pino';
+import { Pool } from 'undici';
+import type { FinishReport, PrefillReport, Submission } from '../../core/dispatch/dispatcher.ts';
+import type { ServeConfig } from '../../config/serve.ts';
+import { HttpError } from '../../http/errors.ts';
+import type { RequestMetrics } from '../../metrics/registry.ts';
+import { RemoteTokenizer } from '../../tokenizer/remote.ts';
+import { answerError, buildSecurity, listen } from '../app.ts';
+import { buildTokenizer } from '../compose.ts';
+import { ROUTED_PATHS } from '../apis/index.ts';
+import { sessionHeaderNames } from '../identity.ts';
+import { handleInference, type InferenceContext } from '../inference.ts';
+import type { LifecyclePort, NextStep } from '../lifecycle.ts';
+import type { PdWorker } from '../pd.ts';
+import { httpServerTimeouts, LOG_REDACT_PATHS, toHttpError } from '../security/index.ts';
+import { NO_TRACE } from '../tracing.ts';
+import { workerPool } from '../workers.ts';
+import { type MetricCall, Outbox, type PrimaryMessage, type ShellMessage, type ShellWorkerInfo } from './protocol.ts';
+
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'transfer-encoding', 'upgrade', 'proxy-connection', 'te', 'trailer', 'host']);
+
+const outbox = new Outbox<ShellMessage>((m) => {
+  if (process.connected) process.send?.(m);
+});
+const send = (m: ShellMessage) => outbox.push(m);
+
+/** Metric calls, sent to the primary in one message per turn of the event loop. */
+class ForwardedMetrics {
+  private calls: MetricCall[] = [];
+
+  call(c: MetricCall): void {
+    if (this.calls.length === 0) setImmediate(() => this.flush());
+    this.calls.push(c);
+  }
+
+  flush(): void {
+    if (this.calls.length === 0) return;
+    send({ k: 'kvr.metrics', calls: this.calls });
+    this.calls = [];
+    outbox.flush();
+  }
+}
+
+/** The workers attempts are sent to, learnt from the primary's steps; one pool per worker, as the primary has. */
+class ShellWorkers {
+  private readonly byId = new Map<string, PdWorker>();
+
+  constructor(private readonly upstreamTimeoutMs: number | undefined) {}
+
+  learn(info: ShellWorkerInfo): PdWorker {
+    const known = this.byId.get(info.id);
+    if (known && known.url === info.url) return known;
+    void known?.pool.close();
+    const w: PdWorker = {
+      id: info.id,
+      url: info.url,
+      sourceKeys: info.sourceKeys,
+      bootstrapPort: info.bootstrapPort,
+      pool: workerPool(new URL(info.url).origin, this.upstreamTimeoutMs),
+    };
+    this.byId.set(info.id, w);
+    return w;
+  }
+
+  get(id: string): PdWorker | undefined {
+    return this.byId.get(id);
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([...this.byId.values()].map((w) => w.pool.close().catch(() => {})));
+  }
+}
+
+/** The primary's Lifecycle seen from a shell: each step is the primary dispatcher's answer. */
+class ForwardedLifecycle implements LifecyclePort {
+  private readonly waiters = new Map<string, (step: NextStep) => void>();
+
+  constructor(private readonly workers: ShellWorkers) {}
+
+  /** A step from the primary. */
+  step(id: string, step: NextStep, workers: readonly ShellWorkerInfo[]): void {
+    for (const w of workers) this.workers.learn(w);
+    const waiter = this.waiters.get(id);
+    if (!waiter) {
+      // The handler gave up (its client left) while the primary decided: give the attempt back.
+      if (step.kind === 'dispatch') send({ k: 'kvr.cancel', id });
+      return;
+    }
+    this.waiters.delete(id);
+    waiter(step);
+  }
+
+  private wait(id: string, signal: AbortSignal, message: ShellMessage): Promise<NextStep> {
+    return new Promise<NextStep>((resolve) => {
+      if (signal.aborted) {
+        resolve({ kind: 'aborted' });
+        return;
+      }
+      const onAbort = () => {
+        if (!this.waiters.delete(id)) return;
+        send({ k: 'kvr.cancel', id });
+        resolve({ kind: 'aborted' });
+      };
+      this.waiters.set(id, (step) => {
+        signal.removeEventListener('abort', onAbort);
+        resolve(step);
+      });
+      signal.addEventListener('abort', onAbort, { once: true });
+      send(message);
+    });
+  }
+
+  submit(sub: Submission, signal: AbortSignal): Promise<NextStep> {
+    // Token ids as a typed array: the channel copies its bytes instead of serialising each number.
+    const tokens = sub.tokens && !(sub.tokens instanceof Uint32Array) ? Uint32Array.from(sub.tokens) : sub.tokens;
+    return this.wait(sub.requestId, signal, { k: 'kvr.submit', id: sub.requestId, sub: { ...sub, tokens } });
+  }
+
+  failed(requestId: string, error: string, signal: AbortSignal): Promise<NextStep> {
+    return this.wait(requestId, signal, { k: 'kvr.failed', id: requestId, error });
+  }
+
+  prefillFailed(requestId: string, error: string, signal: AbortSignal): Promise<NextStep> {
+    return this.wait(requestId, signal, { k: 'kvr.prefillFailed', id: requestId, error });
+  }
+
+  prefillDone(requestId: string, report: PrefillReport): void {
+    send({ k: 'kvr.prefillDone', id: requestId, report });
+  }
+
+  firstToken(requestId: string): void {
+    send({ k: 'kvr.firstToken', id: requestId });
+  }
+
+  finish(requestId: string, report: FinishReport, outputTokens?: number): void {
+    send({ k: 'kvr.finish', id: requestId, report, ...(outputTokens === undefined ? {} : { outputTokens }) });
+  }
+
+  /** The primary is gone: nothing will answer. */
+  abandon(): void {
+    for (const [id, w] of this.waiters) {
+      this.waiters.delete(id);
+      w({ kind: 'reject', requestId: id, code: 'closed', message: 'the router is shutting down' } as NextStep);
+    }
+  }
+}
+
+export async function runShell(config: ServeConfig, primaryUrl: string): Promise<void> {
+  const log: Logger = pino({ level: config.logLevel, base: { shell: process.pid }, redact: LOG_REDACT_PATHS });
+  const guard = await buildSecurity(config, log);
+  const mode = config.tokenizerMode ?? (config.tokenizerDir ? 'local' : config.remoteTokenize ? 'remote' : null);
+  const tokenizer = mode === 'local' ? await buildTokenizer(config, {}, log) : null;
+  const remote = mode === 'render' || mode === 'remote' ? new RemoteTokenizer({ mode: mode === 'render' ? 'render' : 'tokenize' }) : null;
+  const workers = new ShellWorkers(config.upstreamTimeoutMs);
+  const lifecycle = new ForwardedLifecycle(workers);
+  const forwarded = new ForwardedMetrics();
+  const targets = new Map<string, (w: ShellWorkerInfo | null) => void>();
+  let targetSeq = 0;
+  const metrics: RequestMetrics = {
+    routed: (...a) => forwarded.call(['routed', ...a]),
+    firstToken: (...a) => forwarded.call(['firstToken', ...a]),
+    token: (...a) => forwarded.call(['token', ...a]),
+    refused: (...a) => forwarded.call(['refused', ...a]),
+    outcome: (...a) => forwarded.call(['outcome', ...a]),
+    apiRequest: (...a) => forwarded.call(['apiRequest', ...a]),
+  };
+  const idPrefix = randomBytes(4).toString('hex');
+  let seq = 0;
+  const ctx: InferenceContext = {
+    config,
+    log,
+    precheck: () => null,
+    tokenizingWorker: (model) =>
+      new Promise((resolve) => {
+        const id = `t${++targetSeq}`;
+        targets.set(id, (info) => resolve(info ? workers.learn(info) : undefined));
+        send({ k: 'kvr.target', id, model });
+      }),
+    lifecycle,
+    workers,
+    metrics,
+    tokenizer,
+    remote,
+    noteRouted: (d) => forwarded.call(['noteRouted', d]),
+    nextRequestId: () => `kvr-${idPrefix}-${++seq}`,
+    guard,
+    sessionHeaders: sessionHeaderNames(config),
+    pd: { legDuration: (...a) => forwarded.call(['legDuration', ...a]) },
+  };
+
+  const primary = new Pool(primaryUrl, { connections: 256, pipelining: 1 });
+  let closing = false;
+  let inFlight = 0;
+
+  /** Any path but the routed APIs: the primary answers, as it would on its own port. */
+  async function forward(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const headers: Record<string, string | string[]> = {};
+    for (const [k, v] of Object.entries(req.headers)) if (v !== undefined && !HOP_BY_HOP.has(k)) headers[k] = v;
+    const hasBody = req.method !== 'GET' && req.method !== 'HEAD';
+    const up = await primary.request({
+      method: (req.method ?? 'GET') as 'GET',
+      path: req.url ?? '/',
+      headers,
+      body: hasBody ? req : undefined,
+    });
+    const out: Record<string, string | string[]> = {};
+    for (const [k, v] of Object.entries(up.headers)) if (v !== undefined && !HOP_BY_HOP.has(k)) out[k] = v;
+    res.writeHead(up.statusCode, out);
+    for await (const chunk of up.body) {
+      if (!res.write(chunk)) await new Promise((r) => res.once('drain', r));
+    }
+    res.end();
+  }
+
+  async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const t0 = performance.now();
+    const url = req.url ?? '/';
+    const q = url.indexOf('?');
+    const path = q >= 0 ? url.slice(0, q) : url;
+    const api = req.method === 'POST' ? ROUTED_PATHS.get(path) : undefined;
+    if (!api) return forward(req, res);
+    const denied = guard.checkApi(req);
+    if (denied) throw toHttpError(denied);
+    if (closing) {
+      throw new HttpError(503, 'the router is shutting down', 'service_unavailable', 'shutting_down', null, { 'retry-after': '1' });
+    }
+    metrics.apiRequest(api.name);
+    await handleInference(ctx, api, path, req, res, t0, NO_TRACE);
+  }
+
+  const server = createServer(
+    {
+      keepAliveTimeout: 65_000,
+      ...httpServerTimeouts({ headersTimeoutMs: config.headerTimeoutMs, requestTimeoutMs: config.bodyTimeoutMs }),
+    },
+    (req, res) => {
+      inFlight++;
+      let counted = true;
+      const done = () => {
+        if (counted) {
+          counted = false;
+          inFlight--;
+        }
+      };
+      res.on('close', done);
+      res.on('finish', done);
+      handle(req, res).catch((err: unknown) => {
+        if (!(err instanceof HttpError) && !res.headersSent) {
+          // The primary did not answer a forwarded request: the router's own failure, said as one.
+          log.warn({ err: (err as Error).message, path: req.url }, 'forwarding to the routing core failed');
+          answerError(req, res, new HttpError(502, 'the routing core did not answer', 'server_error', 'internal_error'), log);
+          return;
+        }
+        answerError(req, res, err, log);
+      });
+    },
+  );
+  server.maxRequestsPerSocket = 0;
+
+  const onMessage = (m: PrimaryMessage) => {
+    if (m.k === 'kvr.batch') for (const one of m.msgs) onMessage(one);
+    else if (m.k === 'kvr.step') lifecycle.step(m.id, m.step, m.workers);
+    else if (m.k === 'kvr.target') {
+      targets.get(m.id)?.(m.worker);
+      targets.delete(m.id);
+    } else if (m.k === 'kvr.close') void close(m.graceMs);
+  };
+  process.on('message', onMessage);
+  process.on('disconnect', () => {
+    // The primary is gone: no decision can be had. Stop at once.
+    lifecycle.abandon();
+    process.exit(1);
+  });
+
+  const close = async (graceMs: number) => {
+    if (closing) return;
+    closing = true;
+    outbox.flush();
+    server.close();
+    server.closeIdleConnections();
+    const deadline = Date.now() + graceMs;
+    while (inFlight > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
+    server.closeAllConnections();
+    forwarded.flush();
+    outbox.flush();
+    await Promise.all([tokenizer?.close(), workers.close(), primary.close().catch(() => {})]);
+    process.exit(0);
+  };
+
+  const url = await listen(server, config.port, config.host);
+  send({ k: 'kvr.listening', url });
+}

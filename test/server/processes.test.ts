@@ -1,0 +1,192 @@
+/**
+ * `kvroute serve --processes 2` as a user runs it (the built CLI, real sockets): HTTP shells share the port, one routing
+ * core decides. Every request goes on a fresh connection, so the cluster spreads them over the shells.
+ */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { request } from 'node:http';
+import { fileURLToPath } from 'node:url';
+import { afterEach, describe, expect, it } from 'vitest';
+import { FakeEngine } from './fake-engine.ts';
+import { randomTokens, sleep } from './helpers.ts';
+
+const CLI = fileURLToPath(new URL('../../bin/kvroute.mjs', import.meta.url));
+const ADMIN = 'adm-processes';
+
+interface Serve {
+  url: string;
+  proc: ChildProcess;
+  out: () => string;
+  stop(): Promise<void>;
+}
+
+const running: Serve[] = [];
+const engines: FakeEngine[] = [];
+afterEach(async () => {
+  await Promise.all(running.splice(0).map((s) => s.stop()));
+  await Promise.all(engines.splice(0).map((e) => e.stop()));
+});
+
+async function fleet(n: number, opts: ConstructorParameters<typeof FakeEngine>[0] = {}): Promise<FakeEngine[]> {
+  const es = await Promise.all(Array.from({ length: n }, () => new FakeEngine(opts).start()));
+  engines.push(...es);
+  return es;
+}
+
+async function serve(args: string[]): Promise<Serve> {
+  const proc = spawn(
+    process.execPath,
+    [CLI, 'serve', '--port', '0', '--health-interval-ms', '0', '--engine-metrics-interval-ms', '0', '--admin-token', ADMIN, ...args],
+    { env: { ...process.env, KVROUTE_LOG_LEVEL: 'info' }, stdio: ['ignore', 'pipe', 'pipe'] },
+  );
+  let out = '';
+  proc.stderr?.on('data', (d: Buffer) => {
+    out += d.toString();
+  });
+  proc.stdout?.on('data', (d: Buffer) => {
+    out += d.toString();
+  });
+  const url = await new Promise<string>((resolve, reject) => {
+    const t = setInterval(() => {
+      const m = /kvroute listening on (http:\/\/[\d.:]+)/.exec(out);
+      if (m) {
+        clearInterval(t);
+        resolve(m[1]);
+      }
+    }, 20);
+    proc.once('exit', (code) => {
+      clearInterval(t);
+      reject(new Error(`kvroute serve exited ${code}: ${out}`));
+    });
+  });
+  const s: Serve = {
+    url,
+    proc,
+    out: () => out,
+    stop: async () => {
+      if (proc.exitCode !== null || proc.signalCode !== null) return;
+      const exited = new Promise((r) => proc.once('exit', r));
+      proc.kill('SIGTERM');
+      await exited;
+    },
+  };
+  running.push(s);
+  return s;
+}
+
+/** One request on its own connection (no keep-alive): status, headers, body. */
+function post(
+  url: string,
+  path: string,
+  body: unknown,
+): Promise<{ status: number; headers: Record<string, string | string[] | undefined>; text: string }> {
+  return new Promise((resolve, reject) => {
+    const data = JSON.stringify(body);
+    const req = request(`${url}${path}`, { method: 'POST', agent: false, headers: { 'content-type': 'application/json' } }, (res) => {
+      let text = '';
+      res.setEncoding('utf8');
+      res.on('data', (c: string) => {
+        text += c;
+      });
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, text }));
+      res.on('error', reject);
+    });
+    req.on('error', reject);
+    req.end(data);
+  });
+}
+
+async function inFlight(s: Serve): Promise<number> {
+  const r = await fetch(`${s.url}/debug/state`, { headers: { authorization: `Bearer ${ADMIN}` } });
+  const state = (await r.json()) as { dispatcher: { workers: { inFlight: number }[] } };
+  return state.dispatcher.workers.reduce((a, w) => a + w.inFlight, 0);
+}
+
+async function until(what: string, f: () => Promise<boolean>, ms = 20_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await f())) {
+    if (Date.now() > end) throw new Error(`timed out waiting until ${what}`);
+    await sleep(20);
+  }
+}
+
+/** Five conversations growing turn by turn, interleaved: decisions depend on what was routed before. */
+function conversationPrompts(requests: number): number[][] {
+  const prompts: number[][] = [];
+  const convs = Array.from({ length: 5 }, (_, c) => randomTokens(48, 1000 + c));
+  for (let i = 0; i < requests; i++) {
+    const c = i % 5;
+    convs[c] = [...convs[c], ...randomTokens(16 + ((i * 7) % 24), 5000 + i)];
+    prompts.push(convs[c]);
+  }
+  return prompts;
+}
+
+/** The worker index (position in --worker) and overlap of each decision, one request at a time. */
+async function decisions(processes: number, prompts: number[][]): Promise<{ picks: string[]; requestIds: string[] }> {
+  const es = await fleet(3);
+  const s = await serve([...es.flatMap((e) => ['--worker', e.url]), '--seed', '7', '--processes', String(processes)]);
+  const index = new Map(es.map((e, i) => [new URL(e.url).host, i]));
+  const picks: string[] = [];
+  const requestIds: string[] = [];
+  for (const prompt of prompts) {
+    const r = await post(s.url, '/v1/completions', { model: 'fake-model', prompt, max_tokens: 2 });
+    expect(r.status, r.text).toBe(200);
+    picks.push(`${index.get(String(r.headers['x-kvroute-worker']))}/${r.headers['x-kvroute-overlap-blocks']}`);
+    requestIds.push(String(r.headers['x-kvroute-request-id']));
+    // The same sequence: each request arrives after the previous one has finished in the dispatcher.
+    await until('the router has nothing in flight', async () => (await inFlight(s)) === 0);
+  }
+  await s.stop();
+  return { picks, requestIds };
+}
+
+describe('serve --processes', () => {
+  it('two HTTP shells make the decisions one process makes for the same request sequence', async () => {
+    const prompts = conversationPrompts(30);
+    const one = await decisions(1, prompts);
+    const two = await decisions(2, prompts);
+    expect(two.picks).toEqual(one.picks);
+    // Not trivially equal: several workers chosen, and prefixes found again.
+    expect(new Set(one.picks.map((p) => p.split('/')[0])).size).toBeGreaterThan(1);
+    expect(one.picks.some((p) => Number(p.split('/')[1]) > 0)).toBe(true);
+    // Both shells served (each names its requests with its own prefix).
+    const shellsUsed = new Set(two.requestIds.map((id) => id.split('-')[1]));
+    expect(shellsUsed.size).toBe(2);
+  }, 120_000);
+
+  it('replaces a shell that dies, finishes what it held, and counts every shell on /metrics', async () => {
+    const es = await fleet(2, { chunks: 40, chunkDelayMs: 50 });
+    const s = await serve([...es.flatMap((e) => ['--worker', e.url]), '--processes', '2']);
+    const pids = (JSON.parse(/\{[^\n]*"shells":\[[\d,]+\][^\n]*\}/.exec(s.out())?.[0] ?? '{}') as { shells: number[] }).shells;
+    expect(pids).toHaveLength(2);
+
+    // Four slow streams on four connections: the cluster deals them out to both shells.
+    const streams = Array.from({ length: 4 }, (_, i) =>
+      post(s.url, '/v1/completions', { model: 'fake-model', prompt: randomTokens(64, 77 + i), max_tokens: 40, stream: true }).then(
+        (r) => r.status === 200 && r.text.endsWith('data: [DONE]\n\n'),
+        () => false,
+      ),
+    );
+    await until('four streams in flight', async () => (await inFlight(s)) === 4);
+    process.kill(pids[0], 'SIGKILL');
+    const results = await Promise.all(streams);
+    // The dead shell's clients lost their streams; the other shell's finished.
+    expect(results.filter((ok) => !ok).length).toBeGreaterThan(0);
+    expect(results.filter((ok) => ok).length).toBeGreaterThan(0);
+    await until('a replacement shell', async () => /replaced by \d+/.test(s.out()));
+    // What the dead shell held was finished as cancelled: nothing stays in the dispatcher's load.
+    await until('nothing in flight', async () => (await inFlight(s)) === 0);
+
+    // The new shell serves too: ten requests on fresh connections, all answered.
+    for (let i = 0; i < 10; i++) {
+      const r = await post(s.url, '/v1/completions', { model: 'fake-model', prompt: randomTokens(32, 300 + i), max_tokens: 1 });
+      expect(r.status, r.text).toBe(200);
+    }
+    // /metrics (the primary's registry, reached through a shell) counts the requests of every shell, the dead one's too.
+    await until('metrics of every shell have arrived', async () => {
+      const text = await (await fetch(`${s.url}/metrics`)).text();
+      const m = /^router_api_requests_total\{api="completions"\} (\d+)$/m.exec(text);
+      return Number(m?.[1]) === 14;
+    });
+  }, 120_000);
+});
