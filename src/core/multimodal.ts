@@ -1,0 +1,139 @@
+/**
+ * Multimodal block identity (docs/engines.md "Multimodal block keys"). Pure.
+ *
+ * vLLM gives a block whose tokens overlap a multimodal item (an image, an audio clip: its placeholder tokens) extra
+ * keys: one (identifier, offset) pair per overlapping item, offset = item start - block start. Two prompts with the
+ * same placeholder tokens and different images then never share a block, and the same image at the same place does.
+ * The router hashes these keys into its own block hash:
+ *
+ *   local[i] = xxh3_64(LE u32 tokens of block i ‖ for each key: LE u32 byte length ‖ utf8 identifier ‖ LE i32 offset, seed)
+ *
+ * for a block with keys (a text-only block keeps the plain hash of docs/protocols.md §1), chained as usual, so every
+ * block after the first image block differs too, as in the engine's chain.
+ */
+import { xxh3 } from '@node-rs/xxhash';
+import { BASE_SEED, hashBlocksInto } from './hashing.ts';
+import type { MmBlockKey, MmItem } from './types.ts';
+
+/**
+ * The keys of blocks [fromBlock, fromBlock + blocks) of a prompt, by vLLM's rule (`_gen_mm_extra_hash_keys`): an
+ * item overlaps block [s, e) when e > offset and s < offset + length. Items must be sorted by offset (as the engine's
+ * processor produces them); null for a block no item overlaps. Returns null when no block has a key.
+ */
+export function mmBlockKeys(
+  items: readonly MmItem[],
+  fromBlock: number,
+  blocks: number,
+  blockSize: number,
+): (MmBlockKey[] | null)[] | null {
+  if (items.length === 0 || blocks <= 0) return null;
+  let out: (MmBlockKey[] | null)[] | null = null;
+  let k = 0;
+  for (let b = 0; b < blocks; b++) {
+    const start = (fromBlock + b) * blockSize;
+    const end = start + blockSize;
+    // Items that ended before this block are done for every later block too.
+    while (k < items.length && items[k].offset + items[k].length <= start) k++;
+    let keys: MmBlockKey[] | null = null;
+    for (let j = k; j < items.length && items[j].offset < end; j++) {
+      const it = items[j];
+      if (it.offset + it.length <= start) continue;
+      keys ??= [];
+      keys.push([it.identifier, it.offset - start]);
+    }
+    if (keys) {
+      out ??= new Array<MmBlockKey[] | null>(blocks).fill(null);
+      out[b] = keys;
+    }
+  }
+  return out;
+}
+
+/** Checks items against a prompt length: sorted, non-overlapping, inside the prompt, non-empty identifiers. */
+export function mmItemsError(items: readonly MmItem[], promptTokens: number): string | null {
+  let end = 0;
+  for (const it of items) {
+    if (typeof it.identifier !== 'string' || it.identifier.length === 0) return 'multimodal item without an identifier';
+    if (!Number.isInteger(it.offset) || !Number.isInteger(it.length) || it.offset < 0 || it.length < 1) {
+      return `multimodal item ${it.identifier}: offset and length must be integers >= 0 and >= 1`;
+    }
+    if (it.offset < end) return `multimodal item ${it.identifier} overlaps the item before it`;
+    end = it.offset + it.length;
+    if (end > promptTokens) return `multimodal item ${it.identifier} ends past the prompt (${end} > ${promptTokens})`;
+  }
+  return null;
+}
+
+const encoder = new TextEncoder();
+let scratch = new Uint8Array(1024);
+
+function localWithKeys(tokens: ArrayLike<number>, from: number, blockSize: number, keys: readonly MmBlockKey[], seed: bigint): bigint {
+  const ids = keys.map((k) => encoder.encode(k[0]));
+  let len = 4 * blockSize;
+  for (const id of ids) len += 8 + id.length;
+  if (scratch.length < len) scratch = new Uint8Array(2 * len);
+  const view = new DataView(scratch.buffer);
+  let at = 0;
+  for (let i = 0; i < blockSize; i++, at += 4) view.setUint32(at, tokens[from + i] >>> 0, true);
+  for (let j = 0; j < keys.length; j++) {
+    view.setUint32(at, ids[j].length, true);
+    scratch.set(ids[j], at + 4);
+    at += 4 + ids[j].length;
+    view.setInt32(at, keys[j][1] | 0, true);
+    at += 4;
+  }
+  return xxh3.xxh64(scratch.subarray(0, at), seed);
+}
+
+const pair = new BigUint64Array(2);
+const pairBytes = new Uint8Array(pair.buffer);
+
+/**
+ * Sequence hashes of `blocks` full blocks of tokens[from ..), chained from `parentSeq`, with per-block multimodal
+ * keys (`keys[b]` for block b, null for a text-only block). Writes into out[outOffset ..). Text-only runs take the
+ * ordinary (WebAssembly) path.
+ */
+export function hashBlocksWithKeys(
+  tokens: ArrayLike<number>,
+  from: number,
+  blocks: number,
+  blockSize: number,
+  seed: bigint,
+  parentSeq: bigint | null,
+  keys: readonly (readonly MmBlockKey[] | null)[],
+  out: BigUint64Array,
+  outOffset: number,
+): void {
+  let prev = parentSeq;
+  let b = 0;
+  while (b < blocks) {
+    if (!keys[b]) {
+      let e = b + 1;
+      while (e < blocks && !keys[e]) e++;
+      hashBlocksInto(tokens, from + b * blockSize, (e - b) * blockSize, blockSize, seed, prev, out, outOffset + b);
+      prev = out[outOffset + e - 1];
+      b = e;
+      continue;
+    }
+    const local = localWithKeys(tokens, from + b * blockSize, blockSize, keys[b] as readonly MmBlockKey[], seed);
+    let seq = local;
+    if (prev !== null) {
+      pair[0] = prev;
+      pair[1] = local;
+      seq = xxh3.xxh64(pairBytes, BASE_SEED);
+    }
+    out[outOffset + b] = seq;
+    prev = seq;
+    b++;
+  }
+}
+
+/** A prompt's sequence hashes (full blocks) with its multimodal items in the block identities. */
+export function computeSeqHashesMm(tokens: ArrayLike<number>, blockSize: number, seed: bigint, items: readonly MmItem[]): BigUint64Array {
+  const n = Math.floor(tokens.length / blockSize);
+  const out = new BigUint64Array(n);
+  const keys = mmBlockKeys(items, 0, n, blockSize);
+  if (!keys) hashBlocksInto(tokens, 0, n * blockSize, blockSize, seed, null, out, 0);
+  else hashBlocksWithKeys(tokens, 0, n, blockSize, seed, null, keys, out, 0);
+  return out;
+}
