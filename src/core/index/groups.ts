@@ -66,8 +66,6 @@ export class CacheGroups {
   private readonly indexes = new Map<number, KvIndex>();
   private readonly sources: (SourceGroups | undefined)[] = [];
   private readonly rejects = new Map<string, number>();
-  /** Sources with at least one group besides the main index's (hybrid). */
-  private hybridCount = 0;
   /** True once any source's events named a cache group (until then every event takes the main index's path). */
   private seen = false;
 
@@ -140,7 +138,6 @@ export class CacheGroups {
       }
       if (!index.hasSource(source)) index.addSource(source);
       e = { group: g, spec, index };
-      if (st.groups.size === 0) this.hybridCount++;
       st.groups.set(g, e);
       st.ordered = [...st.groups.values()].sort((a, b) => Number(a.spec.kind !== FULL) - Number(b.spec.kind !== FULL) || a.group - b.group);
     } else if (e.spec.kind !== spec.kind || e.spec.slidingWindow !== spec.slidingWindow) {
@@ -178,7 +175,6 @@ export class CacheGroups {
     const st = this.sources[source];
     if (!st) return;
     for (const e of st.groups.values()) e.index.removeSource(source);
-    if (st.groups.size > 0) this.hybridCount--;
     this.sources[source] = undefined;
   }
 
