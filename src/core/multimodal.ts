@@ -9,10 +9,10 @@
  *   local[i] = xxh3_64(LE u32 tokens of block i ‖ for each key: LE u32 byte length ‖ utf8 identifier ‖ LE i32 offset, seed)
  *
  * for a block with keys (a text-only block keeps the plain hash of docs/protocols.md §1), chained as usual, so every
- * block after the first image block differs too, as in the engine's chain.
+ * block after the first image block differs too, as in the engine's chain (hashing.ts: hashBlocksWithKeys).
  */
-import { xxh3 } from '@node-rs/xxhash';
-import { BASE_SEED, hashBlocksInto } from './hashing.ts';
+export { hashBlocksWithKeys };
+import { hashBlocksInto, hashBlocksWithKeys } from './hashing.ts';
 import type { MmBlockKey, MmItem } from './types.ts';
 
 /**
@@ -62,70 +62,6 @@ export function mmItemsError(items: readonly MmItem[], promptTokens: number): st
     if (end > promptTokens) return `multimodal item ${it.identifier} ends past the prompt (${end} > ${promptTokens})`;
   }
   return null;
-}
-
-const encoder = new TextEncoder();
-let scratch = new Uint8Array(1024);
-
-function localWithKeys(tokens: ArrayLike<number>, from: number, blockSize: number, keys: readonly MmBlockKey[], seed: bigint): bigint {
-  const ids = keys.map((k) => encoder.encode(k[0]));
-  let len = 4 * blockSize;
-  for (const id of ids) len += 8 + id.length;
-  if (scratch.length < len) scratch = new Uint8Array(2 * len);
-  const view = new DataView(scratch.buffer);
-  let at = 0;
-  for (let i = 0; i < blockSize; i++, at += 4) view.setUint32(at, tokens[from + i] >>> 0, true);
-  for (let j = 0; j < keys.length; j++) {
-    view.setUint32(at, ids[j].length, true);
-    scratch.set(ids[j], at + 4);
-    at += 4 + ids[j].length;
-    view.setInt32(at, keys[j][1] | 0, true);
-    at += 4;
-  }
-  return xxh3.xxh64(scratch.subarray(0, at), seed);
-}
-
-const pair = new BigUint64Array(2);
-const pairBytes = new Uint8Array(pair.buffer);
-
-/**
- * Sequence hashes of `blocks` full blocks of tokens[from ..), chained from `parentSeq`, with per-block multimodal
- * keys (`keys[b]` for block b, null for a text-only block). Writes into out[outOffset ..). Text-only runs take the
- * ordinary (WebAssembly) path.
- */
-export function hashBlocksWithKeys(
-  tokens: ArrayLike<number>,
-  from: number,
-  blocks: number,
-  blockSize: number,
-  seed: bigint,
-  parentSeq: bigint | null,
-  keys: readonly (readonly MmBlockKey[] | null)[],
-  out: BigUint64Array,
-  outOffset: number,
-): void {
-  let prev = parentSeq;
-  let b = 0;
-  while (b < blocks) {
-    if (!keys[b]) {
-      let e = b + 1;
-      while (e < blocks && !keys[e]) e++;
-      hashBlocksInto(tokens, from + b * blockSize, (e - b) * blockSize, blockSize, seed, prev, out, outOffset + b);
-      prev = out[outOffset + e - 1];
-      b = e;
-      continue;
-    }
-    const local = localWithKeys(tokens, from + b * blockSize, blockSize, keys[b] as readonly MmBlockKey[], seed);
-    let seq = local;
-    if (prev !== null) {
-      pair[0] = prev;
-      pair[1] = local;
-      seq = xxh3.xxh64(pairBytes, BASE_SEED);
-    }
-    out[outOffset + b] = seq;
-    prev = seq;
-    b++;
-  }
 }
 
 /** A prompt's sequence hashes (full blocks) with its multimodal items in the block identities. */
