@@ -305,7 +305,7 @@ export class KvRouter {
         this.groups.active
       ) {
         // Hybrid models: groups other than the source's first full-attention group are indexed apart.
-        if (!this.groups.isPrimary(entry.index, ev)) {
+        if (!this.groups.isPrimary(entry.index, ev, this.index)) {
           const g = this.groups.apply(entry.index, ev, this.index);
           applied += g.applied;
           rejected += g.rejected;

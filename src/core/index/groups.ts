@@ -93,14 +93,15 @@ export class CacheGroups {
    * True when the event belongs in the main index (the source's first full-attention group; group 0 of an engine
    * that does not say). Decides, on the way, which group that is.
    */
-  isPrimary(source: number, ev: KvEvent): boolean {
+  isPrimary(source: number, ev: KvEvent, main: KvIndex): boolean {
     if (ev.kind === 'cleared') return true;
     const g = ev.groupIdx ?? 0;
     const kind = ev.kind === 'stored' ? ev.groupKind : undefined;
     let st = this.sources[source];
     if (!st) {
       if (g === 0 && (kind === undefined || kind === FULL)) return true;
-      st = { primary: g === 0 ? null : 0, groups: new Map(), ordered: [] };
+      // Group 0 is already the main index's when it holds blocks of this source (an engine that named no kinds).
+      st = { primary: g !== 0 && main.cachedBlocks(source) > 0 ? 0 : null, groups: new Map(), ordered: [] };
       this.sources[source] = st;
       this.seen = true;
     }

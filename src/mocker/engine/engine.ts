@@ -643,7 +643,7 @@ export class MockEngine {
       const mm = items ? (mmBlockKeys(items, j, 1, bs)?.[0] ?? null) : null;
       const extra = blockExtraKeys(j, loraKeys, mm, cacheSalt);
       const engineId = engineBlockId(parentId, r.tokens, j * bs, bs, extra);
-      this.pool.register(r.blocks[j], lo, hi, engineId, parentId, identity);
+      this.pool.register(r.blocks[j], lo, hi, engineId, parentId, identity, hybrid?.primary ?? 0);
       this.counters.blocksStored++;
       if (runStart < 0) {
         runStart = j;
