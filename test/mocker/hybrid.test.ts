@@ -16,7 +16,8 @@ function serve(engine: MockEngine, id: string, tokens: number[], mmItems?: MmIte
   engine.addRequest({ requestId: id, promptTokens: tokens, maxTokens: 2, mmItems }, now.t);
   const events = [];
   for (;;) {
-    const s = engine.step((now.t += 10));
+    now.t += 10;
+    const s = engine.step(now.t);
     events.push(...s.events);
     const out = s.outputs.find((o) => o.requestId === id && o.finished);
     if (out) return { cached: out.cachedTokens, events };
