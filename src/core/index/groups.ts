@@ -127,8 +127,10 @@ export class CacheGroups {
       return e.index.apply(source, ev);
     }
     if (!st) return this.reject('unknown_source', ev.engineIds.length);
-    const kind = ev.groupKind ?? FULL;
-    if (kind === 'unknown') return this.reject('unknown_group_kind', ev.engineIds.length);
+    // A group that does not say its kind (a relay of an older protocol, an engine that names none) is not indexed:
+    // the source then keeps the one-group reading rather than a wrong hybrid one.
+    const kind = ev.groupKind;
+    if (kind === undefined || kind === 'unknown') return this.reject('unknown_group_kind', ev.engineIds.length);
     let e = st.groups.get(g);
     const spec: CacheGroupSpec = kind === 'sliding_window' ? { kind, slidingWindow: ev.slidingWindow ?? 0 } : { kind };
     if (!e) {
