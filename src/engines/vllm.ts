@@ -151,14 +151,15 @@ function encodeEvent(ev: WireEvent, format: WireFormat, hashType: HashType): unk
         ev.loraName ?? null,
         ev.extraKeys ?? null,
         ev.groupIdx ?? 0,
-        ev.kvCacheSpecKind ?? 'full_attention',
+        ev.kvCacheSpecKind ?? null,
         // 11 kv_cache_spec_sliding_window; 12 locality and 13 ownership (not written here); 14 session_id
         ev.kvCacheSpecSlidingWindow ?? null,
         null,
         null,
         ev.sessionId ?? null,
       ];
-      const defaults: unknown[] = [null, null, null, null, 0, 'full_attention', null, null, null, null];
+      // kv_cache_spec_kind defaults to None in vLLM: a kind given is always written.
+      const defaults: unknown[] = [null, null, null, null, 0, null, null, null, null, null];
       // Trailing defaults are omitted, as msgspec's omit_defaults does: arrays of varying length (5 fields minimum).
       while (a.length > 5 && a[a.length - 1] === defaults[a.length - 6]) a.pop();
       return a;
