@@ -721,6 +721,8 @@ export class KvRouter {
     knobs: KvKnobs;
     inFlight: number;
     index: ReturnType<KvIndex['stats']>;
+    /** Hybrid models' other cache groups: (block, source) pairs per group index, rejects by reason; once any exist. */
+    cacheGroups?: ReturnType<CacheGroups['stats']>;
     sources: Array<{
       source: string;
       workerId: string;
@@ -740,6 +742,7 @@ export class KvRouter {
       knobs: this.knobs,
       inFlight: this.records.size,
       index: this.index.stats(),
+      ...(this.groups.active ? { cacheGroups: this.groups.stats() } : {}),
       sources: [...this.sources.values()].map((e) => ({
         source: e.key,
         workerId: e.id.workerId,

@@ -67,6 +67,7 @@ describe('hybrid cache groups: the prefix hit vLLM would deliver', () => {
     const p = tokens(41); // 10 full blocks + 1 token: the engine may reuse up to 10 blocks
     r.applyEvents('w', [stored(p, 0, 10, FULL), stored(p, 0, 10, SW), stored(p, 4, 5, MAMBA), stored(p, 9, 10, MAMBA)]);
     expect(r.groups.isHybrid(0)).toBe(true);
+    expect(r.state().cacheGroups?.blocks).toEqual({ '1': 10, '2': 2 });
     expect(overlap(r, p, 'a')).toBe(10);
     // The sliding-window group freed what fell out of its window; the window before 10 is still there.
     r.applyEvents('w', [removed([0, 1, 2, 3, 4, 5], SW)]);
@@ -112,6 +113,7 @@ describe('hybrid cache groups: the prefix hit vLLM would deliver', () => {
     const p = tokens(40);
     r.applyEvents('w', [stored(p, 0, 10, FULL)]);
     expect(r.groups.isHybrid(0)).toBe(false);
+    expect(r.state().cacheGroups).toBeUndefined();
     expect(overlap(r, p, 'a')).toBe(10);
   });
 

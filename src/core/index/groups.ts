@@ -142,9 +142,10 @@ export class CacheGroups {
       if (!index.hasSource(source)) index.addSource(source);
       e = { group: g, spec, index };
       st.groups.set(g, e);
-      st.ordered = [...st.groups.values()].sort((a, b) => Number(a.spec.kind !== FULL) - Number(b.spec.kind !== FULL) || a.group - b.group);
+      st.ordered = coordinatorOrder(st.groups);
     } else if (e.spec.kind !== spec.kind || e.spec.slidingWindow !== spec.slidingWindow) {
       e.spec = spec;
+      st.ordered = coordinatorOrder(st.groups);
     }
     if (ev.seqHashes) return e.index.apply(source, ev);
     let parentSeq: bigint | null = null;
@@ -217,6 +218,11 @@ export class CacheGroups {
     const shared = reason === 'unknown_group_kind' ? 'empty_event' : reason;
     return { applied: 0, rejected: blocks, reason: shared as ApplyResult['reason'] };
   }
+}
+
+/** The order vLLM's coordinator checks groups in: full attention first, then by group index. */
+function coordinatorOrder(groups: Map<number, GroupEntry>): GroupEntry[] {
+  return [...groups.values()].sort((a, b) => Number(a.spec.kind !== FULL) - Number(b.spec.kind !== FULL) || a.group - b.group);
 }
 
 /** One group's finder: the largest length at most `max` this group accepts (vLLM's per-manager semantics). */
