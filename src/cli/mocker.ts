@@ -1,6 +1,7 @@
 /** `kvroute mocker`: a mock vLLM engine (OpenAI API, prefix cache, vLLM KV events over ZMQ, vLLM metrics) without a GPU. */
 import { type Command, Option } from 'commander';
-import { choiceArg, intArg, numberArg, numbersArg, zmqEndpointArg } from '../config/parsers.ts';
+import { choiceArg, intArg, numberArg, numbersArg, UsageError, zmqEndpointArg } from '../config/parsers.ts';
+import { type EngineCacheGroup, HYBRID_PRESETS, parseCacheGroups } from '../mocker/engine/hybrid.ts';
 import { startMocker, type MockerHandle, type MockerOptions } from '../mocker/server.ts';
 import { DEFAULT_FIRST_PRINCIPLES, DEFAULT_POLYNOMIAL, type TimingModel } from '../mocker/engine/index.ts';
 
@@ -15,6 +16,7 @@ interface Opts {
   maxNumBatchedTokens: number;
   maxModelLen: number;
   enablePrefixCaching: boolean;
+  hybrid?: readonly EngineCacheGroup[];
   timing: 'polynomial' | 'first-principles';
   prefillPoly: [number, number, number];
   decodePoly: [number, number, number];
@@ -95,6 +97,7 @@ export function mockerOptionsFrom(o: Opts): MockerOptions {
       enablePrefixCaching: o.enablePrefixCaching,
       timing,
       seed: o.seed,
+      ...(o.hybrid ? { cacheGroups: o.hybrid } : {}),
     },
     speedup: o.speedup,
     zmqEndpoint: o.zmqEndpoint === 'none' ? null : o.zmqEndpoint,
@@ -170,6 +173,20 @@ export function registerMocker(program: Command): void {
       new Option('--max-model-len <n>', 'max prompt + output tokens').default(32768).argParser(intArg('--max-model-len', { min: 1 })),
     )
     .option('--no-enable-prefix-caching', 'disable prefix caching (no hits, no events)')
+    .addOption(
+      new Option(
+        '--hybrid <layout>',
+        `hybrid attention: KV-cache groups published apart (group_idx, kv_cache_spec_kind, sliding window), hits as vLLM's ` +
+          `hybrid allocator gives them; a preset (${Object.keys(HYBRID_PRESETS).join(', ')}) or groups in order, e.g. ` +
+          'full,sliding:128,mamba',
+      ).argParser((text: string) => {
+        try {
+          return parseCacheGroups(text);
+        } catch (err) {
+          throw new UsageError(`--hybrid: ${(err as Error).message}`);
+        }
+      }),
+    )
     .addOption(
       new Option('--timing <model>', 'step timing model (docs/protocols.md §7) (one of polynomial, first-principles)')
         .argParser(choiceArg('--timing', ['polynomial', 'first-principles'] as const))

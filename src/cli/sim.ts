@@ -5,7 +5,8 @@
 import { writeFileSync } from 'node:fs';
 import type { Command } from 'commander';
 import cliProgress from 'cli-progress';
-import { intArg, numberArg, numberListArg, splitList } from '../config/parsers.ts';
+import { intArg, numberArg, numberListArg, splitList, UsageError } from '../config/parsers.ts';
+import { type EngineCacheGroup, parseCacheGroups } from '../mocker/engine/hybrid.ts';
 import { ADMISSION_SETTINGS, addServeOptions, serveSettingsFrom } from '../config/serve.ts';
 import { POLICY_NAMES } from '../core/scheduling/policies.ts';
 import { DEFAULTS } from '../config/serve.ts';
@@ -23,6 +24,7 @@ import { traceStats } from '../sim/traces/stats.ts';
 export const DEFAULT_CAPACITY_TOKENS = 8192 * 512;
 
 interface SimCliOptions {
+  hybrid?: readonly EngineCacheGroup[];
   trace?: string;
   scenario?: string;
   limit?: number;
@@ -188,7 +190,18 @@ export function registerSim(program: Command): void {
     )
     .option('--json <file>', 'write the full results as JSON')
     .option('--plot <file>', 'write an SVG chart of hit rates and TTFT per policy')
-    .option('--no-progress', 'no progress bar on stderr');
+    .option('--no-progress', 'no progress bar on stderr')
+    .option(
+      '--hybrid <layout>',
+      'hybrid-attention engines (docs/engines.md, cache groups): a preset (gpt-oss, mamba, mixed) or groups in order, e.g. full,sliding:128,mamba',
+      (text: string) => {
+        try {
+          return parseCacheGroups(text);
+        } catch (err) {
+          throw new UsageError(`--hybrid: ${(err as Error).message}`);
+        }
+      },
+    );
   addServeOptions(sim, SIM_ADMISSION, true);
   sim
     .addHelpText(
@@ -261,6 +274,7 @@ export function registerSim(program: Command): void {
           (o.blockSize !== undefined && o.scenario === undefined ? Math.floor(DEFAULT_CAPACITY_TOKENS / blockSize) : base.gpuBlocks),
         eventDelayMs: o.eventDelayMs,
         seed: o.seed,
+        ...(o.hybrid && { engine: { ...(base.engine ?? {}), cacheGroups: o.hybrid } }),
         router: {
           ...(base.router ?? {}),
           overlay: o.overlay,

@@ -9,6 +9,7 @@
  */
 import { xxh3 } from '@node-rs/xxhash';
 import { endianness } from 'node:os';
+import type { MmBlockKey } from './types.ts';
 import { hashBlocksWasm, WASM_MAX_BLOCK_TOKENS } from './wasm/blocks.ts';
 
 export const BASE_SEED = 1337n;
@@ -140,6 +141,64 @@ export function hashBlocksNapi(
   return blocks;
 }
 
+// ---------------------------------------------------------------- multimodal keys (multimodal.ts)
+
+const encoder = new TextEncoder();
+let scratch = new Uint8Array(1024);
+
+function localWithKeys(tokens: ArrayLike<number>, from: number, blockSize: number, keys: readonly MmBlockKey[], seed: bigint): bigint {
+  const ids = keys.map((k) => encoder.encode(k[0]));
+  let len = 4 * blockSize;
+  for (const id of ids) len += 8 + id.length;
+  if (scratch.length < len) scratch = new Uint8Array(2 * len);
+  const view = new DataView(scratch.buffer);
+  let at = 0;
+  for (let i = 0; i < blockSize; i++, at += 4) view.setUint32(at, tokens[from + i] >>> 0, true);
+  for (let j = 0; j < keys.length; j++) {
+    view.setUint32(at, ids[j].length, true);
+    scratch.set(ids[j], at + 4);
+    at += 4 + ids[j].length;
+    view.setInt32(at, keys[j][1] | 0, true);
+    at += 4;
+  }
+  return xxh3.xxh64(scratch.subarray(0, at), seed);
+}
+
+/**
+ * Sequence hashes of `blocks` full blocks of tokens[from ..), chained from `parentSeq`, with per-block multimodal
+ * keys (`keys[b]` for block b, null for a text-only block). Writes into out[outOffset ..). Text-only runs take the
+ * ordinary (WebAssembly) path.
+ */
+export function hashBlocksWithKeys(
+  tokens: ArrayLike<number>,
+  from: number,
+  blocks: number,
+  blockSize: number,
+  seed: bigint,
+  parentSeq: bigint | null,
+  keys: readonly (readonly MmBlockKey[] | null)[],
+  out: BigUint64Array,
+  outOffset: number,
+): void {
+  let prev = parentSeq;
+  let b = 0;
+  while (b < blocks) {
+    if (!keys[b]) {
+      let e = b + 1;
+      while (e < blocks && !keys[e]) e++;
+      hashBlocksInto(tokens, from + b * blockSize, (e - b) * blockSize, blockSize, seed, prev, out, outOffset + b);
+      prev = out[outOffset + e - 1];
+      b = e;
+      continue;
+    }
+    const local = localWithKeys(tokens, from + b * blockSize, blockSize, keys[b] as readonly MmBlockKey[], seed);
+    const seq = prev === null ? local : chain(prev, local, shared);
+    out[outOffset + b] = seq;
+    prev = seq;
+    b++;
+  }
+}
+
 /** Local and sequence hashes of every full block of `tokens` (the contract of docs/protocols.md §1). */
 export function computeBlockHashes(tokens: ArrayLike<number>, blockSize: number, seed: bigint = BASE_SEED): BlockHashes {
   const n = fullBlocks(tokens.length, blockSize);
@@ -169,8 +228,16 @@ export class SeqHasher {
   constructor(
     readonly blockSize: number,
     readonly seed: bigint = BASE_SEED,
+    /** Multimodal keys of blocks [fromBlock, fromBlock + blocks) (multimodal.ts: mmBlockKeys); text-only without. */
+    private readonly keysOf?: (fromBlock: number, blocks: number) => readonly (readonly MmBlockKey[] | null)[] | null,
   ) {
     this.seqBuf = new BigUint64Array(16);
+  }
+
+  private hashRun(tokens: ArrayLike<number>, from: number, blocks: number): void {
+    const keys = this.keysOf?.(this.blocks, blocks) ?? null;
+    if (keys) hashBlocksWithKeys(tokens, from, blocks, this.blockSize, this.seed, this.last(), keys, this.seqBuf, this.blocks);
+    else hashBlocksInto(tokens, from, blocks * this.blockSize, this.blockSize, this.seed, this.last(), this.seqBuf, this.blocks);
   }
 
   /** Tokens seen so far (hashed blocks plus the partial tail). */
@@ -196,7 +263,7 @@ export class SeqHasher {
       offset = take;
       if (this.tail.length === bs) {
         this.reserve(this.blocks + 1);
-        hashBlocksInto(this.tail, 0, bs, bs, this.seed, this.last(), this.seqBuf, this.blocks);
+        this.hashRun(this.tail, 0, 1);
         this.blocks++;
         this.tail.length = 0;
       }
@@ -205,7 +272,7 @@ export class SeqHasher {
     const full = Math.floor(remaining / bs);
     if (full > 0) {
       this.reserve(this.blocks + full);
-      hashBlocksInto(newTokens, offset, full * bs, bs, this.seed, this.last(), this.seqBuf, this.blocks);
+      this.hashRun(newTokens, offset, full);
       this.blocks += full;
       offset += full * bs;
     }

@@ -11,8 +11,10 @@
 import { ActiveLoad } from './active-load.ts';
 import { TtlIndex } from './approx.ts';
 import { computeSeqHashes, hashSeed, islBlocks as islBlocksOf } from './hashing.ts';
+import { CacheGroups, hashStoredEvent } from './index/groups.ts';
 import { KvIndex, type IndexApplyResult } from './index/kv-index.ts';
 import { type IndexCapture, RouterSnapshot, type RouterSnapshotData, type SourceSnapshot } from './index/snapshot.ts';
+import { computeSeqHashesMm } from './multimodal.ts';
 import { isLowerTier, TierIndex } from './tiers.ts';
 import { predictedCachedTokens, ReuseLedger } from './ledger.ts';
 import { createRng, type Rng } from './rng.ts';
@@ -28,10 +30,12 @@ import {
   type FinishInfo,
   type KvEvent,
   type KvKnobs,
+  type MmItem,
   type RouteDecision,
   type RouteRequest,
   type RouteResult,
   type SourceId,
+  type StoredEvent,
 } from './types.ts';
 
 export const DEFAULT_KNOBS: KvKnobs = {
@@ -161,6 +165,8 @@ export class KvRouter {
   readonly ledger = new ReuseLedger();
   readonly active: ActiveLoad;
   readonly tiers = new TierIndex();
+  /** Hybrid models' cache groups besides the main index's (index/groups.ts). */
+  readonly groups: CacheGroups;
   private readonly overlay: boolean;
   private readonly approx: TtlIndex;
   private readonly sources = new Map<string, SourceEntry>();
@@ -184,6 +190,7 @@ export class KvRouter {
   constructor(options: KvRouterOptions) {
     this.blockSize = options.blockSize;
     this.index = new KvIndex({ blockSize: options.blockSize, maxBlocks: options.maxIndexedBlocks });
+    this.groups = new CacheGroups(options.blockSize);
     this.overlay = options.overlay ?? true;
     this.active = new ActiveLoad({ graceMs: this.overlay ? (options.overlayGraceMs ?? 2_000) : 0 });
     this.approx = new TtlIndex({ ttlMs: options.approxTtlMs ?? 120_000, capacityPerSource: options.approxCapacityBlocks });
@@ -229,6 +236,7 @@ export class KvRouter {
     for (const id of this.active.requestsOn(entry.index)) this.records.delete(id);
     this.active.removeSource(entry.index);
     this.index.removeSource(entry.index);
+    this.groups.removeSource(entry.index);
     this.tiers.clear(entry.index);
     this.approx.removeSource(entry.index);
     this.sources.delete(key);
@@ -267,6 +275,7 @@ export class KvRouter {
     const entry = this.sources.get(key);
     if (!entry) return false;
     this.index.apply(entry.index, { kind: 'cleared' });
+    this.groups.clearSource(entry.index);
     this.tiers.clear(entry.index);
     return true;
   }
@@ -287,13 +296,41 @@ export class KvRouter {
         if (t.unknown > 0) reason ??= 'unknown_block';
         continue;
       }
-      if (ev.kind === 'cleared') this.tiers.clear(entry.index);
-      const r = this.index.apply(entry.index, ev);
+      if (ev.kind === 'cleared') {
+        this.tiers.clear(entry.index);
+        this.groups.clearSource(entry.index);
+      } else if (
+        (ev.groupIdx !== undefined && ev.groupIdx !== 0) ||
+        (ev.kind === 'stored' && ev.groupKind !== undefined) ||
+        this.groups.active
+      ) {
+        // Hybrid models: groups other than the source's first full-attention group are indexed apart.
+        if (!this.groups.isPrimary(entry.index, ev, this.index)) {
+          const g = this.groups.apply(entry.index, ev, this.index);
+          applied += g.applied;
+          rejected += g.rejected;
+          reason ??= g.reason;
+          continue;
+        }
+      }
+      const r = this.index.apply(entry.index, ev.kind === 'stored' && ev.mmKeys && !ev.seqHashes ? this.withMmHashes(entry.index, ev) : ev);
       applied += r.applied;
       rejected += r.rejected;
       reason ??= r.reason;
     }
     return reason ? { applied, rejected, reason } : { applied, rejected };
+  }
+
+  /** A Stored event with multimodal keys, with its router hashes computed (the index hashes plain tokens only). */
+  private withMmHashes(source: number, ev: StoredEvent): StoredEvent {
+    let parentSeq: bigint | null = null;
+    if (ev.parent !== null) {
+      parentSeq = this.index.seqHashOfEngineId(source, ev.parent);
+      if (parentSeq === null) return ev; // the index rejects it as unknown_parent
+    }
+    const seqHashes = hashStoredEvent(ev, this.blockSize, parentSeq);
+    // Keys the router cannot map onto its blocks: the block-size reject, counted by the index.
+    return seqHashes ? { ...ev, seqHashes } : { ...ev, blockSize: 0 };
   }
 
   // ---------------------------------------------------------------- routing
@@ -317,7 +354,8 @@ export class KvRouter {
   }
 
   /** Sequence hashes of a request, with its adapter and salt in the seed. */
-  hashRequest(tokens: ArrayLike<number>, loraName?: string | null, cacheSalt?: string | null): BigUint64Array {
+  hashRequest(tokens: ArrayLike<number>, loraName?: string | null, cacheSalt?: string | null, mmItems?: readonly MmItem[]): BigUint64Array {
+    if (mmItems && mmItems.length > 0) return computeSeqHashesMm(tokens, this.blockSize, hashSeed(loraName, cacheSalt), mmItems);
     return computeSeqHashes(tokens, this.blockSize, hashSeed(loraName, cacheSalt));
   }
 
@@ -334,7 +372,7 @@ export class KvRouter {
       throw new RangeError(`unknown policy "${policyName}"; known: ${POLICY_NAMES.join(', ')}`);
     }
     const t0 = this.clock?.() ?? 0;
-    const seqHashes = req.seqHashes ?? this.hashRequest(req.tokens ?? [], req.loraName, req.cacheSalt);
+    const seqHashes = req.seqHashes ?? this.hashRequest(req.tokens ?? [], req.loraName, req.cacheSalt, req.mmItems);
     const t1 = this.clock?.() ?? 0;
     const promptTokens = req.promptTokens ?? req.tokens?.length ?? seqHashes.length * this.blockSize;
     const requestBlocks = islBlocksOf(promptTokens, this.blockSize);
@@ -342,6 +380,9 @@ export class KvRouter {
 
     // Overlap per source: the event index, raised by the overlay (event sources) or the approximate index.
     const fromIndex = this.index.findMatches(seqHashes);
+    const hybrid = this.groups.active;
+    // vLLM never reuses the prompt's last token (max_cache_hit_length = num_tokens - 1).
+    const hybridCap = Math.min(full, Math.floor(Math.max(0, promptTokens - 1) / this.blockSize));
     const view = new Uint32Array(seqHashes.buffer, seqHashes.byteOffset, seqHashes.length * 2);
     const knobs: KvKnobs = { ...this.knobs, ...req.knobs };
     const candidates: Candidate[] = [];
@@ -361,7 +402,10 @@ export class KvRouter {
       const s = entry.index;
       const activePrefixBlocks = this.active.activePrefix(s, seqHashes, view);
       let ov = s < fromIndex.length ? fromIndex[s] : 0;
-      if (entry.mode === 'approx') ov = Math.max(ov, this.approx.prefix(s, seqHashes, now, view));
+      if (hybrid && this.groups.isHybrid(s)) {
+        // The hybrid rule (index/groups.ts) at the engine's own cap; the overlay assumes full attention, so not here.
+        ov = this.groups.hit(s, seqHashes, ov, hybridCap);
+      } else if (entry.mode === 'approx') ov = Math.max(ov, this.approx.prefix(s, seqHashes, now, view));
       else if (this.overlay && ov < full) {
         ov = Math.max(ov, this.active.predictedPrefix(s, seqHashes, now, view, activePrefixBlocks));
       }
@@ -677,6 +721,8 @@ export class KvRouter {
     knobs: KvKnobs;
     inFlight: number;
     index: ReturnType<KvIndex['stats']>;
+    /** Hybrid models' other cache groups: (block, source) pairs per group index, rejects by reason; once any exist. */
+    cacheGroups?: ReturnType<CacheGroups['stats']>;
     sources: Array<{
       source: string;
       workerId: string;
@@ -696,6 +742,7 @@ export class KvRouter {
       knobs: this.knobs,
       inFlight: this.records.size,
       index: this.index.stats(),
+      ...(this.groups.active ? { cacheGroups: this.groups.stats() } : {}),
       sources: [...this.sources.values()].map((e) => ({
         source: e.key,
         workerId: e.id.workerId,

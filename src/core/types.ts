@@ -194,3 +194,55 @@ export interface FinishInfo {
    */
   readonly outcome?: 'ok' | 'cancelled' | 'error' | 'retried';
 }
+
+// ------------------------------------------------------------------ hybrid cache groups and multimodal block keys
+// (issue 18; docs/engines.md "Hybrid attention (cache groups)" and "Multimodal block keys"). Declared as interface
+// merges so these fields stay one block.
+
+/**
+ * What a KV-cache group holds, normalised from vLLM's `kv_cache_spec_kind`: `full_attention` (also `mla_attention`,
+ * `sink_full_attention`) keeps every block of a prefix; `sliding_window` (also `sliding_window_mla`) needs only the
+ * last window of blocks before a cut; `mamba` keeps recurrent state at the block boundaries where it was saved.
+ * `unknown`: a kind kvroute cannot reason about (chunked local attention, anything newer): its group is not indexed.
+ */
+export type CacheGroupKind = 'full_attention' | 'sliding_window' | 'mamba' | 'unknown';
+
+/** One cache group of a source, as its events describe it. */
+export interface CacheGroupSpec {
+  readonly kind: CacheGroupKind;
+  /** Sliding window in tokens (vLLM's `kv_cache_spec_sliding_window`); sliding-window groups only. */
+  readonly slidingWindow?: number;
+}
+
+/**
+ * The multimodal part of a block's identity, as vLLM puts it in `extra_keys`: one (identifier, offset) pair per
+ * multimodal item overlapping the block, offset = item start - block start in tokens (negative when the item began in
+ * an earlier block).
+ */
+export type MmBlockKey = readonly [identifier: string, offset: number];
+
+/** A multimodal item of a prompt: its identity and the placeholder tokens it occupies. */
+export interface MmItem {
+  /** The engine's identifier of the item (vLLM: the user's uuid, else its mm_hash). */
+  readonly identifier: string;
+  /** First placeholder token of the item in the prompt. */
+  readonly offset: number;
+  /** Placeholder tokens the item occupies. */
+  readonly length: number;
+}
+
+export interface StoredEvent {
+  /** Kind of the event's cache group (absent: an engine that does not say; group 0 is then full attention). */
+  readonly groupKind?: CacheGroupKind;
+  /** Sliding window in tokens, for sliding-window groups. */
+  readonly slidingWindow?: number;
+  /** Per block, the multimodal keys of its identity (null for a text-only block); absent when no block has any. */
+  readonly mmKeys?: readonly (readonly MmBlockKey[] | null)[];
+  /** vLLM's `session_id`, carried for observers; routing does not read it. */
+  readonly sessionId?: string;
+}
+
+export interface RouteRequest {
+  /** Multimodal items of the prompt (their placeholder tokens are in `tokens`); they enter the block hashes. */
+  readonly mmItems?: readonly MmItem[];
+}

@@ -20,7 +20,7 @@
  */
 import { xxh3 } from '@node-rs/xxhash';
 import { Packr, Unpackr } from 'msgpackr';
-import type { EngineBlockId, KvEvent, StoredEvent } from '../core/types.ts';
+import type { CacheGroupKind, EngineBlockId, KvEvent, MmBlockKey, StoredEvent } from '../core/types.ts';
 
 export type WireFormat = 'array' | 'map';
 export type HashType = 'u64' | 'i64' | 'bytes';
@@ -39,6 +39,9 @@ export interface WireBlockStored {
   extraKeys?: unknown[] | null;
   groupIdx?: number;
   kvCacheSpecKind?: string;
+  // hybrid groups, session (issue 18)
+  kvCacheSpecSlidingWindow?: number | null;
+  sessionId?: string | null;
 }
 export interface WireBlockRemoved {
   type: 'BlockRemoved';
@@ -73,6 +76,10 @@ export interface DecodeCounts {
   multimodalBlocks: number;
   /** Stored events with a lora_id but no lora_name: isolated under a synthetic name `lora-id:<n>`. */
   loraIdWithoutName: number;
+  /** Events skipped for unusable group fields (group_idx not a non-negative integer, a window that is not one). */
+  badGroupFields: number;
+  /** Events skipped for unusable multimodal extra keys (an (identifier, offset) pair of the wrong types). */
+  badExtraKeys: number;
 }
 
 export interface DecodedBatch {
@@ -129,6 +136,8 @@ function encodeEvent(ev: WireEvent, format: WireFormat, hashType: HashType): unk
         if (ev.extraKeys !== undefined) m.extra_keys = ev.extraKeys;
         if (ev.groupIdx !== undefined) m.group_idx = ev.groupIdx;
         if (ev.kvCacheSpecKind !== undefined) m.kv_cache_spec_kind = ev.kvCacheSpecKind;
+        if (ev.kvCacheSpecSlidingWindow !== undefined) m.kv_cache_spec_sliding_window = ev.kvCacheSpecSlidingWindow;
+        if (ev.sessionId !== undefined) m.session_id = ev.sessionId;
         return m;
       }
       const a: unknown[] = [
@@ -142,9 +151,15 @@ function encodeEvent(ev: WireEvent, format: WireFormat, hashType: HashType): unk
         ev.loraName ?? null,
         ev.extraKeys ?? null,
         ev.groupIdx ?? 0,
-        ev.kvCacheSpecKind ?? 'full_attention',
+        ev.kvCacheSpecKind ?? null,
+        // 11 kv_cache_spec_sliding_window; 12 locality and 13 ownership (not written here); 14 session_id
+        ev.kvCacheSpecSlidingWindow ?? null,
+        null,
+        null,
+        ev.sessionId ?? null,
       ];
-      const defaults: unknown[] = [null, null, null, null, 0, 'full_attention'];
+      // kv_cache_spec_kind defaults to None in vLLM: a kind given is always written.
+      const defaults: unknown[] = [null, null, null, null, 0, null, null, null, null, null];
       // Trailing defaults are omitted, as msgspec's omit_defaults does: arrays of varying length (5 fields minimum).
       while (a.length > 5 && a[a.length - 1] === defaults[a.length - 6]) a.pop();
       return a;
@@ -252,6 +267,9 @@ interface StoredFields {
   extraKeys: unknown;
   metadata: unknown;
   groupIdx: unknown;
+  groupKind?: unknown;
+  slidingWindow?: unknown;
+  sessionId?: unknown;
 }
 
 interface Sink {
@@ -260,15 +278,29 @@ interface Sink {
   skippedIds: EngineBlockId[];
 }
 
-/** Where the extra keys put the identity: a cache_salt, and the first block that cannot be hashed from tokens. */
-function readExtraKeys(
-  extra: unknown,
-  loraName: string | null,
-  firstOfSequence: boolean,
-  blocks: number,
-): { salt: string | null; firstUnhashable: number } {
-  let salt: string | null = null;
-  if (!Array.isArray(extra)) return { salt, firstUnhashable: blocks };
+/** Where the extra keys put the identity: a cache_salt, multimodal keys, and the first block not hashable from them. */
+interface ExtraKeys {
+  salt: string | null;
+  /** Per block, its (identifier, offset) pairs; null when no block has any. */
+  mm: (MmBlockKey[] | null)[] | null;
+  firstUnhashable: number;
+  /** A multimodal pair of the wrong types: the whole event is unusable. */
+  bad: boolean;
+}
+
+/** An (identifier, offset) pair as vLLM writes it (a 2-tuple: msgpack array); undefined for anything else. */
+function mmPair(k: unknown[]): MmBlockKey | null | undefined {
+  if (k.length !== 2) return undefined;
+  const id = k[0];
+  const off = optInt(k[1]);
+  if (typeof id === 'string' && id.length > 0 && off !== null) return [id, off];
+  if (id instanceof Uint8Array && id.length > 0 && off !== null) return [Buffer.from(id).toString('hex'), off];
+  return null;
+}
+
+function readExtraKeys(extra: unknown, loraName: string | null, firstOfSequence: boolean, blocks: number): ExtraKeys {
+  const out: ExtraKeys = { salt: null, mm: null, firstUnhashable: blocks, bad: false };
+  if (!Array.isArray(extra)) return out;
   const n = Math.min(extra.length, blocks);
   for (let j = 0; j < n; j++) {
     const keys = extra[j];
@@ -276,6 +308,7 @@ function readExtraKeys(
     const list = Array.isArray(keys) ? keys : [keys];
     let strings = 0;
     let last: string | null = null;
+    let mm: MmBlockKey[] | null = null;
     for (const k of list) {
       if (typeof k === 'string') {
         if (k === loraName) continue;
@@ -283,19 +316,57 @@ function readExtraKeys(
         last = k;
       } else if (k === null || k === undefined || typeof k === 'number' || typeof k === 'bigint') {
         // Older vLLM put the LoRA's integer id here (lora_int_id); the adapter is already in lora_id / lora_name.
+      } else if (Array.isArray(k)) {
+        const pair = mmPair(k);
+        if (pair === null) {
+          out.bad = true;
+          return out;
+        }
+        if (pair === undefined) {
+          out.firstUnhashable = j;
+          return out;
+        }
+        mm ??= [];
+        mm.push(pair);
       } else {
-        // (identifier, offset) tuples, prompt-embeds digests (bytes), anything else: not hashable from tokens.
-        return { salt, firstUnhashable: j };
+        // Prompt-embeds digests (bytes), anything else: not hashable from tokens.
+        out.firstUnhashable = j;
+        return out;
       }
+    }
+    if (mm) {
+      out.mm ??= new Array<MmBlockKey[] | null>(blocks).fill(null);
+      out.mm[j] = mm;
     }
     if (strings === 0) continue;
     if (j === 0 && firstOfSequence && strings === 1) {
-      salt = last;
+      out.salt = last;
       continue;
     }
-    return { salt, firstUnhashable: j };
+    // A bare string beside the LoRA and the salt: an older release's multimodal hash without its offset (ambiguous).
+    out.firstUnhashable = j;
+    return out;
   }
-  return { salt, firstUnhashable: blocks };
+  return out;
+}
+
+/** vLLM's kv_cache_spec_kind, normalised; undefined when absent, null when not a string. */
+export function groupKindOf(v: unknown): CacheGroupKind | undefined | null {
+  if (v === null || v === undefined) return undefined;
+  if (typeof v !== 'string') return null;
+  switch (v) {
+    case 'full_attention':
+    case 'mla_attention':
+    case 'sink_full_attention':
+      return 'full_attention';
+    case 'sliding_window':
+    case 'sliding_window_mla':
+      return 'sliding_window';
+    case 'mamba':
+      return 'mamba';
+    default:
+      return 'unknown';
+  }
 }
 
 function pushStored(f: StoredFields, flavor: EngineFlavor, sink: Sink): void {
@@ -330,10 +401,20 @@ function pushStored(f: StoredFields, flavor: EngineFlavor, sink: Sink): void {
   }
   let cacheSalt: string | null = null;
   if (flavor === 'sglang' && isRecord(f.metadata)) cacheSalt = optString(f.metadata.cache_salt);
-  const { salt, firstUnhashable } = readExtraKeys(f.extraKeys, loraName, parent === null, engineIds.length);
+  const extra = readExtraKeys(f.extraKeys, loraName, parent === null, engineIds.length);
+  if (extra.bad) {
+    sink.counts.badExtraKeys++;
+    return;
+  }
+  const { salt, firstUnhashable } = extra;
   if (salt !== null) cacheSalt = salt;
   const medium = optString(f.medium);
-  const groupIdx = optInt(f.groupIdx) ?? 0;
+  const group = groupFields(f);
+  if (!group) {
+    sink.counts.badGroupFields++;
+    return;
+  }
+  const groupIdx = group.idx;
   let ids = engineIds;
   let toks: number[] = tokens;
   if (firstUnhashable < engineIds.length) {
@@ -348,7 +429,43 @@ function pushStored(f: StoredFields, flavor: EngineFlavor, sink: Sink): void {
     medium !== null
       ? { kind: 'stored', parent, engineIds: ids, tokens: toks, blockSize, loraName, cacheSalt, medium, groupIdx }
       : { kind: 'stored', parent, engineIds: ids, tokens: toks, blockSize, loraName, cacheSalt, groupIdx };
+  if (group.kind !== undefined || extra.mm !== null || group.sessionId !== undefined) {
+    // Hybrid groups, multimodal keys, session: the rarer fields, added only when present.
+    const more = ev as { -readonly [K in keyof StoredEvent]: StoredEvent[K] };
+    if (group.kind !== undefined) more.groupKind = group.kind;
+    if (group.window !== undefined) more.slidingWindow = group.window;
+    if (extra.mm !== null) more.mmKeys = ids.length === engineIds.length ? extra.mm : extra.mm.slice(0, ids.length);
+    if (group.sessionId !== undefined) more.sessionId = group.sessionId;
+  }
   sink.events.push(ev);
+}
+
+/** group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window, session_id; null when a present field is unusable. */
+function groupFields(
+  f: Pick<StoredFields, 'groupIdx' | 'groupKind' | 'slidingWindow' | 'sessionId'>,
+): { idx: number; kind?: CacheGroupKind; window?: number; sessionId?: string } | null {
+  let idx = 0;
+  if (f.groupIdx !== null && f.groupIdx !== undefined) {
+    const g = optInt(f.groupIdx);
+    if (g === null || g < 0) return null;
+    idx = g;
+  }
+  const kind = groupKindOf(f.groupKind);
+  if (kind === null) return null;
+  let window: number | undefined;
+  if (f.slidingWindow !== null && f.slidingWindow !== undefined) {
+    const w = optInt(f.slidingWindow);
+    if (w === null || w < 1) return null;
+    window = w;
+  }
+  // A sliding-window group without its window cannot be reasoned about.
+  const k: CacheGroupKind | undefined = kind === 'sliding_window' && window === undefined ? 'unknown' : kind;
+  const sessionId = optString(f.sessionId) ?? undefined;
+  const out: { idx: number; kind?: CacheGroupKind; window?: number; sessionId?: string } = { idx };
+  if (k !== undefined) out.kind = k;
+  if (window !== undefined && k === 'sliding_window') out.window = window;
+  if (sessionId !== undefined) out.sessionId = sessionId;
+  return out;
 }
 
 function pushRemoved(hashes: unknown, medium: unknown, groupIdx: unknown, sink: Sink): void {
@@ -385,6 +502,9 @@ function decodeEvent(raw: unknown, flavor: EngineFlavor, sink: Sink): void {
             metadata: flavor === 'sglang' ? raw[7] : undefined,
             extraKeys: flavor === 'vllm' ? raw[8] : undefined,
             groupIdx: flavor === 'vllm' ? raw[9] : undefined,
+            groupKind: flavor === 'vllm' ? raw[10] : undefined,
+            slidingWindow: flavor === 'vllm' ? raw[11] : undefined,
+            sessionId: flavor === 'vllm' ? raw[14] : undefined,
           },
           flavor,
           sink,
@@ -421,6 +541,9 @@ function decodeEvent(raw: unknown, flavor: EngineFlavor, sink: Sink): void {
             metadata: raw.metadata,
             extraKeys: raw.extra_keys,
             groupIdx: raw.group_idx,
+            groupKind: raw.kv_cache_spec_kind,
+            slidingWindow: raw.kv_cache_spec_sliding_window,
+            sessionId: raw.session_id,
           },
           flavor,
           sink,
@@ -441,7 +564,7 @@ function decodeEvent(raw: unknown, flavor: EngineFlavor, sink: Sink): void {
 }
 
 function emptyCounts(): DecodeCounts {
-  return { unknownEventTypes: 0, malformedEvents: 0, multimodalBlocks: 0, loraIdWithoutName: 0 };
+  return { unknownEventTypes: 0, malformedEvents: 0, multimodalBlocks: 0, loraIdWithoutName: 0, badGroupFields: 0, badExtraKeys: 0 };
 }
 
 function failed(error: string): DecodedBatch {

@@ -9,8 +9,10 @@
  * - cache_salt: vLLM puts it in the extra keys of a sequence's first block only, but it seeds every block of the
  *   sequence (docs/protocols.md §1), so continuation events inherit it from their parent.
  * - Multimodal blocks (skipped by the decoder) poison their descendants the same way: skipped and counted.
- * - KV-cache groups: only group 0 is indexed (in hybrid models other groups repeat the same tokens with other ids,
- *   e.g. sliding-window layers that evict on their own schedule); other groups are counted and dropped.
+ * - KV-cache groups (hybrid models: sliding-window and Mamba-state groups beside full attention, the same engine ids
+ *   in every group): every group of a known kind passes to the router, which indexes each group apart
+ *   (src/core/index/groups.ts). A group of unknown kind, with a block size unlike group 0's, or on a source whose
+ *   blocks are joined (aggregate.ts) cannot be indexed: its events are counted and dropped.
  * - Offload tiers (medium other than GPU): tracked here by engine id per medium, and passed through unchanged (the
  *   core index currently counts them as `unsupported_medium`).
  */
@@ -25,6 +27,7 @@ export interface AnnotatorCounters {
   quarantinedBlocks: number;
   multimodalBlocks: number;
   otherGroupEvents: number;
+  hybridGroupEvents: number;
   offloadEvents: number;
 }
 
@@ -41,8 +44,11 @@ export class SourceAnnotator {
     quarantinedBlocks: 0,
     multimodalBlocks: 0,
     otherGroupEvents: 0,
+    hybridGroupEvents: 0,
     offloadEvents: 0,
   };
+  /** Groups (other than 0) whose events cannot be indexed: their removals are dropped too. */
+  private readonly unindexedGroups = new Set<number>();
   private readonly skipped = new Map<EngineBlockId, SkipCause>();
   private readonly salts = new Map<EngineBlockId, string>();
   private readonly tiers = new Map<string, Set<EngineBlockId>>();
@@ -60,6 +66,7 @@ export class SourceAnnotator {
 
   /** Forgets everything known about the source's cache (reset or AllBlocksCleared). */
   reset(): void {
+    this.unindexedGroups.clear();
     this.skipped.clear();
     this.salts.clear();
     this.tiers.clear();
@@ -105,10 +112,7 @@ export class SourceAnnotator {
           if (tier) for (const id of ev.engineIds) tier.delete(id);
           return ev;
         }
-        if ((ev.groupIdx ?? 0) !== 0) {
-          this.counters.otherGroupEvents++;
-          return null;
-        }
+        if ((ev.groupIdx ?? 0) !== 0) return this.otherGroupRemoved(ev);
         if (this.aggregator) {
           for (const id of ev.engineIds) this.skipped.delete(id);
           const gone = this.aggregator.removed(ev.engineIds);
@@ -148,10 +152,7 @@ export class SourceAnnotator {
       for (const id of ev.engineIds) tier.add(id);
       return ev;
     }
-    if ((ev.groupIdx ?? 0) !== 0) {
-      this.counters.otherGroupEvents++;
-      return null;
-    }
+    if ((ev.groupIdx ?? 0) !== 0) return this.otherGroupStored(ev);
     const bs = ev.blockSize;
     let changed = false;
     if (this.engineBlockSize !== bs) {
@@ -198,6 +199,48 @@ export class SourceAnnotator {
       if (salt !== ev.cacheSalt) out = { ...ev, cacheSalt: salt };
     }
     return changed ? [CLEARED, out] : out;
+  }
+
+  /**
+   * A Stored event of a hybrid model's other cache group. The engine ids are those of group 0 (one hash per block,
+   * whatever the group), so skip causes and salts learned there apply here as they are; they are not forgotten on
+   * this group's removals (group 0 may still hold the block).
+   */
+  private otherGroupStored(ev: StoredEvent): StoredEvent | null {
+    const g = ev.groupIdx ?? 0;
+    const bs = ev.blockSize;
+    const sameSize = this.engineBlockSize === null || this.engineBlockSize === bs;
+    const indexable = Number.isInteger(bs) && bs > 0 && bs % this.routerBlockSize === 0;
+    if (ev.groupKind === undefined || ev.groupKind === 'unknown' || this.aggregator || !sameSize || !indexable) {
+      this.unindexedGroups.add(g);
+      this.counters.otherGroupEvents++;
+      return null;
+    }
+    if (ev.parent !== null && this.skipped.size > 0) {
+      const cause = this.skipped.get(ev.parent);
+      if (cause !== undefined) {
+        if (cause === 'quarantine') this.counters.quarantinedBlocks += ev.engineIds.length;
+        else this.counters.multimodalBlocks += ev.engineIds.length;
+        return null;
+      }
+    }
+    this.counters.hybridGroupEvents++;
+    let salt = ev.cacheSalt ?? null;
+    if (salt === null && ev.parent !== null && this.salts.size > 0) salt = this.salts.get(ev.parent) ?? null;
+    if (salt === null || salt === ev.cacheSalt) return ev;
+    return { ...ev, cacheSalt: salt };
+  }
+
+  private otherGroupRemoved(ev: KvEvent & { kind: 'removed' }): KvEvent | null {
+    if (this.unindexedGroups.has(ev.groupIdx ?? 0) || this.aggregator) {
+      this.counters.otherGroupEvents++;
+      return null;
+    }
+    this.counters.hybridGroupEvents++;
+    if (this.skipped.size === 0) return ev;
+    const keep = ev.engineIds.filter((id) => !this.skipped.has(id));
+    if (keep.length === ev.engineIds.length) return ev;
+    return keep.length > 0 ? { ...ev, engineIds: keep } : null;
   }
 
   private skip(ev: StoredEvent, cause: SkipCause): null {

@@ -49,7 +49,13 @@ export interface SourceHealth {
   readonly malformedEvents: number;
   readonly multimodalBlocks: number;
   readonly quarantinedBlocks: number;
+  /** Events of cache groups that could not be indexed (unknown kind, a block size unlike group 0's, joined blocks). */
   readonly otherGroupEvents: number;
+  /** Events of hybrid cache groups other than group 0, passed to the index (docs/engines.md, cache groups). */
+  readonly hybridGroupEvents: number;
+  /** Events skipped for unusable group fields / multimodal extra keys (decode errors by cause). */
+  readonly badGroupFields: number;
+  readonly badExtraKeys: number;
   readonly offloadEvents: number;
   readonly loraIdWithoutName: number;
   /** Batches whose data_parallel_rank differs from the subscription's rank (wrong port offset). */

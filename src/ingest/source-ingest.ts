@@ -83,6 +83,8 @@ export class SourceIngest {
     unknownEventTypes: 0,
     malformedEvents: 0,
     loraIdWithoutName: 0,
+    badGroupFields: 0,
+    badExtraKeys: 0,
     dpRankMismatch: 0,
     receiveErrors: 0,
     tailProbes: 0,
@@ -211,6 +213,8 @@ export class SourceIngest {
     this.c.unknownEventTypes += batch.counts.unknownEventTypes;
     this.c.malformedEvents += batch.counts.malformedEvents;
     this.c.loraIdWithoutName += batch.counts.loraIdWithoutName;
+    this.c.badGroupFields += batch.counts.badGroupFields;
+    this.c.badExtraKeys += batch.counts.badExtraKeys;
     const events = this.annotator.process(batch);
     if (events.length === 0) return;
     this.c.events += events.length;
@@ -310,6 +314,9 @@ export class SourceIngest {
       multimodalBlocks: a.counters.multimodalBlocks,
       quarantinedBlocks: a.counters.quarantinedBlocks,
       otherGroupEvents: a.counters.otherGroupEvents,
+      hybridGroupEvents: a.counters.hybridGroupEvents,
+      badGroupFields: this.c.badGroupFields,
+      badExtraKeys: this.c.badExtraKeys,
       offloadEvents: a.counters.offloadEvents,
       loraIdWithoutName: this.c.loraIdWithoutName,
       dpRankMismatchBatches: this.c.dpRankMismatch,

@@ -8,7 +8,7 @@ export function toWireEvents(events: readonly EngineEvent[], hashType: HashType)
   const ids = (xs: readonly bigint[]) => (bytes ? xs.map(engineIdBytes) : xs.slice());
   return events.map((e): WireEvent => {
     if (e.kind === 'removed') {
-      return { type: 'BlockRemoved', blockHashes: ids(e.engineIds), medium: e.medium, groupIdx: 0 };
+      return { type: 'BlockRemoved', blockHashes: ids(e.engineIds), medium: e.medium, groupIdx: e.groupIdx ?? 0 };
     }
     return {
       type: 'BlockStored',
@@ -19,9 +19,10 @@ export function toWireEvents(events: readonly EngineEvent[], hashType: HashType)
       loraId: e.loraId,
       medium: e.medium,
       loraName: e.loraName,
-      extraKeys: e.extraKeys,
-      groupIdx: 0,
-      kvCacheSpecKind: 'full_attention',
+      extraKeys: e.extraKeys as unknown[],
+      groupIdx: e.groupIdx ?? 0,
+      kvCacheSpecKind: e.groupKind ?? 'full_attention',
+      ...(e.slidingWindow !== undefined ? { kvCacheSpecSlidingWindow: e.slidingWindow } : {}),
     };
   });
 }

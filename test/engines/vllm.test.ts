@@ -73,7 +73,14 @@ describe('vLLM codec', () => {
         expect(s1.loraName).toBe('sql');
         expect(d.events[2]).toEqual({ kind: 'removed', engineIds: [key(5n)], medium: 'GPU', groupIdx: 0 });
         expect(d.events[3]).toEqual({ kind: 'cleared' });
-        expect(d.counts).toEqual({ unknownEventTypes: 0, malformedEvents: 0, multimodalBlocks: 0, loraIdWithoutName: 0 });
+        expect(d.counts).toEqual({
+          unknownEventTypes: 0,
+          malformedEvents: 0,
+          multimodalBlocks: 0,
+          loraIdWithoutName: 0,
+          badGroupFields: 0,
+          badExtraKeys: 0,
+        });
       });
     }
   }
@@ -139,6 +146,7 @@ describe('vLLM codec', () => {
         cacheSalt: null,
         medium: 'GPU',
         groupIdx: 0,
+        groupKind: 'full_attention',
       },
     ]);
     const idx = new KvIndex({ blockSize: 16 });
@@ -156,7 +164,9 @@ describe('vLLM codec', () => {
       ['BlockStored', [9n], null, t, 4, null, 'GPU', null],
       ['BlockStored', [9n], null, t, 4, null, 'GPU', null, [null]],
       ['BlockStored', [9n], null, t, 4, null, 'GPU', null, [null], 0],
-      ['BlockStored', [9n], null, t, 4, null, 'GPU', null, [null], 0, 'full_attention', 'future-field'],
+      ['BlockStored', [9n], null, t, 4, null, 'GPU', null, [null], 0, 'full_attention', null],
+      // 11 sliding window, 12 locality, 13 ownership, 14 session_id, then a field from the future
+      ['BlockStored', [9n], null, t, 4, null, 'GPU', null, [null], 0, 'full_attention', null, null, null, 's-1', 'future-field'],
     ];
     for (const g of gens) {
       const d = decodeVllmBatch(hand([1.5, [g as never]]));
@@ -210,14 +220,14 @@ describe('vLLM codec', () => {
     expect(decodeVllmBatch(hand([1, [], 0])).events).toEqual([]);
   });
 
-  it('reads lora_name and cache_salt from extra keys; skips multimodal blocks and counts them', () => {
+  it('reads lora_name and cache_salt from extra keys; skips prompt-embeds blocks and counts them', () => {
     const t = Array.from({ length: 12 }, (_, i) => 1000 + i);
     const d = decodeVllmBatch(
       hand([
         1,
         [
           ['BlockStored', [1n, 2n, 3n], null, t, 4, 7, 'GPU', 'sql', [['sql', 'tenant-a'], ['sql'], null]],
-          ['BlockStored', [4n, 5n, 6n], null, t, 4, null, 'GPU', null, [null, [['mmhash', 0]], null]],
+          ['BlockStored', [4n, 5n, 6n], null, t, 4, null, 'GPU', null, [null, [new Uint8Array([1, 2, 3])], null]],
           ['BlockStored', [7n], null, t.slice(0, 4), 4, 3],
           ['BlockStored', [8n], null, t.slice(0, 4), 4, 3, 'GPU', 'old-lora', [[3]]],
           ['BlockStored', [9n, 10n], null, t.slice(0, 8), 4, 5, 'GPU', null, [['sql', 'tenant-b'], ['sql']]],

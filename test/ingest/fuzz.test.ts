@@ -9,6 +9,8 @@ import { describe, expect, it } from 'vitest';
 import fc from 'fast-check';
 import { Packr } from 'msgpackr';
 import { KvIndex } from '../../src/core/index/kv-index.ts';
+import { KvRouter } from '../../src/core/router.ts';
+import { SourceAnnotator } from '../../src/ingest/annotate.ts';
 import { computeSeqHashes } from '../../src/core/hashing.ts';
 import type { KvEvent } from '../../src/core/types.ts';
 import { decodeBatch, decodeVllmBatch, vllmFrames } from '../../src/engines/vllm.ts';
@@ -82,7 +84,8 @@ const arrayEventArb = fc
     hashArb,
     tokensArb,
     fc.oneof(fc.constant(BS), fc.constant(2 * BS), fieldArb),
-    fc.array(fieldArb, { maxLength: 7 }),
+    // Up to index 15: group_idx 9, kv_cache_spec_kind 10, sliding window 11, locality 12, ownership 13, session_id 14.
+    fc.array(fc.oneof(fieldArb, fc.constantFrom('full_attention', 'sliding_window', 'mamba', 'unknown')), { maxLength: 11 }),
   )
   .map(([tag, hashes, parent, tokens, bs, rest]) => [tag, hashes, parent, tokens, bs, ...rest]);
 const mapEventArb = fc.record(
@@ -96,11 +99,21 @@ const mapEventArb = fc.record(
     lora_name: fieldArb,
     extra_keys: fc.oneof(
       fc.constant(null),
-      fc.array(fc.oneof(fc.constant(null), fc.array(fc.oneof(fc.string(), fc.tuple(fc.string(), fc.integer()))), fc.anything()), {
-        maxLength: 4,
-      }),
+      fc.array(
+        fc.oneof(
+          fc.constant(null),
+          fc.array(fc.oneof(fc.string(), fc.tuple(fc.string(), fc.integer()), fc.tuple(fc.anything(), fc.anything()))),
+          fc.anything(),
+        ),
+        {
+          maxLength: 4,
+        },
+      ),
     ),
-    group_idx: fieldArb,
+    group_idx: fc.oneof(fieldArb, fc.nat(3)),
+    kv_cache_spec_kind: fc.oneof(fieldArb, fc.constantFrom('full_attention', 'mla_attention', 'sliding_window', 'mamba', 'unknown')),
+    kv_cache_spec_sliding_window: fc.oneof(fieldArb, fc.integer({ min: 1, max: 64 })),
+    session_id: fieldArb,
     metadata: fc.oneof(fc.constant(null), fc.record({ cache_salt: fc.oneof(fc.string(), fc.anything()) })),
   },
   { requiredKeys: [] },
@@ -263,6 +276,38 @@ describe('ingestion fuzzing', () => {
     index.apply(1, { kind: 'cleared' });
     expect(index.stats()).toMatchObject({ blocks: 0, pairs: 0 });
   }, 60_000);
+
+  it('hybrid groups and multimodal keys: damaged batches through decode, annotator and router never throw; causes counted', () => {
+    const router = new KvRouter({ blockSize: BS });
+    router.addSource({ workerId: 'fuzz', dpRank: 0 });
+    const annotator = new SourceAnnotator(BS);
+    const rnd = mulberry32(18);
+    const base = corpus();
+    let bad = 0;
+    let groupEvents = 0;
+    const batches = fc.sample(batchArb, { seed: 18, numRuns: 4_000 });
+    for (let i = 0; i < batches.length; i++) {
+      let payload: Buffer;
+      try {
+        payload = packr.pack(batches[i]);
+      } catch {
+        payload = mutate(rnd, base[i % base.length], base[(i * 7) % base.length]);
+      }
+      const d = decodeVllmBatch(payload);
+      bad += d.counts.badGroupFields + d.counts.badExtraKeys;
+      const events = annotator.process(d);
+      groupEvents += events.filter((e) => e.kind !== 'cleared' && (e.groupIdx ?? 0) !== 0).length;
+      expect(() => router.applyEvents('fuzz', events)).not.toThrow();
+      const tokens = Array.from({ length: 1 + Math.floor(rnd() * 40) }, (_, k) => k);
+      const req = `r${i}`;
+      const r = router.route({ requestId: req, tokens, mmItems: rnd() < 0.3 ? [{ identifier: 'x', offset: 0, length: 1 }] : undefined }, i);
+      expect(r.kind).toBe('routed');
+      if (r.kind === 'routed') expect(r.overlapBlocks).toBeLessThanOrEqual(Math.floor(tokens.length / BS));
+      router.finish(req, {}, i);
+    }
+    expect(bad).toBeGreaterThan(50);
+    expect(groupEvents).toBeGreaterThan(20);
+  });
 
   it('SGLang decoder and flavour-agnostic decode never throw on the same damage', () => {
     const rnd = mulberry32(7);

@@ -54,7 +54,7 @@ describe('SourceIngest', () => {
     expect(index.findMatches(computeSeqHashes(tokens, 4))[0]).toBe(0);
   });
 
-  it('skips multimodal blocks and their descendants, counted; their removal never reaches the index', () => {
+  it('skips blocks whose identity is not hashable (prompt embeds) and their descendants, counted; their removal never reaches the index', () => {
     const { index, ingest, send } = harness();
     const tokens = T(12);
     send([
@@ -64,7 +64,7 @@ describe('SourceIngest', () => {
         parentBlockHash: null,
         tokenIds: tokens.slice(0, 8),
         blockSize: 4,
-        extraKeys: [null, [['img', 0]]],
+        extraKeys: [null, [new Uint8Array([0xde, 0xad])]],
       },
     ]);
     send([{ type: 'BlockStored', blockHashes: [3n], parentBlockHash: 2n, tokenIds: tokens.slice(8), blockSize: 4 }]);

@@ -3,6 +3,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { createServer } from 'node:net';
 import * as zmq from 'zeromq';
+import { decodeVllmBatch } from '../../src/engines/vllm.ts';
 import { decodeMsgpack, type Msg } from './independent-msgpack.ts';
 
 const children: ChildProcess[] = [];
@@ -64,6 +65,59 @@ describe('kvroute mocker CLI', () => {
     child.kill('SIGTERM');
     const [code] = await once(child, 'exit');
     expect(code).toBe(0);
+  });
+
+  it('--hybrid gpt-oss publishes each cache group apart, decoded by the router codec', async () => {
+    const { child, firstLine } = run([
+      'mocker',
+      '--port',
+      '0',
+      '--host',
+      '127.0.0.1',
+      '--zmq-endpoint',
+      'tcp://127.0.0.1:*',
+      '--replay-endpoint',
+      'none',
+      '--hybrid',
+      'gpt-oss',
+      '--event-format',
+      'array',
+      '--speedup',
+      '100',
+    ]);
+    const info = JSON.parse(await firstLine);
+    const sub = new zmq.Subscriber({ linger: 0, receiveTimeout: 5000 });
+    try {
+      sub.connect(info.zmqEndpoints[0]);
+      sub.subscribe();
+      const first = sub.receive();
+      await new Promise((r) => setTimeout(r, 300)); // ZMQ slow joiner
+      const r = await fetch(`${info.url}/v1/completions`, {
+        method: 'POST',
+        body: JSON.stringify({ prompt: Array.from({ length: 70 }, (_, i) => i), max_tokens: 1 }),
+      });
+      expect(r.status).toBe(200);
+      const [, , payload] = await first;
+      const d = decodeVllmBatch(payload);
+      const groups = d.events.map((e) => (e.kind === 'stored' ? [e.groupIdx, e.groupKind, e.slidingWindow] : null));
+      expect(groups).toEqual([
+        [1, 'full_attention', undefined],
+        [0, 'sliding_window', 128],
+      ]);
+    } finally {
+      sub.close();
+    }
+    child.kill('SIGTERM');
+    const [code] = await once(child, 'exit');
+    expect(code).toBe(0);
+  });
+
+  it('rejects a bad --hybrid layout with one line, exit 2', async () => {
+    const { child, stderr } = run(['mocker', '--hybrid', 'mamba,sliding:64']);
+    const [code] = await once(child, 'exit');
+    expect(code).toBe(2);
+    expect(stderr().trim().split('\n')).toHaveLength(1);
+    expect(stderr()).toMatch(/--hybrid: a hybrid layout needs a full-attention group/);
   });
 
   it('rejects bad flags with a clear message', async () => {

@@ -29,6 +29,10 @@ const stored = fc
     loraName: fc.option(fc.string({ maxLength: 8 }), { nil: undefined }),
     cacheSalt: fc.option(fc.string({ maxLength: 8 }), { nil: undefined }),
     medium: fc.option(fc.constantFrom('GPU', 'CPU'), { nil: undefined }),
+    groupIdx: fc.option(fc.nat(3), { nil: undefined }),
+    groupKind: fc.option(fc.constantFrom('full_attention', 'sliding_window', 'mamba', 'unknown'), { nil: undefined }),
+    slidingWindow: fc.option(fc.integer({ min: 1, max: 4096 }), { nil: undefined }),
+    mm: fc.option(fc.tuple(fc.string({ minLength: 1, maxLength: 6 }), fc.integer({ min: -64, max: 64 })), { nil: undefined }),
     seed: fc.integer({ min: 0, max: 1000 }),
   })
   .map((r): KvEvent => {
@@ -42,6 +46,10 @@ const stored = fc
     if (r.loraName !== undefined) ev.loraName = r.loraName;
     if (r.cacheSalt !== undefined) ev.cacheSalt = r.cacheSalt;
     if (r.medium !== undefined) ev.medium = r.medium;
+    if (r.groupIdx !== undefined) ev.groupIdx = r.groupIdx;
+    if (r.groupKind !== undefined) ev.groupKind = r.groupKind;
+    if (r.slidingWindow !== undefined) ev.slidingWindow = r.slidingWindow;
+    if (r.mm !== undefined) ev.mmKeys = Array.from({ length: r.n }, (_, i) => (i === 0 ? [r.mm] : null));
     return ev as unknown as KvEvent;
   });
 const removed = fc.array(u64, { minLength: 1, maxLength: 5 }).map((ids): KvEvent => ({ kind: 'removed', engineIds: ids }));

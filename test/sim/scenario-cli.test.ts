@@ -25,6 +25,27 @@ describe('seed scenario', () => {
   });
 });
 
+describe('hybrid engines in the simulator', () => {
+  it('mamba state groups: the router predicts what the engines deliver, below the one-group reading', () => {
+    const sc = scenario('seed', 1, 800);
+    const one = runFleet(sc.requests, { ...sc.fleet, policy: 'kv' });
+    const hybrid = runFleet(sc.requests, {
+      ...sc.fleet,
+      policy: 'kv',
+      engine: { cacheGroups: [{ kind: 'full_attention' }, { kind: 'mamba' }] },
+    });
+    expect(Math.abs(hybrid.hit.predicted_block_weighted - hybrid.hit.engine_token_weighted)).toBeLessThan(0.03);
+    expect(hybrid.hit.engine_token_weighted).toBeLessThan(one.hit.engine_token_weighted - 0.05);
+  });
+
+  it('kvroute sim --hybrid: a bad layout exits 2 with one line', async () => {
+    const err = await run(process.execPath, [BIN, 'sim', '--scenario', 'seed', '--hybrid', 'sliding:64']).catch((e) => e);
+    expect(err.code).toBe(2);
+    expect(String(err.stderr).trim().split('\n')).toHaveLength(1);
+    expect(String(err.stderr)).toMatch(/--hybrid: a hybrid layout needs a full-attention group/);
+  });
+});
+
 describe('CLI', () => {
   it('trace gen writes a trace that sim replays, with the JSON shape of the issue', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'kvroute-sim-'));

@@ -902,6 +902,17 @@ export class KvIndex {
     return out;
   }
 
+  /**
+   * True when `source` holds block `i` of `seqHashes`: one table probe. The cache-group finders of hybrid models ask
+   * this block by block (./groups.ts); the prefix walk above does not use it.
+   */
+  holdsBlock(source: number, seqHashes: BigUint64Array, i: number): boolean {
+    if (this.liveBlocks === 0) return false;
+    idBuf[0] = seqHashes[i];
+    const slot = this.findSlot(idHalves[0], idHalves[1]);
+    return slot !== NONE && this.holders.has(this.rec, slot * REC + HOLDERS, source);
+  }
+
   /** Router hashes a source holds (for tests and debugging; not a hot path). */
   blocksOf(source: number): Set<bigint> {
     const out = new Set<bigint>();

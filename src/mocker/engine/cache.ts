@@ -9,6 +9,8 @@
  * - A request frees its blocks in reverse order, so its tail blocks are evicted before its prefix (a child never
  *   outlives its parent in the cache).
  * - At most one physical block per hash: the engine swaps a duplicate for the cached block (see engine.ts).
+ * - Hybrid models keep every cache group in this one pool, as vLLM does: a block of another group is keyed by its
+ *   hash mixed with the group (./hybrid.ts), so groups never share a block and evict from one LRU queue.
  *
  * Keys are the router's sequence hashes (src/core/hashing.ts) so the cache and the router agree on identity; the engine
  * ids announced in events come from a separate chain (engine.ts). All per-block state lives in typed arrays and the hash
@@ -42,6 +44,8 @@ export class BlockPool {
   private readonly parentId: BigUint64Array;
   private readonly flags: Uint8Array;
   private readonly ident: Int32Array;
+  /** Cache group of each block (hybrid models: one pool for every group, as vLLM's; ./hybrid.ts). */
+  private readonly group: Uint8Array;
   private readonly identities: BlockIdentity[] = [];
   private readonly identIndex = new Map<string, number>();
   private readonly byHash: U64Map;
@@ -63,6 +67,7 @@ export class BlockPool {
     this.parentId = new BigUint64Array(numBlocks);
     this.flags = new Uint8Array(numBlocks);
     this.ident = new Int32Array(numBlocks);
+    this.group = new Uint8Array(numBlocks);
     this.byHash = new U64Map(Math.min(numBlocks, 1 << 16));
     const s = numBlocks;
     this.prev[s] = s;
@@ -102,6 +107,11 @@ export class BlockPool {
 
   seqHashOf(block: number): bigint {
     return this.seqHash[block];
+  }
+
+  /** The cache group a cached block belongs to (0 for a model with one group). */
+  groupOf(block: number): number {
+    return this.group[block];
   }
 
   identityOf(block: number): BlockIdentity {
@@ -182,8 +192,9 @@ export class BlockPool {
    * Registers a block (in use by the caller) under the hash (seqLo, seqHi). Returns false when another block already
    * holds that hash (the caller keeps the existing one instead) or this block already has a hash.
    */
-  register(block: number, seqLo: number, seqHi: number, engineId: bigint, parentId: bigint | null, identity: number): boolean {
+  register(block: number, seqLo: number, seqHi: number, engineId: bigint, parentId: bigint | null, identity: number, group = 0): boolean {
     if (this.flags[block] & CACHED || this.byHash.get(seqLo, seqHi) >= 0) return false;
+    this.group[block] = group;
     this.seq32[2 * block] = seqLo;
     this.seq32[2 * block + 1] = seqHi;
     this.engineId[block] = engineId;

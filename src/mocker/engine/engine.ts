@@ -9,6 +9,9 @@ import { SeqHasher, hashSeed } from '../../core/hashing.ts';
 import { GPU_MEDIUM } from '../../core/types.ts';
 import { u32View } from '../../core/index/u64-map.ts';
 import { BlockPool } from './cache.ts';
+import { type EngineCacheGroup, type GroupHold, HybridGroups } from './hybrid.ts';
+import { mmBlockKeys, mmItemsError } from '../../core/multimodal.ts';
+import type { CacheGroupKind, MmBlockKey, MmItem } from '../../core/types.ts';
 import { DEFAULT_POLYNOMIAL, stepDurationMs, type StepWork, type TimingModel } from './timing.ts';
 
 export interface EngineConfig {
@@ -27,6 +30,11 @@ export interface EngineConfig {
   vocabSize: number;
   /** Mixed into every request's output seed. */
   seed: number;
+  /**
+   * Hybrid model: the KV-cache groups, in group-index order (./hybrid.ts). Absent or one full-attention group: a
+   * model with one group, whose events carry no group fields beyond group 0.
+   */
+  cacheGroups?: readonly EngineCacheGroup[];
 }
 
 export const DEFAULT_ENGINE_CONFIG: EngineConfig = {
@@ -57,6 +65,8 @@ export interface EngineRequest {
   readonly preloadedTokens?: number;
   /** Disaggregated prefill: keep the request's blocks after it finishes, until `releaseHeld` (vLLM's KV lease). */
   readonly holdOnFinish?: boolean;
+  /** Multimodal items (their placeholder tokens are in the prompt); their identity enters the block hashes. */
+  readonly mmItems?: readonly MmItem[];
 }
 
 /** Newly cached full blocks of one request in one step (one vLLM BlockStored). Structurally a core StoredEvent. */
@@ -71,17 +81,27 @@ export interface EngineStoredEvent {
   /** Stable small id per LoRA name in this engine (vLLM's lora_id), null without LoRA. */
   readonly loraId: number | null;
   readonly cacheSalt: string | null;
-  /** One entry per block as vLLM sends them: [lora_name?, cache_salt (first block only)?] or null. */
-  readonly extraKeys: (string[] | null)[];
+  /** One entry per block as vLLM sends them: [lora_name?, (mm identifier, offset)..., cache_salt (first block)?] or null. */
+  readonly extraKeys: (BlockExtraKeys | null)[];
   readonly medium: string;
   /** Router sequence hashes of the blocks (for tests; a real engine never sends these). */
   readonly routerSeqHashes: bigint[];
+  /** Hybrid models: the block's cache group, its kind and window (the core StoredEvent's fields). */
+  readonly groupIdx?: number;
+  readonly groupKind?: CacheGroupKind;
+  readonly slidingWindow?: number;
+  /** Per block, its multimodal keys (the core StoredEvent's field); absent for text-only events. */
+  readonly mmKeys?: (MmBlockKey[] | null)[];
 }
+
+/** A block's extra keys as vLLM orders them: LoRA name, multimodal (identifier, offset) pairs, cache_salt. */
+export type BlockExtraKeys = readonly (string | MmBlockKey)[];
 
 export interface EngineRemovedEvent {
   readonly kind: 'removed';
   readonly engineIds: bigint[];
   readonly medium: string;
+  readonly groupIdx?: number;
 }
 
 export type EngineEvent = EngineStoredEvent | EngineRemovedEvent;
@@ -142,7 +162,7 @@ export interface DumpBlock {
 export class EngineInputError extends Error {
   constructor(
     message: string,
-    readonly code: 'empty_prompt' | 'bad_max_tokens' | 'too_long' | 'too_many_blocks' | 'duplicate_request' | 'bad_token',
+    readonly code: 'empty_prompt' | 'bad_max_tokens' | 'too_long' | 'too_many_blocks' | 'duplicate_request' | 'bad_token' | 'bad_mm_items',
   ) {
     super(message);
     this.name = 'EngineInputError';
@@ -164,6 +184,8 @@ class Req {
   status: Status = 'waiting';
   readonly hasher: SeqHasher;
   readonly seed: number;
+  /** Hybrid models: the request's blocks in the other cache groups. */
+  groupHold: GroupHold | null = null;
 
   constructor(
     readonly input: EngineRequest,
@@ -173,7 +195,12 @@ class Req {
   ) {
     this.tokens = input.promptTokens.slice();
     this.promptLen = this.tokens.length;
-    this.hasher = new SeqHasher(blockSize, hashSeed(input.loraName, input.cacheSalt));
+    const items = input.mmItems && input.mmItems.length > 0 ? input.mmItems : null;
+    this.hasher = new SeqHasher(
+      blockSize,
+      hashSeed(input.loraName, input.cacheSalt),
+      items ? (from, blocks) => mmBlockKeys(items, from, blocks, blockSize) : undefined,
+    );
     this.hasher.extend(this.tokens);
     this.seed = (input.seed ?? promptSeed(input.promptTokens)) ^ engineSeed;
   }
@@ -224,6 +251,8 @@ export class MockEngine {
   /** Blocks of finished requests kept for a remote decode side to pull (holdOnFinish). */
   private readonly held = new Map<string, number[]>();
   counters: EngineCounters = MockEngine.zeroCounters();
+  /** Hybrid models: the cache groups besides the main (first full-attention) one. */
+  private readonly hybrid: HybridGroups | null;
 
   constructor(config: Partial<EngineConfig> = {}) {
     this.config = { ...DEFAULT_ENGINE_CONFIG, ...config };
@@ -231,7 +260,17 @@ export class MockEngine {
     for (const k of ['blockSize', 'numGpuBlocks', 'maxNumSeqs', 'maxNumBatchedTokens', 'maxModelLen', 'vocabSize'] as const) {
       if (!Number.isInteger(c[k]) || c[k] < 1) throw new RangeError(`${k} must be a positive integer, got ${c[k]}`);
     }
+    const groups = c.cacheGroups;
+    this.hybrid = groups && groups.length > 1 ? new HybridGroups(groups, c.blockSize) : null;
+    if (groups && groups.length === 1 && groups[0].kind !== 'full_attention') {
+      throw new RangeError('a model with one cache group must be full attention');
+    }
     this.pool = this.newPool();
+  }
+
+  /** Blocks the other cache groups of a hybrid model could not cache (no free block). */
+  get groupBlocksNotCached(): number {
+    return this.hybrid?.uncachedBlocks ?? 0;
   }
 
   private static zeroCounters(): EngineCounters {
@@ -252,8 +291,17 @@ export class MockEngine {
   private newPool(): BlockPool {
     return new BlockPool(this.config.numGpuBlocks, (pool, block) => {
       this.counters.blocksEvicted++;
-      // vLLM emits one BlockRemoved per evicted block.
-      this.pendingEvents.push({ kind: 'removed', engineIds: [pool.engineIdOf(block)], medium: GPU_MEDIUM });
+      // vLLM emits one BlockRemoved per evicted block (with its group in a hybrid model).
+      if (this.hybrid) {
+        this.pendingEvents.push({
+          kind: 'removed',
+          engineIds: [pool.engineIdOf(block)],
+          medium: GPU_MEDIUM,
+          groupIdx: pool.groupOf(block),
+        });
+      } else {
+        this.pendingEvents.push({ kind: 'removed', engineIds: [pool.engineIdOf(block)], medium: GPU_MEDIUM });
+      }
     });
   }
 
@@ -294,6 +342,10 @@ export class MockEngine {
       if (!Number.isInteger(t) || t < 0 || t > 0xffffffff)
         throw new EngineInputError(`token id ${t} is not an unsigned 32-bit integer`, 'bad_token');
     }
+    if (req.mmItems && req.mmItems.length > 0) {
+      const err = mmItemsError(req.mmItems, n);
+      if (err) throw new EngineInputError(err, 'bad_mm_items');
+    }
     if (!Number.isInteger(req.maxTokens) || req.maxTokens < 1)
       throw new EngineInputError(`max_tokens must be a positive integer, got ${req.maxTokens}`, 'bad_max_tokens');
     if (n + req.maxTokens > c.maxModelLen) {
@@ -322,6 +374,7 @@ export class MockEngine {
     if (i >= 0) q.splice(i, 1);
     this.pool.release(r.blocks);
     r.blocks = [];
+    if (r.groupHold) this.hybrid?.release(this.pool, r.groupHold);
     this.counters.requestsAborted++;
     return true;
   }
@@ -392,10 +445,12 @@ export class MockEngine {
     if (preempted.length === 0) {
       while (this.waiting.length > 0 && budget > 0 && this.running.length < c.maxNumSeqs) {
         const r = this.waiting[0];
-        const hit =
+        let hit =
           c.enablePrefixCaching && r.numComputed === 0
             ? this.pool.matchPrefix(r.hasher.seqHashes(), Math.floor((r.tokens.length - 1) / bs))
             : [];
+        // Hybrid: the full-attention hit is usable only as far as every other group can resume (./hybrid.ts).
+        if (this.hybrid && hit.length > 0) hit = hit.slice(0, this.hybrid.hitBlocks(this.pool, r.hasher.seqHashes(), hit.length));
         const localHit = hit.length * bs;
         // KV received from a prefill worker counts as computed; the last prompt token is computed here for its logits.
         const computed = r.numPreemptions === 0 ? Math.max(localHit, Math.min(r.input.preloadedTokens ?? 0, r.promptLen - 1)) : localHit;
@@ -406,6 +461,10 @@ export class MockEngine {
         r.status = 'running';
         r.numComputed = computed;
         r.numCachedBlocks = hit.length;
+        if (this.hybrid && c.enablePrefixCaching) {
+          r.groupHold ??= this.hybrid.newHold();
+          this.hybrid.admit(this.pool, r.groupHold, r.hasher.seqHashes(), hit.length);
+        }
         if (r.cachedTokens < 0) {
           r.cachedTokens = computed;
           this.counters.promptTokens += r.promptLen;
@@ -439,6 +498,7 @@ export class MockEngine {
       }
       r.numComputed += numNew;
       if (c.enablePrefixCaching) this.cacheFullBlocks(r);
+      if (this.hybrid && r.groupHold) this.cacheGroupBlocks(r, r.groupHold);
     }
     const durationMs = stepDurationMs(c.timing, work);
     const endMs = nowMs + durationMs;
@@ -474,6 +534,8 @@ export class MockEngine {
       if (r.input.holdOnFinish) this.held.set(r.input.requestId, r.blocks);
       else this.pool.release(r.blocks);
       r.blocks = [];
+      // The other groups' blocks are not part of a P/D lease: the decode side pulls full attention only.
+      if (r.groupHold) this.hybrid?.release(this.pool, r.groupHold);
       this.counters.requestsFinished++;
     }
     this.counters.steps++;
@@ -508,6 +570,7 @@ export class MockEngine {
   private preempt(r: Req): void {
     this.pool.release(r.blocks);
     r.blocks = [];
+    if (r.groupHold) this.hybrid?.release(this.pool, r.groupHold);
     r.numComputed = 0;
     r.numCachedBlocks = 0;
     r.numPreemptions++;
@@ -527,15 +590,18 @@ export class MockEngine {
     const cacheSalt = r.input.cacheSalt || null;
     const identity = this.pool.identity(loraName, cacheSalt);
     const loraKeys = loraName ? [loraName] : null;
+    const items = r.input.mmItems && r.input.mmItems.length > 0 ? r.input.mmItems : null;
+    const hybrid = this.hybrid;
     // A run of newly announced consecutive blocks becomes one BlockStored; a duplicate (shared, not announced) ends it.
     let runStart = -1;
     let runParent: bigint | null = null;
     let runIds: bigint[] = [];
     let runSeqs: bigint[] = [];
-    let runExtra: (string[] | null)[] = [];
+    let runExtra: (BlockExtraKeys | null)[] = [];
+    let runMm: (MmBlockKey[] | null)[] | null = null;
     const closeRun = (end: number) => {
       if (runStart < 0) return;
-      this.pendingEvents.push({
+      const ev: { -readonly [K in keyof EngineStoredEvent]: EngineStoredEvent[K] } = {
         kind: 'stored',
         parent: runParent,
         engineIds: runIds,
@@ -547,11 +613,18 @@ export class MockEngine {
         extraKeys: runExtra,
         medium: GPU_MEDIUM,
         routerSeqHashes: runSeqs,
-      });
+      };
+      if (hybrid) {
+        ev.groupIdx = hybrid.primary;
+        ev.groupKind = 'full_attention';
+      }
+      if (runMm) ev.mmKeys = runMm;
+      this.pendingEvents.push(ev);
       runStart = -1;
       runIds = [];
       runSeqs = [];
       runExtra = [];
+      runMm = null;
     };
     for (let j = r.numCachedBlocks; j < full; j++) {
       const lo = seq32[2 * j];
@@ -567,9 +640,10 @@ export class MockEngine {
       }
       // Block j-1 of r is always cached here: registered just before, or swapped for the cached copy.
       const parentId = j > 0 ? this.pool.engineIdOf(r.blocks[j - 1]) : null;
-      const extra = j === 0 && cacheSalt ? (loraName ? [loraName, cacheSalt] : [cacheSalt]) : loraKeys;
+      const mm = items ? (mmBlockKeys(items, j, 1, bs)?.[0] ?? null) : null;
+      const extra = blockExtraKeys(j, loraKeys, mm, cacheSalt);
       const engineId = engineBlockId(parentId, r.tokens, j * bs, bs, extra);
-      this.pool.register(r.blocks[j], lo, hi, engineId, parentId, identity);
+      this.pool.register(r.blocks[j], lo, hi, engineId, parentId, identity, hybrid?.primary ?? 0);
       this.counters.blocksStored++;
       if (runStart < 0) {
         runStart = j;
@@ -578,9 +652,59 @@ export class MockEngine {
       runIds.push(engineId);
       runSeqs.push(seqs[j]);
       runExtra.push(extra);
+      if (mm) {
+        runMm ??= new Array<MmBlockKey[] | null>(runIds.length - 1).fill(null);
+        runMm.push(mm);
+      } else runMm?.push(null);
     }
     closeRun(full);
     r.numCachedBlocks = full;
+  }
+
+  /** The other cache groups' newly full blocks, announced one event per run and group (hybrid models). */
+  private cacheGroupBlocks(r: Req, hold: GroupHold): void {
+    const hybrid = this.hybrid!;
+    const bs = this.config.blockSize;
+    const loraName = r.input.loraName || null;
+    const cacheSalt = r.input.cacheSalt || null;
+    const identity = this.pool.identity(loraName, cacheSalt);
+    const seqs = r.hasher.seqHashes();
+    const idOf = (j: number) => this.pool.engineIdOf(r.blocks[j]);
+    const runs = hybrid.afterCompute(this.pool, hold, seqs, r.numComputed, idOf, identity);
+    const loraKeys = loraName ? [loraName] : null;
+    const items = r.input.mmItems && r.input.mmItems.length > 0 ? r.input.mmItems : null;
+    for (const run of runs) {
+      const engineIds: bigint[] = [];
+      const routerSeqHashes: bigint[] = [];
+      const extraKeys: (BlockExtraKeys | null)[] = [];
+      const mmKeys: (MmBlockKey[] | null)[] = [];
+      for (let j = run.from; j < run.to; j++) {
+        engineIds.push(idOf(j));
+        routerSeqHashes.push(seqs[j]);
+        const mm = items ? (mmBlockKeys(items, j, 1, bs)?.[0] ?? null) : null;
+        extraKeys.push(blockExtraKeys(j, loraKeys, mm, cacheSalt));
+        mmKeys.push(mm);
+      }
+      this.counters.blocksStored += engineIds.length;
+      const ev: { -readonly [K in keyof EngineStoredEvent]: EngineStoredEvent[K] } = {
+        kind: 'stored',
+        parent: run.from > 0 ? idOf(run.from - 1) : null,
+        engineIds,
+        tokens: r.tokens.slice(run.from * bs, run.to * bs),
+        blockSize: bs,
+        loraName,
+        loraId: loraName ? this.loraId(loraName) : null,
+        cacheSalt,
+        extraKeys,
+        medium: GPU_MEDIUM,
+        routerSeqHashes,
+        groupIdx: run.group,
+        groupKind: run.kind,
+      };
+      if (run.slidingWindow !== undefined) ev.slidingWindow = run.slidingWindow;
+      if (mmKeys.some((k) => k !== null)) ev.mmKeys = mmKeys;
+      this.pendingEvents.push(ev);
+    }
   }
 
   private loraId(name: string): number {
@@ -595,22 +719,32 @@ export class MockEngine {
   /** The cached blocks (the truth the router's index should converge to). */
   dump(): DumpBlock[] {
     const p = this.pool;
-    return p.cachedBlockList().map((b) => {
-      const id = p.identityOf(b);
-      return {
-        engineId: p.engineIdOf(b),
-        parentEngineId: p.parentIdOf(b),
-        seqHash: p.seqHashOf(b),
-        loraName: id.loraName,
-        cacheSalt: id.cacheSalt,
-        refCount: p.refCount(b),
-      };
-    });
+    const main = this.hybrid?.primary ?? 0;
+    return p
+      .cachedBlockList()
+      .filter((b) => p.groupOf(b) === main)
+      .map((b) => {
+        const id = p.identityOf(b);
+        return {
+          engineId: p.engineIdOf(b),
+          parentEngineId: p.parentIdOf(b),
+          seqHash: p.seqHashOf(b),
+          loraName: id.loraName,
+          cacheSalt: id.cacheSalt,
+          refCount: p.refCount(b),
+        };
+      });
   }
 
   /** Router sequence hashes of every cached block. */
   cachedSeqHashes(): Set<bigint> {
-    return new Set(this.pool.cachedBlockList().map((b) => this.pool.seqHashOf(b)));
+    const main = this.hybrid?.primary ?? 0;
+    return new Set(
+      this.pool
+        .cachedBlockList()
+        .filter((b) => this.pool.groupOf(b) === main)
+        .map((b) => this.pool.seqHashOf(b)),
+    );
   }
 
   /** Consistency checks for tests: throws on a broken invariant. */
@@ -632,6 +766,15 @@ export class MockEngine {
   }
 }
 
+/** A block's extra keys in vLLM's order (generate_block_hash_extra_keys): LoRA, multimodal pairs, cache_salt. */
+function blockExtraKeys(j: number, loraKeys: string[] | null, mm: MmBlockKey[] | null, cacheSalt: string | null): BlockExtraKeys | null {
+  if (!mm && !(j === 0 && cacheSalt)) return loraKeys;
+  const out: (string | MmBlockKey)[] = loraKeys ? [...loraKeys] : [];
+  if (mm) out.push(...mm);
+  if (j === 0 && cacheSalt) out.push(cacheSalt);
+  return out;
+}
+
 /** Scratch for the one-token hasher extension of every decode step. */
 const ONE = [0];
 
@@ -649,7 +792,7 @@ export function engineBlockId(
   tokens: readonly number[],
   from: number,
   count: number,
-  extra: readonly string[] | null,
+  extra: BlockExtraKeys | null,
 ): bigint {
   const extraBytes = extra && extra.length > 0 ? Buffer.from(JSON.stringify(extra), 'utf8') : null;
   const len = 9 + 4 * count + (extraBytes ? extraBytes.length : 0);

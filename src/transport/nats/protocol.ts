@@ -14,7 +14,7 @@
  * for input it cannot use instead of throwing.
  */
 import { Packr, Unpackr } from 'msgpackr';
-import type { KvEvent, StoredEvent } from '../../core/types.ts';
+import type { CacheGroupKind, KvEvent, MmBlockKey, StoredEvent } from '../../core/types.ts';
 
 export const STREAM = 'KVROUTE_EVENTS';
 export const SUBJECT_PREFIX = 'kvroute.events';
@@ -97,6 +97,10 @@ function encodeEvent(e: KvEvent): WireEvent {
         e.cacheSalt ?? null,
         e.medium ?? null,
         e.groupIdx ?? null,
+        // hybrid groups and multimodal keys (docs/engines.md): trailing, so older replicas ignore them
+        e.groupKind ?? null,
+        e.slidingWindow ?? null,
+        e.mmKeys ?? null,
       ];
     case 'removed':
       return [1, u64Bytes(e.engineIds as readonly bigint[]), e.medium ?? null, e.groupIdx ?? null];
@@ -163,7 +167,49 @@ function decodeEvent(w: unknown): KvEvent | null {
   if (cacheSalt !== undefined) ev.cacheSalt = cacheSalt;
   if (medium !== undefined) ev.medium = medium;
   if (groupIdx !== undefined) ev.groupIdx = groupIdx;
+  const group = groupFieldsOf(w[10], w[11], w[12]);
+  if (group === null) return null;
+  if (group.kind !== undefined) ev.groupKind = group.kind;
+  if (group.window !== undefined) ev.slidingWindow = group.window;
+  if (group.mmKeys !== undefined) ev.mmKeys = group.mmKeys;
   return ev;
+}
+
+const GROUP_KINDS: readonly string[] = ['full_attention', 'sliding_window', 'mamba', 'unknown'];
+
+/** The hybrid-group and multimodal fields of a relayed Stored event; null when present but malformed. */
+function groupFieldsOf(
+  kind: unknown,
+  window: unknown,
+  mm: unknown,
+): { kind?: CacheGroupKind; window?: number; mmKeys?: (MmBlockKey[] | null)[] } | null {
+  const out: { kind?: CacheGroupKind; window?: number; mmKeys?: (MmBlockKey[] | null)[] } = {};
+  if (kind !== null && kind !== undefined) {
+    if (typeof kind !== 'string' || !GROUP_KINDS.includes(kind)) return null;
+    out.kind = kind as CacheGroupKind;
+  }
+  const w = optInt(window);
+  if (w === false || (w !== undefined && w < 1)) return null;
+  if (w !== undefined) out.window = w;
+  if (mm !== null && mm !== undefined) {
+    if (!Array.isArray(mm)) return null;
+    const keys: (MmBlockKey[] | null)[] = [];
+    for (const block of mm) {
+      if (block === null) {
+        keys.push(null);
+        continue;
+      }
+      if (!Array.isArray(block)) return null;
+      const list: MmBlockKey[] = [];
+      for (const k of block) {
+        if (!Array.isArray(k) || typeof k[0] !== 'string' || typeof k[1] !== 'number' || !Number.isInteger(k[1])) return null;
+        list.push([k[0], k[1]]);
+      }
+      keys.push(list);
+    }
+    out.mmKeys = keys;
+  }
+  return out;
 }
 
 /** Wire: [1, [[0, seq, fp, [events...]] | [1, reason], ...]]. */

@@ -135,7 +135,7 @@ function emptyBatch(): DecodedBatch {
     ts: 0,
     dataParallelRank: null,
     events: [],
-    counts: { unknownEventTypes: 0, malformedEvents: 0, multimodalBlocks: 0, loraIdWithoutName: 0 },
+    counts: { unknownEventTypes: 0, malformedEvents: 0, multimodalBlocks: 0, loraIdWithoutName: 0, badGroupFields: 0, badExtraKeys: 0 },
     skippedIds: [],
   };
 }
