@@ -163,6 +163,22 @@ export const serveSchema = z.strictObject({
     help: 'credit KV blocks engines offloaded to host memory (0.75 of a GPU block) or disk (0.25) in the kv policies',
     group: G.routing,
   }),
+  tierRemoteCredit: withDefault(number({ min: 0, max: 1 }), 0, {
+    flag: '--tier-remote-credit <x>',
+    env: 'KVROUTE_TIER_REMOTE_CREDIT',
+    help:
+      'credit per block an engine can load from shared REMOTE storage (FS / OBJ with REMOTE locality), as a fraction of a ' +
+      "GPU block; 0 (default): a remote copy is not the engine's own hit (docs/engines.md)",
+    group: G.routing,
+  }),
+  storeOnlyTtlMs: withDefault(ms(0), 300_000, {
+    flag: '--store-only-ttl-ms <ms>',
+    env: 'KVROUTE_STORE_ONLY_TTL_MS',
+    help:
+      'offloaded blocks of a medium that never sends removals (LMCache CPU) stop counting this long after their last ' +
+      'store; 0 = never (docs/engines.md)',
+    group: G.routing,
+  }),
   // 1,024: the largest threshold whose decode-side prefill step (≈ 32 ms in the timing model, plus the batch's decode
   // step) stays within a 50 ms per-token ITL SLO; the simulator's sweep behind it is in bench/RESULTS.md (P/D).
   disaggMinUncachedTokens: withDefault(integer({ min: 0 }), 1024, {

@@ -20,7 +20,7 @@
  */
 import { xxh3 } from '@node-rs/xxhash';
 import { Packr, Unpackr } from 'msgpackr';
-import type { EngineBlockId, KvEvent, StoredEvent } from '../core/types.ts';
+import type { EngineBlockId, KvEvent, Locality, StoredEvent } from '../core/types.ts';
 
 export type WireFormat = 'array' | 'map';
 export type HashType = 'u64' | 'i64' | 'bytes';
@@ -35,6 +35,9 @@ export interface WireBlockStored {
   blockSize: number;
   loraId?: number | null;
   medium?: string | null;
+  /** vLLM main, map layout only: LOCAL / REMOTE placement of FS / OBJ copies, and their owner. */
+  locality?: string;
+  ownership?: string;
   loraName?: string | null;
   extraKeys?: unknown[] | null;
   groupIdx?: number;
@@ -44,6 +47,7 @@ export interface WireBlockRemoved {
   type: 'BlockRemoved';
   blockHashes: WireBlockId[];
   medium?: string | null;
+  locality?: string;
   groupIdx?: number;
 }
 export interface WireAllBlocksCleared {
@@ -125,6 +129,8 @@ function encodeEvent(ev: WireEvent, format: WireFormat, hashType: HashType): unk
         };
         if (ev.loraId !== undefined) m.lora_id = ev.loraId;
         if (ev.medium !== undefined) m.medium = ev.medium;
+        if (ev.locality !== undefined) m.locality = ev.locality;
+        if (ev.ownership !== undefined) m.ownership = ev.ownership;
         if (ev.loraName !== undefined) m.lora_name = ev.loraName;
         if (ev.extraKeys !== undefined) m.extra_keys = ev.extraKeys;
         if (ev.groupIdx !== undefined) m.group_idx = ev.groupIdx;
@@ -154,6 +160,7 @@ function encodeEvent(ev: WireEvent, format: WireFormat, hashType: HashType): unk
       if (format === 'map') {
         const m: Record<string, unknown> = { type: 'BlockRemoved', block_hashes: hashes };
         if (ev.medium !== undefined) m.medium = ev.medium;
+        if (ev.locality !== undefined) m.locality = ev.locality;
         if (ev.groupIdx !== undefined) m.group_idx = ev.groupIdx;
         return m;
       }
@@ -252,6 +259,9 @@ interface StoredFields {
   extraKeys: unknown;
   metadata: unknown;
   groupIdx: unknown;
+  /** vLLM main (map layout only): FS / OBJ placement. */
+  locality?: unknown;
+  ownership?: unknown;
 }
 
 interface Sink {
@@ -348,10 +358,35 @@ function pushStored(f: StoredFields, flavor: EngineFlavor, sink: Sink): void {
     medium !== null
       ? { kind: 'stored', parent, engineIds: ids, tokens: toks, blockSize, loraName, cacheSalt, medium, groupIdx }
       : { kind: 'stored', parent, engineIds: ids, tokens: toks, blockSize, loraName, cacheSalt, groupIdx };
-  sink.events.push(ev);
+  pushPlaced(ev, f.locality, f.ownership, sink);
 }
 
-function pushRemoved(hashes: unknown, medium: unknown, groupIdx: unknown, sink: Sink): void {
+/** Locality and ownership (vLLM main): kept on the event when present; an unknown locality value is malformed. */
+function placement(locality: unknown, ownership: unknown): { locality?: Locality; ownership?: string } | null {
+  const out: { locality?: Locality; ownership?: string } = {};
+  if (locality !== undefined && locality !== null) {
+    const l = typeof locality === 'string' ? locality.toUpperCase() : null;
+    if (l !== 'LOCAL' && l !== 'REMOTE') return null;
+    out.locality = l;
+  }
+  if (typeof ownership === 'string' && ownership.length > 0) out.ownership = ownership;
+  return out;
+}
+
+function pushPlaced(ev: KvEvent, locality: unknown, ownership: unknown, sink: Sink): void {
+  if ((locality === undefined || locality === null) && (ownership === undefined || ownership === null)) {
+    sink.events.push(ev);
+    return;
+  }
+  const p = placement(locality, ownership);
+  if (p === null) {
+    sink.counts.malformedEvents++;
+    return;
+  }
+  sink.events.push({ ...ev, ...p } as KvEvent);
+}
+
+function pushRemoved(hashes: unknown, medium: unknown, groupIdx: unknown, sink: Sink, locality?: unknown): void {
   const engineIds = idList(hashes);
   if (!engineIds) {
     sink.counts.malformedEvents++;
@@ -359,7 +394,12 @@ function pushRemoved(hashes: unknown, medium: unknown, groupIdx: unknown, sink: 
   }
   const m = optString(medium);
   const g = optInt(groupIdx) ?? 0;
-  sink.events.push(m !== null ? { kind: 'removed', engineIds, medium: m, groupIdx: g } : { kind: 'removed', engineIds, groupIdx: g });
+  pushPlaced(
+    m !== null ? { kind: 'removed', engineIds, medium: m, groupIdx: g } : { kind: 'removed', engineIds, groupIdx: g },
+    locality,
+    undefined,
+    sink,
+  );
 }
 
 function decodeEvent(raw: unknown, flavor: EngineFlavor, sink: Sink): void {
@@ -421,13 +461,15 @@ function decodeEvent(raw: unknown, flavor: EngineFlavor, sink: Sink): void {
             metadata: raw.metadata,
             extraKeys: raw.extra_keys,
             groupIdx: raw.group_idx,
+            locality: raw.locality,
+            ownership: raw.ownership,
           },
           flavor,
           sink,
         );
         return;
       case 'BlockRemoved':
-        pushRemoved(raw.block_hashes, raw.medium, raw.group_idx, sink);
+        pushRemoved(raw.block_hashes, raw.medium, raw.group_idx, sink, raw.locality);
         return;
       case 'AllBlocksCleared':
         sink.events.push({ kind: 'cleared' });

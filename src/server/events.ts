@@ -26,7 +26,7 @@ export class ServerEvents {
   private ensure(): EventIngest {
     this.ingest ??= new EventIngest({
       routerBlockSize: this.blockSize,
-      sink: (key: string, events: KvEvent[]) => this.metrics.eventsApplied(key, this.router.applyEvents(key, events)),
+      sink: (key: string, events: KvEvent[]) => this.metrics.eventsApplied(key, this.router.applyEvents(key, events, Date.now())),
       onReset: (key: string, reason: string) => {
         this.router.resetSource(key); // counted for metrics by the health poll
         this.log.warn({ source: key, reason }, 'KV event stream reset: source treated as cold');

@@ -152,7 +152,7 @@ export class EventIngest {
           heartbeatMs: this.opts.heartbeatMs,
         },
         {
-          onBatch: (seq, batch) => ingest.onBatch(seq, batch),
+          onBatch: (seq, batch, wide) => ingest.onBatch(seq, batch, wide),
           onBadFrame: (kind, detail) => ingest.onBadFrame(kind, detail),
           onConnection: (connected) => ingest.setConnected(connected),
         },
