@@ -456,6 +456,14 @@ export const serveSchema = z.strictObject({
     help: "this replica's id among router replicas (default: random)",
     group: G.scaleOut,
   }),
+  disaggMachineId: optional(integer({ min: 0, max: 1023 }), {
+    flag: '--disagg-machine-id <n>',
+    env: 'KVROUTE_DISAGG_MACHINE_ID',
+    help:
+      "TensorRT-LLM P/D: this replica's 10-bit part of every disagg_request_id; give each replica its own (default: from " +
+      '--replica-id, or random)',
+    group: G.scaleOut,
+  }),
   snapshotIntervalMs: withDefault(ms(0), 30_000, {
     flag: '--snapshot-interval-ms <ms>',
     env: 'KVROUTE_SNAPSHOT_INTERVAL_MS',

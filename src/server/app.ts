@@ -23,6 +23,7 @@ import { HttpError, sendError } from '../http/errors.ts';
 import { dashboardHandler } from '../metrics/dashboard.ts';
 import { FlowMetrics } from '../metrics/flow.ts';
 import { PdMetrics } from '../metrics/pd.ts';
+import { DisaggRequestIds, disaggMachineIdOf } from './pd.ts';
 import { RouterMetrics } from '../metrics/registry.ts';
 import type { EngineMirror } from '../metrics/scrape.ts';
 import { LocalTokenizer } from '../tokenizer/local.ts';
@@ -246,6 +247,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     guard,
     sessionHeaders: sessionHeaderNames(config),
     pd,
+    disaggIds: new DisaggRequestIds(config.disaggMachineId ?? disaggMachineIdOf(config.replicaId)),
   };
   const admin = { config, log, guard, workers };
 
