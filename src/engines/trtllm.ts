@@ -73,6 +73,8 @@ export interface TrtllmStoredBlock {
  * has no access to a number's source text). The scan skips string literals, so digits inside strings are untouched.
  * Throws SyntaxError like JSON.parse.
  */
+const isDigit = (c: number) => c >= 0x30 && c <= 0x39;
+
 export function parseJsonLossless(text: string): unknown {
   let out = '';
   let last = 0;
@@ -92,14 +94,26 @@ export function parseJsonLossless(text: string): unknown {
       continue;
     }
     if (c === 0x2d /* - */ || (c >= 0x30 && c <= 0x39)) {
+      // A whole number token: sign, integer digits, then any fraction and exponent (consumed so their digits are
+      // never mistaken for an integer of their own).
       const start = i;
       if (c === 0x2d) i++;
-      while (i < n && text.charCodeAt(i) >= 0x30 && text.charCodeAt(i) <= 0x39) i++;
+      const digitsStart = i;
+      while (i < n && isDigit(text.charCodeAt(i))) i++;
       const intEnd = i;
-      const next = i < n ? text.charCodeAt(i) : 0;
-      const isInt = next !== 0x2e /* . */ && next !== 0x65 /* e */ && next !== 0x45; /* E */
-      const digits = intEnd - start - (c === 0x2d ? 1 : 0);
-      if (isInt && digits >= 16) {
+      let integer = true;
+      if (i < n && text.charCodeAt(i) === 0x2e /* . */) {
+        integer = false;
+        i++;
+        while (i < n && isDigit(text.charCodeAt(i))) i++;
+      }
+      if (i < n && (text.charCodeAt(i) | 0x20) === 0x65 /* e */) {
+        integer = false;
+        i++;
+        if (i < n && (text.charCodeAt(i) === 0x2b || text.charCodeAt(i) === 0x2d)) i++;
+        while (i < n && isDigit(text.charCodeAt(i))) i++;
+      }
+      if (integer && intEnd - digitsStart >= 16) {
         out += `${text.slice(last, start)}"${text.slice(start, intEnd)}"`;
         last = intEnd;
       }
