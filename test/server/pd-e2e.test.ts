@@ -17,7 +17,7 @@ afterEach(async () => {
 async function mock(pd: MockerOptions['pd'], seed: number, extra: Partial<MockerOptions> = {}): Promise<MockerHandle> {
   // TensorRT-LLM engines publish their KV events as trtllm-serve does: drained over HTTP (the router polls them).
   const format = pd?.protocol === 'trtllm' ? { eventFormat: 'trtllm' as const } : {};
-  const m = await startMocker({ model: 'm', speedup: 50, seed, pd, bootstrapPort: undefined, ...format, ...extra } as MockerOptions);
+  const m = await startMocker({ model: 'm', speedup: 50, seed, pd, ...format, ...extra });
   started.push(m);
   return m;
 }
