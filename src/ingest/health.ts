@@ -68,6 +68,17 @@ export interface SourceHealth {
    * malformed_event, unknown_event_type. The metric router_kv_event_decode_errors_total{cause} follows it.
    */
   readonly decodeErrorsByCause: Record<DecodeErrorCause, number>;
+  /** TensorRT-LLM sources (polled): the decoder's and the poll's counters (docs/engines.md). */
+  readonly trtllm?: {
+    readonly createdEvents: number;
+    readonly otherWindowEvents: number;
+    readonly partialBlocks: number;
+    readonly levelMoves: number;
+    readonly priorityUpdates: number;
+    readonly polls: number;
+    readonly pollFailures: number;
+    readonly unknownRankEvents: number;
+  };
   /** When engine blocks are smaller than the router's: router blocks completed, orphans, engine blocks remembered. */
   readonly aggregation: { orphanBlocks: number; routerBlocks: number; engineBlocksHeld: number } | null;
   readonly engineBlockSize: number | null;

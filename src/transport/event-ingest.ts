@@ -241,7 +241,11 @@ export class EventIngest {
   }
 
   health(): SourceHealth[] {
-    return [...this.sources.values()].map((r) => r.ingest.health());
+    return [...this.sources.values()].map((r) => {
+      const h = r.ingest.health();
+      const t = r.poll?.countersOf(h.dpRank);
+      return t ? { ...h, trtllm: t } : h;
+    });
   }
 
   /** Keys of sources currently blind (configured for events, silent while serving traffic). */

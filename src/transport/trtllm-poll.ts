@@ -7,6 +7,7 @@
  */
 import { request } from 'undici';
 import { parseTrtllmEvents, TrtllmDecoder } from '../engines/trtllm.ts';
+import type { SourceHealth } from '../ingest/health.ts';
 import type { SourceIngest } from '../ingest/source-ingest.ts';
 import type { LogSink } from '../log.ts';
 
@@ -42,6 +43,14 @@ export class TrtllmPoll {
 
   constructor(private readonly opts: TrtllmPollOptions) {
     for (const rank of opts.ingests.keys()) this.decoders.set(rank, new TrtllmDecoder({ blockSize: opts.routerBlockSize }));
+  }
+
+  /** The decoder's counters of one rank with the poll's own (for the source's health). */
+  countersOf(rank: number): NonNullable<SourceHealth['trtllm']> | undefined {
+    const d = this.decoders.get(rank);
+    if (!d) return undefined;
+    const { polls, pollFailures, unknownRankEvents } = this.counters;
+    return { ...d.counters, polls, pollFailures, unknownRankEvents };
   }
 
   get endpoint(): string {

@@ -1,4 +1,6 @@
 /** Offload tiers: every medium's tier, locality, the credits the policy gives them, store-only ageing, unknown media. */
+import fc from 'fast-check';
+import { Packr } from 'msgpackr';
 import { describe, expect, it } from 'vitest';
 import { computeSeqHashes } from '../../src/core/hashing.ts';
 import { KvRouter, TIER_CREDIT_ON } from '../../src/core/router.ts';
@@ -103,6 +105,48 @@ describe('tiers in the router', () => {
     const t = new TierIndex({ storeOnlyTtlMs: 0 });
     t.apply(0, offload([1n], 'CPU'), () => 7n, 0);
     expect(t.overlap(0, BigUint64Array.of(7n), 0, 1e12)).toEqual({ host: 1, disk: 0, remote: 0 });
+  });
+});
+
+describe('media, locality and ownership: any value on the wire (property)', () => {
+  it('never throws; every lower-tier block is applied, unknown, or of an unknown medium', () => {
+    const medium = fc.oneof(
+      fc.constantFrom('GPU', 'CPU', 'CPU_PINNED', 'DISK', 'FS', 'OBJ', 'cpu', ''),
+      fc.string({ maxLength: 8 }),
+      fc.constant(null),
+    );
+    const locality = fc.oneof(fc.constantFrom('LOCAL', 'REMOTE', 'local', undefined), fc.anything());
+    const ev = fc.record({
+      type: fc.constantFrom('BlockStored', 'BlockRemoved'),
+      block_hashes: fc.array(fc.bigInt({ min: 1n, max: 6n }), { minLength: 1, maxLength: 3 }),
+      parent_block_hash: fc.constant(null),
+      token_ids: fc.constant([]),
+      block_size: fc.constant(BS),
+      medium,
+      locality,
+      ownership: fc.oneof(fc.string({ maxLength: 4 }), fc.anything()),
+    });
+    fc.assert(
+      fc.property(fc.array(ev, { maxLength: 10 }), (events) => {
+        const r = routerWithGpu({ ...TIER_CREDIT_ON, remoteTierCredit: 0.5 });
+        const b = decodeVllmBatch(new Packr({ useRecords: false }).pack([1, events, 0]));
+        expect(b.ok).toBe(true);
+        let lowerBlocks = 0;
+        for (const e of b.events)
+          if (e.kind !== 'cleared' && e.medium !== undefined && e.medium !== 'GPU') lowerBlocks += e.engineIds.length;
+        const before = r.tiers.counters.unknownMediumBlocks + r.tiers.counters.unknownBlocks;
+        let applied = 0;
+        for (const e of b.events) {
+          const res = r.applyEvents('w0', [e], 0);
+          if (e.kind !== 'cleared' && e.medium !== undefined && e.medium !== 'GPU') applied += res.applied;
+        }
+        const counted = r.tiers.counters.unknownMediumBlocks + r.tiers.counters.unknownBlocks - before;
+        expect(applied + counted).toBe(lowerBlocks);
+        const d = r.route({ requestId: 'p', tokens: [...T, 1] }, 0);
+        expect(d.kind).toBe('routed');
+      }),
+      { numRuns: 300 },
+    );
   });
 });
 

@@ -56,13 +56,14 @@ describe('kvroute serve with TensorRT-LLM workers (processes)', () => {
     expect(first.headers.get('x-kvroute-worker')).toBe('d0');
 
     // The prefill engine's Stored events reach the router through its /kv_cache_events: the same prompt now overlaps.
-    let events: { sourceKey: string; blocksStored: number; endpoint: string }[] = [];
+    let events: { sourceKey: string; blocksStored: number; endpoint: string; trtllm?: { createdEvents: number; polls: number } }[] = [];
     for (let i = 0; i < 100; i++) {
       events = ((await (await fetch(`${url}/debug/state`)).json()) as { events: typeof events }).events;
       if (events.find((e) => e.sourceKey === 'p0')?.blocksStored) break;
       await new Promise((r) => setTimeout(r, 100));
     }
     expect(events.find((e) => e.sourceKey === 'p0')).toMatchObject({ endpoint: `${p.url}/kv_cache_events` });
+    expect(events.find((e) => e.sourceKey === 'p0')?.trtllm?.createdEvents).toBe(1);
     const second = await complete(url);
     expect(Number(second.headers.get('x-kvroute-overlap-blocks'))).toBe(25); // 401 tokens: 25 full blocks
     expect(second.body.usage?.prompt_tokens_details?.cached_tokens).toBe(25 * 16);
