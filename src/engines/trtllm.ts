@@ -250,6 +250,8 @@ export interface TrtllmCounters {
 }
 
 const MEDIUM_OF_LEVEL = ['GPU', 'CPU'] as const;
+/** Partial-block ids remembered per source (one per sequence in flight is the normal case). */
+const MAX_PARTIAL = 65_536;
 
 /** The medium of a TensorRT-LLM cache level: 0 GPU, 1 the host pool; other levels are reported as is (LEVEL<n>). */
 export function mediumOfLevel(level: number): string {
@@ -401,6 +403,8 @@ export class TrtllmDecoder {
       }
       if (toks.length < this.blockSize) {
         tokens.length = start;
+        // Bounded: an engine that never removes its partial blocks must not grow this without end.
+        if (this.partial.size >= MAX_PARTIAL) this.partial.clear();
         this.partial.add(id);
         this.counters.partialBlocks++;
         stop = 'partial';
@@ -439,7 +443,9 @@ export class TrtllmDecoder {
     }
     for (let j = gpu; j < ids.length; j++) {
       const medium = mediumOfLevel(levels[j]);
-      if (medium !== 'GPU') this.lowerTier.set(ids[j], medium);
+      // A GPU block after a lower-level one cannot be chained (its parent has no GPU copy): left out.
+      if (medium === 'GPU') continue;
+      this.lowerTier.set(ids[j], medium);
       events.push({ kind: 'stored', parent: null, engineIds: [ids[j]], tokens: [], blockSize: this.blockSize, medium, groupIdx: 0 });
     }
   }
