@@ -40,7 +40,7 @@ interface Opts {
   /** "none" disables; absent: the port after the event ports. */
   replayEndpoint?: string;
   topic: string;
-  eventFormat: 'array' | 'map';
+  eventFormat: 'array' | 'map' | 'trtllm';
   hashType: 'u64' | 'i64' | 'bytes';
   batchLayout: 'array' | 'map';
   dataParallelSize: number;
@@ -54,7 +54,7 @@ interface Opts {
   dieAfterRequests?: number;
   slowdown: number;
   role: 'prefill' | 'decode' | 'both';
-  pdProtocol: 'vllm' | 'sglang';
+  pdProtocol: 'vllm' | 'sglang' | 'trtllm';
   kvLeaseMs: number;
   kvLoadFailurePolicy: 'fail' | 'recompute';
   kvTransferBandwidth: number;
@@ -281,8 +281,12 @@ export function registerMocker(program: Command): void {
     )
     .addOption(new Option('--topic <topic>', 'topic frame of every event message').default(''))
     .addOption(
-      new Option('--event-format <fmt>', 'event layout: map (tagged, vLLM >= June 2026) or array (legacy positional) (one of array, map)')
-        .argParser(choiceArg('--event-format', ['array', 'map'] as const))
+      new Option(
+        '--event-format <fmt>',
+        'event layout: map (tagged, vLLM >= June 2026) or array (legacy positional) over ZMQ, or trtllm (TensorRT-LLM JSON ' +
+          'events drained by POST /kv_cache_events, no ZMQ) (one of array, map, trtllm)',
+      )
+        .argParser(choiceArg('--event-format', ['array', 'map', 'trtllm'] as const))
         .default('map'),
     )
     .addOption(
@@ -345,9 +349,10 @@ export function registerMocker(program: Command): void {
     .addOption(
       new Option(
         '--pd-protocol <name>',
-        "the handoff protocol of --role: vLLM's NixlConnector flow or SGLang's bootstrap (one of vllm, sglang)",
+        "the handoff protocol of --role: vLLM's NixlConnector flow, SGLang's bootstrap or TensorRT-LLM's disaggregated_params " +
+          '(one of vllm, sglang, trtllm)',
       )
-        .argParser(choiceArg('--pd-protocol', ['vllm', 'sglang'] as const))
+        .argParser(choiceArg('--pd-protocol', ['vllm', 'sglang', 'trtllm'] as const))
         .default('vllm'),
     )
     .addOption(

@@ -173,6 +173,22 @@ export const serveSchema = z.strictObject({
     help: 'credit KV blocks engines offloaded to host memory (0.75 of a GPU block) or disk (0.25) in the kv policies',
     group: G.routing,
   }),
+  tierRemoteCredit: withDefault(number({ min: 0, max: 1 }), 0, {
+    flag: '--tier-remote-credit <x>',
+    env: 'KVROUTE_TIER_REMOTE_CREDIT',
+    help:
+      'credit per block an engine can load from shared REMOTE storage (FS / OBJ with REMOTE locality), as a fraction of a ' +
+      "GPU block; 0 (default): a remote copy is not the engine's own hit (docs/engines.md)",
+    group: G.routing,
+  }),
+  storeOnlyTtlMs: withDefault(ms(0), 300_000, {
+    flag: '--store-only-ttl-ms <ms>',
+    env: 'KVROUTE_STORE_ONLY_TTL_MS',
+    help:
+      'offloaded blocks of a medium that never sends removals (LMCache CPU) stop counting this long after their last ' +
+      'store; 0 = never (docs/engines.md)',
+    group: G.routing,
+  }),
   // 1,024: the largest threshold whose decode-side prefill step (≈ 32 ms in the timing model, plus the batch's decode
   // step) stays within a 50 ms per-token ITL SLO; the simulator's sweep behind it is in bench/RESULTS.md (P/D).
   disaggMinUncachedTokens: withDefault(integer({ min: 0 }), 1024, {
@@ -448,6 +464,14 @@ export const serveSchema = z.strictObject({
     flag: '--replica-id <id>',
     env: 'KVROUTE_REPLICA_ID',
     help: "this replica's id among router replicas (default: random)",
+    group: G.scaleOut,
+  }),
+  disaggMachineId: optional(integer({ min: 0, max: 1023 }), {
+    flag: '--disagg-machine-id <n>',
+    env: 'KVROUTE_DISAGG_MACHINE_ID',
+    help:
+      "TensorRT-LLM P/D: this replica's 10-bit part of every disagg_request_id; give each replica its own (default: from " +
+      '--replica-id, or random)',
     group: G.scaleOut,
   }),
   snapshotIntervalMs: withDefault(ms(0), 30_000, {

@@ -1,6 +1,6 @@
 /**
  * Worker specs: the one definition of a worker, whether it comes as a `--worker` / KVROUTE_WORKERS string
- * (`URL[,events=tcp://host:port][,replay=tcp://host:port][,dp=N][,model=NAME][,id=NAME][,blocks=N][,engine=vllm|sglang]
+ * (`URL[,events=tcp://host:port][,replay=tcp://host:port][,dp=N][,model=NAME][,id=NAME][,blocks=N][,engine=vllm|sglang|trtllm]
  * [,role=prefill|decode|both][,bootstrap=PORT]`),
  * as an item of a config file's `workers` list, or as the body of POST /admin/workers. The string grammar is split
  * into fields here and every form is then checked by the same zod object schema.
@@ -23,8 +23,11 @@ export interface WorkerSpec {
   readonly models?: readonly string[];
   /** KV capacity in blocks per rank (for the busy fraction). */
   readonly blocks?: number;
-  /** Event wire flavour of the engine and, for disaggregated serving, its handoff protocol (default vllm). */
-  readonly engine?: 'vllm' | 'sglang';
+  /**
+   * Event wire flavour of the engine and, for disaggregated serving, its handoff protocol (default vllm). trtllm: the
+   * router polls the engine's POST /kv_cache_events unless events= names a ZMQ publisher (vLLM's fields).
+   */
+  readonly engine?: 'vllm' | 'sglang' | 'trtllm';
   /** Disaggregated serving: prefill, decode, or both (default: aggregated serving). */
   readonly role?: 'prefill' | 'decode' | 'both';
   /** SGLang prefill workers: the engine's --disaggregation-bootstrap-port (default 8998). */
@@ -35,7 +38,7 @@ export interface WorkerSpec {
 export const DEFAULT_BOOTSTRAP_PORT = 8998;
 
 export const WORKER_SPEC_GRAMMAR =
-  'URL[,events=tcp://host:port][,replay=tcp://host:port][,dp=N][,model=NAME][,id=NAME][,blocks=N][,engine=vllm|sglang]' +
+  'URL[,events=tcp://host:port][,replay=tcp://host:port][,dp=N][,model=NAME][,id=NAME][,blocks=N][,engine=vllm|sglang|trtllm]' +
   '[,role=prefill|decode|both][,bootstrap=PORT]';
 const OPTIONS = ['events', 'replay', 'dp', 'model', 'id', 'blocks', 'engine', 'role', 'bootstrap'] as const;
 const show = (v: unknown) => (typeof v === 'string' ? `"${v}"` : JSON.stringify(v));
@@ -74,7 +77,9 @@ const workerObject = z
       blocks: positive('blocks').optional(),
       model: z.union([modelName, z.array(modelName)]).optional(),
       models: z.union([modelName, z.array(modelName)]).optional(),
-      engine: z.enum(['vllm', 'sglang'], { error: (iss) => `worker option engine=${show(iss.input)} must be vllm or sglang` }).optional(),
+      engine: z
+        .enum(['vllm', 'sglang', 'trtllm'], { error: (iss) => `worker option engine=${show(iss.input)} must be vllm, sglang or trtllm` })
+        .optional(),
       role: z
         .enum(['prefill', 'decode', 'both'], { error: (iss) => `worker option role=${show(iss.input)} must be prefill, decode or both` })
         .optional(),

@@ -47,6 +47,7 @@ export const DEFAULT_KNOBS: KvKnobs = {
 };
 
 /** Tier credits when offload-tier credit is switched on (issue 4): host memory 0.75, disk 0.25 of a GPU block. */
+/** Tier credits with --tier-credit (docs/engines.md, "Tiers"): REMOTE copies stay at 0 unless --tier-remote-credit. */
 export const TIER_CREDIT_ON = { hostTierCredit: 0.75, diskTierCredit: 0.25 } as const;
 
 export interface BusyThresholds {
@@ -76,6 +77,11 @@ export interface KvRouterOptions {
    * events are applied; longer would keep crediting blocks the engine may already have evicted.
    */
   readonly overlayGraceMs?: number;
+  /**
+   * Lower-tier blocks of store-only media (sources that never send removals, e.g. LMCache) stop counting this long
+   * after their last Stored, ms. Default 300 s; 0 = never.
+   */
+  readonly storeOnlyTtlMs?: number;
   /** TTL of approximate-mode entries (sources without events), in ms. Default 120 s. */
   readonly approxTtlMs?: number;
   /** Per-source block capacity of approximate mode. */
@@ -108,7 +114,7 @@ export interface SourceOptions {
   readonly capacityBlocks?: number;
 }
 
-const NO_TIER = { host: 0, disk: 0 } as const;
+const NO_TIER = { host: 0, disk: 0, remote: 0 } as const;
 
 interface SourceEntry {
   readonly id: SourceId;
@@ -164,7 +170,7 @@ export class KvRouter {
   readonly index: KvIndex;
   readonly ledger = new ReuseLedger();
   readonly active: ActiveLoad;
-  readonly tiers = new TierIndex();
+  readonly tiers: TierIndex;
   /** Hybrid models' cache groups besides the main index's (index/groups.ts). */
   readonly groups: CacheGroups;
   private readonly overlay: boolean;
@@ -186,6 +192,8 @@ export class KvRouter {
   private readonly coldCandidates: number;
   private readonly loadOrder = new LoadOrder();
   private readonly approxSources = new Set<number>();
+  /** The latest routing clock seen (route, sweep): the default time of events applied without one. */
+  private lastNow = 0;
 
   constructor(options: KvRouterOptions) {
     this.blockSize = options.blockSize;
@@ -193,6 +201,7 @@ export class KvRouter {
     this.groups = new CacheGroups(options.blockSize);
     this.overlay = options.overlay ?? true;
     this.active = new ActiveLoad({ graceMs: this.overlay ? (options.overlayGraceMs ?? 2_000) : 0 });
+    this.tiers = new TierIndex({ storeOnlyTtlMs: options.storeOnlyTtlMs });
     this.approx = new TtlIndex({ ttlMs: options.approxTtlMs ?? 120_000, capacityPerSource: options.approxCapacityBlocks });
     for (const p of options.policies ?? []) this.policies.set(p.name, p);
     this.defaultPolicy = options.policy ?? DEFAULT_POLICY;
@@ -282,7 +291,8 @@ export class KvRouter {
 
   // ---------------------------------------------------------------- events
 
-  applyEvents(key: string, events: readonly KvEvent[]): ApplyResult {
+  /** Applies a source's events; `now` (ms, the routing clock) dates lower-tier blocks for store-only ageing. */
+  applyEvents(key: string, events: readonly KvEvent[], now = this.lastNow): ApplyResult {
     const entry = this.sources.get(key);
     if (!entry) return { applied: 0, rejected: events.length, reason: 'unknown_source' };
     let applied = 0;
@@ -290,10 +300,12 @@ export class KvRouter {
     let reason: ApplyResult['reason'];
     for (const ev of events) {
       if (isLowerTier(ev)) {
-        const t = this.tiers.apply(entry.index, ev, (id) => this.index.seqHashOfEngineId(entry.index, id));
+        const t = this.tiers.apply(entry.index, ev, (id) => this.index.seqHashOfEngineId(entry.index, id), now);
         applied += t.applied;
         rejected += t.unknown;
+        rejected += t.unknownMedium;
         if (t.unknown > 0) reason ??= 'unknown_block';
+        if (t.unknownMedium > 0) reason ??= 'unknown_medium';
         continue;
       }
       if (ev.kind === 'cleared') {
@@ -360,6 +372,7 @@ export class KvRouter {
   }
 
   route(req: RouteRequest, now: number): RouteResult {
+    this.lastNow = now;
     if (this.records.has(req.requestId)) {
       return { kind: 'refused', requestId: req.requestId, reason: 'duplicate_request', busySources: [] };
     }
@@ -391,7 +404,7 @@ export class KvRouter {
     // Source-level filters: allow (the eligible set), exclude (sources a retry moves away from), busy (thresholds).
     let allowed = 0;
     let excluded = 0;
-    const tierCredit = (knobs.hostTierCredit ?? 0) > 0 || (knobs.diskTierCredit ?? 0) > 0;
+    const tierCredit = (knobs.hostTierCredit ?? 0) > 0 || (knobs.diskTierCredit ?? 0) > 0 || (knobs.remoteTierCredit ?? 0) > 0;
     const evaluate = (entry: SourceEntry): void => {
       if (req.allow && !req.allow.has(entry.key)) return;
       allowed++;
@@ -417,13 +430,14 @@ export class KvRouter {
         busySources.push(entry.key);
         return;
       }
-      const tier = tierCredit ? this.tiers.overlap(s, seqHashes, ov) : NO_TIER;
+      const tier = tierCredit ? this.tiers.overlap(s, seqHashes, ov, now) : NO_TIER;
       candidates.push({
         source: s,
         key: entry.key,
         overlapBlocks: ov,
         hostTierBlocks: tier.host,
         diskTierBlocks: tier.disk,
+        remoteTierBlocks: tier.remote,
         cachedBlocks: this.index.cachedBlocks(s),
         capacityBlocks: entry.capacityBlocks,
         activePrefillTokens,
@@ -705,7 +719,9 @@ export class KvRouter {
 
   /** Expires overlay entries and force-frees requests older than the stale limit. Returns the freed ids. */
   sweep(now: number): string[] {
+    this.lastNow = now;
     this.approx.sweep(now);
+    this.tiers.sweep(now);
     const stale = this.active.sweep(now, this.staleMs);
     for (const id of stale) this.records.delete(id);
     if (stale.length > 0) for (const e of this.sources.values()) this.reorder(e.index);

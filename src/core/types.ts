@@ -33,6 +33,21 @@ export type EngineBlockId = bigint;
 export type Medium = string;
 export const GPU_MEDIUM = 'GPU';
 
+// ---- Tiers and placement of a block (media, locality, ownership: docs/engines.md). Declaration merging keeps these
+// fields in one block of their own; they add to StoredEvent / RemovedEvent below.
+/** Where an offloaded copy lives relative to the engine: LOCAL (its own host / disk) or REMOTE (shared storage). */
+export type Locality = 'LOCAL' | 'REMOTE';
+export interface StoredEvent {
+  /** vLLM main, FS / OBJ media: LOCAL or REMOTE. Absent: local. A REMOTE copy is not this engine's hit unless configured. */
+  readonly locality?: Locality;
+  /** vLLM main: who owns the stored copy (decoded and kept, not used for routing). */
+  readonly ownership?: string;
+}
+export interface RemovedEvent {
+  readonly locality?: Locality;
+}
+// ---- end of the tier block
+
 /**
  * Newly cached full blocks on one source, in order. The router computes its own hashes from `tokens`
  * (`engineIds.length * blockSize` ids) chained from the parent's router hash. `seqHashes`, when present, are the
@@ -75,7 +90,8 @@ export type RejectReason =
   | 'duplicate_block'
   | 'token_count_mismatch'
   | 'block_size_mismatch'
-  | 'empty_event';
+  | 'empty_event'
+  | 'unknown_medium';
 
 /** Outcome of applying one event: blocks applied, and the first rejection reason if any part was rejected. */
 export interface ApplyResult {
@@ -102,6 +118,8 @@ export interface KvKnobs {
   readonly hostTierCredit?: number;
   /** Credit per block held on disk (offload tier). 0 = off; 0.25 when on. */
   readonly diskTierCredit?: number;
+  /** Credit per block held on shared REMOTE storage (FS / OBJ). 0 unless configured: not this engine's hit. */
+  readonly remoteTierCredit?: number;
   /** Decode leg of a disaggregated pair: blocks credited per block the decode worker already holds. Default 0. */
   readonly decodeOverlapCredit?: number;
 }

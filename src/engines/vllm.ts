@@ -20,7 +20,7 @@
  */
 import { xxh3 } from '@node-rs/xxhash';
 import { Packr, Unpackr } from 'msgpackr';
-import type { CacheGroupKind, EngineBlockId, KvEvent, MmBlockKey, StoredEvent } from '../core/types.ts';
+import type { CacheGroupKind, EngineBlockId, KvEvent, Locality, MmBlockKey, StoredEvent } from '../core/types.ts';
 
 export type WireFormat = 'array' | 'map';
 export type HashType = 'u64' | 'i64' | 'bytes';
@@ -35,6 +35,9 @@ export interface WireBlockStored {
   blockSize: number;
   loraId?: number | null;
   medium?: string | null;
+  /** vLLM main, map layout only: LOCAL / REMOTE placement of FS / OBJ copies, and their owner. */
+  locality?: string;
+  ownership?: string;
   loraName?: string | null;
   extraKeys?: unknown[] | null;
   groupIdx?: number;
@@ -47,6 +50,7 @@ export interface WireBlockRemoved {
   type: 'BlockRemoved';
   blockHashes: WireBlockId[];
   medium?: string | null;
+  locality?: string;
   groupIdx?: number;
 }
 export interface WireAllBlocksCleared {
@@ -132,6 +136,8 @@ function encodeEvent(ev: WireEvent, format: WireFormat, hashType: HashType): unk
         };
         if (ev.loraId !== undefined) m.lora_id = ev.loraId;
         if (ev.medium !== undefined) m.medium = ev.medium;
+        if (ev.locality !== undefined) m.locality = ev.locality;
+        if (ev.ownership !== undefined) m.ownership = ev.ownership;
         if (ev.loraName !== undefined) m.lora_name = ev.loraName;
         if (ev.extraKeys !== undefined) m.extra_keys = ev.extraKeys;
         if (ev.groupIdx !== undefined) m.group_idx = ev.groupIdx;
@@ -169,6 +175,7 @@ function encodeEvent(ev: WireEvent, format: WireFormat, hashType: HashType): unk
       if (format === 'map') {
         const m: Record<string, unknown> = { type: 'BlockRemoved', block_hashes: hashes };
         if (ev.medium !== undefined) m.medium = ev.medium;
+        if (ev.locality !== undefined) m.locality = ev.locality;
         if (ev.groupIdx !== undefined) m.group_idx = ev.groupIdx;
         return m;
       }
@@ -270,6 +277,9 @@ interface StoredFields {
   groupKind?: unknown;
   slidingWindow?: unknown;
   sessionId?: unknown;
+  /** vLLM main (map layout only): FS / OBJ placement. */
+  locality?: unknown;
+  ownership?: unknown;
 }
 
 interface Sink {
@@ -437,7 +447,7 @@ function pushStored(f: StoredFields, flavor: EngineFlavor, sink: Sink): void {
     if (extra.mm !== null) more.mmKeys = ids.length === engineIds.length ? extra.mm : extra.mm.slice(0, ids.length);
     if (group.sessionId !== undefined) more.sessionId = group.sessionId;
   }
-  sink.events.push(ev);
+  pushPlaced(ev, f.locality, f.ownership, sink);
 }
 
 /** group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window, session_id; null when a present field is unusable. */
@@ -468,7 +478,32 @@ function groupFields(
   return out;
 }
 
-function pushRemoved(hashes: unknown, medium: unknown, groupIdx: unknown, sink: Sink): void {
+/** Locality and ownership (vLLM main): kept on the event when present; an unknown locality value is malformed. */
+function placement(locality: unknown, ownership: unknown): { locality?: Locality; ownership?: string } | null {
+  const out: { locality?: Locality; ownership?: string } = {};
+  if (locality !== undefined && locality !== null) {
+    const l = typeof locality === 'string' ? locality.toUpperCase() : null;
+    if (l !== 'LOCAL' && l !== 'REMOTE') return null;
+    out.locality = l;
+  }
+  if (typeof ownership === 'string' && ownership.length > 0) out.ownership = ownership;
+  return out;
+}
+
+function pushPlaced(ev: KvEvent, locality: unknown, ownership: unknown, sink: Sink): void {
+  if ((locality === undefined || locality === null) && (ownership === undefined || ownership === null)) {
+    sink.events.push(ev);
+    return;
+  }
+  const p = placement(locality, ownership);
+  if (p === null) {
+    sink.counts.malformedEvents++;
+    return;
+  }
+  sink.events.push({ ...ev, ...p } as KvEvent);
+}
+
+function pushRemoved(hashes: unknown, medium: unknown, groupIdx: unknown, sink: Sink, locality?: unknown): void {
   const engineIds = idList(hashes);
   if (!engineIds) {
     sink.counts.malformedEvents++;
@@ -476,7 +511,12 @@ function pushRemoved(hashes: unknown, medium: unknown, groupIdx: unknown, sink: 
   }
   const m = optString(medium);
   const g = optInt(groupIdx) ?? 0;
-  sink.events.push(m !== null ? { kind: 'removed', engineIds, medium: m, groupIdx: g } : { kind: 'removed', engineIds, groupIdx: g });
+  pushPlaced(
+    m !== null ? { kind: 'removed', engineIds, medium: m, groupIdx: g } : { kind: 'removed', engineIds, groupIdx: g },
+    locality,
+    undefined,
+    sink,
+  );
 }
 
 function decodeEvent(raw: unknown, flavor: EngineFlavor, sink: Sink): void {
@@ -544,13 +584,15 @@ function decodeEvent(raw: unknown, flavor: EngineFlavor, sink: Sink): void {
             groupKind: raw.kv_cache_spec_kind,
             slidingWindow: raw.kv_cache_spec_sliding_window,
             sessionId: raw.session_id,
+            locality: raw.locality,
+            ownership: raw.ownership,
           },
           flavor,
           sink,
         );
         return;
       case 'BlockRemoved':
-        pushRemoved(raw.block_hashes, raw.medium, raw.group_idx, sink);
+        pushRemoved(raw.block_hashes, raw.medium, raw.group_idx, sink, raw.locality);
         return;
       case 'AllBlocksCleared':
         sink.events.push({ kind: 'cleared' });
@@ -563,7 +605,8 @@ function decodeEvent(raw: unknown, flavor: EngineFlavor, sink: Sink): void {
   sink.counts.malformedEvents++;
 }
 
-function emptyCounts(): DecodeCounts {
+/** Decode counts at zero (every decoder starts a batch from these). */
+export function emptyCounts(): DecodeCounts {
   return { unknownEventTypes: 0, malformedEvents: 0, multimodalBlocks: 0, loraIdWithoutName: 0, badGroupFields: 0, badExtraKeys: 0 };
 }
 

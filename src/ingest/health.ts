@@ -65,6 +65,26 @@ export interface SourceHealth {
   /** Replay requests sent after a quiet period to catch a lost last batch, and how many of them failed. */
   readonly tailProbes: number;
   readonly tailProbeFailures: number;
+  /** Messages in the wider frame (publisher epoch), heartbeats among them, and epoch changes (each reset the source). */
+  readonly wideFrames: number;
+  readonly heartbeats: number;
+  readonly epochChanges: number;
+  /**
+   * Everything that could not be decoded, by cause: frame_count, seq_length, undecodable (payload not a batch),
+   * malformed_event, unknown_event_type. The metric router_kv_event_decode_errors_total{cause} follows it.
+   */
+  readonly decodeErrorsByCause: Record<DecodeErrorCause, number>;
+  /** TensorRT-LLM sources (polled): the decoder's and the poll's counters (docs/engines.md). */
+  readonly trtllm?: {
+    readonly createdEvents: number;
+    readonly otherWindowEvents: number;
+    readonly partialBlocks: number;
+    readonly levelMoves: number;
+    readonly priorityUpdates: number;
+    readonly polls: number;
+    readonly pollFailures: number;
+    readonly unknownRankEvents: number;
+  };
   /** When engine blocks are smaller than the router's: router blocks completed, orphans, engine blocks remembered. */
   readonly aggregation: { orphanBlocks: number; routerBlocks: number; engineBlocksHeld: number } | null;
   readonly engineBlockSize: number | null;
@@ -79,6 +99,9 @@ export interface SourceHealth {
   readonly requestsSinceLastEvent: number;
   readonly blind: boolean;
 }
+
+export const DECODE_ERROR_CAUSES = ['frame_count', 'seq_length', 'undecodable', 'malformed_event', 'unknown_event_type'] as const;
+export type DecodeErrorCause = (typeof DECODE_ERROR_CAUSES)[number];
 
 export function isBlind(
   lastEventAtMs: number | null,

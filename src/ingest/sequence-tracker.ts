@@ -178,6 +178,20 @@ export class SequenceTracker<T> {
     return [{ kind: 'replay', fromSeq: this.expected, untilSeq: this.expected, ticket: this.ticket }];
   }
 
+  /**
+   * The publisher announced a new lifetime (the wide frame's epoch changed): a new engine process, whatever its seq
+   * says. Everything held or replaying belongs to the old one.
+   */
+  newPublisher(): TrackerOutput<T>[] {
+    const out: TrackerOutput<T>[] = [];
+    this.abandon();
+    this.expected = null;
+    this.lastLive = null;
+    this.suspectRestart = false;
+    this.reset(out, 'restart');
+    return out;
+  }
+
   /** Forces a reset (for example an undecodable batch: its content is lost). */
   forceReset(reason: ResetReason): TrackerOutput<T>[] {
     const out: TrackerOutput<T>[] = [];

@@ -4,10 +4,10 @@
  * Nothing here throws on bad input; every bad frame is counted.
  */
 import { sourceKey, type KvEvent, type SourceId } from '../core/types.ts';
-import { decodeBatch, readSeqFrame, type DecodedBatch, type EngineFlavor } from '../engines/vllm.ts';
+import { decodeBatch, emptyCounts, readSeqFrame, type DecodedBatch, type EngineFlavor } from '../engines/vllm.ts';
 import { consoleLog, type LogSink } from '../log.ts';
 import { SourceAnnotator } from './annotate.ts';
-import { DEFAULT_BLIND_RULE, isBlind, RateWindow, type BlindRule, type SourceHealth } from './health.ts';
+import { DEFAULT_BLIND_RULE, type DecodeErrorCause, isBlind, RateWindow, type BlindRule, type SourceHealth } from './health.ts';
 import { SequenceTracker, type ResetReason, type TrackerOutput } from './sequence-tracker.ts';
 
 export type EventSink = (sourceKey: string, events: KvEvent[]) => void;
@@ -24,16 +24,65 @@ export type ReplayFn = (fromSeq: bigint, onBatch: (seq: bigint, payload: Uint8Ar
 
 export type BadFrameKind = 'frame_count' | 'seq_length' | 'undecodable' | 'receive_error';
 
+/** What the wider frame adds to a message: the publisher's lifetime id, and whether it was an idle heartbeat. */
+export interface WideFrame {
+  readonly epoch: string;
+  readonly heartbeat: boolean;
+}
+
 export type ParsedFrames =
-  | { readonly ok: true; readonly seq: bigint; readonly batch: DecodedBatch }
+  | {
+      readonly ok: true;
+      readonly seq: bigint;
+      readonly batch: DecodedBatch;
+      /** Wide frames only: the publisher's lifetime id (hex); a change means a new engine process. */
+      readonly epoch?: string;
+      /** Wide frames only: a sequence-numbered heartbeat (empty payload), no events. */
+      readonly heartbeat?: boolean;
+    }
   | { readonly ok: false; readonly kind: 'frame_count' | 'seq_length'; readonly detail: string };
 
-/** Checks one ZMQ message ([topic, seq u64 BE, payload]) and decodes its payload. Never throws. */
+/** The publisher's lifetime id in the wide frame: a UUID. */
+const EPOCH_BYTES = 16;
+
+const HEARTBEAT: DecodedBatch = {
+  ok: true,
+  ts: NaN,
+  dataParallelRank: null,
+  events: [],
+  counts: emptyCounts(),
+  skippedIds: [],
+};
+
+/**
+ * Checks one ZMQ message and decodes its payload. Never throws. Today's frame is `[topic, seq u64 BE, payload]`
+ * (docs/engines.md). The wider frame of vLLM's snapshot work (a publisher lifetime UUID and idle heartbeats; the
+ * layout is *unverified*, so both plausible shapes are accepted) is detected: `[topic, epoch (16 bytes), seq u64 BE,
+ * payload]`, or a 24-byte seq frame (epoch, then seq). A wide frame with an empty payload is a heartbeat.
+ */
 export function parseFrames(frames: readonly Uint8Array[], flavor: EngineFlavor): ParsedFrames {
-  if (frames.length !== 3) return { ok: false, kind: 'frame_count', detail: `expected 3 frames, got ${frames.length}` };
-  const seq = readSeqFrame(frames[1]);
-  if (seq === null) return { ok: false, kind: 'seq_length', detail: `seq frame of ${frames[1].length} bytes` };
-  return { ok: true, seq, batch: decodeBatch(frames[2], flavor) };
+  if (frames.length === 3 && frames[1].length === 8) {
+    const seq = readSeqFrame(frames[1])!;
+    return { ok: true, seq, batch: decodeBatch(frames[2], flavor) };
+  }
+  let epoch: Uint8Array;
+  let seqFrame: Uint8Array;
+  let payload: Uint8Array;
+  if (frames.length === 4 && frames[1].length === EPOCH_BYTES && frames[2].length === 8) {
+    [, epoch, seqFrame, payload] = frames;
+  } else if (frames.length === 3) {
+    const wide = frames[1];
+    if (wide.length !== EPOCH_BYTES + 8) return { ok: false, kind: 'seq_length', detail: `seq frame of ${wide.length} bytes` };
+    epoch = wide.subarray(0, EPOCH_BYTES);
+    seqFrame = wide.subarray(EPOCH_BYTES);
+    payload = frames[2];
+  } else {
+    return { ok: false, kind: 'frame_count', detail: `expected 3 frames, got ${frames.length}` };
+  }
+  const seq = readSeqFrame(seqFrame)!;
+  const hex = Buffer.from(epoch.buffer, epoch.byteOffset, epoch.length).toString('hex');
+  if (payload.length === 0) return { ok: true, seq, batch: HEARTBEAT, epoch: hex, heartbeat: true };
+  return { ok: true, seq, batch: decodeBatch(payload, flavor), epoch: hex };
 }
 
 export interface SourceIngestOptions {
@@ -89,7 +138,13 @@ export class SourceIngest {
     receiveErrors: 0,
     tailProbes: 0,
     tailProbeFailures: 0,
+    wideFrames: 0,
+    heartbeats: 0,
+    epochChanges: 0,
   };
+  private readonly frameErrors = { frame_count: 0, seq_length: 0 };
+  /** Publisher lifetime id from the wide frame (null until one arrives). */
+  private epoch: string | null = null;
   private readonly resetsByReason: Record<string, number> = {};
   private closed = false;
 
@@ -121,7 +176,11 @@ export class SourceIngest {
       this.onBadFrame(parsed.kind, parsed.detail);
       return;
     }
-    this.onBatch(parsed.seq, parsed.batch);
+    this.onBatch(
+      parsed.seq,
+      parsed.batch,
+      parsed.epoch !== undefined ? { epoch: parsed.epoch, heartbeat: parsed.heartbeat === true } : undefined,
+    );
   }
 
   /** Counts a frame the transport could not use at all. */
@@ -134,14 +193,28 @@ export class SourceIngest {
     }
     this.c.badFrames++;
     if (kind === 'undecodable') this.c.decodeErrors++;
+    else this.frameErrors[kind]++;
     if (this.c.badFrames === 1 || this.c.badFrames % 1000 === 0) {
       this.log.warn({ source: this.key, kind, detail, badFrames: this.c.badFrames }, `bad event frame from ${this.key}`);
     }
   }
 
   /** One decoded live batch with its seq (an undecodable payload still advances the seq: `batch.ok` false). */
-  onBatch(seq: bigint, batch: DecodedBatch): void {
+  onBatch(seq: bigint, batch: DecodedBatch, wide?: WideFrame): void {
     if (this.closed) return;
+    if (wide) {
+      this.c.wideFrames++;
+      if (wide.heartbeat) this.c.heartbeats++;
+      if (this.epoch !== null && wide.epoch !== this.epoch) {
+        this.c.epochChanges++;
+        this.log.warn(
+          { source: this.key, from: this.epoch, to: wide.epoch },
+          `publisher epoch of ${this.key} changed: a new engine process`,
+        );
+        this.run(this.tracker.newPublisher());
+      }
+      this.epoch = wide.epoch;
+    }
     if (!batch.ok) this.onBadFrame('undecodable', batch.error ?? 'undecodable');
     this.run(this.tracker.live(seq, batch));
   }
@@ -280,6 +353,16 @@ export class SourceIngest {
     this.run(this.tracker.replayEnded(ticket, outcome.ok));
   }
 
+  private decodeErrorsByCause(): Record<DecodeErrorCause, number> {
+    return {
+      frame_count: this.frameErrors.frame_count,
+      seq_length: this.frameErrors.seq_length,
+      undecodable: this.c.decodeErrors,
+      malformed_event: this.c.malformedEvents,
+      unknown_event_type: this.c.unknownEventTypes,
+    };
+  }
+
   health(): SourceHealth {
     const now = this.now();
     const a = this.annotator;
@@ -323,6 +406,10 @@ export class SourceIngest {
       receiveErrors: this.c.receiveErrors,
       tailProbes: this.c.tailProbes,
       tailProbeFailures: this.c.tailProbeFailures,
+      wideFrames: this.c.wideFrames,
+      heartbeats: this.c.heartbeats,
+      epochChanges: this.c.epochChanges,
+      decodeErrorsByCause: this.decodeErrorsByCause(),
       aggregation: a.aggregatorCounters(),
       engineBlockSize: a.engineBlockSize,
       routerBlockSize: this.opts.routerBlockSize,

@@ -82,7 +82,8 @@ export class PdMetrics {
     fromTotals(
       'router_pd_handoff_failures_total',
       'Handoffs that did not go as planned, by cause: prefill_failed (retried elsewhere or served on decode alone), ' +
-        'no_kv_transfer_params (vLLM prefill answer without them: the decode side recomputes), decode_failed (a new pair), ' +
+        'no_kv_transfer_params (a vLLM or TensorRT-LLM prefill answer without its handoff params: the decode side recomputes), ' +
+        'decode_failed (a new pair), ' +
         'cancelled (the client left before the decode side had the KV).',
       'cause',
       (s) => s.handoffFailures,

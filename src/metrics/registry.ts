@@ -34,7 +34,10 @@ export interface IngestCounts {
   gaps?: number;
   replays?: number;
   resets?: number;
+  /** Undecodable payloads (cause "undecodable") when `decodeErrorsByCause` is absent. */
   decodeErrors?: number;
+  /** Decode errors by cause (frame_count, seq_length, undecodable, malformed_event, unknown_event_type). */
+  decodeErrorsByCause?: Partial<Record<string, number>>;
 }
 
 export interface RouterMetricsOptions {
@@ -119,7 +122,7 @@ export class RouterMetrics {
   private readonly gaps: Counter<'worker'>;
   private readonly replays: Counter<'worker'>;
   private readonly resets: Counter<'worker'>;
-  private readonly decodeErrors: Counter<'worker'>;
+  private readonly decodeErrors: Counter<'worker' | 'cause'>;
   private readonly apiRequests: Counter<'api'>;
   private readonly passthroughRequests: Counter<'path' | 'status'>;
   // Event-loop delay for the dashboard: the last complete window's figures (the process metrics have it cumulatively).
@@ -326,8 +329,10 @@ export class RouterMetrics {
     });
     this.decodeErrors = new Counter({
       name: `${p}router_kv_event_decode_errors_total`,
-      help: 'KV event messages that could not be decoded (dropped, counted).',
-      labelNames: w,
+      help:
+        'KV event messages or events that could not be decoded (dropped, counted), by cause: frame_count, seq_length, ' +
+        'undecodable (payload not a batch), malformed_event, unknown_event_type.',
+      labelNames: ['worker', 'cause'],
       registers,
     });
 
@@ -542,7 +547,7 @@ export class RouterMetrics {
   ingestCounters(sourceKey: string, counts: IngestCounts & { blind?: boolean }): void {
     const worker = { worker: this.label(sourceKey) };
     const t = this.eventTotals(sourceKey);
-    const add = (c: Counter<'worker'>, n: number | undefined, field: keyof IngestCounts) => {
+    const add = (c: Counter<'worker'>, n: number | undefined, field: 'gaps' | 'replays' | 'resets') => {
       if (n === undefined || !Number.isFinite(n) || n <= 0) return;
       c.inc(worker, n);
       t[field] += n;
@@ -550,7 +555,12 @@ export class RouterMetrics {
     add(this.gaps, counts.gaps, 'gaps');
     add(this.replays, counts.replays, 'replays');
     add(this.resets, counts.resets, 'resets');
-    add(this.decodeErrors, counts.decodeErrors, 'decodeErrors');
+    const causes = counts.decodeErrorsByCause ?? (counts.decodeErrors !== undefined ? { undecodable: counts.decodeErrors } : {});
+    for (const [cause, n] of Object.entries(causes)) {
+      if (n === undefined || !Number.isFinite(n) || n <= 0) continue;
+      this.decodeErrors.inc({ ...worker, cause }, n);
+      t.decodeErrors += n;
+    }
     if (counts.blind !== undefined) this.blind.set(sourceKey, counts.blind);
   }
 
@@ -572,6 +582,19 @@ export class RouterMetrics {
       const prev = last[k] ?? 0;
       inc[k] = now >= prev ? now - prev : now;
       last[k] = now;
+    }
+    if (totals.decodeErrorsByCause) {
+      const prevByCause = last.decodeErrorsByCause ?? {};
+      const incByCause: Record<string, number> = {};
+      const nowByCause: Record<string, number> = {};
+      for (const [cause, now] of Object.entries(totals.decodeErrorsByCause)) {
+        if (now === undefined || !Number.isFinite(now)) continue;
+        const prev = prevByCause[cause] ?? 0;
+        incByCause[cause] = now >= prev ? now - prev : now;
+        nowByCause[cause] = now;
+      }
+      inc.decodeErrorsByCause = incByCause;
+      last.decodeErrorsByCause = nowByCause;
     }
     this.ingestCounters(sourceKey, inc);
   }

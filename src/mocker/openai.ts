@@ -280,6 +280,7 @@ export class OpenAiSurface {
           promptTokensDetails: this.o.promptTokensDetails,
           arrivalMs,
           extra: plan?.extra,
+          choiceExtra: plan?.choiceExtra,
           onComplete: plan?.onComplete,
         }),
     });

@@ -24,7 +24,7 @@ import { rawMember } from '../openai/raw-json.ts';
 import type { MockEngine } from './engine/index.ts';
 
 export type PdRole = 'prefill' | 'decode' | 'both';
-export type PdProtocol = 'vllm' | 'sglang';
+export type PdProtocol = 'vllm' | 'sglang' | 'trtllm';
 
 export interface MockPdOptions {
   readonly role: PdRole;
@@ -51,6 +51,8 @@ export interface PdPlan {
   readonly preloadedTokens?: number;
   readonly holdOnFinish?: boolean;
   readonly extra?: () => Record<string, unknown>;
+  /** Fields of the answer's first choice (TensorRT-LLM's disaggregated_params live there). */
+  readonly choiceExtra?: () => Record<string, unknown>;
   readonly onComplete?: () => void;
   /** The leg cannot be served (KV load failed, bootstrap timed out): answer this error. */
   readonly failure?: string;
@@ -93,7 +95,15 @@ export class MockPd {
   private bootstrap: Server | null = null;
   private seq = 0;
   /** Counters for tests and GET /fault. */
-  readonly stats = { leasesExpired: 0, pulls: 0, pullsGone: 0, transferredTokens: 0, bootstrapTimeouts: 0 };
+  readonly stats = {
+    leasesExpired: 0,
+    pulls: 0,
+    pullsGone: 0,
+    transferredTokens: 0,
+    bootstrapTimeouts: 0,
+    /** TensorRT-LLM context legs: the disagg_request_id of each (as sent, decimal), the last 1,000. */
+    disaggRequestIds: [] as string[],
+  };
 
   constructor(
     private readonly o: MockPdOptions,
@@ -178,10 +188,9 @@ export class MockPd {
       if (!isObject(ktp)) return null;
       if (this.role === 'prefill' && ktp.do_remote_decode === true) {
         const leaseId = `${this.engineId}-lease-${++this.seq}`;
-        let blocks: number[] = [];
+        const blocks = Array.from({ length: Math.ceil(prompt.length / engine.config.blockSize) }, (_, i) => i);
         return {
-          requestId: leaseId,
-          holdOnFinish: true,
+          ...this.lease(engine, prompt, leaseId),
           extra: () => ({
             kv_transfer_params: {
               do_remote_prefill: true,
@@ -195,22 +204,6 @@ export class MockPd {
               remote_num_tokens: prompt.length,
             },
           }),
-          onComplete: () => {
-            blocks = Array.from({ length: Math.ceil(prompt.length / engine.config.blockSize) }, (_, i) => i);
-            if (this.o.leaseMs === 0) {
-              // A zero lease (tests): the blocks are freed at once, as if the lease had already run out.
-              this.stats.leasesExpired++;
-              queueMicrotask(() => engine.releaseHeld(leaseId));
-              return;
-            }
-            const timer = setTimeout(() => {
-              if (!this.leases.delete(leaseId)) return;
-              this.stats.leasesExpired++;
-              engine.releaseHeld(leaseId);
-            }, this.o.leaseMs ?? 30_000);
-            timer.unref();
-            this.leases.set(leaseId, { engine, timer, numTokens: prompt.length });
-          },
         };
       }
       if (this.role === 'decode' && ktp.do_remote_prefill === true) {
@@ -226,6 +219,7 @@ export class MockPd {
       }
       return null;
     }
+    if (this.protocol === 'trtllm') return this.planTrtllm(engine, prompt, body, raw, lora);
     // SGLang
     const roomText = rawMember(raw, 'bootstrap_room');
     if (roomText === undefined || !/^\d+$/.test(roomText)) return null;
@@ -265,6 +259,89 @@ export class MockPd {
     await sleep(this.transferMs(Math.max(0, prompt.length - local)) / this.speedup);
     this.stats.transferredTokens += Math.max(0, prompt.length - local);
     return { preloadedTokens: prompt.length };
+  }
+
+  /**
+   * TensorRT-LLM: a context_only request prefills (one token) and keeps its blocks for a lease like vLLM's prefill; its
+   * answer's first choice carries disaggregated_params {request_type, ctx_request_id, disagg_request_id (echoed),
+   * first_gen_tokens, opaque_state (here: where to pull the KV from)} and the answer the prompt_token_ids. A
+   * generation_only request pulls that KV (a missing or stale handoff fails or recomputes, as loadFailurePolicy says).
+   */
+  private async planTrtllm(
+    engine: MockEngine,
+    prompt: readonly number[],
+    body: Record<string, unknown>,
+    raw: string,
+    lora: { loraName: string | null; cacheSalt: string | null },
+  ): Promise<PdPlan | null> {
+    const dp = body.disaggregated_params;
+    if (!isObject(dp)) return null;
+    if (this.role === 'prefill' && dp.request_type === 'context_only') {
+      // The id is an int64 that JSON.parse may round: read its digits from the raw body.
+      const idText = /"disagg_request_id"\s*:\s*(-?\d+)/.exec(rawMember(raw, 'disaggregated_params') ?? '')?.[1];
+      if (idText !== undefined) {
+        this.stats.disaggRequestIds.push(idText);
+        if (this.stats.disaggRequestIds.length > 1000) this.stats.disaggRequestIds.shift();
+      }
+      const leaseId = `${this.engineId}-ctx-${++this.seq}`;
+      const ctxRequestId = this.seq;
+      return {
+        ...this.lease(engine, prompt, leaseId),
+        maxTokens: 1,
+        extra: () => ({ prompt_token_ids: prompt }),
+        choiceExtra: () => ({
+          disaggregated_params: {
+            request_type: 'context_only',
+            first_gen_tokens: [],
+            ctx_request_id: ctxRequestId,
+            ...(idText !== undefined ? { disagg_request_id: Number(idText) } : {}),
+            opaque_state: Buffer.from(JSON.stringify({ host: this.host, port: this.httpPort(), lease: leaseId })).toString('base64'),
+            draft_tokens: null,
+          },
+        }),
+      };
+    }
+    if (this.role === 'decode' && dp.request_type === 'generation_only') {
+      let where: Record<string, unknown> = {};
+      try {
+        where = JSON.parse(Buffer.from(String(dp.opaque_state ?? ''), 'base64').toString('utf8')) as Record<string, unknown>;
+      } catch {
+        /* a handoff without our opaque state: the pull below fails */
+      }
+      const local = engine.prefixHitTokens(prompt, lora.loraName, lora.cacheSalt);
+      const got = await this.pullFrom({ remote_host: where.host, remote_port: where.port, remote_request_id: where.lease });
+      if ('error' in got) {
+        if ((this.o.loadFailurePolicy ?? 'fail') === 'fail') return { failure: `KV transfer failed: ${got.error}` };
+        return {};
+      }
+      await sleep(this.transferMs(Math.max(0, prompt.length - local)) / this.speedup);
+      this.stats.transferredTokens += Math.max(0, prompt.length - local);
+      return { preloadedTokens: prompt.length };
+    }
+    return null;
+  }
+
+  /** A prefill whose blocks stay held after it finishes, until pulled or until the lease runs out. */
+  private lease(engine: MockEngine, prompt: readonly number[], leaseId: string): PdPlan {
+    return {
+      requestId: leaseId,
+      holdOnFinish: true,
+      onComplete: () => {
+        if (this.o.leaseMs === 0) {
+          // A zero lease (tests): the blocks are freed at once, as if the lease had already run out.
+          this.stats.leasesExpired++;
+          queueMicrotask(() => engine.releaseHeld(leaseId));
+          return;
+        }
+        const timer = setTimeout(() => {
+          if (!this.leases.delete(leaseId)) return;
+          this.stats.leasesExpired++;
+          engine.releaseHeld(leaseId);
+        }, this.o.leaseMs ?? 30_000);
+        timer.unref();
+        this.leases.set(leaseId, { engine, timer, numTokens: prompt.length });
+      },
+    };
   }
 
   private async pullFrom(ktp: Record<string, unknown>): Promise<{ numTokens: number } | { error: string }> {

@@ -27,6 +27,8 @@ export interface AnswerOptions {
   readonly arrivalMs: number;
   /** Top-level fields added to a whole (non-streamed) answer when it is complete (a vLLM prefill's kv_transfer_params). */
   readonly extra?: () => Record<string, unknown>;
+  /** Fields added to the first choice of a whole answer (a TensorRT-LLM context leg's disaggregated_params). */
+  readonly choiceExtra?: () => Record<string, unknown>;
   /** Called once every prompt finished, before the answer is written (a P/D leg's handoff). */
   readonly onComplete?: () => void;
 }
@@ -131,6 +133,7 @@ export function startAnswer(res: ServerResponse, tokenizer: MockTokenizer, o: An
       usage,
       ...o.extra?.(),
     };
+    if (o.choiceExtra && choices.length > 0) Object.assign(choices[0] as Record<string, unknown>, o.choiceExtra());
     if (returnTokenIds && chat) out.prompt_token_ids = prompts[0];
     sendJson(res, 200, out);
   };

@@ -6,6 +6,7 @@
  *
  * Several instances can run in one process: every socket, timer, registry and counter belongs to the instance.
  */
+import type { ServerResponse } from 'node:http';
 import { EngineMetrics } from './metrics.ts';
 import { MockEngine, type EngineConfig } from './engine/index.ts';
 import { FaultInjector } from './faults.ts';
@@ -15,6 +16,7 @@ import { MockPd } from './pd.ts';
 import { Rank, RankLoop } from './rank-loop.ts';
 import { loadHfTokenizer, SimpleTokenizer, type MockTokenizer } from './tokenizer.ts';
 import type { MockerHandle, MockerOptions, MockerStats } from './types.ts';
+import { TrtllmEventBuffer } from './trtllm-events.ts';
 import { KvEventPublisher } from './zmq.ts';
 
 export type { MockerFaults, MockerHandle, MockerOptions, MockerStats } from './types.ts';
@@ -38,16 +40,17 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
   };
   const faults = new FaultInjector(options.faults, options.seed ?? 12345, stats);
   // Checked before anything is loaded or bound: a port clash is a start-up error, not a half-started instance.
+  const trtllmEvents = options.eventFormat === 'trtllm';
   const zmq = new KvEventPublisher({
     endpoints: {
-      events: options.zmqEndpoint === null ? null : (options.zmqEndpoint ?? `tcp://${host}:*`),
+      events: options.zmqEndpoint === null || trtllmEvents ? null : (options.zmqEndpoint ?? `tcp://${host}:*`),
       connect: options.zmqConnect ?? false,
       replay: options.replayEndpoint,
       ranks: dp,
       host,
     },
     topic: options.topic ?? '',
-    format: options.eventFormat ?? 'map',
+    format: options.eventFormat === 'trtllm' || options.eventFormat === undefined ? 'map' : options.eventFormat,
     hashType: options.hashType ?? 'u64',
     batchLayout: options.batchLayout ?? 'array',
     bufferSteps: options.bufferSteps ?? 10_000,
@@ -63,13 +66,16 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
   const engines = ranks.map((r) => r.engine);
   const cfg = engines[0].config;
   const metrics = new EngineMetrics(model, engines, cfg);
+  const trtllm = trtllmEvents
+    ? new TrtllmEventBuffer({ ranks: dp, blockSize: cfg.blockSize, capacityBlocks: cfg.numGpuBlocks, bufferEvents: options.bufferSteps })
+    : null;
   let dead = false;
   let closed = false;
   const loop = new RankLoop(ranks, {
     speedup,
     slowdown: () => faults.faults.slowdown,
     running: () => !closed && !dead,
-    onEvents: (rank, events) => zmq.publish(rank, events),
+    onEvents: (rank, events) => (trtllm ? trtllm.publish(rank, events) : zmq.publish(rank, events)),
     onFirstToken: (rank, s) => metrics.observeTtft(rank, s),
     onFinished: (rank, s) => metrics.observeE2e(rank, s),
   });
@@ -120,6 +126,7 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
         ...surface.post,
         ...Object.fromEntries(GENERATION_ROUTES.map((r) => [r, counted(surface.post[r])])),
         '/fault': (_req, res, body) => faults.handle(res, body, { restart, die }),
+        ...(trtllm ? { '/kv_cache_events': (_req: unknown, res: ServerResponse) => trtllm.drain(res) } : {}),
       },
     },
     (err) => {
@@ -150,6 +157,7 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
   function dropInFlight(): void {
     loop.reset();
     zmq.reset();
+    trtllm?.reset();
     metrics.reset();
     faults.restarted();
     pd?.reset();

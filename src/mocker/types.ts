@@ -41,7 +41,11 @@ export interface MockerOptions {
    */
   replayEndpoint?: string | null;
   topic?: string;
-  eventFormat?: WireFormat;
+  /**
+   * vLLM's event layouts over ZMQ (map, array), or trtllm: TensorRT-LLM's JSON events drained by POST /kv_cache_events
+   * (no ZMQ publisher then).
+   */
+  eventFormat?: WireFormat | 'trtllm';
   hashType?: HashType;
   /** Outer batch layout (vLLM 0.26 sends an array batch). */
   batchLayout?: 'array' | 'map';

@@ -64,6 +64,36 @@ export function rawMember(json: string, key: string): string | undefined {
   return undefined;
 }
 
+/** The raw text of the first element of the array `json`, or undefined when it is empty (or `json` is no array). */
+export function rawFirstElement(json: string): string | undefined {
+  const i = skipSpace(json, 0);
+  if (json[i] !== '[') return undefined;
+  const start = skipSpace(json, i + 1);
+  if (start >= json.length || json[start] === ']') return undefined;
+  return json.slice(start, skipValue(json, start));
+}
+
+/** The members of the object `json` as (key, raw value text) pairs, in order; undefined when `json` is no object. */
+export function rawMembers(json: string): [string, string][] | undefined {
+  let i = skipSpace(json, 0);
+  if (json[i] !== '{') return undefined;
+  const out: [string, string][] = [];
+  i = skipSpace(json, i + 1);
+  while (i < json.length && json[i] === '"') {
+    const keyEnd = skipString(json, i);
+    const name = JSON.parse(json.slice(i, keyEnd)) as string;
+    i = skipSpace(json, keyEnd);
+    if (json[i] !== ':') return undefined;
+    i = skipSpace(json, i + 1);
+    const end = skipValue(json, i);
+    out.push([name, json.slice(i, end)]);
+    i = skipSpace(json, end);
+    if (json[i] !== ',') break;
+    i = skipSpace(json, i + 1);
+  }
+  return out;
+}
+
 /** `json` (an object's text) with `members` (already-encoded JSON values by key) appended before its closing brace. */
 export function appendMembers(json: string, members: ReadonlyArray<readonly [string, string]>): string {
   const end = json.lastIndexOf('}');

@@ -26,6 +26,7 @@ import type { Lifecycle } from './lifecycle.ts';
 import type { WorkerSet } from './workers.ts';
 import { HttpError, sendError } from '../http/errors.ts';
 import { dashboardHandler } from '../metrics/dashboard.ts';
+import { DisaggRequestIds, disaggMachineIdOf } from './pd.ts';
 import { sendAnthropicError } from '../anthropic/messages.ts';
 import { authorizeDebug, handleAdmin } from './admin.ts';
 import { anthropicPath, ROUTED_PATHS } from './apis/index.ts';
@@ -160,6 +161,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     guard,
     sessionHeaders: sessionHeaderNames(config),
     pd,
+    disaggIds: new DisaggRequestIds(config.disaggMachineId ?? disaggMachineIdOf(config.replicaId)),
   };
   const admin = { config, log, guard, workers };
 

@@ -26,7 +26,7 @@ export class ServerEvents {
   private ensure(): EventIngest {
     this.ingest ??= new EventIngest({
       routerBlockSize: this.blockSize,
-      sink: (key: string, events: KvEvent[]) => this.metrics.eventsApplied(key, this.router.applyEvents(key, events)),
+      sink: (key: string, events: KvEvent[]) => this.metrics.eventsApplied(key, this.router.applyEvents(key, events, Date.now())),
       onReset: (key: string, reason: string) => {
         this.router.resetSource(key); // counted for metrics by the health poll
         this.log.warn({ source: key, reason }, 'KV event stream reset: source treated as cold');
@@ -40,15 +40,22 @@ export class ServerEvents {
     return this.ingest;
   }
 
-  /** Subscribes to a worker's KV events (when its spec has `events=`). */
+  /**
+   * Subscribes to a worker's KV events: its ZMQ publisher when the spec has `events=`; a TensorRT-LLM worker without
+   * it is polled over HTTP (POST /kv_cache_events).
+   */
   async added(w: Worker): Promise<void> {
-    if (!w.spec.events) return;
+    if (!w.spec.events) {
+      if (w.spec.engine === 'trtllm') this.ensure().addPolledWorker({ workerId: w.id, url: w.url, dpRanks: w.spec.dp ?? 1 });
+      return;
+    }
     await this.ensure().addWorker({
       workerId: w.id,
       endpoint: w.spec.events,
       replayEndpoint: w.spec.replay ?? null,
       dpRanks: w.spec.dp ?? 1,
-      flavor: w.spec.engine,
+      // TensorRT-LLM's own ZMQ publisher sends vLLM's batch and field layout.
+      flavor: w.spec.engine === 'sglang' ? 'sglang' : 'vllm',
     });
   }
 

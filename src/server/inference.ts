@@ -18,7 +18,7 @@ import type { LifecyclePort } from './lifecycle.ts';
 import { parseJsonBody } from '../openai/request.ts';
 import type { ApiAdapter, RoutedRequest } from './apis/index.ts';
 import type { PdMetrics } from '../metrics/pd.ts';
-import { pdAttempt, type PdOutcome, type PdWorker } from './pd.ts';
+import { type DisaggRequestIds, pdAttempt, type PdOutcome, type PdWorker } from './pd.ts';
 import { proxyAttempt } from './proxy.ts';
 import type { RequestTrace } from './tracing.ts';
 import { refusalError } from './refusals.ts';
@@ -67,6 +67,7 @@ export interface InferenceContext {
   /** Session headers to read, in order. */
   readonly sessionHeaders: readonly string[];
   readonly pd: Pick<PdMetrics, 'legDuration'>;
+  readonly disaggIds: DisaggRequestIds;
 }
 
 /** A client's x-request-id, if it is a short printable token; anything else is ignored rather than echoed. */
@@ -209,7 +210,14 @@ export async function handleInference(
     });
     const worker = ctx.workers.get(attempt.workerId);
     const prefillWorker = attempt.prefill ? ctx.workers.get(attempt.prefill.workerId) : undefined;
-    const attemptCtx = { lifecycle, metrics, log: ctx.log, clientStallTimeoutMs: config.clientStallTimeoutMs, pd: ctx.pd };
+    const attemptCtx = {
+      lifecycle,
+      metrics,
+      log: ctx.log,
+      clientStallTimeoutMs: config.clientStallTimeoutMs,
+      pd: ctx.pd,
+      disaggIds: ctx.disaggIds,
+    };
     let outcome: PdOutcome;
     if (!worker) outcome = { kind: 'failed', message: `${attempt.workerId}: removed` };
     else if (attempt.prefill && !prefillWorker) outcome = { kind: 'prefill_failed', message: `${attempt.prefill.workerId}: removed` };

@@ -13,7 +13,14 @@
  *   goes to the client, the prefill answer is drained (its usage is the delivered reuse). A leg that fails before it
  *   starts aborts the other; the dispatcher retries the pair.
  *
- * The client's first byte waits for the prefill's answer in both flavours (for SGLang the prefill answers once its KV is
+ * TensorRT-LLM (its disaggregated server's flow): the context leg is the client's body + disaggregated_params
+ *   {request_type: "context_only", disagg_request_id}, stream false, max_tokens 1 (as vLLM's prefill); disagg_request_id
+ *   is a 63-bit id unique across router replicas (`DisaggRequestIds`). The answer's first choice carries
+ *   disaggregated_params (older servers: the answer's top level); the generation leg is the client's body + those params
+ *   copied verbatim except request_type "generation_only", plus the answer's prompt_token_ids (chat) or prompt
+ *   (completions). An answer without the params is counted and the generation leg goes without them (it recomputes).
+ *
+ * The client's first byte waits for the prefill's answer in all flavours (for SGLang the prefill answers once its KV is
  * sent, before the decode side can produce a token), so a prefill that fails is always a clean retry.
  */
 import { randomBytes } from 'node:crypto';
@@ -22,7 +29,7 @@ import type { Dispatcher as UndiciDispatcher } from 'undici';
 import type { DispatchAttempt, PrefillReport } from '../core/dispatch/dispatcher.ts';
 import type { ApiAdapter, RoutedRequest } from './apis/index.ts';
 import type { RequestTrace } from './tracing.ts';
-import { appendMembers, rawMember } from '../openai/raw-json.ts';
+import { appendMembers, rawFirstElement, rawMember, rawMembers } from '../openai/raw-json.ts';
 import type { PdMetrics } from '../metrics/pd.ts';
 import { type AttemptContext, type AttemptOutcome, type AttemptWorker, proxyAttempt } from './proxy.ts';
 import { readUsage } from './sse.ts';
@@ -56,6 +63,8 @@ export interface PdAttemptRequest {
 
 export interface PdContext extends AttemptContext {
   readonly pd: Pick<PdMetrics, 'legDuration'>;
+  /** TensorRT-LLM's disagg_request_id source (unique across replicas). */
+  readonly disaggIds: DisaggRequestIds;
 }
 
 /** vLLM's prefill request: what the NixlConnector's P side expects. */
@@ -97,6 +106,97 @@ export function vllmDecodeBody(parsed: ClientBody, clientText: string, transferP
   const { kv_transfer_params: _theirs, ...rest } = clientBody(parsed);
   const base = untouched ? clientText : JSON.stringify(rest);
   return transferParams === undefined ? base : appendMembers(base, [['kv_transfer_params', transferParams]]);
+}
+
+/**
+ * TensorRT-LLM's disagg_request_id: an int64 the context and generation servers pair the legs by, so it must be unique
+ * across router replicas. Layout (Snowflake, as TensorRT-LLM's own ids and other gateways use): 41 bits of ms since
+ * 2023-01-01, 10 bits of machine id (one per replica: --disagg-machine-id), 12 bits of counter; 63 bits, positive. The
+ * timestamp never goes back (a clock step back reuses the last one) and a counter overflow borrows the next ms, so one
+ * replica never repeats an id.
+ */
+export class DisaggRequestIds {
+  static readonly EPOCH_MS = Date.UTC(2023, 0, 1);
+  private lastMs = -1;
+  private counter = 0;
+
+  constructor(
+    private readonly machineId: number,
+    private readonly now: () => number = Date.now,
+  ) {
+    if (!Number.isInteger(machineId) || machineId < 0 || machineId > 1023)
+      throw new RangeError(`machine id must be in [0, 1023], got ${machineId}`);
+  }
+
+  next(): bigint {
+    let ms = Math.max(0, Math.floor(this.now() - DisaggRequestIds.EPOCH_MS));
+    if (ms <= this.lastMs) {
+      ms = this.lastMs;
+      if (++this.counter > 4095) {
+        ms++;
+        this.counter = 0;
+      }
+    } else this.counter = 0;
+    this.lastMs = ms;
+    return (BigInt(ms) << 22n) | (BigInt(this.machineId) << 12n) | BigInt(this.counter);
+  }
+}
+
+/** A replica's machine id from its --replica-id (FNV-1a, 10 bits), or a random one without it. */
+export function disaggMachineIdOf(replicaId: string | undefined): number {
+  if (replicaId === undefined) return randomBytes(2).readUInt16BE() & 1023;
+  let h = 0x811c9dc5;
+  for (let i = 0; i < replicaId.length; i++) h = Math.imul(h ^ replicaId.charCodeAt(i), 0x01000193);
+  return (h >>> 0) & 1023;
+}
+
+/** TensorRT-LLM's context leg: the client's body + disaggregated_params, one token, not streamed. */
+export function trtllmContextBody(parsed: ClientBody, disaggRequestId: bigint): string {
+  const body = clientBody(parsed);
+  delete body.disaggregated_params;
+  body.stream = false;
+  body.max_tokens = 1;
+  if ('max_completion_tokens' in body) body.max_completion_tokens = 1;
+  delete body.stream_options;
+  delete body.min_tokens;
+  delete body.min_completion_tokens;
+  // The id goes in as a bare integer: JSON.stringify cannot write a bigint.
+  return appendMembers(JSON.stringify(body), [
+    ['disaggregated_params', `{"request_type":"context_only","disagg_request_id":${disaggRequestId.toString()}}`],
+  ]);
+}
+
+/**
+ * The context answer's disaggregated_params with request_type set to generation_only, as raw JSON (its int64 ids are
+ * copied digit for digit), or undefined when the answer has none.
+ */
+export function trtllmGenerationParams(answer: string): string | undefined {
+  let raw: string | undefined;
+  const choices = rawMember(answer, 'choices');
+  const first = choices === undefined ? undefined : rawFirstElement(choices);
+  if (first?.startsWith('{')) raw = rawMember(first, 'disaggregated_params');
+  if (raw === undefined || raw === 'null') raw = rawMember(answer, 'disaggregated_params');
+  if (raw === undefined || !raw.startsWith('{')) return undefined;
+  // Member by member from their raw texts, so the int64 ids keep every digit.
+  const members = (rawMembers(raw) ?? []).filter(([k]) => k !== 'request_type');
+  members.push(['request_type', '"generation_only"']);
+  return appendMembers('{}', members);
+}
+
+/** The generation leg: the client's body + the handoff params + the prompt's token ids from the context answer. */
+export function trtllmGenerationBody(parsed: ClientBody, answer: string, params: string | undefined, chat: boolean): string {
+  const { disaggregated_params: _theirs, ...rest } = clientBody(parsed);
+  const members: [string, string][] = [];
+  if (params !== undefined) members.push(['disaggregated_params', params]);
+  const ids = rawMember(answer, 'prompt_token_ids');
+  if (ids?.startsWith('[')) {
+    if (chat) members.push(['prompt_token_ids', ids]);
+    else {
+      delete rest.prompt;
+      members.push(['prompt', ids]);
+    }
+  }
+  return appendMembers(JSON.stringify(rest), members);
 }
 
 const ROOM_MASK = (1n << 63n) - 1n;
@@ -192,6 +292,7 @@ export async function pdAttempt(ctx: PdContext, a: PdAttemptRequest): Promise<Pd
     let decodeUpstream: Promise<UndiciDispatcher.ResponseData> | undefined;
     let decodeBody: string | undefined;
     const sglang = attempt.engine === 'sglang';
+    const trtllm = attempt.engine === 'trtllm';
     if (sglang) {
       const host = new URL(prefillWorker.url).hostname;
       const room = bootstrapRoom(prefillWorker.sourceKeys.length, pdec.source.dpRank);
@@ -206,7 +307,7 @@ export async function pdAttempt(ctx: PdContext, a: PdAttemptRequest): Promise<Pd
         signal: legAbort.signal,
       });
       decodeUpstream.catch(() => undefined); // observed below; never an unhandled rejection
-    } else prefillBody = vllmPrefillBody(client);
+    } else prefillBody = trtllm ? trtllmContextBody(client, ctx.disaggIds.next()) : vllmPrefillBody(client);
 
     const prefillSent = prefillWorker.pool.request({
       method: 'POST',
@@ -267,7 +368,8 @@ export async function pdAttempt(ctx: PdContext, a: PdAttemptRequest): Promise<Pd
     }
     const cachedTokens = prefillCachedTokens(prefill.text!);
     let transferParams: string | undefined;
-    if (!sglang) {
+    if (trtllm) transferParams = trtllmGenerationParams(prefill.text!);
+    else if (!sglang) {
       transferParams = rawMember(prefill.text!, 'kv_transfer_params');
       if (transferParams === 'null' || (transferParams !== undefined && !transferParams.startsWith('{'))) transferParams = undefined;
     }
@@ -280,7 +382,11 @@ export async function pdAttempt(ctx: PdContext, a: PdAttemptRequest): Promise<Pd
       api: a.api,
       parsed,
       trace: a.trace,
-      body: decodeBody ?? vllmDecodeBody(client, a.clientText, transferParams),
+      body:
+        decodeBody ??
+        (trtllm
+          ? trtllmGenerationBody(client, prefill.text!, transferParams, a.path.includes('/chat/'))
+          : vllmDecodeBody(client, a.clientText, transferParams)),
       path: a.path,
       res: a.res,
       signal,

@@ -202,7 +202,7 @@ export class WorkerSet {
       {
         id,
         dpRanks: spec.dp ?? 1,
-        mode: options.mode ?? (spec.events ? 'events' : 'approx'),
+        mode: options.mode ?? (spec.events || spec.engine === 'trtllm' ? 'events' : 'approx'),
         capacityBlocks: spec.blocks,
         models: spec.models,
         role: spec.role,

@@ -12,6 +12,7 @@
 import { sourceKey, type SourceId } from '../core/types.ts';
 import type { EngineFlavor } from '../engines/vllm.ts';
 import { replayClient } from './replay.ts';
+import { TrtllmPoll } from './trtllm-poll.ts';
 import { rankEndpoint, ZmqSource } from './zmq-source.ts';
 import type { BlindRule, SourceHealth } from '../ingest/health.ts';
 import { SourceIngest, type EventSink, type ResetSink } from '../ingest/source-ingest.ts';
@@ -27,6 +28,7 @@ export interface EventSourceConfig {
   readonly dpRanks?: number | readonly number[];
   readonly mode?: 'connect' | 'bind';
   readonly topic?: string;
+  /** Wire flavour of the ZMQ payloads (TensorRT-LLM's ZMQ publisher sends vLLM's fields: vllm). */
   readonly flavor?: EngineFlavor;
 }
 
@@ -54,7 +56,19 @@ export interface EventIngestOptions {
 
 interface Running {
   readonly ingest: SourceIngest;
-  readonly zmq: ZmqSource;
+  /** The ZMQ subscription, or the HTTP poll shared by a TensorRT-LLM worker's ranks (closed with its last rank). */
+  readonly zmq?: ZmqSource;
+  readonly poll?: TrtllmPoll;
+}
+
+/** A TensorRT-LLM worker whose events are polled from its HTTP server (POST /kv_cache_events). */
+export interface PolledSourceConfig {
+  readonly workerId: string;
+  /** The worker's base URL. */
+  readonly url: string;
+  readonly dpRanks?: number | readonly number[];
+  /** Poll period, ms (default 100). */
+  readonly intervalMs?: number;
 }
 
 function ranksOf(cfg: EventSourceConfig): number[] {
@@ -152,7 +166,7 @@ export class EventIngest {
           heartbeatMs: this.opts.heartbeatMs,
         },
         {
-          onBatch: (seq, batch) => ingest.onBatch(seq, batch),
+          onBatch: (seq, batch, wide) => ingest.onBatch(seq, batch, wide),
           onBadFrame: (kind, detail) => ingest.onBadFrame(kind, detail),
           onConnection: (connected) => ingest.setConnected(connected),
         },
@@ -165,9 +179,50 @@ export class EventIngest {
     return keys;
   }
 
+  /** Starts polling a TensorRT-LLM worker's `POST /kv_cache_events` (all its attention-DP ranks). Returns the source keys. */
+  addPolledWorker(cfg: PolledSourceConfig): string[] {
+    const ranks = ranksOf({ workerId: cfg.workerId, endpoint: '', dpRanks: cfg.dpRanks });
+    const ingests = new Map<number, SourceIngest>();
+    const keys: string[] = [];
+    for (const dpRank of ranks) {
+      const source: SourceId = { workerId: cfg.workerId, dpRank };
+      const key = sourceKey(source);
+      if (this.sources.has(key)) void this.removeSource(key);
+      ingests.set(
+        dpRank,
+        new SourceIngest({
+          source,
+          routerBlockSize: this.opts.routerBlockSize,
+          sink: this.opts.sink,
+          onReset: this.opts.onReset,
+          replay: null,
+          log: this.log,
+          maxHeld: this.opts.maxHeld,
+          blind: this.opts.blind,
+          endpoint: `${cfg.url}/kv_cache_events`,
+          mode: 'connect',
+          now: this.opts.now,
+        }),
+      );
+      keys.push(key);
+    }
+    const poll = new TrtllmPoll({
+      url: cfg.url,
+      ingests,
+      routerBlockSize: this.opts.routerBlockSize,
+      log: this.log,
+      intervalMs: cfg.intervalMs,
+    });
+    for (const [dpRank, ingest] of ingests) this.sources.set(sourceKey({ workerId: cfg.workerId, dpRank }), { ingest, poll });
+    poll.start();
+    this.log.info({ worker: cfg.workerId, endpoint: poll.endpoint }, `polling KV events of ${cfg.workerId} (TensorRT-LLM)`);
+    return keys;
+  }
+
   /** The endpoint a source actually uses (bind mode with port `*` resolves here). */
   endpointOf(key: string): string | undefined {
-    return this.sources.get(key)?.zmq.endpoint;
+    const r = this.sources.get(key);
+    return r?.zmq?.endpoint ?? r?.poll?.endpoint;
   }
 
   async removeSource(key: string): Promise<void> {
@@ -175,7 +230,9 @@ export class EventIngest {
     if (!r) return;
     this.sources.delete(key);
     r.ingest.close();
-    await r.zmq.close();
+    if (r.zmq) await r.zmq.close();
+    // A poll serves every rank of its worker: it stops with the last of them.
+    if (r.poll && ![...this.sources.values()].some((o) => o.poll === r.poll)) await r.poll.close();
   }
 
   /** Input of the blind rule: the router sent a request to this source. */
@@ -184,7 +241,11 @@ export class EventIngest {
   }
 
   health(): SourceHealth[] {
-    return [...this.sources.values()].map((r) => r.ingest.health());
+    return [...this.sources.values()].map((r) => {
+      const h = r.ingest.health();
+      const t = r.poll?.countersOf(h.dpRank);
+      return t ? { ...h, trtllm: t } : h;
+    });
   }
 
   /** Keys of sources currently blind (configured for events, silent while serving traffic). */

@@ -13,7 +13,7 @@
 import { Subscriber } from 'zeromq';
 import type { SourceId } from '../core/types.ts';
 import type { DecodedBatch, EngineFlavor } from '../engines/vllm.ts';
-import { parseFrames, type BadFrameKind } from '../ingest/source-ingest.ts';
+import { parseFrames, type BadFrameKind, type WideFrame } from '../ingest/source-ingest.ts';
 
 export interface ZmqSourceOptions {
   readonly source: SourceId;
@@ -31,7 +31,8 @@ export interface ZmqSourceOptions {
 }
 
 export interface ZmqSourceHandlers {
-  onBatch(seq: bigint, batch: DecodedBatch): void;
+  /** `wide`: the message came in the wider frame (its publisher epoch, whether it was a heartbeat). */
+  onBatch(seq: bigint, batch: DecodedBatch, wide?: WideFrame): void;
   onBadFrame(kind: BadFrameKind, detail: string): void;
   onConnection?(connected: boolean, address: string): void;
 }
@@ -116,7 +117,8 @@ export class ZmqSource {
           continue;
         }
         if (!parsed.batch.ok) this.counters.undecodable++;
-        this.safe(() => this.handlers.onBatch(parsed.seq, parsed.batch));
+        const wide = parsed.epoch !== undefined ? { epoch: parsed.epoch, heartbeat: parsed.heartbeat === true } : undefined;
+        this.safe(() => this.handlers.onBatch(parsed.seq, parsed.batch, wide));
       }
     } catch (err) {
       if (!this.closed) {

@@ -19,6 +19,12 @@ describe('worker role and bootstrap port', () => {
     expect(parseWorkerSpec('http://a:1')).toEqual({ url: 'http://a:1' });
   });
 
+  it('engine=trtllm in the spec string and the object form; a bad engine names the choices', () => {
+    expect(parseWorkerSpec('http://t0:8000,engine=trtllm,role=prefill')).toMatchObject({ engine: 'trtllm', role: 'prefill' });
+    expect(workerFromUnknown({ url: 'http://t0:8000', engine: 'trtllm' })).toEqual({ url: 'http://t0:8000', engine: 'trtllm' });
+    expect(() => parseWorkerSpec('http://a:1,engine=tensorrt')).toThrow('worker option engine="tensorrt" must be vllm, sglang or trtllm');
+  });
+
   it('refuses a bad role or port with a message naming the option', () => {
     expect(() => parseWorkerSpec('http://a:1,role=prefiller')).toThrow('worker option role="prefiller" must be prefill, decode or both');
     expect(() => parseWorkerSpec('http://a:1,bootstrap=0')).toThrow('worker option bootstrap=0 must be a port in [1, 65535]');

@@ -1,4 +1,4 @@
-/** `kvroute mocker --role prefill|decode --pd-protocol vllm|sglang` as processes: the two sides of a pair hand KV over. */
+/** `kvroute mocker --role prefill|decode --pd-protocol vllm|sglang|trtllm` as processes: the two sides of a pair hand KV over. */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { afterAll, describe, expect, it } from 'vitest';
 
@@ -68,6 +68,37 @@ describe('kvroute mocker P/D roles', () => {
     // Pulled once: a second decode with the same params finds no lease (kv_load_failure_policy fail: an error).
     const again = await post(`${d.url}/v1/completions`, body, { 'x-request-id': 'pair-1b' });
     expect(again.status).toBe(500);
+  });
+
+  it('trtllm: context_only answers disaggregated_params in its first choice; generation_only pulls them; events drain as JSON', async () => {
+    const p = await start(['--role', 'prefill', '--pd-protocol', 'trtllm', '--event-format', 'trtllm']);
+    const d = await start(['--role', 'decode', '--pd-protocol', 'trtllm']);
+    const prompt = Array.from({ length: 100 }, (_, i) => i + 1);
+    const ctx = await post(`${p.url}/v1/completions`, {
+      model: 'mock-model',
+      prompt,
+      max_tokens: 1,
+      stream: false,
+      disaggregated_params: { request_type: 'context_only', disagg_request_id: 42 },
+    });
+    const text = await ctx.text();
+    const cj = JSON.parse(text) as { choices: { disaggregated_params: Record<string, unknown> }[]; prompt_token_ids: number[] };
+    expect(cj.choices[0].disaggregated_params).toMatchObject({ request_type: 'context_only', disagg_request_id: 42 });
+    expect(cj.prompt_token_ids).toEqual(prompt);
+    const params = { ...cj.choices[0].disaggregated_params, request_type: 'generation_only' };
+    const gen = await post(`${d.url}/v1/completions`, { model: 'mock-model', prompt, max_tokens: 3, disaggregated_params: params });
+    const gj = (await gen.json()) as { usage: { completion_tokens: number; prompt_tokens_details: { cached_tokens: number } } };
+    expect(gen.status).toBe(200);
+    expect(gj.usage.prompt_tokens_details.cached_tokens).toBe(99);
+    expect(
+      (await post(`${d.url}/v1/completions`, { model: 'mock-model', prompt, max_tokens: 3, disaggregated_params: params })).status,
+    ).toBe(500);
+    // TensorRT-LLM's event format: created first, then the prefill's stored blocks; a drain empties the buffer.
+    const events = (await (await post(`${p.url}/kv_cache_events`, {})).json()) as { event_id: number; data: { type: string } }[];
+    expect(events[0]).toMatchObject({ event_id: 0, data: { type: 'created' }, window_size: 4096 });
+    expect(events.some((e) => e.data.type === 'stored')).toBe(true);
+    expect(events.map((e) => e.event_id)).toEqual(events.map((_, i) => i));
+    expect(await (await post(`${p.url}/kv_cache_events`, {})).json()).toEqual([]);
   });
 
   it('sglang: the prefill serves a bootstrap port, and refuses a bad --role with a one-line message', async () => {

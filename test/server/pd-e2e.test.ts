@@ -15,13 +15,15 @@ afterEach(async () => {
 });
 
 async function mock(pd: MockerOptions['pd'], seed: number, extra: Partial<MockerOptions> = {}): Promise<MockerHandle> {
-  const m = await startMocker({ model: 'm', speedup: 50, seed, pd, bootstrapPort: undefined, ...extra } as MockerOptions);
+  // TensorRT-LLM engines publish their KV events as trtllm-serve does: drained over HTTP (the router polls them).
+  const format = pd?.protocol === 'trtllm' ? { eventFormat: 'trtllm' as const } : {};
+  const m = await startMocker({ model: 'm', speedup: 50, seed, pd, ...format, ...extra });
   started.push(m);
   return m;
 }
 
 async function pdFleet(
-  protocol: 'vllm' | 'sglang',
+  protocol: 'vllm' | 'sglang' | 'trtllm',
   opts: { prefill?: number; decode?: number; leaseMs?: number; policy?: 'fail' | 'recompute' } = {},
 ) {
   const prefill: MockerHandle[] = [];
@@ -35,7 +37,7 @@ async function pdFleet(
   const spec = (m: MockerHandle, id: string, role: string) => ({
     url: m.url,
     id,
-    events: m.zmqEndpoint!,
+    ...(m.zmqEndpoint !== null ? { events: m.zmqEndpoint } : {}),
     role,
     engine: protocol,
     ...(m.bootstrapPort !== null ? { bootstrap: m.bootstrapPort } : {}),
@@ -73,7 +75,7 @@ const metric = (text: string, name: string, labels: string) => {
   return m ? Number(m[1]) : NaN;
 };
 
-describe.each(['vllm', 'sglang'] as const)('P/D fleet, %s handoff', (protocol) => {
+describe.each(['vllm', 'sglang', 'trtllm'] as const)('P/D fleet, %s handoff', (protocol) => {
   it('the openai SDK streams through it; headers, usage, ledger and metrics tell the prefill pool’s truth', async () => {
     const f = await pdFleet(protocol);
     const s = await router(f.workers);
@@ -108,7 +110,15 @@ describe.each(['vllm', 'sglang'] as const)('P/D fleet, %s handoff', (protocol) =
     expect(text).toMatch(/router_pd_leg_duration_seconds_count\{leg="prefill"\} 2/);
     // The decode side received the KV (and publishes it: its blocks reach the index as well).
     expect(f.decode.reduce((x, m) => x + (m.pd?.stats.transferredTokens ?? 0), 0)).toBeGreaterThan(0);
-    if (protocol === 'vllm') expect(f.prefill.reduce((x, m) => x + (m.pd?.stats.pulls ?? 0), 0)).toBe(2);
+    if (protocol !== 'sglang') expect(f.prefill.reduce((x, m) => x + (m.pd?.stats.pulls ?? 0), 0)).toBe(2);
+    if (protocol === 'trtllm') {
+      // Each context leg carried its own positive 63-bit disagg_request_id, this replica's machine id in bits 12-21.
+      const ids = f.prefill.flatMap((m) => m.pd?.stats.disaggRequestIds ?? []).map(BigInt);
+      expect(ids.length).toBe(2);
+      expect(new Set(ids).size).toBe(2);
+      for (const id of ids) expect(id > 0n && id < 1n << 63n).toBe(true);
+      expect(new Set(ids.map((id) => (id >> 12n) & 1023n)).size).toBe(1);
+    }
   });
 
   it('a prefill worker that died: the prefill leg goes elsewhere; none left: decode alone', async () => {
@@ -136,7 +146,7 @@ describe.each(['vllm', 'sglang'] as const)('P/D fleet, %s handoff', (protocol) =
     const w = (m: MockerHandle, id: string, role: string) => ({
       url: m.url,
       id,
-      events: m.zmqEndpoint!,
+      ...(m.zmqEndpoint !== null ? { events: m.zmqEndpoint } : {}),
       dp: 2,
       role,
       engine: protocol,

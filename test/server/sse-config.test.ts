@@ -98,7 +98,7 @@ describe('worker specs and config files', () => {
     expect(() => parseWorkerSpec('http://a:1,dp=0')).toThrow(/positive integer/);
     expect(() => parseWorkerSpec('http://a:1,colour=blue')).toThrow(/unknown worker option "colour"/);
     expect(() => parseWorkerSpec('http://a:1,dp')).toThrow(/key=value/);
-    expect(() => parseWorkerSpec('http://a:1,engine=trt')).toThrow(/vllm or sglang/);
+    expect(() => parseWorkerSpec('http://a:1,engine=trt')).toThrow(/vllm, sglang or trtllm/);
   });
 
   it('loads YAML and JSON config files, rejecting unknown keys and bad values', async () => {

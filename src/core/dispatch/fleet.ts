@@ -18,7 +18,7 @@ export type WorkerRole = 'both' | 'prefill' | 'decode';
 export const WORKER_ROLES: readonly WorkerRole[] = ['both', 'prefill', 'decode'];
 
 /** The engine flavour: the handoff protocol of a disaggregated pair follows it (a vLLM decode pulls only from vLLM). */
-export type EngineFlavor = 'vllm' | 'sglang';
+export type EngineFlavor = 'vllm' | 'sglang' | 'trtllm';
 
 /** What the configuration says about a worker (spec, admin API, registry). */
 export interface WorkerConfig {

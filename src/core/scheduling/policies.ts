@@ -4,7 +4,8 @@
  *
  * Scorers (cost terms, lower is better; bs = block size, n = requestBlocks = ceil(promptTokens / bs)):
  *   prefill-load     max(activePrefillTokens/bs + n - overlapCredit * credited, 0)
- *                    credited = overlap + hostTierCredit * hostTier + diskTierCredit * diskTier (tier credits 0 unless on)
+ *                    credited = overlap + hostTierCredit * hostTier + diskTierCredit * diskTier
+ *                               + remoteTierCredit * remoteTier (tier credits 0 unless on)
  *   decode-load      activeBlocks + n - activePrefix
  *   pressure-decode  clamp(decode / capacityBlocks, 1/64, 1) * decode            (decode = decode-load; weight 1 without capacity)
  *   load             activePrefillTokens/bs + activeBlocks
@@ -39,9 +40,13 @@ export function kvTerms(ctx: PolicyContext, i: number): { prefill: number; decod
 
 function prefillBlocks(ctx: PolicyContext, i: number): number {
   const c = ctx.candidates[i];
-  const { overlapCredit, hostTierCredit, diskTierCredit } = ctx.knobs;
+  const { overlapCredit, hostTierCredit, diskTierCredit, remoteTierCredit } = ctx.knobs;
   // Offload tiers (off by default): blocks loadable from host memory or disk save part of their prefill.
-  const credited = c.overlapBlocks + (hostTierCredit ?? 0) * (c.hostTierBlocks ?? 0) + (diskTierCredit ?? 0) * (c.diskTierBlocks ?? 0);
+  const credited =
+    c.overlapBlocks +
+    (hostTierCredit ?? 0) * (c.hostTierBlocks ?? 0) +
+    (diskTierCredit ?? 0) * (c.diskTierBlocks ?? 0) +
+    (remoteTierCredit ?? 0) * (c.remoteTierBlocks ?? 0);
   return Math.max(c.activePrefillTokens / ctx.blockSize + ctx.requestBlocks - overlapCredit * credited, 0);
 }
 
@@ -52,7 +57,8 @@ function decodeBlocks(ctx: PolicyContext, i: number): number {
 
 export const PREFILL_LOAD: Scorer = {
   name: 'prefill-load',
-  formula: 'max(activePrefillTokens/bs + requestBlocks - overlapCredit * (overlap + hostTierCredit*hostTier + diskTierCredit*diskTier), 0)',
+  formula:
+    'max(activePrefillTokens/bs + requestBlocks - overlapCredit * (overlap + hostTierCredit*hostTier + diskTierCredit*diskTier + remoteTierCredit*remoteTier), 0)',
   score: prefillBlocks,
 };
 

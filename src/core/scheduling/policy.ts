@@ -14,6 +14,8 @@ export interface Candidate {
   /** Blocks right after the overlap that the source holds in host memory / on disk (offload tiers). */
   readonly hostTierBlocks?: number;
   readonly diskTierBlocks?: number;
+  /** Blocks right after the overlap held on shared (REMOTE) storage. */
+  readonly remoteTierBlocks?: number;
   /** The source's KV capacity in blocks (engine num_gpu_blocks), when known. */
   readonly capacityBlocks?: number;
   /** All blocks the source holds (tie-breaker: fewer means more room). */

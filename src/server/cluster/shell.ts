@@ -6,6 +6,7 @@
  * passed to the primary's internal listener as it came, so there is one answer for each, from the one router.
  */
 import { randomBytes } from 'node:crypto';
+import cluster from 'node:cluster';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import pino, { type Logger } from 'pino';
 import { Pool } from 'undici';
@@ -20,7 +21,7 @@ import { ROUTED_PATHS } from '../apis/index.ts';
 import { sessionHeaderNames } from '../identity.ts';
 import { handleInference, type InferenceContext } from '../inference.ts';
 import type { LifecyclePort, NextStep } from '../lifecycle.ts';
-import type { PdWorker } from '../pd.ts';
+import { DisaggRequestIds, disaggMachineIdOf, type PdWorker } from '../pd.ts';
 import { httpServerTimeouts, LOG_REDACT_PATHS, toHttpError } from '../security/index.ts';
 import { NO_TRACE } from '../tracing.ts';
 import { workerPool } from '../workers.ts';
@@ -195,6 +196,9 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
     guard,
     sessionHeaders: sessionHeaderNames(config),
     pd: { legDuration: (...a) => forwarded.call(['legDuration', ...a]) },
+    // TensorRT-LLM's disagg_request_id must be unique across every process: each shell takes the next machine id after
+    // the router's (cluster worker ids count from 1), so shells of one router never share one.
+    disaggIds: new DisaggRequestIds(((config.disaggMachineId ?? disaggMachineIdOf(config.replicaId)) + (cluster.worker?.id ?? 0)) & 1023),
   };
 
   const primary = new Pool(primaryUrl, { connections: 256, pipelining: 1 });

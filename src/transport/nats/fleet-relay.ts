@@ -63,7 +63,8 @@ export class FleetRelay {
       model: spec.models?.[0] ?? this.defaults.model ?? null,
       url: spec.url,
       blockSize: this.defaults.blockSize,
-      flavor: spec.engine ?? 'vllm',
+      // A TensorRT-LLM worker relayed over ZMQ publishes vLLM's fields (its HTTP event endpoint is read only by serve).
+      flavor: spec.engine === 'sglang' ? 'sglang' : 'vllm',
       role: spec.role,
       bootstrapPort: spec.bootstrap,
       topic: this.defaults.topic,

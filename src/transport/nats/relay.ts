@@ -18,7 +18,7 @@ import { connect, InvalidArgumentError, type NatsConnection } from '@nats-io/tra
 import { jetstream, JetStreamApiCodes, JetStreamApiError, type JetStreamClient } from '@nats-io/jetstream';
 import { randomBytes } from 'node:crypto';
 import { sourceKey, type KvEvent } from '../../core/types.ts';
-import { decodeBatch, type DecodedBatch, type EngineFlavor } from '../../engines/vllm.ts';
+import { decodeBatch, emptyCounts, type DecodedBatch, type EngineFlavor } from '../../engines/vllm.ts';
 import { SourceIngest } from '../../ingest/source-ingest.ts';
 import { consoleLog, type LogSink } from '../../log.ts';
 import type { SourceHealth } from '../../ingest/health.ts';
@@ -135,7 +135,7 @@ function emptyBatch(): DecodedBatch {
     ts: 0,
     dataParallelRank: null,
     events: [],
-    counts: { unknownEventTypes: 0, malformedEvents: 0, multimodalBlocks: 0, loraIdWithoutName: 0, badGroupFields: 0, badExtraKeys: 0 },
+    counts: emptyCounts(),
     skippedIds: [],
   };
 }
