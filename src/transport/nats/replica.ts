@@ -16,6 +16,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { jetstream } from '@nats-io/jetstream';
+import type { ObjectStore } from '@nats-io/obj';
 import { connect, type NatsConnection, type Subscription } from '@nats-io/transport-node';
 import type { KvRouter } from '../../core/router.ts';
 import type { RouteDecision } from '../../core/types.ts';
@@ -218,7 +219,7 @@ export class NatsReplica {
   }
 
   /** The latest snapshot into the router; returns the stream sequence it covers (0 without a usable one). */
-  private async loadSnapshot(store: Parameters<typeof readSnapshot>[0]): Promise<number> {
+  private async loadSnapshot(store: ObjectStore): Promise<number> {
     const t0 = performance.now();
     const read = await readSnapshot(store, this.router.blockSize);
     if (read.kind === 'none') return 0;
