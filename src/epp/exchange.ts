@@ -127,10 +127,13 @@ export class Exchange {
     if (cfg) {
       this.requestBodyMode = cfg.request_body_mode ?? NONE;
       this.responseBodyMode = cfg.response_body_mode ?? NONE;
-      if (this.requestBodyMode !== NONE && this.requestBodyMode !== FULL_DUPLEX_STREAMED) {
-        throw new ProtocolError(
-          `request bodies in mode ${this.requestBodyMode}: the endpoint picker needs FULL_DUPLEX_STREAMED (4) or NONE`,
-        );
+      for (const [what, mode] of [
+        ['request', this.requestBodyMode],
+        ['response', this.responseBodyMode],
+      ] as const) {
+        if (mode !== NONE && mode !== FULL_DUPLEX_STREAMED) {
+          throw new ProtocolError(`${what} bodies in mode ${mode}: the endpoint picker needs FULL_DUPLEX_STREAMED (4) or NONE (0)`);
+        }
       }
     }
     switch (msg.request) {

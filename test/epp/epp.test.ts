@@ -232,6 +232,14 @@ describe('kvroute epp in front of three mock engines', () => {
     const responseFirst = envoy.stream();
     responseFirst.write({ response_headers: { headers: { headers: [] } } });
     expect((await responseFirst.status).code).toBe(grpc.status.INVALID_ARGUMENT);
+    const buffered = envoy.stream();
+    buffered.write({
+      request_headers: { headers: { headers: [] }, end_of_stream: false },
+      protocol_config: { request_body_mode: 2, response_body_mode: 4 },
+    });
+    const bufferedStatus = await buffered.status;
+    expect(bufferedStatus.code).toBe(grpc.status.INVALID_ARGUMENT);
+    expect(bufferedStatus.details).toContain('FULL_DUPLEX_STREAMED');
     // Bytes that are no protobuf at all: a raw client on the same method.
     const raw = new grpc.Client(picker.address, grpc.credentials.createInsecure());
     clients.push({ close: () => raw.close() } as EnvoySide);
@@ -250,7 +258,7 @@ describe('kvroute epp in front of three mock engines', () => {
     expect('picked' in ok).toBe(true);
     expect(picker.proc.exitCode).toBe(null);
     const t = await metricsText(picker);
-    expect(metric(t, 'epp_requests_total', 'result="protocol_error"')).toBeGreaterThanOrEqual(3);
+    expect(metric(t, 'epp_requests_total', 'result="protocol_error"')).toBeGreaterThanOrEqual(4);
     expect(metric(t, 'router_requests_in_flight')).toBe(0);
   });
 
