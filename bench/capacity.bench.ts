@@ -476,9 +476,9 @@ async function main(): Promise<void> {
   for (const n of notes) console.log(`- ${n}`);
   console.log('');
   console.log(
-    '| proxy | workload | req/s | CPU ms/req (proxy) | × nginx CPU | req/s ÷ nginx | added p50 ms | added p99 ms | at req/s | loadgen CPU ms/req | errors | CPU ms/req by round |',
+    '| proxy | workload | req/s | CPU ms/req (proxy) | × nginx CPU | req/s ÷ nginx | added p50 ms | added p99 ms | at req/s | loadgen CPU ms/req | errors | CPU ms/req by round | of which top process |',
   );
-  console.log('|---|---|---|---|---|---|---|---|---|---|---|---|');
+  console.log('|---|---|---|---|---|---|---|---|---|---|---|---|---|');
   for (const r of rows) {
     const ng = r.proxy === 'direct' ? undefined : idsNginx(r.workload);
     const cpuRatio = ng?.proxyCpuMsPerReq && r.proxyCpuMsPerReq ? r.proxyCpuMsPerReq / ng.proxyCpuMsPerReq : null;
