@@ -24,7 +24,7 @@ import { fileURLToPath } from 'node:url';
 import autocannon from 'autocannon';
 import { LocalTokenizer } from '../src/tokenizer/local.ts';
 import { findNginx, NGINX_INSTALL_HINT, startNginx } from './lib/nginx.ts';
-import { procAvailable, treeCpuMs } from './lib/proc-cpu.ts';
+import { ownCpuMs, procAvailable, treeCpuMs } from './lib/proc-cpu.ts';
 import { RawClient } from './lib/raw-client.ts';
 
 const HELP = `bench:capacity: req/s, CPU per request and added latency of direct, nginx and kvroute on one fast upstream
@@ -211,12 +211,15 @@ interface Saturation {
   requests: number;
   errors: number;
   proxyCpuMsPerReq: number | null;
+  /** The proxy's top process alone (with --processes: the primary, the routing core). */
+  topCpuMsPerReq: number | null;
   loadgenCpuMsPerReq: number;
 }
 
 async function saturate(url: string, w: Workload, duration: number, pid: number | null): Promise<Saturation> {
   let n = 0;
   const cpu0 = pid === null ? 0 : treeCpuMs(pid);
+  const top0 = pid === null ? 0 : ownCpuMs(pid);
   const gen0 = process.cpuUsage();
   const t0 = performance.now();
   const r = await autocannon({
@@ -235,11 +238,13 @@ async function saturate(url: string, w: Workload, duration: number, pid: number 
   const gen = process.cpuUsage(gen0);
   const ok = r['2xx'];
   const cpu = pid === null ? null : treeCpuMs(pid) - cpu0;
+  const top = pid === null ? null : ownCpuMs(pid) - top0;
   return {
     rps: ok / secs,
     requests: ok,
     errors: r.errors + r.non2xx + r.timeouts,
     proxyCpuMsPerReq: cpu === null || ok === 0 ? null : cpu / ok,
+    topCpuMsPerReq: top === null || ok === 0 ? null : top / ok,
     loadgenCpuMsPerReq: ok === 0 ? 0 : (gen.user + gen.system) / 1000 / ok,
   };
 }
@@ -290,6 +295,8 @@ interface Row {
   rps: number;
   errors: number;
   proxyCpuMsPerReq: number | null;
+  /** Of which the top process alone (the primary with --processes), same round. */
+  topCpuMsPerReq?: number | null;
   /** CPU ms/request of each saturation round (the median is proxyCpuMsPerReq). */
   cpuRounds?: number[];
   loadgenCpuMsPerReq: number;
@@ -387,6 +394,7 @@ async function main(): Promise<void> {
         rps,
         errors: all.reduce((a, x) => a + x.errors, 0) + viaProxy.errors,
         proxyCpuMsPerReq: s.proxyCpuMsPerReq,
+        topCpuMsPerReq: s.topCpuMsPerReq,
         cpuRounds: all.map((x) => x.proxyCpuMsPerReq ?? Number.NaN),
         loadgenCpuMsPerReq: s.loadgenCpuMsPerReq,
         addedP50Ms: pct(viaProxy.lat, 0.5) - pct(viaDirect.lat, 0.5),
@@ -468,15 +476,15 @@ async function main(): Promise<void> {
   for (const n of notes) console.log(`- ${n}`);
   console.log('');
   console.log(
-    '| proxy | workload | req/s | CPU ms/req (proxy) | × nginx CPU | req/s ÷ nginx | added p50 ms | added p99 ms | at req/s | loadgen CPU ms/req | errors | CPU ms/req by round |',
+    '| proxy | workload | req/s | CPU ms/req (proxy) | × nginx CPU | req/s ÷ nginx | added p50 ms | added p99 ms | at req/s | loadgen CPU ms/req | errors | CPU ms/req by round | of which top process |',
   );
-  console.log('|---|---|---|---|---|---|---|---|---|---|---|---|');
+  console.log('|---|---|---|---|---|---|---|---|---|---|---|---|---|');
   for (const r of rows) {
     const ng = r.proxy === 'direct' ? undefined : idsNginx(r.workload);
     const cpuRatio = ng?.proxyCpuMsPerReq && r.proxyCpuMsPerReq ? r.proxyCpuMsPerReq / ng.proxyCpuMsPerReq : null;
     const rpsRatio = ng ? r.rps / ng.rps : null;
     console.log(
-      `| ${r.proxy} | ${r.workload} | ${r.rps.toFixed(0)} | ${f(r.proxyCpuMsPerReq)} | ${f(cpuRatio, 1)} | ${f(rpsRatio, 2)} | ${f(r.addedP50Ms)} | ${f(r.addedP99Ms)} | ${r.rateProbed ?? '-'} | ${f(r.loadgenCpuMsPerReq)} | ${r.errors} | ${r.cpuRounds?.map((x) => f(x)).join(', ') ?? '-'} |`,
+      `| ${r.proxy} | ${r.workload} | ${r.rps.toFixed(0)} | ${f(r.proxyCpuMsPerReq)} | ${f(cpuRatio, 1)} | ${f(rpsRatio, 2)} | ${f(r.addedP50Ms)} | ${f(r.addedP99Ms)} | ${r.rateProbed ?? '-'} | ${f(r.loadgenCpuMsPerReq)} | ${r.errors} | ${r.cpuRounds?.map((x) => f(x)).join(', ') ?? '-'} | ${f(r.topCpuMsPerReq ?? null)} |`,
     );
   }
   if (rows.some((r) => r.workload.startsWith('chat'))) {

@@ -51,3 +51,8 @@ export function treeCpuMs(pid: number): number {
   for (const p of processTree(pid)) ticks += stat(p)?.ticks ?? 0;
   return ticks * TICK_MS;
 }
+
+/** CPU milliseconds used so far by the pid alone (its threads included, its child processes not). */
+export function ownCpuMs(pid: number): number {
+  return (stat(pid)?.ticks ?? 0) * TICK_MS;
+}

@@ -3,7 +3,8 @@
  * core decides. Every request goes on a fresh connection, so the cluster spreads them over the shells.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
-import { request } from 'node:http';
+import { createServer, request } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 import { FakeEngine } from './fake-engine.ts';
@@ -141,6 +142,31 @@ async function decisions(processes: number, prompts: number[][]): Promise<{ pick
 }
 
 describe('serve --processes', () => {
+  it('a port already taken fails start-up with one line and a non-zero exit', async () => {
+    const taken = createServer();
+    await new Promise<void>((r) => taken.listen(0, '127.0.0.1', () => r()));
+    const port = (taken.address() as AddressInfo).port;
+    try {
+      const [e] = await fleet(1);
+      const proc = spawn(process.execPath, [CLI, 'serve', '--port', String(port), '--worker', e.url, '--processes', '2'], {
+        env: { ...process.env, KVROUTE_LOG_LEVEL: 'warn' },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      let stderr = '';
+      proc.stderr?.on('data', (d: Buffer) => {
+        stderr += d.toString();
+      });
+      proc.stdout?.resume();
+      const code = await new Promise<number | null>((r) => proc.once('exit', (c) => r(c)));
+      expect(code).not.toBe(0);
+      const lines = stderr.trim().split('\n');
+      expect(lines, stderr).toHaveLength(1);
+      expect(lines[0]).toMatch(/^kvroute serve: .*EADDRINUSE/);
+    } finally {
+      taken.close();
+    }
+  }, 60_000);
+
   it('two HTTP shells make the decisions one process makes for the same request sequence', async () => {
     const prompts = conversationPrompts(30);
     const one = await decisions(1, prompts);

@@ -62,13 +62,11 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
   cluster.setupPrimary({ exec, execArgv, serialization: 'advanced' });
   const shells = new Map<number, ShellState>();
   let closing = false;
+  /** Every shell has listened once: from then on a shell that dies is replaced. */
+  let up = false;
   let replaced = 0;
-  let resolveUrl: (url: string) => void = () => {};
-  let rejectUrl: (err: Error) => void = () => {};
-  const urlKnown = new Promise<string>((resolve, reject) => {
-    resolveUrl = resolve;
-    rejectUrl = reject;
-  });
+  let publicUrl: string | null = null;
+  let startError: Error | null = null;
 
   const infoOf = (id: string | undefined): ShellWorkerInfo[] => {
     const w = id ? server.workers.get(id) : undefined;
@@ -142,9 +140,13 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
       case 'kvr.ready':
         send(s, { k: 'kvr.start', config, primaryUrl: server.url });
         return;
+      case 'kvr.startFailed':
+        if (!up) startError ??= new Error(m.message);
+        else log.error({ pid: s.worker.process.pid, error: m.message }, 'HTTP shell failed to start');
+        return;
       case 'kvr.listening':
         s.listening = true;
-        resolveUrl(m.url);
+        publicUrl ??= m.url;
         return;
     }
   };
@@ -173,8 +175,11 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
       for (const id of s.active) if (!s.waiting.has(id)) server.lifecycle.finish(id, { outcome: 'cancelled' });
       s.active.clear();
       if (closing) return;
-      if (!s.listening && shells.size === 0 && replaced === 0) {
-        rejectUrl(new Error(`the HTTP shell exited before listening (${signal ?? `exit ${code}`})`));
+      if (!up) {
+        // Start-up failed (the port taken, the tokenizer unreadable): no replacing, the command fails.
+        closing = true;
+        for (const other of shells.values()) other.worker.kill('SIGKILL');
+        startError ??= new Error(`an HTTP shell exited before listening (${signal ?? `exit ${code}`})`);
         return;
       }
       replaced++;
@@ -188,9 +193,17 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
   };
 
   for (let i = 0; i < config.processes; i++) fork();
-  const url = await urlKnown;
-  // Every shell listens before the router says it is up.
-  while ([...shells.values()].some((s) => !s.listening)) await new Promise((r) => setTimeout(r, 10));
+  // Every shell listens before the router says it is up; any that cannot fails the start-up.
+  while (!startError && (shells.size < config.processes || [...shells.values()].some((s) => !s.listening))) {
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  if (startError || !publicUrl) {
+    closing = true;
+    for (const s of shells.values()) s.worker.kill('SIGKILL');
+    throw startError ?? new Error('no HTTP shell listened');
+  }
+  const url: string = publicUrl;
+  up = true;
   log.info({ shells: [...shells.values()].map((s) => s.worker.process.pid) }, `${config.processes} HTTP shells listening on ${url}`);
 
   return {

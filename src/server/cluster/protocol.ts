@@ -44,6 +44,8 @@ export type ShellMessage =
   | { readonly k: 'kvr.listening'; readonly url: string }
   /** The shell's message handler is in place: send kvr.start (a message sent earlier would be lost). */
   | { readonly k: 'kvr.ready' }
+  /** The shell could not start (its listener, its tokenizer): the primary fails start-up with this message. */
+  | { readonly k: 'kvr.startFailed'; readonly message: string }
   /** Messages of one event-loop turn, in order: one IPC write instead of several. */
   | { readonly k: 'kvr.batch'; readonly msgs: readonly ShellMessage[] };
 

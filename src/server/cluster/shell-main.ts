@@ -5,8 +5,8 @@ import { runShell } from './shell.ts';
 process.once('message', (m: PrimaryMessage) => {
   if (m.k !== 'kvr.start') return;
   runShell(m.config, m.primaryUrl).catch((err: unknown) => {
-    process.stderr.write(`kvroute serve (HTTP shell ${process.pid}): ${(err as Error).message}\n`);
-    process.exit(1);
+    // The primary says it, once, as the start-up failure it is.
+    process.send?.({ k: 'kvr.startFailed', message: (err as Error).message }, undefined, {}, () => process.exit(1));
   });
 });
 process.send?.({ k: 'kvr.ready' });

@@ -150,7 +150,16 @@ class ForwardedLifecycle implements LifecyclePort {
   abandon(): void {
     for (const [id, w] of this.waiters) {
       this.waiters.delete(id);
-      w({ kind: 'reject', requestId: id, code: 'closed', message: 'the router is shutting down' } as NextStep);
+      w({
+        kind: 'reject',
+        requestId: id,
+        code: 'closed',
+        message: 'the router is shutting down',
+        queuedMs: 0,
+        attempts: 0,
+        tenant: 'default',
+        band: 'default',
+      });
     }
   }
 }
