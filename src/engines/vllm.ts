@@ -13,10 +13,15 @@
  *   `xxh3.xxh64(bytes, 0n)`. The fold is only an engine-id key (the router never reproduces engine hashes,
  *   docs/protocols.md §1), so a collision would at worst alias two blocks of one source: ~2^-64 per pair.
  *
- * Extra keys (one entry per block, vLLM order: lora name (an integer id in older releases), multimodal keys, cache_salt
- * (first block only), prompt-embeds digest): a string equal to the event's lora name, or an integer, is the LoRA, the last other string of the first block of a sequence
- * (parent null) is the cache_salt; tuples, byte strings and any other strings are multimodal / embeddings identity the
- * router cannot hash from tokens, so that block and the rest of its event are skipped and counted (a documented limit).
+ * Extra keys (one entry per block, vLLM order: lora name (an integer id in older releases), multimodal (identifier,
+ * offset) pairs, cache_salt (first block only), prompt-embeds digest): a string equal to the event's lora name, or an
+ * integer, is the LoRA; the last other string of the first block of a sequence (parent null) is the cache_salt; each
+ * (identifier, offset) pair becomes the block's multimodal identity (`mmKeys`, docs/engines.md). Byte strings
+ * (prompt embeds), bare strings (older releases' multimodal hashes without their offset) and other tuples are identity
+ * the router cannot reproduce, so that block and the rest of its event are skipped and counted (a documented limit).
+ *
+ * Hybrid models' cache-group fields (group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window) and session_id are
+ * decoded into the event; a present but unusable one drops the event, counted by cause (badGroupFields, badExtraKeys).
  */
 import { xxh3 } from '@node-rs/xxhash';
 import { Packr, Unpackr } from 'msgpackr';
@@ -76,7 +81,7 @@ export interface DecodeCounts {
   unknownEventTypes: number;
   /** Events whose shape or fields were unusable (wrong types, bad hashes, bad tokens); skipped. */
   malformedEvents: number;
-  /** Blocks skipped because their extra keys carry multimodal / prompt-embeds identity. */
+  /** Blocks skipped because their extra keys carry identity the router cannot reproduce (prompt embeds, offset-less multimodal hashes). */
   multimodalBlocks: number;
   /** Stored events with a lora_id but no lora_name: isolated under a synthetic name `lora-id:<n>`. */
   loraIdWithoutName: number;

@@ -8,7 +8,8 @@
  *   computed either).
  * - cache_salt: vLLM puts it in the extra keys of a sequence's first block only, but it seeds every block of the
  *   sequence (docs/protocols.md §1), so continuation events inherit it from their parent.
- * - Multimodal blocks (skipped by the decoder) poison their descendants the same way: skipped and counted.
+ * - Blocks the decoder skipped (identity it cannot reproduce: prompt embeds, offset-less multimodal hashes) poison their
+ *   descendants the same way: skipped and counted. Multimodal (identifier, offset) keys are hashable and pass.
  * - KV-cache groups (hybrid models: sliding-window and Mamba-state groups beside full attention, the same engine ids
  *   in every group): every group of a known kind passes to the router, which indexes each group apart
  *   (src/core/index/groups.ts). A group of unknown kind, with a block size unlike group 0's, or on a source whose

@@ -17,6 +17,8 @@ import type { Rank, RankLoop } from './rank-loop.ts';
 import { type Answer, startAnswer } from './responses.ts';
 import type { MockPd, PdPlan } from './pd.ts';
 import { rawMember } from '../openai/raw-json.ts';
+import { chatMediaParts, type MediaPart, withMediaMarkers } from '../openai/multimodal.ts';
+import type { MmItem } from '../core/types.ts';
 import type { MockTokenizer } from './tokenizer.ts';
 import type { ChatPromptInput } from '../tokenizer/chat.ts';
 import { MessagesApi } from './apis/messages.ts';
@@ -75,7 +77,14 @@ export interface RunSpec {
   readonly plan?: PdPlan | null;
   /** The caller already rolled the fault dice for this request. */
   readonly faultsChecked?: boolean;
+  /** Multimodal items of the (single) prompt: placeholder tokens already in it. */
+  readonly mmItems?: readonly MmItem[];
 }
+
+/** Placeholder tokens the mock's "processor" expands every image or audio part into (docs/engines.md). */
+export const MOCK_MM_PLACEHOLDER_TOKENS = 64;
+/** Never produced by the mock tokenizer's text pieces, so it cannot occur in rendered text. */
+const MEDIA_MARKER = '\u0000kvroute-media\u0000';
 
 export interface OpenAiSurfaceOptions {
   readonly model: string;
@@ -205,6 +214,28 @@ export class OpenAiSurface {
     return best;
   }
 
+  /**
+   * A chat prompt with images or audio, as a processor gives it to vLLM's engine: the template renders a marker where
+   * each media part was; each marker becomes MOCK_MM_PLACEHOLDER_TOKENS placeholder tokens, one multimodal item.
+   */
+  private chatWithMedia(chat: ChatPromptInput, media: readonly MediaPart[]): { tokens: number[]; items: MmItem[] } {
+    const { tokenizer } = this.o;
+    const text = this.renderChat({ ...chat, messages: withMediaMarkers(chat.messages, MEDIA_MARKER) });
+    const pieces = text.split(MEDIA_MARKER);
+    if (pieces.length !== media.length + 1) throw vllmError(400, 'the chat template dropped a multimodal part', 'messages');
+    const placeholder = tokenizer.vocabSize - 1;
+    const tokens: number[] = [];
+    const items: MmItem[] = [];
+    pieces.forEach((piece, i) => {
+      if (piece.length > 0) tokens.push(...tokenizer.encode(piece));
+      if (i < media.length) {
+        items.push({ identifier: media[i].identifier, offset: tokens.length, length: MOCK_MM_PLACEHOLDER_TOKENS });
+        for (let k = 0; k < MOCK_MM_PLACEHOLDER_TOKENS; k++) tokens.push(placeholder);
+      }
+    });
+    return { tokens, items };
+  }
+
   renderChat(input: ChatPromptInput): string {
     try {
       return this.o.tokenizer.renderChat(input);
@@ -224,9 +255,18 @@ export class OpenAiSurface {
     const request = parseOpenAiRequest(endpoint, body);
     const gen = parseGenerationParams(endpoint, body);
     const loraName = this.resolveModel(request.model);
-    const prompts: number[][] = request.chat
-      ? [tokenizer.encode(this.renderChat(request.chat))]
-      : request.prompts.map((p) => (typeof p === 'string' ? tokenizer.encode(p) : (p as number[])));
+    const media = request.chat ? chatMediaParts(request.chat.messages) : [];
+    let mmItems: MmItem[] | undefined;
+    let prompts: number[][];
+    if (request.chat && media.length > 0) {
+      const chat = this.chatWithMedia(request.chat, media);
+      prompts = [chat.tokens];
+      mmItems = chat.items;
+    } else {
+      prompts = request.chat
+        ? [tokenizer.encode(this.renderChat(request.chat))]
+        : request.prompts.map((p) => (typeof p === 'string' ? tokenizer.encode(p) : (p as number[])));
+    }
     const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${randomBytes(16).toString('hex')}`;
     const pd = this.o.pd;
     let rank = this.pickRank(req);
@@ -267,6 +307,7 @@ export class OpenAiSurface {
       rank,
       plan,
       faultsChecked: true,
+      mmItems,
       answer: (arrivalMs) =>
         startAnswer(res, tokenizer, {
           endpoint,
@@ -324,6 +365,7 @@ export class OpenAiSurface {
             seed: spec.seed,
             preloadedTokens: plan?.preloadedTokens,
             holdOnFinish: plan?.holdOnFinish,
+            mmItems: i === 0 ? spec.mmItems : undefined,
           },
           arrivalMs,
         );
