@@ -5,6 +5,7 @@ import { addServeOptions, CONFIG_OPTION, serveConfigFromCommand } from '../confi
 import type { RunningEpp } from '../epp/server.ts';
 import { bundledTokenizerDir, type EmbeddedFleet, startEmbeddedFleet } from '../mocker/embedded.ts';
 import { LOG_REDACT_PATHS } from '../server/security/index.ts';
+import { startK8sDiscovery, wantsK8s } from './k8s-discovery.ts';
 
 export function registerEpp(program: Command): void {
   const epp = program
@@ -37,7 +38,8 @@ export function registerEpp(program: Command): void {
         '  kvroute epp --port 9002 --metrics-port 9090          # embedded mock fleet, gRPC on 9002\n' +
         '  kvroute epp --port 9002 --metrics-port 9090 --host 0.0.0.0 \\\n' +
         '              -w http://10.0.0.7:8000,events=tcp://10.0.0.7:5557 -w http://10.0.0.8:8000,events=tcp://10.0.0.8:5557\n' +
-        '  kvroute epp --port 9002 --metrics-port 9090 --nats nats://nats:4222   # a replica sharing state over NATS\n',
+        '  kvroute epp --port 9002 --metrics-port 9090 --nats nats://nats:4222   # a replica sharing state over NATS\n' +
+        "  kvroute epp --port 9002 --metrics-port 9090 --k8s-pool vllm-pool      # workers: the InferencePool's Ready pods\n",
     )
     .action(async (_opts: unknown, cmd: Command) => {
       const { config, unknownEnv } = await serveConfigFromCommand(cmd, process.env);
@@ -45,7 +47,8 @@ export function registerEpp(program: Command): void {
       for (const name of unknownEnv) log.warn(`ignoring environment variable ${name}: no setting has that name (typo?)`);
       let fleet: EmbeddedFleet | null = null;
       const natsUrls = config.nats ?? [];
-      if (config.workers.length === 0 && config.mockWorkers > 0 && natsUrls.length === 0) {
+      const k8s = wantsK8s(config);
+      if (config.workers.length === 0 && config.mockWorkers > 0 && natsUrls.length === 0 && !k8s) {
         config.tokenizerDir ??= bundledTokenizerDir();
         log.info(`no --worker given: starting an embedded fleet of ${config.mockWorkers} mock engines (a few seconds)`);
         fleet = await startEmbeddedFleet({
@@ -61,13 +64,23 @@ export function registerEpp(program: Command): void {
         );
       }
       let natsReady = natsUrls.length === 0;
+      // With --k8s-*, readiness is NOT_SERVING until the pods have been listed once.
+      let discovery: Awaited<ReturnType<typeof startK8sDiscovery>> = null;
       const { startEpp } = await import('../epp/server.ts');
       let epp: RunningEpp;
       try {
-        epp = await startEpp(config, { logger: log, readiness: () => natsReady });
+        epp = await startEpp(config, { logger: log, readiness: () => natsReady && (discovery?.synced ?? true) });
       } catch (err) {
         await fleet?.close();
         throw err;
+      }
+      if (k8s) {
+        try {
+          discovery = await startK8sDiscovery(config, epp.core.workers, epp.core.metrics.registry, log);
+        } catch (err) {
+          await epp.close(0);
+          throw err;
+        }
       }
       let replica: { close(): Promise<void> } | null = null;
       if (natsUrls.length > 0) {
@@ -104,7 +117,7 @@ export function registerEpp(program: Command): void {
         }
         stopping = true;
         log.info({ signal, streams: epp.streams(), graceMs: config.shutdownGraceMs }, 'shutting down');
-        void (replica?.close() ?? Promise.resolve())
+        void Promise.all([replica?.close(), discovery?.stop()])
           .then(() => epp.close())
           .then(() => fleet?.close())
           .then(() => process.exit(0));

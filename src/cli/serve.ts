@@ -7,6 +7,7 @@ import { type RunningCluster, startCluster } from '../server/cluster/primary.ts'
 import { SettingError } from '../config/settings.ts';
 import { LOG_REDACT_PATHS } from '../server/security/index.ts';
 import { bundledTokenizerDir, startEmbeddedFleet, type EmbeddedFleet } from '../mocker/embedded.ts';
+import { startK8sDiscovery, wantsK8s } from './k8s-discovery.ts';
 
 export function registerServe(program: Command): void {
   const serve = program
@@ -47,7 +48,7 @@ export function registerServe(program: Command): void {
       let fleet: EmbeddedFleet | null = null;
       const mockCount = config.mockWorkers;
       const natsUrls = config.nats ?? [];
-      const k8s = config.k8sPool !== undefined || config.k8sSelector !== undefined;
+      const k8s = wantsK8s(config);
       if (config.workers.length === 0 && mockCount > 0 && natsUrls.length === 0 && !k8s) {
         config.tokenizerDir ??= bundledTokenizerDir();
         log.info(`no --worker given: starting an embedded fleet of ${mockCount} mock engines (a few seconds)`);
@@ -87,33 +88,12 @@ export function registerServe(program: Command): void {
         throw err;
       }
       if (k8s) {
-        const { discoveryFromSettings, registerDiscoveryMetrics } = await import('../discovery/k8s/index.ts');
-        const { workers } = server;
         try {
-          discovery = discoveryFromSettings(
-            config,
-            {
-              // The admin API's path: the worker joins the dispatcher's table, its events are subscribed.
-              add: async (spec) => void (await workers.add(spec)),
-              remove: async (id) => void (await workers.remove(id)),
-            },
-            {
-              info: (o: object, m: string) => log.info(o, m),
-              warn: (o: object, m: string) => log.warn(o, m),
-              error: (o: object, m: string) => log.error(o, m),
-            },
-          );
+          discovery = await startK8sDiscovery(config, server.workers, server.metrics.registry, log);
         } catch (err) {
           await server.close(0);
           throw err;
         }
-        registerDiscoveryMetrics(discovery, server.metrics.registry, config.metricsPrefix);
-        const d = discovery;
-        log.info(
-          { pool: config.k8sPool ?? null, selector: config.k8sSelector ?? null, namespace: config.k8sNamespace ?? null },
-          'watching Kubernetes for workers',
-        );
-        void d.start().then(() => log.info({ workers: d.stats().workers }, 'kubernetes discovery synced'));
       }
       let shells: RunningCluster | null = null;
       if (multi) {
