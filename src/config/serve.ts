@@ -120,7 +120,7 @@ export const serveSchema = z.strictObject({
     env: 'KVROUTE_PROCESSES',
     help:
       'HTTP processes sharing the port (node:cluster): each parses, tokenizes and proxies; one routing core in the primary ' +
-      'makes every decision (docs/operations.md "Every core"). 1 = one process',
+      'makes every decision (docs/architecture.md "Every core"). 1 = one process',
     group: G.listen,
   }),
   blockSize: withDefault(integer({ min: 1 }), 16, {
