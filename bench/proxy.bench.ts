@@ -5,6 +5,7 @@
  *   3. 1,000 concurrent streams through kvroute held open together, counting errors
  *
  *   npm run bench:proxy [-- --duration 5 --rounds 3 --connections 64 --chunks 16 --chunk-delay-ms 10 --streams 1000]
+ *   npm run bench:proxy -- --streams 10000 --streams-only     only part 3, with the router's resident memory
  *
  * The upstream streams `chunks` SSE chunks `chunk-delay-ms` apart, then usage and [DONE], like an engine decoding
  * (10 ms between tokens is already faster than most engines under load). The latency probe asks it for no delay, so
@@ -15,6 +16,7 @@ import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
+import { readFileSync } from 'node:fs';
 import autocannon from 'autocannon';
 import { Agent, request } from 'undici';
 
@@ -177,6 +179,16 @@ async function holdStreams(
   return { ok, errors, peakUpstream: 0, ms };
 }
 
+/** Resident memory of a process in MiB, from /proc (Linux); NaN elsewhere. */
+function rssMiB(pid: number | undefined): number {
+  try {
+    const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+    return m ? Number(m[1]) / 1024 : Number.NaN;
+  } catch {
+    return Number.NaN;
+  }
+}
+
 async function main(): Promise<void> {
   const self = fileURLToPath(import.meta.url);
   const duration = arg('duration', 5);
@@ -213,52 +225,65 @@ async function main(): Promise<void> {
       `upstream: ${arg('chunks', 16)} chunks, ${arg('chunk-delay-ms', 10)} ms apart; autocannon ${connections} connections x ${duration} s`,
     );
 
-    // Warm both paths, then alternate direct/proxy twice so drift in machine load hits both alike.
-    await cannon(upstream, connections, 2);
-    await cannon(kvUrl, connections, 2);
-    const rounds = arg('rounds', 3);
-    const direct: Awaited<ReturnType<typeof cannon>>[] = [];
-    const proxied: Awaited<ReturnType<typeof cannon>>[] = [];
-    for (let r = 0; r < rounds; r++) {
-      direct.push(await cannon(upstream, connections, duration));
-      proxied.push(await cannon(kvUrl, connections, duration));
-    }
-    const avg = (xs: { rps: number }[]) => xs.reduce((a, x) => a + x.rps, 0) / xs.length;
-    const med = (xs: { p50: number }[]) => xs.map((x) => x.p50).reduce((a, b) => a + b, 0) / xs.length;
-    console.log('\n| path | req/s (runs) | mean req/s | p50 ms | p99 ms | errors |');
-    console.log('|---|---|---|---|---|---|');
-    for (const [name, rs] of [
-      ['direct', direct],
-      ['kvroute', proxied],
-    ] as const) {
+    if (!args.includes('--streams-only')) {
+      // Warm both paths, then alternate direct/proxy twice so drift in machine load hits both alike.
+      await cannon(upstream, connections, 2);
+      await cannon(kvUrl, connections, 2);
+      const rounds = arg('rounds', 3);
+      const direct: Awaited<ReturnType<typeof cannon>>[] = [];
+      const proxied: Awaited<ReturnType<typeof cannon>>[] = [];
+      for (let r = 0; r < rounds; r++) {
+        direct.push(await cannon(upstream, connections, duration));
+        proxied.push(await cannon(kvUrl, connections, duration));
+      }
+      const avg = (xs: { rps: number }[]) => xs.reduce((a, x) => a + x.rps, 0) / xs.length;
+      const med = (xs: { p50: number }[]) => xs.map((x) => x.p50).reduce((a, b) => a + b, 0) / xs.length;
+      console.log('\n| path | req/s (runs) | mean req/s | p50 ms | p99 ms | errors |');
+      console.log('|---|---|---|---|---|---|');
+      for (const [name, rs] of [
+        ['direct', direct],
+        ['kvroute', proxied],
+      ] as const) {
+        console.log(
+          `| ${name} | ${rs.map((r) => r.rps.toFixed(0)).join(', ')} | ${avg(rs).toFixed(0)} | ${med(rs).toFixed(2)} | ${(rs.reduce((a, r) => a + r.p99, 0) / rs.length).toFixed(2)} | ${rs.reduce((a, r) => a + r.errors, 0)} |`,
+        );
+      }
+      const ratios = direct.map((d, i) => proxied[i].rps / d.rps).sort((a, b) => a - b);
       console.log(
-        `| ${name} | ${rs.map((r) => r.rps.toFixed(0)).join(', ')} | ${avg(rs).toFixed(0)} | ${med(rs).toFixed(2)} | ${(rs.reduce((a, r) => a + r.p99, 0) / rs.length).toFixed(2)} | ${rs.reduce((a, r) => a + r.errors, 0)} |`,
+        `throughput through kvroute: ${((100 * avg(proxied)) / avg(direct)).toFixed(1)}% of direct (mean of runs); ` +
+          `per-round ratios ${ratios.map((r) => `${(100 * r).toFixed(1)}%`).join(', ')}`,
+      );
+
+      const agent = new Agent({ connections: 1 });
+      const seqN = arg('sequential', 1000);
+      const dSeq = await sequentialMedian(upstream, seqN, agent);
+      const pSeq = await sequentialMedian(kvUrl, seqN, agent);
+      const dSeq2 = await sequentialMedian(upstream, seqN, agent);
+      const pSeq2 = await sequentialMedian(kvUrl, seqN, agent);
+      await agent.close();
+      const dMed = (dSeq + dSeq2) / 2;
+      const pMed = (pSeq + pSeq2) / 2;
+      console.log(
+        `\nsequential full-response p50 (${seqN} requests x2 each): direct ${dMed.toFixed(3)} ms, kvroute ${pMed.toFixed(3)} ms, added ${(pMed - dMed).toFixed(3)} ms`,
       );
     }
-    const ratios = direct.map((d, i) => proxied[i].rps / d.rps).sort((a, b) => a - b);
-    console.log(
-      `throughput through kvroute: ${((100 * avg(proxied)) / avg(direct)).toFixed(1)}% of direct (mean of runs); ` +
-        `per-round ratios ${ratios.map((r) => `${(100 * r).toFixed(1)}%`).join(', ')}`,
-    );
-
-    const agent = new Agent({ connections: 1 });
-    const seqN = arg('sequential', 1000);
-    const dSeq = await sequentialMedian(upstream, seqN, agent);
-    const pSeq = await sequentialMedian(kvUrl, seqN, agent);
-    const dSeq2 = await sequentialMedian(upstream, seqN, agent);
-    const pSeq2 = await sequentialMedian(kvUrl, seqN, agent);
-    await agent.close();
-    const dMed = (dSeq + dSeq2) / 2;
-    const pMed = (pSeq + pSeq2) / 2;
-    console.log(
-      `\nsequential full-response p50 (${seqN} requests x2 each): direct ${dMed.toFixed(3)} ms, kvroute ${pMed.toFixed(3)} ms, added ${(pMed - dMed).toFixed(3)} ms`,
-    );
 
     const hold = arg('hold-ms', 3000);
+    const rssBefore = rssMiB(kv.pid);
+    let rssPeak = rssBefore;
+    const sampler = setInterval(() => {
+      rssPeak = Math.max(rssPeak, rssMiB(kv.pid));
+    }, 100);
     const held = await holdStreams(kvUrl, streams, hold);
+    clearInterval(sampler);
+    const rssAfter = rssMiB(kv.pid);
     const stats = (await (await request(`${upstream}/stats`)).body.json()) as { peak: number };
     console.log(
       `\n${streams} concurrent streams through kvroute, each held ${hold} ms: ${held.ok} complete, ${held.errors} errors, peak ${stats.peak} open at the upstream, all done in ${held.ms.toFixed(0)} ms`,
+    );
+    console.log(
+      `kvroute resident memory: ${rssBefore.toFixed(0)} MiB before, peak ${rssPeak.toFixed(0)} MiB while the streams were open ` +
+        `(${(((rssPeak - rssBefore) * 1024) / Math.max(1, streams)).toFixed(1)} KiB per stream), ${rssAfter.toFixed(0)} MiB after`,
     );
     console.log(
       `loadavg after: ${loadavg()
