@@ -26,6 +26,7 @@ import { LocalTokenizer } from '../src/tokenizer/local.ts';
 import { findNginx, NGINX_INSTALL_HINT, startNginx } from './lib/nginx.ts';
 import { ownCpuMs, procAvailable, treeCpuMs } from './lib/proc-cpu.ts';
 import { RawClient } from './lib/raw-client.ts';
+import { waitForLine } from './lib/child.ts';
 
 const HELP = `bench:capacity: req/s, CPU per request and added latency of direct, nginx and kvroute on one fast upstream
 
@@ -86,28 +87,6 @@ const children: ChildProcess[] = [];
 process.on('exit', () => {
   for (const c of children) if (c.exitCode === null) c.kill('SIGKILL');
 });
-
-function waitForLine(child: ChildProcess, re: RegExp, timeoutMs = 60_000): Promise<RegExpExecArray> {
-  return new Promise((resolve, reject) => {
-    let buf = '';
-    const t = setTimeout(() => reject(new Error(`timed out waiting for ${re}; output so far: ${buf.slice(-800)}`)), timeoutMs);
-    const on = (d: Buffer) => {
-      buf += d.toString();
-      const m = re.exec(buf);
-      if (m) {
-        clearTimeout(t);
-        child.stdout?.off('data', on);
-        child.stderr?.off('data', on);
-        child.stdout?.resume();
-        child.stderr?.resume();
-        resolve(m);
-      }
-    };
-    child.stdout?.on('data', on);
-    child.stderr?.on('data', on);
-    child.once('exit', (code) => reject(new Error(`exited with ${code} before printing ${re}: ${buf.slice(-800)}`)));
-  });
-}
 
 async function stopChild(c: ChildProcess): Promise<void> {
   if (c.exitCode !== null || c.signalCode !== null) return;

@@ -19,6 +19,7 @@ import { fileURLToPath } from 'node:url';
 import { readFileSync } from 'node:fs';
 import autocannon from 'autocannon';
 import { Agent, request } from 'undici';
+import { waitForLine } from './lib/child.ts';
 
 const args = process.argv.slice(2);
 function arg(name: string, def: number): number {
@@ -87,25 +88,6 @@ async function runUpstream(): Promise<void> {
 }
 
 // ------------------------------------------------------------------ role: driver
-
-function waitForLine(child: ChildProcess, re: RegExp, timeoutMs = 30_000): Promise<RegExpExecArray> {
-  return new Promise((resolve, reject) => {
-    let buf = '';
-    const t = setTimeout(() => reject(new Error(`timed out waiting for ${re}; output so far: ${buf.slice(-500)}`)), timeoutMs);
-    const on = (d: Buffer) => {
-      buf += d.toString();
-      const m = re.exec(buf);
-      if (m) {
-        clearTimeout(t);
-        child.stdout?.off('data', on);
-        child.stderr?.off('data', on);
-        resolve(m);
-      }
-    };
-    child.stdout?.on('data', on);
-    child.stderr?.on('data', on);
-  });
-}
 
 const BODY = JSON.stringify({ model: 'bench', prompt: Array.from({ length: 64 }, (_, i) => i + 1), max_tokens: 16, stream: true });
 

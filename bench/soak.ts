@@ -10,6 +10,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { Pool } from 'undici';
+import { waitForLine } from './lib/child.ts';
 
 const HELP = `soak: memory and event-loop lag of kvroute serve under long mixed chat traffic
 
@@ -52,27 +53,6 @@ const children: ChildProcess[] = [];
 process.on('exit', () => {
   for (const c of children) if (c.exitCode === null) c.kill('SIGKILL');
 });
-
-function waitForLine(child: ChildProcess, re: RegExp, timeoutMs = 60_000): Promise<RegExpExecArray> {
-  return new Promise((resolve, reject) => {
-    let buf = '';
-    const t = setTimeout(() => reject(new Error(`timed out waiting for ${re}: ${buf.slice(-800)}`)), timeoutMs);
-    const on = (d: Buffer) => {
-      buf += d.toString();
-      const m = re.exec(buf);
-      if (m) {
-        clearTimeout(t);
-        child.stdout?.off('data', on);
-        child.stderr?.off('data', on);
-        child.stdout?.resume();
-        child.stderr?.resume();
-        resolve(m);
-      }
-    };
-    child.stdout?.on('data', on);
-    child.stderr?.on('data', on);
-  });
-}
 
 /** A seeded word stream: prose of about `tokens` tokens. */
 function prose(tokens: number, seed: number): string {
