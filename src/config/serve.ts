@@ -247,6 +247,21 @@ export const serveSchema = z.strictObject({
     help: 'tokenize in a worker thread (1) so long prompts never block streaming, or inline (0)',
     group: G.tokenizer,
   }),
+  mmPlaceholderTokens: withDefault(integer({ min: 0, max: 65536 }), 0, {
+    flag: '--mm-placeholder-tokens <n>',
+    env: 'KVROUTE_MM_PLACEHOLDER_TOKENS',
+    help:
+      'chat requests with image_url / input_audio parts: the placeholder tokens each part becomes in the engine (as its ' +
+      'processor expands it), so the router hashes the parts into their blocks (docs/engines.md, "Multimodal block keys"); ' +
+      '0: route on the text only (never credits an image, may under-predict)',
+    group: G.tokenizer,
+  }),
+  mmPlaceholderTokenId: optional(integer({ min: 0, max: 2 ** 31 - 1 }), {
+    flag: '--mm-placeholder-token-id <id>',
+    env: 'KVROUTE_MM_PLACEHOLDER_TOKEN_ID',
+    help: "the placeholder's token id (default: the tokenizer's vocabulary size - 1, the mock engine's)",
+    group: G.tokenizer,
+  }),
   tokenizerMode: optional(choice(['local', 'render', 'remote'] as const), {
     flag: '--tokenizer-mode <mode>',
     env: 'KVROUTE_TOKENIZER_MODE',

@@ -17,7 +17,7 @@ import type { Rank, RankLoop } from './rank-loop.ts';
 import { type Answer, startAnswer } from './responses.ts';
 import type { MockPd, PdPlan } from './pd.ts';
 import { rawMember } from '../openai/raw-json.ts';
-import { chatMediaParts, type MediaPart, withMediaMarkers } from '../openai/multimodal.ts';
+import { chatMediaParts, MEDIA_MARKER, type MediaPart, withMediaMarkers } from '../openai/multimodal.ts';
 import type { MmItem } from '../core/types.ts';
 import type { MockTokenizer } from './tokenizer.ts';
 import type { ChatPromptInput } from '../tokenizer/chat.ts';
@@ -84,7 +84,6 @@ export interface RunSpec {
 /** Placeholder tokens the mock's "processor" expands every image or audio part into (docs/engines.md). */
 export const MOCK_MM_PLACEHOLDER_TOKENS = 64;
 /** Never produced by the mock tokenizer's text pieces, so it cannot occur in rendered text. */
-const MEDIA_MARKER = '\u0000kvroute-media\u0000';
 
 export interface OpenAiSurfaceOptions {
   readonly model: string;

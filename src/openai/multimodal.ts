@@ -58,6 +58,9 @@ export function chatMediaParts(messages: readonly unknown[]): MediaPart[] {
   return out;
 }
 
+/** The text a media part is rendered as, to find where the chat template put it (split on it, then encode the pieces). */
+export const MEDIA_MARKER = '\u0000kvroute-media\u0000';
+
 /** The messages with every media part replaced by a text part `marker` (to find where the template put it). */
 export function withMediaMarkers(messages: readonly unknown[], marker: string): unknown[] {
   return messages.map((m) => {

@@ -12,7 +12,7 @@ import { readBody } from '../http/body.ts';
 import { badRequest } from '../http/errors.ts';
 import type { RequestMetrics } from '../metrics/registry.ts';
 import type { RemoteTokenizer } from '../tokenizer/remote.ts';
-import type { TokenizerService } from '../tokenizer/service.ts';
+import type { ChatMediaIds, TokenizerService } from '../tokenizer/service.ts';
 import type { ServeConfig } from '../config/serve.ts';
 import type { LifecyclePort } from './lifecycle.ts';
 import { parseJsonBody } from '../openai/request.ts';
@@ -78,6 +78,24 @@ export function sanitizeRequestId(value: string | string[] | undefined): string 
 
 /** What tokenization needs of a context (the router's, or the endpoint picker's). */
 export type TokenizeContext = Pick<InferenceContext, 'tokenizer' | 'remote' | 'tokenizingWorker' | 'log'>;
+
+/**
+ * A chat request with image / audio parts, when `--mm-placeholder-tokens` says how the engine expands them and the
+ * router tokenizes locally: the ids with the placeholders and the items keying them; null otherwise (text only).
+ */
+export async function mediaTokensFor(
+  ctx: Pick<InferenceContext, 'tokenizer' | 'config' | 'log'>,
+  req: RoutedRequest,
+): Promise<ChatMediaIds | null> {
+  const p = req.prompt;
+  if (p.kind !== 'chat' || !ctx.tokenizer || ctx.config.mmPlaceholderTokens <= 0) return null;
+  try {
+    return await ctx.tokenizer.encodeChatMedia(p.chat, ctx.config.mmPlaceholderTokens, ctx.config.mmPlaceholderTokenId);
+  } catch (err) {
+    ctx.log.debug({ err: (err as Error).message }, 'multimodal tokenization failed: routing on the text');
+    return null;
+  }
+}
 
 /** Routing tokens of a request: as given, from the local tokenizer, or from an engine; [] when it cannot be known. */
 export async function tokensFor(ctx: TokenizeContext, req: RoutedRequest): Promise<ArrayLike<number>> {
@@ -151,7 +169,8 @@ export async function handleInference(
 
   const tTok = performance.now();
   const tokStartMs = Date.now();
-  const tokens = await tokensFor(ctx, parsed);
+  const media = await mediaTokensFor(ctx, parsed);
+  const tokens = media?.ids ?? (await tokensFor(ctx, parsed));
   const tokenizeS = (performance.now() - tTok) / 1000;
   trace.span('tokenize', tokStartMs, Date.now(), {
     'kvroute.tokenizer.mode': parsed.prompt.kind === 'ids' ? 'given' : ctx.tokenizer ? 'local' : (ctx.remote?.mode ?? 'none'),
@@ -174,6 +193,7 @@ export async function handleInference(
       requestId,
       model: parsed.model,
       tokens,
+      ...(media ? { mmItems: media.items } : {}),
       cacheSalt: parsed.cacheSalt,
       policy: parsed.policy,
       knobs: parsed.knobs,

@@ -14,6 +14,8 @@ import { join } from 'node:path';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { ChatTemplate, type ChatPromptInput } from './chat.ts';
 import { WeightedLru } from './lru.ts';
+import type { MmItem } from '../core/types.ts';
+import { chatMediaParts, MEDIA_MARKER, withMediaMarkers } from '../openai/multimodal.ts';
 
 interface AddedTokenSpec {
   id: number;
@@ -168,6 +170,33 @@ export class LocalTokenizer {
   /** Renders a chat request with the model's template and encodes it without special tokens (as vLLM does). */
   encodeChat(input: ChatPromptInput): Uint32Array {
     return this.encode(this.chat.render(input));
+  }
+
+  /**
+   * A chat request with image / audio parts as an engine's processor gives it to the model: the template renders each
+   * part where it stands, the part becomes `placeholderTokens` copies of `placeholderId` (default: vocabulary size - 1,
+   * the mock engine's), and each part is one multimodal item (its identity, offset and length) for the block keys.
+   * Null when the messages carry no media part.
+   */
+  encodeChatMedia(input: ChatPromptInput, placeholderTokens: number, placeholderId?: number): { ids: Uint32Array; items: MmItem[] } | null {
+    const media = chatMediaParts(input.messages);
+    if (media.length === 0 || placeholderTokens <= 0) return null;
+    const pieces = this.chat
+      .render({ ...input, messages: withMediaMarkers(input.messages, MEDIA_MARKER) } as ChatPromptInput)
+      .split(MEDIA_MARKER);
+    // A template that drops a part (a text-only template ignoring non-text content) leaves nothing to key: text only.
+    if (pieces.length !== media.length + 1) return null;
+    const id = placeholderId ?? this.tokenizer.get_vocab(false).size - 1;
+    const ids: number[] = [];
+    const items: MmItem[] = [];
+    pieces.forEach((piece, i) => {
+      if (piece.length > 0) for (const t of Array.from(this.encode(piece))) ids.push(t);
+      if (i < media.length) {
+        items.push({ identifier: media[i].identifier, offset: ids.length, length: placeholderTokens });
+        for (let k = 0; k < placeholderTokens; k++) ids.push(id);
+      }
+    });
+    return { ids: Uint32Array.from(ids), items };
   }
 
   /** Segment statistics of the last encode() call, for benchmarks and tests. */

@@ -7,11 +7,20 @@ import { Worker } from 'node:worker_threads';
 import type { ChatPromptInput } from './chat.ts';
 import type { LocalTokenizer, LocalTokenizerOptions } from './local.ts';
 import type { ThreadReply, ThreadRequest } from './thread.ts';
+import type { MmItem } from '../core/types.ts';
+
+/** Ids of a chat with media parts and where each part's placeholders sit. */
+export interface ChatMediaIds {
+  readonly ids: Uint32Array;
+  readonly items: MmItem[];
+}
 
 export interface TokenizerService {
   readonly kind: 'inline' | 'thread';
   encodeChat(input: ChatPromptInput): Promise<Uint32Array>;
   encodePrompt(text: string): Promise<ArrayLike<number>>;
+  /** A chat with media parts, each as `placeholderTokens` placeholders (LocalTokenizer.encodeChatMedia); null: no media. */
+  encodeChatMedia(input: ChatPromptInput, placeholderTokens: number, placeholderId?: number): Promise<ChatMediaIds | null>;
   info(): Promise<Record<string, unknown>>;
   close(): Promise<void>;
 }
@@ -21,6 +30,7 @@ export function inlineTokenizer(tok: LocalTokenizer): TokenizerService {
     kind: 'inline',
     encodeChat: async (input) => tok.encodeChat(input),
     encodePrompt: async (text) => tok.encodePrompt(text),
+    encodeChatMedia: async (input, n, id) => tok.encodeChatMedia(input, n, id),
     info: async () => ({
       segmentCaching: tok.segmentCaching,
       cache: tok.cacheInfo,
@@ -96,6 +106,12 @@ export async function threadTokenizer(dir: string, options?: LocalTokenizerOptio
     kind: 'thread',
     encodeChat: (input) => ids({ kind: 'chat', input } as Omit<ThreadRequest, 'id'>),
     encodePrompt: (text) => ids({ kind: 'prompt', text } as Omit<ThreadRequest, 'id'>),
+    encodeChatMedia: async (input, placeholderTokens, placeholderId) => {
+      const r = await call({ kind: 'chatMedia', input, placeholderTokens, placeholderId } as Omit<ThreadRequest, 'id'>);
+      if (!r.ok) throw new Error(r.error);
+      if (!('media' in r)) throw new Error('tokenizer thread answered without media ids');
+      return r.media;
+    },
     info: async () => {
       const r = await call({ kind: 'info' } as Omit<ThreadRequest, 'id'>);
       return r.ok && 'info' in r ? { thread: true, ...r.info } : { thread: true };

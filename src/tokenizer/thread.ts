@@ -6,14 +6,17 @@ import { getHeapStatistics } from 'node:v8';
 import { parentPort, workerData } from 'node:worker_threads';
 import type { ChatPromptInput } from './chat.ts';
 import { LocalTokenizer, type LocalTokenizerOptions } from './local.ts';
+import type { MmItem } from '../core/types.ts';
 
 export type ThreadRequest =
   | { id: number; kind: 'chat'; input: ChatPromptInput }
   | { id: number; kind: 'prompt'; text: string }
+  | { id: number; kind: 'chatMedia'; input: ChatPromptInput; placeholderTokens: number; placeholderId?: number }
   | { id: number; kind: 'info' };
 
 export type ThreadReply =
   | { id: number; ok: true; ids: Uint32Array }
+  | { id: number; ok: true; media: { ids: Uint32Array; items: MmItem[] } | null }
   | { id: number; ok: true; info: Record<string, unknown> }
   | { id: number; ok: false; error: string };
 
@@ -37,6 +40,11 @@ port.on('message', (req: ThreadRequest) => {
           heapUsedBytes: getHeapStatistics().used_heap_size,
         },
       } satisfies ThreadReply);
+      return;
+    }
+    if (req.kind === 'chatMedia') {
+      const media = tok.encodeChatMedia(req.input, req.placeholderTokens, req.placeholderId);
+      port.postMessage({ id: req.id, ok: true, media } satisfies ThreadReply, media ? [media.ids.buffer as ArrayBuffer] : []);
       return;
     }
     const ids = req.kind === 'chat' ? tok.encodeChat(req.input) : Uint32Array.from(tok.encodePrompt(req.text));

@@ -33,7 +33,7 @@
  */
 import type { FinishedRequest, KvRouter } from '../router.ts';
 import { PD_DECODE_POLICY, PD_PREFILL_POLICY } from '../scheduling/pd.ts';
-import type { KvKnobs, RouteDecision } from '../types.ts';
+import type { KvKnobs, MmItem, RouteDecision } from '../types.ts';
 import type { BreakerOptions, BreakerState } from './breaker.ts';
 import { type EligibilityRefusal, type EngineFlavor, eligibility, type WorkerConfig, type WorkerRole, WorkerState } from './fleet.ts';
 import { type PinOptions, PinTable } from './pins.ts';
@@ -121,6 +121,8 @@ export interface Submission {
   readonly seqHashes?: BigUint64Array;
   readonly promptTokens?: number;
   readonly cacheSalt?: string | null;
+  /** Image / audio items of the prompt (their placeholders are in `tokens`): hashed into their blocks' keys. */
+  readonly mmItems?: readonly MmItem[];
   /** Per-request policy and knob overrides. */
   readonly policy?: string;
   readonly knobs?: Partial<KvKnobs>;
@@ -869,6 +871,7 @@ export class Dispatcher {
         requestId: sub.requestId,
         tokens: t.seqHashes ? undefined : sub.tokens,
         seqHashes: t.seqHashes ?? sub.seqHashes,
+        ...(sub.mmItems && !t.seqHashes ? { mmItems: sub.mmItems } : {}),
         promptTokens: t.promptTokens ?? sub.promptTokens,
         loraName: el.loraName,
         cacheSalt: sub.cacheSalt,
