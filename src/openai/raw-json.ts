@@ -44,24 +44,39 @@ function skipValue(s: string, i: number): number {
   return j;
 }
 
-/** The raw text of `key`'s value in the top-level object `json`, or undefined when absent (or `json` is no object). */
-export function rawMember(json: string, key: string): string | undefined {
+/**
+ * Walks the top-level members of the object `json` in order, calling `visit` with each key and its value's span until
+ * it returns true. False when `json` is no object or a member is malformed before its value (a bad key or no colon);
+ * anything after the last well-formed member (a missing comma, the closing brace) ends the walk.
+ */
+function scanMembers(json: string, visit: (name: string, start: number, end: number) => boolean): boolean {
   let i = skipSpace(json, 0);
-  if (json[i] !== '{') return undefined;
+  if (json[i] !== '{') return false;
   i = skipSpace(json, i + 1);
   while (i < json.length && json[i] === '"') {
     const keyEnd = skipString(json, i);
     const name = JSON.parse(json.slice(i, keyEnd)) as string;
     i = skipSpace(json, keyEnd);
-    if (json[i] !== ':') return undefined;
+    if (json[i] !== ':') return false;
     i = skipSpace(json, i + 1);
     const end = skipValue(json, i);
-    if (name === key) return json.slice(i, end);
+    if (visit(name, i, end)) return true;
     i = skipSpace(json, end);
-    if (json[i] !== ',') return undefined;
+    if (json[i] !== ',') return true;
     i = skipSpace(json, i + 1);
   }
-  return undefined;
+  return true;
+}
+
+/** The raw text of `key`'s value in the top-level object `json`, or undefined when absent (or `json` is no object). */
+export function rawMember(json: string, key: string): string | undefined {
+  let found: string | undefined;
+  scanMembers(json, (name, start, end) => {
+    if (name !== key) return false;
+    found = json.slice(start, end);
+    return true;
+  });
+  return found;
 }
 
 /** The raw text of the first element of the array `json`, or undefined when it is empty (or `json` is no array). */
@@ -75,23 +90,12 @@ export function rawFirstElement(json: string): string | undefined {
 
 /** The members of the object `json` as (key, raw value text) pairs, in order; undefined when `json` is no object. */
 export function rawMembers(json: string): [string, string][] | undefined {
-  let i = skipSpace(json, 0);
-  if (json[i] !== '{') return undefined;
   const out: [string, string][] = [];
-  i = skipSpace(json, i + 1);
-  while (i < json.length && json[i] === '"') {
-    const keyEnd = skipString(json, i);
-    const name = JSON.parse(json.slice(i, keyEnd)) as string;
-    i = skipSpace(json, keyEnd);
-    if (json[i] !== ':') return undefined;
-    i = skipSpace(json, i + 1);
-    const end = skipValue(json, i);
-    out.push([name, json.slice(i, end)]);
-    i = skipSpace(json, end);
-    if (json[i] !== ',') break;
-    i = skipSpace(json, i + 1);
-  }
-  return out;
+  const ok = scanMembers(json, (name, start, end) => {
+    out.push([name, json.slice(start, end)]);
+    return false;
+  });
+  return ok ? out : undefined;
 }
 
 /** `json` (an object's text) with `members` (already-encoded JSON values by key) appended before its closing brace. */
