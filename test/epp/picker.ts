@@ -7,16 +7,41 @@ export const CLI = fileURLToPath(new URL('../../bin/kvroute.mjs', import.meta.ur
 
 export interface EppProcess {
   readonly address: string;
+  /** How ext_proc is served, as the start-up line says: "plaintext", "TLS (self-signed certificate)", ... */
+  readonly tls: string;
+  /** The plaintext gRPC health listener. */
+  readonly healthAddress: string;
   readonly metricsUrl: string;
   readonly proc: ChildProcess;
   output(): string;
   stop(): Promise<number | null>;
 }
 
-/** Starts `kvroute epp --port 0 --metrics-port 0 ARGS`; resolves once it logs both addresses. */
-export async function startEpp(args: string[]): Promise<EppProcess> {
-  const proc = spawn(process.execPath, [CLI, 'epp', '--port', '0', '--metrics-port', '0', '--health-interval-ms', '200', ...args], {
-    env: { ...process.env, KVROUTE_LOG_LEVEL: 'info' },
+/**
+ * Starts `kvroute epp ARGS` on free ports; resolves once it logs its addresses. By default the ext_proc port is
+ * plaintext (--no-secure-serving) with ports on the command line; `exact` runs ARGS alone (a chart's command line),
+ * the free ports given as variables.
+ */
+export async function startEpp(
+  args: string[],
+  options: { tls?: boolean; exact?: boolean; env?: Record<string, string> } = {},
+): Promise<EppProcess> {
+  const argv = options.exact
+    ? args
+    : [
+        '--port',
+        '0',
+        '--metrics-port',
+        '0',
+        '--grpc-health-port',
+        '0',
+        '--health-interval-ms',
+        '200',
+        ...(options.tls ? [] : ['--no-secure-serving']),
+        ...args,
+      ];
+  const proc = spawn(process.execPath, [CLI, 'epp', ...argv], {
+    env: { ...process.env, KVROUTE_LOG_LEVEL: 'info', ...options.env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';
@@ -27,7 +52,10 @@ export async function startEpp(args: string[]): Promise<EppProcess> {
     const t = setTimeout(() => reject(new Error(`kvroute epp did not start: ${out}`)), 30_000);
     proc.stdout!.on('data', (d: Buffer) => {
       out += d.toString();
-      const found = /kvroute epp listening on grpc:\/\/(\S+) \(ext_proc\); metrics on (http:\/\/[\d.:]+)/.exec(out);
+      const found =
+        /kvroute epp listening on grpc:\/\/(\S+) \(ext_proc\) over (.+?); health on grpc:\/\/(\S+) \(plaintext\); metrics on (https?:\/\/[\d.:]+)/.exec(
+          out,
+        );
       if (found) {
         clearTimeout(t);
         resolve(found);
@@ -37,7 +65,9 @@ export async function startEpp(args: string[]): Promise<EppProcess> {
   });
   const p: EppProcess = {
     address: m[1],
-    metricsUrl: m[2],
+    tls: m[2],
+    healthAddress: m[3],
+    metricsUrl: m[4],
     proc,
     output: () => out,
     stop: async () => {
