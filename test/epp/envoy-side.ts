@@ -336,7 +336,11 @@ export class EnvoySide {
       options.tls || options.ca
         ? grpc.credentials.createSsl(options.ca ?? null, null, null, options.ca ? {} : { rejectUnauthorized: false })
         : grpc.credentials.createInsecure();
-    const channel = options.serverName ? { 'grpc.ssl_target_name_override': options.serverName } : {};
+    // A channel of its own (no connection shared with another client): a test may change the picker's certificate.
+    const channel = {
+      'grpc.use_local_subchannel_pool': 1,
+      ...(options.serverName ? { 'grpc.ssl_target_name_override': options.serverName } : {}),
+    };
     this.client = new ExternalProcessor(address, creds(), channel);
     this.health = new Health(address, creds(), channel);
   }
