@@ -6,6 +6,8 @@
  *   1. sequential picks, one at a time: median and p99 of the time from the first message to the whole answer
  *   2. `--concurrency` streams at once for `--requests` picks: picks per second
  *
+ * The picker runs plaintext (--no-secure-serving), as the figures in bench/RESULTS.md were measured.
+ *
  *   npm run bench:epp [-- --requests 2000 --concurrency 32 --tokens 2048]
  */
 import { spawn } from 'node:child_process';
@@ -41,9 +43,26 @@ async function main(): Promise<void> {
   const mocks: MockerHandle[] = [];
   for (let i = 0; i < 4; i++) mocks.push(await startMocker({ model: 'm', speedup: 100, seed: i }));
   const workerArgs = mocks.flatMap((m, i) => ['-w', `${m.url},events=${m.zmqEndpoint},id=w${i},model=m`]);
-  const proc = spawn(process.execPath, [CLI, 'epp', '--port', '0', '--metrics-port', '0', '--log-level', 'info', ...workerArgs], {
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
+  const proc = spawn(
+    process.execPath,
+    [
+      CLI,
+      'epp',
+      '--port',
+      '0',
+      '--grpc-health-port',
+      '0',
+      '--metrics-port',
+      '0',
+      '--no-secure-serving',
+      '--log-level',
+      'info',
+      ...workerArgs,
+    ],
+    {
+      stdio: ['ignore', 'pipe', 'inherit'],
+    },
+  );
   let out = '';
   const address = await new Promise<string>((resolve, reject) => {
     proc.stdout.on('data', (d: Buffer) => {

@@ -21,7 +21,7 @@ import { ServiceAccount } from 'kubernetes-models/v1/ServiceAccount';
 import { Gateway } from '@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1/Gateway';
 import { HTTPRoute } from '@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1/HTTPRoute';
 import { describe, expect, it } from 'vitest';
-import { serveSchema } from '../../src/config/serve.ts';
+import { eppSchema, serveSchema } from '../../src/config/serve.ts';
 import { settingsOf, longFlag } from '../../src/config/settings.ts';
 import { build, type K8sObject } from '../fixtures/kustomize.ts';
 
@@ -44,8 +44,24 @@ const MODELS: Record<string, new (o: never) => Validator> = {
 const ajv = new Ajv({ allErrors: true });
 const inferencePool = ajv.compile(JSON.parse(readFileSync(join(ROOT, 'test/fixtures/schemas/inferencepool-v1.schema.json'), 'utf8')));
 
+/**
+ * Istio's DestinationRule (networking.istio.io/v1beta1), only the fields the manifests use, as Istio's API defines them
+ * (istio/api networking/v1beta1/destination_rule.proto: host, trafficPolicy.tls.mode, insecureSkipVerify).
+ */
+function validateDestinationRule(o: K8sObject): string[] {
+  const spec = (o as { spec?: { host?: unknown; trafficPolicy?: { tls?: { mode?: unknown; insecureSkipVerify?: unknown } } } }).spec;
+  const errors: string[] = [];
+  if (typeof spec?.host !== 'string' || spec.host === '') errors.push('spec.host must be a non-empty string');
+  const tls = spec?.trafficPolicy?.tls;
+  if (tls && !['DISABLE', 'SIMPLE', 'MUTUAL', 'ISTIO_MUTUAL'].includes(String(tls.mode))) errors.push(`bad tls.mode ${String(tls.mode)}`);
+  if (tls && tls.insecureSkipVerify !== undefined && typeof tls.insecureSkipVerify !== 'boolean')
+    errors.push('insecureSkipVerify must be a boolean');
+  return errors;
+}
+
 function validate(o: K8sObject): string[] {
   const key = `${o.apiVersion}/${o.kind}`;
+  if (key === 'networking.istio.io/v1beta1/DestinationRule') return validateDestinationRule(o);
   if (key === 'inference.networking.k8s.io/v1/InferencePool') {
     return inferencePool(o) ? [] : (inferencePool.errors ?? []).map((e) => `${e.instancePath} ${e.message}`);
   }
@@ -142,6 +158,7 @@ describe('deploy/k8s', () => {
 
       it("kvroute's flags exist, and discovery has the RBAC for what it watches", () => {
         const serveFlags = new Set(settingsOf(serveSchema).map((s) => longFlag(s.entry)));
+        const eppFlags = new Set(settingsOf(eppSchema).map((s) => longFlag(s.entry)));
         const relayFlags = new Set([
           '--nats',
           '--worker',
@@ -158,8 +175,8 @@ describe('deploy/k8s', () => {
           expect(['serve', 'relay', 'epp']).toContain(command);
           for (const a of args) {
             const flag = a.split('=')[0];
-            // epp composes serve's settings; its own two are its listeners (docs/endpoint-picker.md).
-            const known = command === 'relay' ? relayFlags.has(flag) : serveFlags.has(flag) || (command === 'epp' && flag === '--port');
+            // epp composes serve's settings and its own (listeners, TLS: docs/endpoint-picker.md).
+            const known = command === 'relay' ? relayFlags.has(flag) : command === 'epp' ? eppFlags.has(flag) : serveFlags.has(flag);
             expect(known, `${w.metadata.name}: kvroute ${command} ${flag}`).toBe(true);
           }
           const discovers = args.some((a) => a.startsWith('--k8s-selector=') || a.startsWith('--k8s-pool='));
@@ -231,6 +248,15 @@ describe('deploy/k8s', () => {
           expect(gateway.spec.gatewayClassName).toBe(
             { 'epp/envoy-gateway': 'eg', 'epp/istio': 'istio', 'epp/kgateway': 'kgateway' }[overlay],
           );
+          // The picker serves TLS (its default); Istio is told to reach it so, not verifying the self-signed certificate.
+          expect(epp.c.args).not.toContain('--no-secure-serving');
+          if (overlay === 'epp/istio') {
+            const dr = objs.find((o) => o.kind === 'DestinationRule') as K8sObject & {
+              spec: { host: string; trafficPolicy: { tls: { mode: string; insecureSkipVerify: boolean } } };
+            };
+            expect(dr.spec.host).toBe(`${svc.metadata.name}.kvroute.svc.cluster.local`);
+            expect(dr.spec.trafficPolicy.tls).toEqual({ mode: 'SIMPLE', insecureSkipVerify: true });
+          }
         });
       }
     });
