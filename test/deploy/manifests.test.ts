@@ -20,6 +20,7 @@ import { Service } from 'kubernetes-models/v1/Service';
 import { ServiceAccount } from 'kubernetes-models/v1/ServiceAccount';
 import { Gateway } from '@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1/Gateway';
 import { HTTPRoute } from '@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1/HTTPRoute';
+import { parse as parseYaml } from 'yaml';
 import { describe, expect, it } from 'vitest';
 import { eppSchema, serveSchema } from '../../src/config/serve.ts';
 import { settingsOf, longFlag } from '../../src/config/settings.ts';
@@ -27,7 +28,7 @@ import { build, type K8sObject } from '../fixtures/kustomize.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const DEPLOY = join(ROOT, 'deploy/k8s');
-const OVERLAYS = ['standalone', 'relay', 'epp/envoy-gateway', 'epp/istio', 'epp/kgateway'];
+const OVERLAYS = ['standalone', 'relay', 'epp/envoy-gateway', 'epp/istio', 'epp/kgateway', 'epp/envoy'];
 
 type Validator = { validate(): void };
 const MODELS: Record<string, new (o: never) => Validator> = {
@@ -83,6 +84,33 @@ type Container = {
   ports?: { name?: string; containerPort: number }[];
   readinessProbe?: Probe;
   livenessProbe?: Probe;
+};
+/** The parts of an Envoy bootstrap (envoy.config.bootstrap.v3) the checks read. */
+type EnvoyBootstrap = {
+  static_resources: {
+    listeners: {
+      filter_chains: {
+        filters: {
+          typed_config: {
+            http_filters: {
+              name: string;
+              typed_config: {
+                message_timeout: string;
+                processing_mode: Record<string, string>;
+                grpc_service: { envoy_grpc: { cluster_name: string } };
+              };
+            }[];
+          };
+        }[];
+      }[];
+    }[];
+    clusters: {
+      name: string;
+      transport_socket?: { name: string };
+      original_dst_lb_config?: Record<string, unknown>;
+      load_assignment?: { endpoints: { lb_endpoints: { endpoint: { address: { socket_address: unknown } } }[] }[] };
+    }[];
+  };
 };
 type Probe = { httpGet?: { port: string | number }; grpc?: { port: number; service?: string } };
 
@@ -243,13 +271,41 @@ describe('deploy/k8s', () => {
           expect(route.spec.rules[0].backendRefs).toEqual([
             { group: 'inference.networking.k8s.io', kind: 'InferencePool', name: pool.metadata.name },
           ]);
+          // The picker serves TLS (its default); Istio and the plain Envoy are told to reach it so, unverified.
+          expect(epp.c.args).not.toContain('--no-secure-serving');
+          if (overlay === 'epp/envoy') {
+            // No gateway: Envoy's own ext_proc filter, set as the reference setups set it.
+            const cm = objs.find((o) => o.kind === 'ConfigMap' && o.metadata.name === 'envoy-config') as K8sObject & {
+              data: Record<string, string>;
+            };
+            const envoy = parseYaml(cm.data['envoy.yaml']) as EnvoyBootstrap;
+            const hcm = envoy.static_resources.listeners[0].filter_chains[0].filters[0].typed_config;
+            const extProc = hcm.http_filters.find((f) => f.name === 'envoy.filters.http.ext_proc')!.typed_config;
+            expect(extProc.message_timeout).toBe('1000s');
+            // The picker's own bound on its wait stays below Envoy's.
+            const bound = Number(flagValue(epp.c.args!, '--decision-timeout-ms') ?? eppSchema.parse({}).decisionTimeoutMs);
+            expect(bound).toBeLessThan(1000 * 1000);
+            expect(extProc.processing_mode).toEqual({
+              request_header_mode: 'SEND',
+              response_header_mode: 'SEND',
+              request_body_mode: 'FULL_DUPLEX_STREAMED',
+              response_body_mode: 'FULL_DUPLEX_STREAMED',
+              request_trailer_mode: 'SEND',
+              response_trailer_mode: 'SEND',
+            });
+            const cluster = envoy.static_resources.clusters.find((c) => c.name === extProc.grpc_service.envoy_grpc.cluster_name)!;
+            const target = cluster.load_assignment!.endpoints[0].lb_endpoints[0].endpoint.address.socket_address;
+            expect(target).toEqual({ address: svc.metadata.name, port_value: pool.spec.endpointPickerRef.port.number });
+            expect(cluster.transport_socket?.name).toBe('envoy.transport_sockets.tls');
+            const dst = envoy.static_resources.clusters.find((c) => c.name === 'original_destination_cluster')!;
+            expect(dst.original_dst_lb_config).toEqual({ use_http_header: true, http_header_name: 'x-gateway-destination-endpoint' });
+            return;
+          }
           const gateway = objs.find((o) => o.kind === 'Gateway') as K8sObject & { spec: { gatewayClassName: string } };
           expect(route.spec.parentRefs[0].name).toBe(gateway.metadata.name);
           expect(gateway.spec.gatewayClassName).toBe(
             { 'epp/envoy-gateway': 'eg', 'epp/istio': 'istio', 'epp/kgateway': 'kgateway' }[overlay],
           );
-          // The picker serves TLS (its default); Istio is told to reach it so, not verifying the self-signed certificate.
-          expect(epp.c.args).not.toContain('--no-secure-serving');
           if (overlay === 'epp/istio') {
             const dr = objs.find((o) => o.kind === 'DestinationRule') as K8sObject & {
               spec: { host: string; trafficPolicy: { tls: { mode: string; insecureSkipVerify: boolean } } };
