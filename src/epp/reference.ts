@@ -203,3 +203,30 @@ export function translateReferenceArgs(
   if (!namespaceGiven && namespace && !env.KVROUTE_K8S_NAMESPACE) argv.push('--k8s-namespace', namespace);
   return { argv, ignored, notes: [...notes], ...(configText !== undefined ? { configText } : {}) };
 }
+
+/** Flags only the reference picker has: a command line that starts with one of them is the picker's. */
+const PICKER_FIRST = new Set([
+  '--pool-name',
+  '--pool-namespace',
+  '--pool-group',
+  '--endpoint-selector',
+  '--endpoint-target-ports',
+  '--grpc-port',
+  '--grpc-health-port',
+  '--config-file',
+  '--config-text',
+  '--zap-encoder',
+  '--zap-log-level',
+  '--secure-serving',
+  '--cert-path',
+  '--ha-enable-leader-election',
+]);
+
+/**
+ * The reference picker's image runs its binary with flags alone (its Helm chart renders `args` and no `command`), so
+ * kvroute's image, whose entrypoint is `kvroute`, gets `kvroute --pool-name ...`: such a command line is `kvroute epp`.
+ */
+export function startsAsPicker(words: readonly string[]): boolean {
+  const first = words[0];
+  return first !== undefined && PICKER_FIRST.has(first.split('=')[0]);
+}

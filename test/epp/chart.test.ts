@@ -1,6 +1,7 @@
 /**
- * `kvroute epp` as a drop-in for the reference endpoint picker: started from the built package with exactly the
- * arguments and environment the reference picker's Helm chart renders (test/epp/fixtures/helm-chart.ts: llm-d's
+ * `kvroute epp` as a drop-in for the reference endpoint picker: started from the built package as kvroute's image runs
+ * it under the chart (`kvroute` is the entrypoint; the chart gives no command, so the command line is the picker's flags
+ * alone) with exactly the arguments and environment the reference picker's Helm chart renders (test/epp/fixtures/helm-chart.ts: llm-d's
  * llm-d-router-gateway chart, and the Inference Extension's last inferencepool chart), its pool from a fake Kubernetes
  * API (test/fixtures/k8s-api.ts, as test/epp/k8s.test.ts uses it). Two things differ from a pod, and only where a test
  * machine must: the ports are free ones (the chart's literal 9003 is replaced, 9002 and 9090 are the defaults the

@@ -19,8 +19,8 @@ export interface EppProcess {
 
 /**
  * Starts `kvroute epp ARGS` on free ports; resolves once it logs its addresses. By default the ext_proc port is
- * plaintext (--no-secure-serving) with ports on the command line; `exact` runs ARGS alone (a chart's command line),
- * the free ports given as variables.
+ * plaintext (--no-secure-serving) with ports on the command line; `exact` runs `kvroute ARGS` (a chart's command line
+ * given to the image's `kvroute` entrypoint), the free ports given as variables.
  */
 export async function startEpp(
   args: string[],
@@ -40,7 +40,8 @@ export async function startEpp(
         ...(options.tls ? [] : ['--no-secure-serving']),
         ...args,
       ];
-  const proc = spawn(process.execPath, [CLI, 'epp', ...argv], {
+  // `exact`: the command line alone, as a container whose entrypoint is `kvroute` runs it (no `epp` word).
+  const proc = spawn(process.execPath, options.exact ? [CLI, ...argv] : [CLI, 'epp', ...argv], {
     env: { ...process.env, KVROUTE_LOG_LEVEL: 'info', ...options.env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
