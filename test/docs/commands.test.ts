@@ -213,6 +213,12 @@ const CASES: DocCase[] = [
   { doc: 'kubectl apply -n kvroute -k deploy/k8s/epp/envoy-gateway', notOurs: NO_CLUSTER },
   { doc: 'kubectl apply -n kvroute -k deploy/k8s/epp/istio', notOurs: NO_CLUSTER },
   { doc: 'kubectl apply -n kvroute -k deploy/k8s/epp/kgateway', notOurs: NO_CLUSTER },
+  { doc: 'kubectl apply -n kvroute -k deploy/k8s/epp/envoy', notOurs: NO_CLUSTER },
+  {
+    doc: 'helm install qwen3-8b config/charts/llm-d-router-gateway -n kvroute --set router.modelServers.matchLabels.app=qwen3-8b --set router.epp.image.registry=registry.example.com --set router.epp.image.repository=kvroute --set router.epp.image.tag=0.1.0',
+    notOurs:
+      "needs helm, a clone of llm-d-router and a cluster (none runs here); test/epp/chart.test.ts starts kvroute's package with exactly the command line and environment this chart renders (recorded in test/epp/fixtures/helm-chart.ts)",
+  },
   { doc: 'kubectl apply -n kvroute -k deploy/k8s/standalone', notOurs: NO_CLUSTER },
   {
     doc: 'kubectl apply -n kvroute -k deploy/k8s/standalone --dry-run=server',
