@@ -19,7 +19,7 @@ export interface EppProcess {
 
 /**
  * Starts `kvroute epp ARGS` on free ports; resolves once it logs its addresses. By default the ext_proc port is
- * plaintext (--no-secure-serving) with ports on the command line; `exact` runs `kvroute ARGS` (a chart's command line
+ * plaintext (--no-secure-serving) and /metrics open (--metrics-auth none), with ports on the command line; `exact` runs `kvroute ARGS` (a chart's command line
  * given to the image's `kvroute` entrypoint), the free ports given as variables.
  */
 export async function startEpp(
@@ -38,6 +38,9 @@ export async function startEpp(
         '--health-interval-ms',
         '200',
         ...(options.tls ? [] : ['--no-secure-serving']),
+        // /metrics open, so tests read it without a token (with --k8s-* the default would be Kubernetes token review).
+        '--metrics-auth',
+        'none',
         ...args,
       ];
   // `exact`: the command line alone, as a container whose entrypoint is `kvroute` runs it (no `epp` word).
