@@ -339,7 +339,8 @@ export class EnvoySide {
     // A channel of its own (no connection shared with another client): a test may change the picker's certificate.
     const channel = {
       'grpc.use_local_subchannel_pool': 1,
-      ...(options.serverName ? { 'grpc.ssl_target_name_override': options.serverName } : {}),
+      // SNI is a host name (an IP address there is refused by RFC 6066): the picker's certificate names localhost.
+      ...(options.tls || options.serverName ? { 'grpc.ssl_target_name_override': options.serverName ?? 'localhost' } : {}),
     };
     this.client = new ExternalProcessor(address, creds(), channel);
     this.health = new Health(address, creds(), channel);
