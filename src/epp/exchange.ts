@@ -102,8 +102,6 @@ interface Flight {
   cachedOverride?: { value: number | null };
   /** The answer is held whole to be rewritten (a disaggregated JSON answer): the response headers wait for it. */
   holdAnswer: boolean;
-  /** Response headers held until the answer is whole. */
-  heldHeaders?: Map<string, string>;
   t0: number;
   tokenizeS: number;
   /** Tracked by the dispatcher until finished (false once finished, or when the proxy served it where it cannot be counted). */

@@ -33,8 +33,6 @@ export interface EppOptions {
   readonly tokenizer?: LocalTokenizer | null;
   /** False while the router is not ready to route (a NATS replica loading its snapshot): readiness is NOT_SERVING. */
   readonly readiness?: () => boolean;
-  /** --metrics-auth kubernetes: the kubeconfig the token reviews are asked with (default: the discovery's). */
-  readonly kubeconfig?: string;
 }
 
 export interface RunningEpp {
@@ -207,7 +205,7 @@ export async function startEpp(config: EppConfig, options: EppOptions = {}): Pro
   let healthPort: number;
   let tls: string;
   try {
-    const guard: MetricsGuard = await metricsGuard(config, { kubeconfig: options.kubeconfig ?? config.kubeconfig, log: tlsLog });
+    const guard: MetricsGuard = await metricsGuard(config, { kubeconfig: config.kubeconfig, log: tlsLog });
     const handler = (req: IncomingMessage, res: ServerResponse) => {
       const path = (req.url ?? '/').split('?')[0];
       if (req.method === 'GET' && path === '/metrics') {
