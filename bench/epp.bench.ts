@@ -6,6 +6,8 @@
  *   1. sequential picks, one at a time: median and p99 of the time from the first message to the whole answer
  *   2. `--concurrency` streams at once for `--requests` picks: picks per second
  *
+ * Run twice, side by side: the picker in plaintext (--no-secure-serving) and over TLS (its default), same fleet.
+ *
  *   npm run bench:epp [-- --requests 2000 --concurrency 32 --tokens 2048]
  */
 import { spawn } from 'node:child_process';
@@ -37,13 +39,28 @@ const quantile = (xs: number[], q: number) => {
   return s[Math.min(s.length - 1, Math.floor(q * s.length))];
 };
 
-async function main(): Promise<void> {
-  const mocks: MockerHandle[] = [];
-  for (let i = 0; i < 4; i++) mocks.push(await startMocker({ model: 'm', speedup: 100, seed: i }));
-  const workerArgs = mocks.flatMap((m, i) => ['-w', `${m.url},events=${m.zmqEndpoint},id=w${i},model=m`]);
-  const proc = spawn(process.execPath, [CLI, 'epp', '--port', '0', '--metrics-port', '0', '--log-level', 'info', ...workerArgs], {
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
+/** One picker process (plaintext or TLS) measured alone: sequential latency, then concurrent throughput. */
+async function measure(workerArgs: string[], tls: boolean): Promise<string[]> {
+  const proc = spawn(
+    process.execPath,
+    [
+      CLI,
+      'epp',
+      '--port',
+      '0',
+      '--grpc-health-port',
+      '0',
+      '--metrics-port',
+      '0',
+      ...(tls ? [] : ['--no-secure-serving']),
+      '--log-level',
+      'info',
+      ...workerArgs,
+    ],
+    {
+      stdio: ['ignore', 'pipe', 'inherit'],
+    },
+  );
   let out = '';
   const address = await new Promise<string>((resolve, reject) => {
     proc.stdout.on('data', (d: Buffer) => {
@@ -54,7 +71,7 @@ async function main(): Promise<void> {
     proc.once('exit', (code) => reject(new Error(`kvroute epp exited ${code}`)));
   });
   proc.stdout.resume();
-  const envoy = new EnvoySide(address);
+  const envoy = new EnvoySide(address, { tls });
   // 16 prefixes shared by the requests (each request = a prefix + its own tail), so the index has work to do.
   const prefixes = Array.from({ length: 16 }, (_, i) => tokens(Math.floor(TOKENS * 0.75), 1000 + i));
   const body = (i: number) =>
@@ -74,10 +91,6 @@ async function main(): Promise<void> {
 
   const seq: number[] = [];
   for (let i = 0; i < Math.min(REQUESTS, 1000); i++) seq.push(await pick(i));
-  console.log(
-    `sequential picks (${seq.length}, ${TOKENS}-token prompts): median ${quantile(seq, 0.5).toFixed(2)} ms, p99 ${quantile(seq, 0.99).toFixed(2)} ms`,
-  );
-
   let next = 0;
   const t0 = performance.now();
   await Promise.all(
@@ -86,12 +99,23 @@ async function main(): Promise<void> {
     }),
   );
   const s = (performance.now() - t0) / 1000;
-  console.log(`${CONCURRENCY} concurrent streams: ${REQUESTS} picks in ${s.toFixed(2)} s = ${(REQUESTS / s).toFixed(0)} picks/s`);
-  console.log(`load average during the run: ${loadavg()[0].toFixed(2)} (2 cores)`);
-
   envoy.close();
   proc.kill('SIGTERM');
   await new Promise((r) => proc.once('exit', r));
+  const label = tls ? 'TLS (self-signed, the default)' : 'plaintext (--no-secure-serving)';
+  return [
+    `${label}: sequential picks (${seq.length}, ${TOKENS}-token prompts): median ${quantile(seq, 0.5).toFixed(2)} ms, p99 ${quantile(seq, 0.99).toFixed(2)} ms`,
+    `${label}: ${CONCURRENCY} concurrent streams: ${REQUESTS} picks in ${s.toFixed(2)} s = ${(REQUESTS / s).toFixed(0)} picks/s`,
+  ];
+}
+
+async function main(): Promise<void> {
+  const mocks: MockerHandle[] = [];
+  for (let i = 0; i < 4; i++) mocks.push(await startMocker({ model: 'm', speedup: 100, seed: i }));
+  const workerArgs = mocks.flatMap((m, i) => ['-w', `${m.url},events=${m.zmqEndpoint},id=w${i},model=m`]);
+  // Side by side in one run: the same fleet behind a plaintext picker, then a TLS one.
+  for (const tls of [false, true]) for (const line of await measure(workerArgs, tls)) console.log(line);
+  console.log(`load average during the run: ${loadavg()[0].toFixed(2)} (2 cores)`);
   await Promise.all(mocks.map((m) => m.close()));
 }
 

@@ -28,7 +28,10 @@ registerHash(program);
 const commandLabel = () => `kvroute${program.args[0] ? ` ${program.args[0]}` : ''}`;
 const settled = guardStartup(commandLabel);
 try {
-  await program.parseAsync(process.argv);
+  // The reference endpoint picker's Helm chart runs the image with the picker's flags and no command: that is `epp`.
+  const { startsAsPicker } = await import('../epp/reference.ts');
+  const words = process.argv.slice(2);
+  await program.parseAsync(startsAsPicker(words) ? [...process.argv.slice(0, 2), 'epp', ...words] : process.argv);
   settled();
 } catch (err) {
   settled();

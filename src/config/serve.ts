@@ -650,6 +650,85 @@ export const serveSchema = z.strictObject({
   }),
 });
 
+const EPP_GROUP = 'Endpoint picker (kvroute epp; docs/endpoint-picker.md):';
+
+/**
+ * `kvroute epp`'s settings: every serve setting, with the reference endpoint picker's listeners and defaults (ext_proc
+ * on 9002 over TLS, gRPC health on 9003 in plaintext, metrics on 9090: llm-d/llm-d-router pkg/epp/server/options.go
+ * @ebab6879) and the picker's own bound on its wait.
+ */
+export const eppSchema = serveSchema.extend({
+  port: withDefault(port, 9002, {
+    flag: '-p, --port <n>',
+    env: 'KVROUTE_PORT',
+    help: "the ext_proc gRPC port (the reference picker's --grpc-port, accepted too; 0 = any free port)",
+    group: G.listen,
+  }),
+  metricsPort: withDefault(port, 9090, {
+    flag: '--metrics-port <n>',
+    env: 'KVROUTE_METRICS_PORT',
+    help: 'the port of /metrics and /health (0 = any free port)',
+    group: G.observability,
+  }),
+  grpcHealthPort: withDefault(port, 9003, {
+    flag: '--grpc-health-port <n>',
+    env: 'KVROUTE_GRPC_HEALTH_PORT',
+    help: 'gRPC health checking in plaintext for kubelet probes (services liveness, readiness, inference-extension; 0 = any free port)',
+    group: EPP_GROUP,
+  }),
+  secureServing: withDefault(flag(), true, {
+    flag: '--no-secure-serving',
+    env: 'KVROUTE_SECURE_SERVING',
+    help: 'serve ext_proc over TLS, as the reference picker does (its --secure-serving); --no-secure-serving (or --secure-serving=false): plaintext',
+    group: EPP_GROUP,
+  }),
+  certPath: optional(text(), {
+    flag: '--cert-path <dir>',
+    env: 'KVROUTE_CERT_PATH',
+    help: 'folder holding tls.crt and tls.key for the ext_proc TLS, reloaded when they change (default: a self-signed certificate made at start)',
+    group: EPP_GROUP,
+  }),
+  metricsAuth: withDefault(choice(['auto', 'kubernetes', 'none'] as const), 'auto', {
+    flag: '--metrics-auth <mode>',
+    env: 'KVROUTE_METRICS_AUTH',
+    help:
+      'who may read /metrics: kubernetes = a bearer token the Kubernetes API authenticates (TokenReview) and allows to get /metrics ' +
+      "(SubjectAccessReview), as the reference picker's --metrics-endpoint-auth; none = anyone; auto = kubernetes with --k8s-pool/--k8s-selector, else none",
+    group: EPP_GROUP,
+  }),
+  metricsCertDir: optional(text(), {
+    flag: '--metrics-cert-dir <dir>',
+    env: 'KVROUTE_METRICS_CERT_DIR',
+    help: 'folder holding tls.crt and tls.key: /metrics and /health are served over HTTPS (reloaded when they change)',
+    group: EPP_GROUP,
+  }),
+  metricsClientCaFile: optional(text(), {
+    flag: '--metrics-client-ca-file <file>',
+    env: 'KVROUTE_METRICS_CLIENT_CA_FILE',
+    help: 'with --metrics-cert-dir: PEM CA bundle; /metrics then requires a client certificate it signed',
+    group: EPP_GROUP,
+  }),
+  decisionTimeoutMs: withDefault(ms(1), 300_000, {
+    flag: '--decision-timeout-ms <ms>',
+    env: 'KVROUTE_DECISION_TIMEOUT_MS',
+    help:
+      "longest wait from a request's headers to the picker's answer (tokenizing, queue, a prefill leg); past it the request gets an " +
+      "immediate 503: keep it below the gateway's ext_proc message_timeout (the shipped manifests set 1000s)",
+    group: EPP_GROUP,
+  }),
+  pickerConfigFile: optional(text(), {
+    flag: '--config-file <file>',
+    env: 'KVROUTE_PICKER_CONFIG_FILE',
+    help:
+      "the reference picker's plugin configuration (EndpointPickerConfig YAML, as its Helm chart mounts it): its scorers choose the " +
+      'kvroute policy; what has no counterpart is logged in one line, never fatal',
+    group: EPP_GROUP,
+  }),
+});
+
+/** The resolved settings of `kvroute epp`. */
+export type EppConfig = z.output<typeof eppSchema>;
+
 /** The resolved settings of `kvroute serve` (what `startServer` takes). */
 export type ServeConfig = z.output<typeof serveSchema>;
 export type ServeSettingKey = keyof ServeConfig & string;
@@ -747,13 +826,29 @@ export interface ResolvedServe extends Resolved<ServeConfig> {
 }
 
 /** Flags > KVROUTE_* > config file > defaults, every value checked; throws a one-line SettingError. */
-export async function resolveServeConfig(sources: ServeSources): Promise<ResolvedServe> {
+export function resolveServeConfig(sources: ServeSources): Promise<ResolvedServe> {
+  return resolveWith(serveSchema, sources);
+}
+
+/** The same for `kvroute epp` (serve's settings and the picker's own). */
+export function resolveEppConfig(sources: ServeSources): Promise<ResolvedEpp> {
+  return resolveWith(eppSchema, sources);
+}
+
+export interface ResolvedEpp extends Resolved<EppConfig> {
+  readonly unknownEnv: string[];
+}
+
+async function resolveWith<T extends typeof serveSchema | typeof eppSchema>(
+  schema: T,
+  sources: ServeSources,
+): Promise<Resolved<z.output<T>> & { readonly unknownEnv: string[] }> {
   const env = sources.env ?? {};
   const path = sources.configPath ?? (env[CONFIG_OPTION.env] || undefined);
   const file = path === undefined ? undefined : await readConfigFile(path);
-  const resolved = resolveSettings(serveSchema, { flags: sources.flags, env, file });
-  checkCombination(resolved.config, resolved.sources);
-  const known = new Set([...settingsOf(serveSchema).map((s) => s.entry.env), CONFIG_OPTION.env, 'KVROUTE_DEBUG']);
+  const resolved = resolveSettings(schema, { flags: sources.flags, env, file });
+  checkCombination(resolved.config as ServeConfig, resolved.sources);
+  const known = new Set([...settingsOf(schema).map((s) => s.entry.env), CONFIG_OPTION.env, 'KVROUTE_DEBUG']);
   const unknownEnv = Object.keys(env).filter((k) => k.startsWith('KVROUTE_') && !known.has(k));
   return { ...resolved, unknownEnv };
 }
@@ -766,6 +861,21 @@ export function serveConfigFromCommand(command: Command, env: Readonly<Record<st
     env,
     configPath: configSource === 'cli' ? String(command.getOptionValue('config')) : undefined,
   });
+}
+
+/** The settings of a parsed `kvroute epp` command line and the environment. */
+export function eppConfigFromCommand(command: Command, env: Readonly<Record<string, string | undefined>>): Promise<ResolvedEpp> {
+  const configSource = command.getOptionValueSource('config');
+  return resolveEppConfig({
+    flags: flagValues(command, eppSchema),
+    env,
+    configPath: configSource === 'cli' ? String(command.getOptionValue('config')) : undefined,
+  });
+}
+
+/** Adds `kvroute epp`'s options (serve's settings with the picker's listeners, and the picker's own). */
+export function addEppOptions(command: Command): Command {
+  return addSettingsOptions(command, eppSchema);
 }
 
 /** Reads and checks a YAML or JSON config file alone: the settings it gives (keys as in ServeConfig). */

@@ -2,19 +2,26 @@
  * One ext_proc stream = one HTTP request through the gateway, as the Endpoint Picker Protocol runs it with
  * FULL_DUPLEX_STREAMED bodies:
  *
- *   request_headers            kept (path, session and tenant headers); the subset hint read from metadata_context
- *   request_body chunks        gathered (within --body-limit) until end_of_stream; nothing is answered before
+ *   request_headers            kept (path, session and tenant headers); the subset hint read from metadata_context;
+ *                              the picker's own bound on its wait (--decision-timeout-ms) starts
+ *   request_body chunks        gathered (within --body-limit) until end_of_stream or the trailers; nothing is
+ *                              answered before
  *   end of the request body    parse (the same adapters as serve) -> tokenize -> the core dispatcher (the same
  *                              submit, queue, refusals; a P/D decision runs its prefill leg here) -> the headers
  *                              response: x-gateway-destination-endpoint (pick, then fallbacks) and the same value in
- *                              dynamic_metadata envoy.lb, then the body streamed back (unchanged, or the decode leg's)
+ *                              dynamic_metadata envoy.lb, then the body streamed back in chunks of at most 62,000
+ *                              bytes (the body serve would send: usage asked for in streams; or the decode leg's),
+ *                              then the trailers answer when the proxy sent trailers
  *                              | an immediate response (400, 413, 404, 429, 503, ...) in OpenAI's error shape
  *   response_headers           the endpoint that served (metadata_context envoy.lb); the routing is counted
- *   response_body chunks       passed back unchanged; watched for the first token and the usage (SSE or JSON)
+ *   response_body chunks       passed back as serve passes them to its client: the usage chunk the client did not ask
+ *                              for removed, a disaggregated request's cached_tokens the prefill's; watched for the
+ *                              first token and the usage (SSE or JSON)
  *   end of the response        finish (delivered cached tokens to the ledger, load freed); a stream that ends
  *                              earlier finishes the request as cancelled (a queued one leaves the queue)
  *
- * Every decision is the dispatcher's; this module turns its effects into ext_proc messages.
+ * Every decision is the dispatcher's; this module turns its effects into ext_proc messages (the wire answers
+ * themselves: wire.ts).
  */
 import type { DispatchAttempt, DispatchRefusal } from '../core/dispatch/dispatcher.ts';
 import { POLICY_NAMES } from '../core/scheduling/policies.ts';
@@ -29,8 +36,9 @@ import { requestIdentity } from '../server/identity.ts';
 import { handoffOf, tokensFor } from '../server/inference.ts';
 import type { NextStep } from '../server/lifecycle.ts';
 import { prefillLeg } from '../server/pd.ts';
-import { refusalError } from '../server/refusals.ts';
+import { DROPPED_REASON_HEADER, pickerRefusalError } from '../server/refusals.ts';
 import { checkJsonDepth, type Security } from '../server/security/index.ts';
+import { rewriteCachedTokens } from '../server/proxy.ts';
 import { SseRelay, type StreamUsage } from '../server/sse.ts';
 import type { Worker } from '../server/workers.ts';
 import {
@@ -47,9 +55,7 @@ import {
   setHeaders,
   valueStrings,
 } from './protocol.ts';
-
-/** Body chunks streamed back to the proxy are at most this large (gRPC's default message limit is 4 MiB). */
-const CHUNK = 1024 * 1024;
+import { bodyResponses, type Direction, trailersResponse } from './wire.ts';
 /** Envoy's ProcessingMode.BodySendMode. */
 const FULL_DUPLEX_STREAMED = 4;
 const NONE = 0;
@@ -62,6 +68,8 @@ export interface EppContext {
   readonly nextRequestId: () => string;
   /** Fallback endpoints listed after the pick (at most). */
   readonly fallbacks: number;
+  /** Longest wait from the request headers to the picker's answer; past it, an immediate 503. */
+  readonly decisionTimeoutMs: number;
 }
 
 /** A peer that broke the protocol: the stream ends with INVALID_ARGUMENT (the process goes on). */
@@ -85,6 +93,15 @@ interface Flight {
   /** The answer's id names state the engine stores (a stored response): pinned to the worker that served. */
   pinsAnswer: boolean;
   stream: boolean;
+  /** The router asked for the usage chunk, the client did not: it is removed from the answer (as serve does). */
+  stripUsage: boolean;
+  /**
+   * A disaggregated request: the client's cached_tokens become the prefill's figure (null: the prefill did not say,
+   * the field is removed), as serve reports them; undefined for an aggregated request.
+   */
+  cachedOverride?: { value: number | null };
+  /** The answer is held whole to be rewritten (a disaggregated JSON answer): the response headers wait for it. */
+  holdAnswer: boolean;
   t0: number;
   tokenizeS: number;
   /** Tracked by the dispatcher until finished (false once finished, or when the proxy served it where it cannot be counted). */
@@ -112,6 +129,12 @@ export class Exchange {
   private requestBodyMode: number | undefined;
   private responseBodyMode: number | undefined;
   private result: EppResult | null = null;
+  /** The proxy streams the request body (the headers did not end the request): it waits for the body back. */
+  private bodyStreamed = false;
+  /** The request body ended with trailers: the last chunk back does not end the stream, a trailers answer does. */
+  private requestTrailers = false;
+  /** The picker's bound on its wait for a decision (from the request headers to the answer). */
+  private decisionTimer: NodeJS.Timeout | undefined;
 
   constructor(
     private readonly ctx: EppContext,
@@ -142,16 +165,15 @@ export class Exchange {
       case 'request_body':
         return this.onRequestBody(msg);
       case 'request_trailers':
-        if (this.phase !== 'request_body' && this.phase !== 'request_headers') throw new ProtocolError('request trailers out of order');
+        if (this.phase !== 'request_body') throw new ProtocolError('request trailers before the headers or after the end of the body');
+        this.requestTrailers = true;
         return this.route(); // trailers end the request body
       case 'response_headers':
         return this.onResponseHeaders(msg);
       case 'response_body':
         return this.onResponseBody(msg);
       case 'response_trailers':
-        this.send({ response_trailers: {} });
-        this.complete();
-        return;
+        return this.onResponseTrailers();
       default:
         throw new ProtocolError('a ProcessingRequest without any of request_headers, request_body, response_headers, ...');
     }
@@ -159,6 +181,7 @@ export class Exchange {
 
   /** The stream is over (ended, cancelled or broken): nothing may stay counted as in flight. */
   close(): void {
+    this.stopDecisionTimer();
     this.abort.abort();
     const f = this.flight;
     if (f?.tracked) {
@@ -185,9 +208,40 @@ export class Exchange {
     const hint = valueStrings(metadataField(msg.metadata_context, SUBSET_NAMESPACE, SUBSET_KEY));
     if (hint !== undefined) this.subset = new Set(hint.map((e) => e.toLowerCase()));
     this.phase = 'request_body';
+    this.startDecisionTimer();
     // No body follows: the request ended with its headers, or the proxy was configured to send none.
     if (h.end_of_stream || this.requestBodyMode === NONE) return this.route();
+    this.bodyStreamed = true;
     return undefined;
+  }
+
+  /**
+   * Envoy fails a request whose ext_proc answer takes longer than its message_timeout; the picker answers first, with
+   * a clear 503, and gives the request up (it leaves the queue, a prefill leg is aborted).
+   */
+  private startDecisionTimer(): void {
+    const ms = this.ctx.decisionTimeoutMs;
+    this.decisionTimer = setTimeout(() => {
+      this.decisionTimer = undefined;
+      if (this.phase !== 'request_body' && this.phase !== 'routing') return;
+      this.abort.abort();
+      this.ctx.core.log.warn({ decisionTimeoutMs: ms }, 'no decision within --decision-timeout-ms: answered 503');
+      const err = new HttpError(
+        503,
+        `the endpoint picker could not decide within ${ms} ms (--decision-timeout-ms)`,
+        'service_unavailable',
+        'request_timeout',
+        null,
+        { 'retry-after': '1', [DROPPED_REASON_HEADER]: 'rejected-ttl-expired' },
+      );
+      this.immediate(err, 'timed_out');
+    }, ms);
+    this.decisionTimer.unref();
+  }
+
+  private stopDecisionTimer(): void {
+    if (this.decisionTimer) clearTimeout(this.decisionTimer);
+    this.decisionTimer = undefined;
   }
 
   private onRequestBody(msg: ProcessingRequest): Promise<void> | undefined {
@@ -238,7 +292,7 @@ export class Exchange {
     const pre = core.dispatcher.precheck(parsed.model, Date.now());
     if (pre) {
       core.metrics.refused(pre.code);
-      return this.immediate(refusalError(pre, core.config), 'refused');
+      return this.immediate(pickerRefusalError(pre, core.config), 'refused');
     }
     const t0 = performance.now();
     const tokens = await tokensFor(core, parsed);
@@ -280,9 +334,13 @@ export class Exchange {
         step = await core.lifecycle.failed(requestId, `${attempt.workerId}: removed`, this.abort.signal);
         continue;
       }
-      let upstream = body;
+      // The body serve would send (the usage asked for in a stream, kvroute's own field removed): the same ledger.
+      // (Only where the picker sees the answer: a proxy that sends no response body gets the client's own.)
+      const aggregated = this.responseBodyMode === NONE ? text : parsed.upstreamBody(text);
+      let upstream = aggregated === text ? body : Buffer.from(aggregated, 'utf8');
       let extra: Record<string, string> = {};
       let accounted = attempt.decision;
+      let cachedOverride: { value: number | null } | undefined;
       if (attempt.prefill) {
         const prefillWorker = core.workers.get(attempt.prefill.workerId);
         if (!prefillWorker) {
@@ -308,14 +366,20 @@ export class Exchange {
           return this.immediateRaw(leg.status, leg.text, 'routed');
         }
         if (leg.report) core.lifecycle.prefillDone(requestId, leg.report);
+        // The client is told the prefill's cached tokens, as serve tells it (known once the prefill answered).
+        const override = { value: leg.report?.cachedTokens ?? null };
+        cachedOverride = override;
         leg.answered?.then((r) => {
           if ('failed' in r) core.log.warn({ requestId, worker: prefillWorker.id, error: r.failed }, 'SGLang prefill leg failed');
-          else core.lifecycle.prefillDone(requestId, r);
+          else {
+            override.value = r.cachedTokens ?? null;
+            core.lifecycle.prefillDone(requestId, r);
+          }
         });
         upstream = Buffer.from(leg.decodeBody, 'utf8');
         extra = { 'x-request-id': leg.pairId, 'x-kvroute-prefill-worker': attempt.prefill.decision.sourceKey };
       }
-      this.answer(attempt, worker, accounted, api, parsed, upstream, upstream !== body, extra, tokenizeS);
+      this.answer(attempt, worker, accounted, api, parsed, upstream, upstream !== body, extra, tokenizeS, cachedOverride);
       return;
     }
   }
@@ -325,7 +389,7 @@ export class Exchange {
     const { core } = this.ctx;
     const target = core.dispatcher.passthroughTarget(null, Date.now(), this.subset ? this.sourcesOf(this.subset) : undefined);
     if ('code' in target) {
-      this.immediate(refusalError(target, core.config), 'refused');
+      this.immediate(pickerRefusalError(target, core.config), 'refused');
       return;
     }
     const worker = core.workers.get(target.workerId)!;
@@ -344,6 +408,7 @@ export class Exchange {
     changed: boolean,
     extra: Record<string, string>,
     tokenizeS: number,
+    cachedOverride: { value: number | null } | undefined,
   ): void {
     const { core } = this.ctx;
     const d = attempt.decision;
@@ -366,6 +431,9 @@ export class Exchange {
       api,
       pinsAnswer: parsed.pinsAnswer,
       stream: parsed.stream,
+      stripUsage: parsed.stripUsage,
+      cachedOverride,
+      holdAnswer: false,
       t0: performance.now(),
       tokenizeS,
       tracked: true,
@@ -384,8 +452,12 @@ export class Exchange {
     this.phase = 'answered';
   }
 
-  /** The headers response naming the endpoints (header and envoy.lb metadata, one value), then the body streamed back. */
+  /**
+   * The headers response naming the endpoints (header and envoy.lb metadata, one value), then the body streamed back
+   * (whenever the proxy streamed one, even empty: it waits for the body's end), then the trailers answer.
+   */
   private sendPick(endpoints: readonly string[], headers: Record<string, string>, body: Buffer, changed: boolean): void {
+    this.stopDecisionTimer();
     const value = endpoints.join(',');
     this.send({
       request_headers: {
@@ -393,17 +465,12 @@ export class Exchange {
       },
       dynamic_metadata: namespacedStrings(LB_NAMESPACE, { [DESTINATION_HEADER]: value }),
     });
-    if (this.requestBodyMode === NONE && !changed) return; // the proxy sends no body (protocol_config said so)
-    if (this.bytes === 0 && !changed) return; // the request had no body (end_of_stream on its headers)
-    for (let off = 0; off < body.length || off === 0; off += CHUNK) {
-      const last = off + CHUNK >= body.length;
-      this.send({
-        request_body: {
-          response: { body_mutation: { streamed_response: { body: body.subarray(off, off + CHUNK), end_of_stream: last } } },
-        },
-      });
-      if (last) break;
-    }
+    // No body: the request ended with its headers, or the proxy sends none (protocol_config said so).
+    const streamed = changed || (this.bodyStreamed && this.requestBodyMode !== NONE);
+    // Trailers straight after the headers: there was no body message to answer.
+    const noBodyMessage = this.requestTrailers && this.bytes === 0 && !changed;
+    if (streamed && !noBodyMessage) for (const m of bodyResponses('request', body, !this.requestTrailers)) this.send(m);
+    if (this.requestTrailers) this.send(trailersResponse('request'));
   }
 
   /** Endpoints after the pick, best first (the policy's order of the other candidates), one per worker. */
@@ -434,7 +501,7 @@ export class Exchange {
     const { core } = this.ctx;
     core.metrics.refused(r.code);
     if (r.code === 'upstream_failed') core.metrics.outcome('error');
-    this.immediate(refusalError(r, core.config), 'refused');
+    this.immediate(pickerRefusalError(r, core.config), 'refused');
   }
 
   private immediate(err: HttpError, result: EppResult): void {
@@ -447,6 +514,7 @@ export class Exchange {
   }
 
   private sendImmediate(status: number, body: string, headers: Record<string, string>, details: string, result: EppResult): void {
+    this.stopDecisionTimer();
     this.ctx.metrics.immediateResponse(status);
     this.count(result);
     this.phase = 'done';
@@ -472,59 +540,125 @@ export class Exchange {
   private onResponseHeaders(msg: ProcessingRequest): void {
     if (this.phase !== 'answered') throw new ProtocolError('response headers before the request was answered');
     this.phase = 'response';
-    this.send({ response_headers: { response: {} } });
     const f = this.flight;
+    const eos = msg.response_headers?.end_of_stream ?? false;
     if (!f) {
       // A pass-through: nothing to count; the rest of the response is passed back unchanged.
-      if (msg.response_headers?.end_of_stream) this.complete();
+      this.send({ response_headers: { response: {} } });
+      if (eos) this.complete();
       return;
     }
     const h = readHeaders(msg.response_headers?.headers);
     f.status = Number(h.get(':status') ?? '200');
     this.readServed(f, msg);
     this.commit(f);
+    const bodies = !eos && this.responseBodyMode !== NONE;
+    const override = f.cachedOverride;
     f.stream = f.status === 200 && (h.get('content-type') ?? '').includes('text/event-stream');
-    if (f.stream) f.relay = new SseRelay(false, f.api.dialect);
-    else f.json = [];
-    if (msg.response_headers?.end_of_stream || this.responseBodyMode === NONE) this.finish(f);
+    if (f.stream) {
+      f.relay = new SseRelay(f.stripUsage, f.api.dialect, override ? (u) => rewriteCachedTokens(u, override.value) : undefined);
+      // The stream's bytes change (a usage chunk removed or rewritten): a length the engine gave would no longer hold.
+      const mutates = f.stripUsage || override !== undefined;
+      this.send({ response_headers: { response: mutates ? { header_mutation: { remove_headers: ['content-length'] } } : {} } });
+    } else {
+      f.json = [];
+      // A disaggregated JSON answer is rewritten whole: its headers (and length) are answered once it has arrived.
+      f.holdAnswer = bodies && f.status === 200 && override !== undefined;
+      if (!f.holdAnswer) this.send({ response_headers: { response: {} } });
+    }
+    if (!bodies) this.finish(f);
   }
 
   private onResponseBody(msg: ProcessingRequest): void {
     if (this.phase !== 'response') throw new ProtocolError('a response body chunk before the response headers');
     const b = msg.response_body ?? {};
     const chunk = b.body ?? Buffer.alloc(0);
-    this.send({
-      response_body: { response: { body_mutation: { streamed_response: { body: chunk, end_of_stream: b.end_of_stream ?? false } } } },
-    });
+    const eos = b.end_of_stream ?? false;
     const f = this.flight;
     if (!f) {
-      if (b.end_of_stream) this.complete();
+      this.sendBody('response', chunk, eos);
+      if (eos) this.complete();
       return;
     }
     this.readServed(f, msg);
-    if (f.tracked && chunk.length > 0) this.observe(f, chunk);
-    if (b.end_of_stream) this.finish(f);
+    if (f.relay) {
+      // The client gets what serve's client gets: the relay's output (complete events, the router's usage removed).
+      let out = f.relay.push(chunk);
+      if (f.tracked && out.length > 0) this.observeStream(f);
+      if (eos) {
+        const rest = f.relay.flush();
+        if (rest.length > 0) out = Buffer.concat([out, rest]);
+      }
+      if (out.length > 0 || eos) this.sendBody('response', out, eos);
+    } else {
+      this.collectJson(f, chunk);
+      if (f.holdAnswer) {
+        if (eos) this.releaseHeld(f, true);
+      } else this.sendBody('response', chunk, eos);
+    }
+    if (eos) this.finish(f);
   }
 
-  /** First token and usage, as serve's proxy sees them (the bytes themselves go back unchanged). */
-  private observe(f: Flight, chunk: Buffer): void {
+  private onResponseTrailers(): void {
+    if (this.phase !== 'response') throw new ProtocolError('response trailers before the response headers');
+    const f = this.flight;
+    if (f?.relay) {
+      const rest = f.relay.flush();
+      if (rest.length > 0) this.sendBody('response', rest, false);
+    } else if (f?.holdAnswer) this.releaseHeld(f, false);
+    this.send(trailersResponse('response'));
+    if (f) this.finish(f);
+    else this.complete();
+  }
+
+  private sendBody(direction: Direction, body: Buffer, endOfStream: boolean): void {
+    for (const m of bodyResponses(direction, body, endOfStream)) this.send(m);
+  }
+
+  /** The first token and the gaps between tokens, as serve's proxy sees them. */
+  private observeStream(f: Flight): void {
     const { core } = this.ctx;
-    if (f.relay) {
-      const out = f.relay.push(chunk);
-      if (out.length === 0) return;
-      const now = performance.now();
-      if (f.firstAt === undefined) {
-        f.firstAt = now;
-        core.lifecycle.firstToken(f.requestId);
-        core.metrics.firstToken(f.attempt.decision.sourceKey, (now - f.t0) / 1000);
-      } else core.metrics.token(f.attempt.decision.sourceKey, (now - f.lastAt) / 1000);
-      f.lastAt = now;
-      return;
-    }
-    if (f.json && f.jsonBytes + chunk.length <= core.config.bodyLimitBytes) {
+    const now = performance.now();
+    if (f.firstAt === undefined) {
+      f.firstAt = now;
+      core.lifecycle.firstToken(f.requestId);
+      core.metrics.firstToken(f.attempt.decision.sourceKey, (now - f.t0) / 1000);
+    } else core.metrics.token(f.attempt.decision.sourceKey, (now - f.lastAt) / 1000);
+    f.lastAt = now;
+  }
+
+  /** A JSON answer is kept (within --body-limit) to read its usage, and to rewrite a held one. */
+  private collectJson(f: Flight, chunk: Buffer): void {
+    if (chunk.length === 0 || !f.json) return;
+    if (f.jsonBytes + chunk.length <= this.ctx.core.config.bodyLimitBytes) {
       f.json.push(chunk);
       f.jsonBytes += chunk.length;
-    } else f.json = undefined; // too large to read: passed back, its usage unknown
+      return;
+    }
+    // Too large to read: passed back as it is, its usage unknown.
+    if (f.holdAnswer) {
+      f.holdAnswer = false;
+      this.send({ response_headers: { response: {} } });
+      this.sendBody('response', Buffer.concat(f.json), false);
+    }
+    f.json = undefined;
+  }
+
+  /** The held answer, its cached_tokens the prefill's: the response headers (with its new length), then the body. */
+  private releaseHeld(f: Flight, endOfStream: boolean): void {
+    f.holdAnswer = false;
+    let body = Buffer.concat(f.json ?? []);
+    try {
+      const answer = JSON.parse(body.toString('utf8')) as { usage?: unknown };
+      if (f.cachedOverride && answer.usage && typeof answer.usage === 'object') {
+        rewriteCachedTokens(answer.usage as Record<string, unknown>, f.cachedOverride.value);
+        body = Buffer.from(JSON.stringify(answer), 'utf8');
+      }
+    } catch {
+      /* not JSON: passed back as it came */
+    }
+    this.send({ response_headers: { response: { header_mutation: setHeaders({ 'content-length': String(body.length) }) } } });
+    this.sendBody('response', body, endOfStream);
   }
 
   /** The proxy's report of the endpoint that served; another than the pick moves the accounting there. */

@@ -1,15 +1,19 @@
 /**
  * `kvroute epp`: the routing composition `kvroute serve` uses (compose.ts: the same Dispatcher, KvRouter, workers, KV
  * events, tokenizer and metrics from the same settings) behind a gRPC server that speaks Envoy's external processing
- * protocol as the Gateway API Inference Extension's Endpoint Picker (exchange.ts), gRPC health checking for
- * `liveness`, `readiness` and the ext_proc service, and /metrics + /health over HTTP on the metrics port.
+ * protocol as the Gateway API Inference Extension's Endpoint Picker (exchange.ts), over TLS unless told otherwise
+ * (tls.ts). Its listeners are the reference picker's: ext_proc (with gRPC health) on --port, gRPC health alone in
+ * plaintext on --grpc-health-port for kubelet probes, /metrics + /health on --metrics-port (HTTP, or HTTPS with
+ * --metrics-cert-dir; /metrics behind Kubernetes token review with --metrics-auth kubernetes: metrics-auth.ts).
  */
 import { randomBytes } from 'node:crypto';
-import { createServer, type Server as HttpServer } from 'node:http';
+import { readFile } from 'node:fs/promises';
+import { createServer, type IncomingMessage, type Server as HttpServer, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import * as grpc from '@grpc/grpc-js';
 import type { Logger } from 'pino';
-import type { ServeConfig } from '../config/serve.ts';
+import { createServer as createHttpsServer } from 'node:https';
+import type { EppConfig } from '../config/serve.ts';
 import { sendJson } from '../http/body.ts';
 import { EppMetrics } from '../metrics/epp.ts';
 import { composeRouter, type RouterCore } from '../server/compose.ts';
@@ -17,7 +21,9 @@ import { sessionHeaderNames } from '../server/identity.ts';
 import { createSecurity } from '../server/security/index.ts';
 import type { LocalTokenizer } from '../tokenizer/local.ts';
 import { type EppContext, Exchange, ProtocolError } from './exchange.ts';
+import { type MetricsGuard, metricsGuard } from './metrics-auth.ts';
 import { EXT_PROC_SERVICE, type ProcessingRequest, type ProcessingResponse, protocols } from './protocol.ts';
+import { extProcCredentials, watchedPair } from './tls.ts';
 
 /** Fallback endpoints listed after the pick. */
 export const FALLBACKS = 2;
@@ -33,7 +39,11 @@ export interface RunningEpp {
   /** host:port of the gRPC server. */
   readonly address: string;
   readonly port: number;
-  readonly metricsUrl: string | null;
+  /** How the ext_proc port is served: "plaintext", "TLS, self-signed certificate", ... */
+  readonly tls: string;
+  /** host:port of the plaintext gRPC health server. */
+  readonly healthAddress: string;
+  readonly metricsUrl: string;
   readonly core: RouterCore;
   /** ext_proc streams open now. */
   streams(): number;
@@ -46,25 +56,27 @@ const SERVING = 1;
 const NOT_SERVING = 2;
 const SERVICE_UNKNOWN = 3;
 
-function bind(server: grpc.Server, address: string): Promise<number> {
+function bind(server: grpc.Server, address: string, credentials: grpc.ServerCredentials): Promise<number> {
   return new Promise((resolve, reject) => {
-    server.bindAsync(address, grpc.ServerCredentials.createInsecure(), (err, port) => (err ? reject(err) : resolve(port)));
+    server.bindAsync(address, credentials, (err, port) => (err ? reject(err) : resolve(port)));
   });
 }
 
-function listenHttp(server: HttpServer, port: number, host: string): Promise<string> {
+function listenHttp(server: HttpServer, port: number, host: string, scheme: 'http' | 'https'): Promise<string> {
   return new Promise((resolve, reject) => {
     server.once('error', reject);
     server.listen({ port, host }, () => {
       server.off('error', reject);
       const p = (server.address() as AddressInfo).port;
       const h = host === '0.0.0.0' || host === '::' ? '127.0.0.1' : host;
-      resolve(`http://${h.includes(':') ? `[${h}]` : h}:${p}`);
+      resolve(`${scheme}://${h.includes(':') ? `[${h}]` : h}:${p}`);
     });
   });
 }
 
-export async function startEpp(config: ServeConfig, options: EppOptions = {}): Promise<RunningEpp> {
+const hostPort = (host: string, port: number) => `${host.includes(':') ? `[${host}]` : host}:${port}`;
+
+export async function startEpp(config: EppConfig, options: EppOptions = {}): Promise<RunningEpp> {
   const core = await composeRouter(config, options);
   const { log, metrics, workers } = core;
   const eppMetrics = new EppMetrics(metrics.registry, metrics.prefix);
@@ -78,13 +90,19 @@ export async function startEpp(config: ServeConfig, options: EppOptions = {}): P
     sessionHeaders: sessionHeaderNames(config),
     nextRequestId: () => `epp-${idPrefix}-${++seq}`,
     fallbacks: FALLBACKS,
+    decisionTimeoutMs: config.decisionTimeoutMs,
   };
   const open = new Set<Exchange>();
 
   const ready = () => !closing && (options.readiness?.() ?? true) && workers.healthyCount() > 0;
+  // The reference picker's names: liveness, readiness, the ext_proc service, and its Helm chart's single-replica probe
+  // name inference-extension (llm-d/llm-d-router cmd/epp/runner/health.go, config/charts/routerlib/templates/
+  // _deployment.yaml @ebab6879).
   const statusOf = (service: string): number | null => {
     if (service === '' || service === 'liveness') return closing ? NOT_SERVING : SERVING;
-    if (service === 'readiness' || service === EXT_PROC_SERVICE) return ready() ? SERVING : NOT_SERVING;
+    if (service === 'readiness' || service === EXT_PROC_SERVICE || service === 'inference-extension') {
+      return ready() ? SERVING : NOT_SERVING;
+    }
     return null;
   };
 
@@ -148,9 +166,7 @@ export async function startEpp(config: ServeConfig, options: EppOptions = {}): P
   }
 
   const { ExternalProcessor, Health } = protocols();
-  const server = new grpc.Server({ 'grpc.max_receive_message_length': Math.max(4 * 1024 * 1024, config.bodyLimitBytes + 65536) });
-  server.addService(ExternalProcessor.service, { Process: processStream });
-  server.addService(Health.service, {
+  const healthService = {
     Check(call: grpc.ServerUnaryCall<{ service?: string }, unknown>, callback: grpc.sendUnaryData<unknown>) {
       const status = statusOf(call.request?.service ?? '');
       if (status === null) callback({ code: grpc.status.NOT_FOUND, details: `unknown service "${call.request?.service}"` });
@@ -173,51 +189,93 @@ export async function startEpp(config: ServeConfig, options: EppOptions = {}): P
       call.on('close', stop);
       call.on('error', stop);
     },
-  });
+  };
+  const server = new grpc.Server({ 'grpc.max_receive_message_length': Math.max(4 * 1024 * 1024, config.bodyLimitBytes + 65536) });
+  server.addService(ExternalProcessor.service, { Process: processStream });
+  server.addService(Health.service, healthService);
+  // Kubelet's gRPC probes speak plaintext: health has a listener of its own, as the reference picker's port 9003.
+  const healthServer = new grpc.Server();
+  healthServer.addService(Health.service, healthService);
 
+  const tlsLog = { info: (o: object, m: string) => log.info(o, m), warn: (o: object, m: string) => log.warn(o, m) };
+  const closers: (() => void)[] = [];
   let metricsServer: HttpServer | null = null;
-  let metricsUrl: string | null = null;
+  let metricsUrl = '';
   let port: number;
+  let healthPort: number;
+  let tls: string;
   try {
-    if (config.metricsPort !== undefined) {
-      metricsServer = createServer((req, res) => {
-        const path = (req.url ?? '/').split('?')[0];
-        if (req.method === 'GET' && path === '/metrics') {
-          metrics
-            .render()
-            .then((text) => {
-              res.writeHead(200, { 'content-type': metrics.contentType });
-              res.end(text);
-            })
-            .catch((err: unknown) => {
-              log.error({ err }, 'metrics render failed');
-              res.writeHead(500).end();
-            });
-          return;
-        }
-        if (req.method === 'GET' && path === '/health') {
-          const healthy = workers.healthyCount();
-          sendJson(res, ready() ? 200 : 503, {
-            status: ready() ? 'ok' : 'unavailable',
-            healthyWorkers: healthy,
-            workers: workers.list().length,
+    const guard: MetricsGuard = await metricsGuard(config, { kubeconfig: config.kubeconfig, log: tlsLog });
+    const handler = (req: IncomingMessage, res: ServerResponse) => {
+      const path = (req.url ?? '/').split('?')[0];
+      if (req.method === 'GET' && path === '/metrics') {
+        guard
+          .check(req)
+          .then(async (verdict) => {
+            if (verdict !== null) {
+              sendJson(res, verdict.status, { error: { message: verdict.message } });
+              return;
+            }
+            const text = await metrics.render();
+            res.writeHead(200, { 'content-type': metrics.contentType });
+            res.end(text);
+          })
+          .catch((err: unknown) => {
+            log.error({ err }, 'metrics render failed');
+            if (!res.headersSent) res.writeHead(500).end();
           });
-          return;
-        }
-        sendJson(res, 404, { error: { message: `no route ${req.method} ${path} (this listener serves /metrics and /health)` } });
-      });
-      metricsUrl = await listenHttp(metricsServer, config.metricsPort, config.metricsHost ?? config.host);
+        return;
+      }
+      if (req.method === 'GET' && path === '/health') {
+        const healthy = workers.healthyCount();
+        sendJson(res, ready() ? 200 : 503, {
+          status: ready() ? 'ok' : 'unavailable',
+          healthyWorkers: healthy,
+          workers: workers.list().length,
+        });
+        return;
+      }
+      sendJson(res, 404, { error: { message: `no route ${req.method} ${path} (this listener serves /metrics and /health)` } });
+    };
+    const metricsHost = config.metricsHost ?? config.host;
+    if (config.metricsCertDir !== undefined) {
+      const clientCa = config.metricsClientCaFile === undefined ? undefined : await readFile(config.metricsClientCaFile);
+      let https: ReturnType<typeof createHttpsServer> | undefined;
+      const watched = await watchedPair(config.metricsCertDir, tlsLog, 'metrics TLS', (pair) =>
+        https?.setSecureContext({ cert: pair.cert, key: pair.key, ...(clientCa ? { ca: clientCa } : {}) }),
+      );
+      closers.push(watched.close);
+      https = createHttpsServer(
+        {
+          cert: watched.pair.cert,
+          key: watched.pair.key,
+          minVersion: 'TLSv1.2',
+          ...(clientCa ? { ca: clientCa, requestCert: true, rejectUnauthorized: true } : {}),
+        },
+        handler,
+      );
+      metricsServer = https as unknown as HttpServer;
+      metricsUrl = await listenHttp(metricsServer, config.metricsPort, metricsHost, 'https');
+    } else {
+      metricsServer = createServer(handler);
+      metricsUrl = await listenHttp(metricsServer, config.metricsPort, metricsHost, 'http');
     }
+    const served = await extProcCredentials({ secure: config.secureServing, certPath: config.certPath }, tlsLog);
+    closers.push(served.close);
+    tls = served.describe;
     const host = config.host.includes(':') ? `[${config.host}]` : config.host;
-    port = await bind(server, `${host}:${config.port}`);
+    port = await bind(server, `${host}:${config.port}`, served.credentials);
+    healthPort = await bind(healthServer, `${host}:${config.grpcHealthPort}`, grpc.ServerCredentials.createInsecure());
   } catch (err) {
+    for (const c of closers) c();
     metricsServer?.close();
     server.forceShutdown();
+    healthServer.forceShutdown();
     await core.close();
     throw err;
   }
   const shown = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host;
-  const address = `${shown.includes(':') ? `[${shown}]` : shown}:${port}`;
+  const address = hostPort(shown, port);
 
   let closed: Promise<void> | null = null;
   const close = (graceMs = config.shutdownGraceMs): Promise<void> => {
@@ -234,6 +292,8 @@ export async function startEpp(config: ServeConfig, options: EppOptions = {}): P
           resolve();
         });
       });
+      healthServer.forceShutdown();
+      for (const c of closers) c();
       for (const ex of [...open]) ex.close();
       metricsServer?.closeAllConnections();
       metricsServer?.close();
@@ -242,5 +302,5 @@ export async function startEpp(config: ServeConfig, options: EppOptions = {}): P
     return closed;
   };
 
-  return { address, port, metricsUrl, core, streams: () => open.size, close };
+  return { address, port, tls, healthAddress: hostPort(shown, healthPort), metricsUrl, core, streams: () => open.size, close };
 }

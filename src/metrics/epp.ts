@@ -4,8 +4,9 @@
  *
  *   epp_requests_total{result}        ext_proc streams by how the request phase ended: routed (an endpoint picked by
  *                                      the dispatcher), passthrough (a path that is not routed: fewest in flight),
- *                                      refused (an immediate response with the refusal's status), bad_request (400,
- *                                      413), cancelled (the stream ended before an answer), protocol_error
+ *                                      refused (an immediate response with the refusal's status), timed_out (no
+ *                                      decision within --decision-timeout-ms: 503), bad_request (400, 413), cancelled
+ *                                      (the stream ended before an answer), protocol_error
  *   epp_immediate_responses_total{status}  immediate responses sent, by HTTP status
  *   epp_served_elsewhere_total{outcome}  the proxy reported another endpoint than the pick (its fallback): moved (the
  *                                      request re-counted there), untracked (that worker could not take it in the
@@ -14,7 +15,7 @@
  */
 import { Counter, Gauge, type Registry } from 'prom-client';
 
-export type EppResult = 'routed' | 'passthrough' | 'refused' | 'bad_request' | 'cancelled' | 'protocol_error';
+export type EppResult = 'routed' | 'passthrough' | 'refused' | 'timed_out' | 'bad_request' | 'cancelled' | 'protocol_error';
 export type ServedElsewhere = 'moved' | 'untracked' | 'unknown';
 
 export class EppMetrics {
@@ -27,7 +28,7 @@ export class EppMetrics {
     const registers = [registry];
     this.requests = new Counter({
       name: `${prefix}epp_requests_total`,
-      help: 'ext_proc streams by how their request phase ended: routed, passthrough, refused, bad_request, cancelled, protocol_error.',
+      help: 'ext_proc streams by how their request phase ended: routed, passthrough, refused, timed_out, bad_request, cancelled, protocol_error.',
       labelNames: ['result'],
       registers,
     });
@@ -46,7 +47,7 @@ export class EppMetrics {
       registers,
     });
     this.active = new Gauge({ name: `${prefix}epp_streams_active`, help: 'ext_proc streams open now.', registers });
-    for (const r of ['routed', 'passthrough', 'refused', 'bad_request', 'cancelled', 'protocol_error'] as const)
+    for (const r of ['routed', 'passthrough', 'refused', 'timed_out', 'bad_request', 'cancelled', 'protocol_error'] as const)
       this.requests.inc({ result: r }, 0);
   }
 

@@ -48,3 +48,31 @@ export function refusalError(r: Pick<DispatchRefusal, 'code' | 'message' | 'retr
   if (after !== undefined) headers['retry-after'] = String(Math.max(1, Math.ceil(after)));
   return new HttpError(shape.status, r.message, shape.type, shape.code, r.code === 'model_not_found' ? 'model' : null, headers);
 }
+
+/**
+ * The header the reference endpoint picker names a flow-control drop with, and its values
+ * (llm-d/llm-d-inference-scheduler pkg/common/error/error.go @520af478: RequestDroppedReasonHeaderKey).
+ */
+export const DROPPED_REASON_HEADER = 'x-llm-d-request-dropped-reason';
+export type DroppedReason = 'rejected-saturated' | 'rejected-ttl-expired';
+
+/**
+ * Where the endpoint picker answers otherwise than serve: the reference picker maps a capacity rejection to 429 and a
+ * request that expired in its queue to 503, each with the dropped-reason header (llm-d-inference-scheduler
+ * pkg/epp/requestcontrol/admission.go translateFlowControlOutcome, pkg/common/error/error.go BuildErrResponse
+ * @520af478; the Endpoint Picker Protocol, gateway-api-inference-extension
+ * docs/proposals/004-endpoint-picker-protocol @84436a96: 429 for a dropped request). serve keeps 503 for a full queue.
+ */
+const PICKER: Partial<Record<RefusalCode, { readonly status: number; readonly type: ErrorType; readonly reason: DroppedReason }>> = {
+  queue_full: { status: 429, type: 'rate_limit_error', reason: 'rejected-saturated' },
+  shed: { status: 429, type: 'rate_limit_error', reason: 'rejected-saturated' },
+  queue_timeout: { status: 503, type: 'service_unavailable', reason: 'rejected-ttl-expired' },
+};
+
+/** A refusal as the endpoint picker's immediate response: serve's answer with the picker's status and drop reason. */
+export function pickerRefusalError(r: Pick<DispatchRefusal, 'code' | 'message' | 'retryAfterMs'>, times: RefusalTimes): HttpError {
+  const base = refusalError(r, times);
+  const p = PICKER[r.code];
+  if (!p) return base;
+  return new HttpError(p.status, base.message, p.type, base.code, base.param, { ...base.headers, [DROPPED_REASON_HEADER]: p.reason });
+}

@@ -20,14 +20,15 @@ import { Service } from 'kubernetes-models/v1/Service';
 import { ServiceAccount } from 'kubernetes-models/v1/ServiceAccount';
 import { Gateway } from '@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1/Gateway';
 import { HTTPRoute } from '@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1/HTTPRoute';
+import { parse as parseYaml } from 'yaml';
 import { describe, expect, it } from 'vitest';
-import { serveSchema } from '../../src/config/serve.ts';
+import { eppSchema, serveSchema } from '../../src/config/serve.ts';
 import { settingsOf, longFlag } from '../../src/config/settings.ts';
 import { build, type K8sObject } from '../fixtures/kustomize.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const DEPLOY = join(ROOT, 'deploy/k8s');
-const OVERLAYS = ['standalone', 'relay', 'epp/envoy-gateway', 'epp/istio', 'epp/kgateway'];
+const OVERLAYS = ['standalone', 'relay', 'epp/envoy-gateway', 'epp/istio', 'epp/kgateway', 'epp/envoy'];
 
 type Validator = { validate(): void };
 const MODELS: Record<string, new (o: never) => Validator> = {
@@ -44,8 +45,24 @@ const MODELS: Record<string, new (o: never) => Validator> = {
 const ajv = new Ajv({ allErrors: true });
 const inferencePool = ajv.compile(JSON.parse(readFileSync(join(ROOT, 'test/fixtures/schemas/inferencepool-v1.schema.json'), 'utf8')));
 
+/**
+ * Istio's DestinationRule (networking.istio.io/v1beta1), only the fields the manifests use, as Istio's API defines them
+ * (istio/api networking/v1beta1/destination_rule.proto: host, trafficPolicy.tls.mode, insecureSkipVerify).
+ */
+function validateDestinationRule(o: K8sObject): string[] {
+  const spec = (o as { spec?: { host?: unknown; trafficPolicy?: { tls?: { mode?: unknown; insecureSkipVerify?: unknown } } } }).spec;
+  const errors: string[] = [];
+  if (typeof spec?.host !== 'string' || spec.host === '') errors.push('spec.host must be a non-empty string');
+  const tls = spec?.trafficPolicy?.tls;
+  if (tls && !['DISABLE', 'SIMPLE', 'MUTUAL', 'ISTIO_MUTUAL'].includes(String(tls.mode))) errors.push(`bad tls.mode ${String(tls.mode)}`);
+  if (tls && tls.insecureSkipVerify !== undefined && typeof tls.insecureSkipVerify !== 'boolean')
+    errors.push('insecureSkipVerify must be a boolean');
+  return errors;
+}
+
 function validate(o: K8sObject): string[] {
   const key = `${o.apiVersion}/${o.kind}`;
+  if (key === 'networking.istio.io/v1beta1/DestinationRule') return validateDestinationRule(o);
   if (key === 'inference.networking.k8s.io/v1/InferencePool') {
     return inferencePool(o) ? [] : (inferencePool.errors ?? []).map((e) => `${e.instancePath} ${e.message}`);
   }
@@ -67,6 +84,33 @@ type Container = {
   ports?: { name?: string; containerPort: number }[];
   readinessProbe?: Probe;
   livenessProbe?: Probe;
+};
+/** The parts of an Envoy bootstrap (envoy.config.bootstrap.v3) the checks read. */
+type EnvoyBootstrap = {
+  static_resources: {
+    listeners: {
+      filter_chains: {
+        filters: {
+          typed_config: {
+            http_filters: {
+              name: string;
+              typed_config: {
+                message_timeout: string;
+                processing_mode: Record<string, string>;
+                grpc_service: { envoy_grpc: { cluster_name: string } };
+              };
+            }[];
+          };
+        }[];
+      }[];
+    }[];
+    clusters: {
+      name: string;
+      transport_socket?: { name: string };
+      original_dst_lb_config?: Record<string, unknown>;
+      load_assignment?: { endpoints: { lb_endpoints: { endpoint: { address: { socket_address: unknown } } }[] }[] };
+    }[];
+  };
 };
 type Probe = { httpGet?: { port: string | number }; grpc?: { port: number; service?: string } };
 
@@ -142,6 +186,7 @@ describe('deploy/k8s', () => {
 
       it("kvroute's flags exist, and discovery has the RBAC for what it watches", () => {
         const serveFlags = new Set(settingsOf(serveSchema).map((s) => longFlag(s.entry)));
+        const eppFlags = new Set(settingsOf(eppSchema).map((s) => longFlag(s.entry)));
         const relayFlags = new Set([
           '--nats',
           '--worker',
@@ -158,8 +203,8 @@ describe('deploy/k8s', () => {
           expect(['serve', 'relay', 'epp']).toContain(command);
           for (const a of args) {
             const flag = a.split('=')[0];
-            // epp composes serve's settings; its own two are its listeners (docs/endpoint-picker.md).
-            const known = command === 'relay' ? relayFlags.has(flag) : serveFlags.has(flag) || (command === 'epp' && flag === '--port');
+            // epp composes serve's settings and its own (listeners, TLS: docs/endpoint-picker.md).
+            const known = command === 'relay' ? relayFlags.has(flag) : command === 'epp' ? eppFlags.has(flag) : serveFlags.has(flag);
             expect(known, `${w.metadata.name}: kvroute ${command} ${flag}`).toBe(true);
           }
           const discovers = args.some((a) => a.startsWith('--k8s-selector=') || a.startsWith('--k8s-pool='));
@@ -226,11 +271,48 @@ describe('deploy/k8s', () => {
           expect(route.spec.rules[0].backendRefs).toEqual([
             { group: 'inference.networking.k8s.io', kind: 'InferencePool', name: pool.metadata.name },
           ]);
+          // The picker serves TLS (its default); Istio and the plain Envoy are told to reach it so, unverified.
+          expect(epp.c.args).not.toContain('--no-secure-serving');
+          if (overlay === 'epp/envoy') {
+            // No gateway: Envoy's own ext_proc filter, set as the reference setups set it.
+            const cm = objs.find((o) => o.kind === 'ConfigMap' && o.metadata.name === 'envoy-config') as K8sObject & {
+              data: Record<string, string>;
+            };
+            const envoy = parseYaml(cm.data['envoy.yaml']) as EnvoyBootstrap;
+            const hcm = envoy.static_resources.listeners[0].filter_chains[0].filters[0].typed_config;
+            const extProc = hcm.http_filters.find((f) => f.name === 'envoy.filters.http.ext_proc')!.typed_config;
+            expect(extProc.message_timeout).toBe('1000s');
+            // The picker's own bound on its wait stays below Envoy's.
+            const bound = Number(flagValue(epp.c.args!, '--decision-timeout-ms') ?? eppSchema.parse({}).decisionTimeoutMs);
+            expect(bound).toBeLessThan(1000 * 1000);
+            expect(extProc.processing_mode).toEqual({
+              request_header_mode: 'SEND',
+              response_header_mode: 'SEND',
+              request_body_mode: 'FULL_DUPLEX_STREAMED',
+              response_body_mode: 'FULL_DUPLEX_STREAMED',
+              request_trailer_mode: 'SEND',
+              response_trailer_mode: 'SEND',
+            });
+            const cluster = envoy.static_resources.clusters.find((c) => c.name === extProc.grpc_service.envoy_grpc.cluster_name)!;
+            const target = cluster.load_assignment!.endpoints[0].lb_endpoints[0].endpoint.address.socket_address;
+            expect(target).toEqual({ address: svc.metadata.name, port_value: pool.spec.endpointPickerRef.port.number });
+            expect(cluster.transport_socket?.name).toBe('envoy.transport_sockets.tls');
+            const dst = envoy.static_resources.clusters.find((c) => c.name === 'original_destination_cluster')!;
+            expect(dst.original_dst_lb_config).toEqual({ use_http_header: true, http_header_name: 'x-gateway-destination-endpoint' });
+            return;
+          }
           const gateway = objs.find((o) => o.kind === 'Gateway') as K8sObject & { spec: { gatewayClassName: string } };
           expect(route.spec.parentRefs[0].name).toBe(gateway.metadata.name);
           expect(gateway.spec.gatewayClassName).toBe(
             { 'epp/envoy-gateway': 'eg', 'epp/istio': 'istio', 'epp/kgateway': 'kgateway' }[overlay],
           );
+          if (overlay === 'epp/istio') {
+            const dr = objs.find((o) => o.kind === 'DestinationRule') as K8sObject & {
+              spec: { host: string; trafficPolicy: { tls: { mode: string; insecureSkipVerify: boolean } } };
+            };
+            expect(dr.spec.host).toBe(`${svc.metadata.name}.kvroute.svc.cluster.local`);
+            expect(dr.spec.trafficPolicy.tls).toEqual({ mode: 'SIMPLE', insecureSkipVerify: true });
+          }
         });
       }
     });

@@ -135,12 +135,15 @@ const CASES: DocCase[] = [
     run: async () => {
       // The embedded fleet behind the picker; a request played from Envoy's side is picked and served, health and
       // /metrics answer on the documented ports (free ones here).
+      // ext_proc is TLS by default (a self-signed certificate); the plaintext health port (default 9003) is a free one.
       const [grpcPort, metricsPort] = [await freePort(), await freePort()];
-      const proc = track(start(substitute(DOC.epp, { '9002': String(grpcPort), '9090': String(metricsPort) })));
-      const address = (await proc.waitFor(/kvroute epp listening on grpc:\/\/(\S+) \(ext_proc\)/))[1];
+      const proc = track(
+        start(substitute(DOC.epp, { '9002': String(grpcPort), '9090': String(metricsPort) }), { KVROUTE_GRPC_HEALTH_PORT: '0' }),
+      );
+      const address = (await proc.waitFor(/kvroute epp listening on grpc:\/\/(\S+) \(ext_proc\) over TLS/))[1];
       expect(address).toBe(`127.0.0.1:${grpcPort}`);
       const { EnvoySide } = await import('../epp/envoy-side.ts');
-      const envoy = new EnvoySide(address);
+      const envoy = new EnvoySide(address, { tls: true });
       try {
         const r = await envoy.roundTrip({
           path: '/v1/chat/completions',
@@ -210,6 +213,12 @@ const CASES: DocCase[] = [
   { doc: 'kubectl apply -n kvroute -k deploy/k8s/epp/envoy-gateway', notOurs: NO_CLUSTER },
   { doc: 'kubectl apply -n kvroute -k deploy/k8s/epp/istio', notOurs: NO_CLUSTER },
   { doc: 'kubectl apply -n kvroute -k deploy/k8s/epp/kgateway', notOurs: NO_CLUSTER },
+  { doc: 'kubectl apply -n kvroute -k deploy/k8s/epp/envoy', notOurs: NO_CLUSTER },
+  {
+    doc: 'helm install qwen3-8b config/charts/llm-d-router-gateway -n kvroute --set router.modelServers.matchLabels.app=qwen3-8b --set router.epp.image.registry=registry.example.com --set router.epp.image.repository=kvroute --set router.epp.image.tag=0.1.0',
+    notOurs:
+      "needs helm, a clone of llm-d-router and a cluster (none runs here); test/epp/chart.test.ts starts kvroute's package with exactly the command line and environment this chart renders (recorded in test/epp/fixtures/helm-chart.ts)",
+  },
   { doc: 'kubectl apply -n kvroute -k deploy/k8s/standalone', notOurs: NO_CLUSTER },
   {
     doc: 'kubectl apply -n kvroute -k deploy/k8s/standalone --dry-run=server',

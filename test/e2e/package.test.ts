@@ -124,9 +124,10 @@ describe('a fresh clone and the packed package, as a user runs them', () => {
 
     // The endpoint picker from the installed package: its proto files load from the package, a request played from
     // Envoy's side is picked and served, health answers.
-    const epp = start('npx kvroute epp --metrics-port 0', INSTALL);
-    const address = (await epp.waitFor(/kvroute epp listening on grpc:\/\/(\S+) \(ext_proc\)/, 120_000))[1];
-    const envoy = new EnvoySide(address);
+    // ext_proc over TLS (the default: a self-signed certificate the installed package makes at start).
+    const epp = start('npx kvroute epp --port 0 --grpc-health-port 0 --metrics-port 0', INSTALL);
+    const address = (await epp.waitFor(/kvroute epp listening on grpc:\/\/(\S+) \(ext_proc\) over TLS/, 120_000))[1];
+    const envoy = new EnvoySide(address, { tls: true });
     try {
       const r = await envoy.roundTrip({
         path: '/v1/chat/completions',

@@ -9,7 +9,7 @@
 import { spawn, spawnSync } from 'node:child_process';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { serveSchema } from '../../src/config/serve.ts';
+import { eppSchema } from '../../src/config/serve.ts';
 import { longFlag, settingsOf } from '../../src/config/settings.ts';
 import { DESTINATION_HEADER, protocols } from '../../src/epp/protocol.ts';
 import { startMocker, type MockerHandle, type MockerOptions } from '../../src/mocker/server.ts';
@@ -310,11 +310,15 @@ describe('kvroute epp without a healthy endpoint', () => {
       'FULL_DUPLEX_STREAMED',
       'liveness',
       'readiness',
+      'inference-extension',
       'docs/endpoint-picker.md',
+      '--pool-name',
+      '--secure-serving',
     ]) {
       expect(help).toContain(word);
     }
-    for (const { key, entry } of settingsOf(serveSchema)) {
+    // Every serve setting and the picker's own (listeners, TLS, metrics auth, the decision bound, --config-file).
+    for (const { key, entry } of settingsOf(eppSchema)) {
       expect(help, key).toContain(longFlag(entry));
       expect(help, key).toContain(`env: ${entry.env}`);
       expect(help, key).toContain(`config: ${key}`);

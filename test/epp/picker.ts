@@ -7,16 +7,45 @@ export const CLI = fileURLToPath(new URL('../../bin/kvroute.mjs', import.meta.ur
 
 export interface EppProcess {
   readonly address: string;
+  /** How ext_proc is served, as the start-up line says: "plaintext", "TLS (self-signed certificate)", ... */
+  readonly tls: string;
+  /** The plaintext gRPC health listener. */
+  readonly healthAddress: string;
   readonly metricsUrl: string;
   readonly proc: ChildProcess;
   output(): string;
   stop(): Promise<number | null>;
 }
 
-/** Starts `kvroute epp --port 0 --metrics-port 0 ARGS`; resolves once it logs both addresses. */
-export async function startEpp(args: string[]): Promise<EppProcess> {
-  const proc = spawn(process.execPath, [CLI, 'epp', '--port', '0', '--metrics-port', '0', '--health-interval-ms', '200', ...args], {
-    env: { ...process.env, KVROUTE_LOG_LEVEL: 'info' },
+/**
+ * Starts `kvroute epp ARGS` on free ports; resolves once it logs its addresses. By default the ext_proc port is
+ * plaintext (--no-secure-serving) and /metrics open (--metrics-auth none), with ports on the command line; `exact` runs `kvroute ARGS` (a chart's command line
+ * given to the image's `kvroute` entrypoint), the free ports given as variables.
+ */
+export async function startEpp(
+  args: string[],
+  options: { tls?: boolean; exact?: boolean; env?: Record<string, string> } = {},
+): Promise<EppProcess> {
+  const argv = options.exact
+    ? args
+    : [
+        '--port',
+        '0',
+        '--metrics-port',
+        '0',
+        '--grpc-health-port',
+        '0',
+        '--health-interval-ms',
+        '200',
+        ...(options.tls ? [] : ['--no-secure-serving']),
+        // /metrics open, so tests read it without a token (with --k8s-* the default would be Kubernetes token review).
+        '--metrics-auth',
+        'none',
+        ...args,
+      ];
+  // `exact`: the command line alone, as a container whose entrypoint is `kvroute` runs it (no `epp` word).
+  const proc = spawn(process.execPath, options.exact ? [CLI, ...argv] : [CLI, 'epp', ...argv], {
+    env: { ...process.env, KVROUTE_LOG_LEVEL: 'info', ...options.env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';
@@ -27,7 +56,10 @@ export async function startEpp(args: string[]): Promise<EppProcess> {
     const t = setTimeout(() => reject(new Error(`kvroute epp did not start: ${out}`)), 30_000);
     proc.stdout!.on('data', (d: Buffer) => {
       out += d.toString();
-      const found = /kvroute epp listening on grpc:\/\/(\S+) \(ext_proc\); metrics on (http:\/\/[\d.:]+)/.exec(out);
+      const found =
+        /kvroute epp listening on grpc:\/\/(\S+) \(ext_proc\) over (.+?); health on grpc:\/\/(\S+) \(plaintext\); metrics on (https?:\/\/[\d.:]+)/.exec(
+          out,
+        );
       if (found) {
         clearTimeout(t);
         resolve(found);
@@ -37,7 +69,9 @@ export async function startEpp(args: string[]): Promise<EppProcess> {
   });
   const p: EppProcess = {
     address: m[1],
-    metricsUrl: m[2],
+    tls: m[2],
+    healthAddress: m[3],
+    metricsUrl: m[4],
     proc,
     output: () => out,
     stop: async () => {
