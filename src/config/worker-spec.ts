@@ -1,11 +1,12 @@
 /**
- * Worker specs: the one definition of a worker, whether it comes as a `--worker` / KVROUTE_WORKERS string
- * (`URL[,events=tcp://host:port][,replay=tcp://host:port][,dp=N][,model=NAME][,id=NAME][,blocks=N][,engine=vllm|sglang|trtllm]
- * [,role=prefill|decode|both][,bootstrap=PORT]`),
- * as an item of a config file's `workers` list, or as the body of POST /admin/workers. The string grammar is split
- * into fields here and every form is then checked by the same zod object schema.
+ * Worker specs: the one definition of a worker, whether it comes as a `--worker` / KVROUTE_WORKERS string (the grammar
+ * is WORKER_SPEC_GRAMMAR below; the engine names come from the engine registry, src/engines/index.ts), as an item of
+ * a config file's `workers` list, or as the body of POST /admin/workers. The string grammar is split into fields here
+ * and every form is then checked by the same zod object schema.
  */
 import { z } from 'zod';
+import type { OptionalFieldSetting } from '../engines/handoff.ts';
+import { ENGINE_NAMES, type EngineName, engineNamesText } from '../engines/index.ts';
 import { intText, ZMQ_ENDPOINT } from './parsers.ts';
 
 export interface WorkerSpec {
@@ -27,20 +28,28 @@ export interface WorkerSpec {
    * Event wire flavour of the engine and, for disaggregated serving, its handoff protocol (default vllm). trtllm: the
    * router polls the engine's POST /kv_cache_events unless events= names a ZMQ publisher (vLLM's fields).
    */
-  readonly engine?: 'vllm' | 'sglang' | 'trtllm';
+  readonly engine?: EngineName;
   /** Disaggregated serving: prefill, decode, or both (default: aggregated serving). */
   readonly role?: 'prefill' | 'decode' | 'both';
   /** SGLang prefill workers: the engine's --disaggregation-bootstrap-port (default 8998). */
   readonly bootstrap?: number;
+  /**
+   * TensorRT-LLM P/D: whether the legs carry disaggregated_params.disagg_request_id (auto: yes, until the server
+   * refuses the field; releases before it have none: docs/engines.md). Default auto.
+   */
+  readonly disaggId?: OptionalFieldSetting;
+  /** TensorRT-LLM P/D: whether the generation leg carries disaggregated_params.ctx_usage (as disaggId). Default auto. */
+  readonly ctxUsage?: OptionalFieldSetting;
 }
 
 /** SGLang's default --disaggregation-bootstrap-port. */
 export const DEFAULT_BOOTSTRAP_PORT = 8998;
 
 export const WORKER_SPEC_GRAMMAR =
-  'URL[,events=tcp://host:port][,replay=tcp://host:port][,dp=N][,model=NAME][,id=NAME][,blocks=N][,engine=vllm|sglang|trtllm]' +
-  '[,role=prefill|decode|both][,bootstrap=PORT]';
-const OPTIONS = ['events', 'replay', 'dp', 'model', 'id', 'blocks', 'engine', 'role', 'bootstrap'] as const;
+  `URL[,events=tcp://host:port][,replay=tcp://host:port][,dp=N][,model=NAME][,id=NAME][,blocks=N][,engine=${ENGINE_NAMES.join('|')}]` +
+  '[,role=prefill|decode|both][,bootstrap=PORT][,disagg-id=auto|on|off][,ctx-usage=auto|on|off]';
+const OPTIONS = ['events', 'replay', 'dp', 'model', 'id', 'blocks', 'engine', 'role', 'bootstrap', 'disagg-id', 'ctx-usage'] as const;
+const SETTINGS = ['auto', 'on', 'off'] as const;
 const show = (v: unknown) => (typeof v === 'string' ? `"${v}"` : JSON.stringify(v));
 
 const url = z
@@ -77,9 +86,7 @@ const workerObject = z
       blocks: positive('blocks').optional(),
       model: z.union([modelName, z.array(modelName)]).optional(),
       models: z.union([modelName, z.array(modelName)]).optional(),
-      engine: z
-        .enum(['vllm', 'sglang', 'trtllm'], { error: (iss) => `worker option engine=${show(iss.input)} must be vllm, sglang or trtllm` })
-        .optional(),
+      engine: z.enum(ENGINE_NAMES, { error: (iss) => `worker option engine=${show(iss.input)} must be ${engineNamesText()}` }).optional(),
       role: z
         .enum(['prefill', 'decode', 'both'], { error: (iss) => `worker option role=${show(iss.input)} must be prefill, decode or both` })
         .optional(),
@@ -88,6 +95,8 @@ const workerObject = z
         .min(1, { error: (iss) => `worker option bootstrap=${show(iss.input)} must be a port in [1, 65535]` })
         .max(65535, { error: (iss) => `worker option bootstrap=${show(iss.input)} must be a port in [1, 65535]` })
         .optional(),
+      'disagg-id': z.enum(SETTINGS, { error: (iss) => `worker option disagg-id=${show(iss.input)} must be auto, on or off` }).optional(),
+      'ctx-usage': z.enum(SETTINGS, { error: (iss) => `worker option ctx-usage=${show(iss.input)} must be auto, on or off` }).optional(),
     },
     {
       error: (iss) =>
@@ -108,6 +117,8 @@ const workerObject = z
     if (o.engine !== undefined) out.engine = o.engine;
     if (o.role !== undefined) out.role = o.role;
     if (o.bootstrap !== undefined) out.bootstrap = o.bootstrap;
+    if (o['disagg-id'] !== undefined) out.disaggId = o['disagg-id'];
+    if (o['ctx-usage'] !== undefined) out.ctxUsage = o['ctx-usage'];
     return out;
   });
 

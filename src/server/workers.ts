@@ -8,6 +8,8 @@ import type { BreakerState } from '../core/dispatch/breaker.ts';
 import type { DispatchEffect, Dispatcher } from '../core/dispatch/dispatcher.ts';
 import type { WorkerState } from '../core/dispatch/fleet.ts';
 import { DEFAULT_BOOTSTRAP_PORT, type WorkerSpec } from '../config/worker-spec.ts';
+import type { HandoffFields } from '../engines/handoff.ts';
+import { engineAdapter } from '../engines/index.ts';
 
 export interface ModelCard {
   id: string;
@@ -50,6 +52,8 @@ export class Worker {
   readonly pool: Pool;
   readonly sourceKeys: readonly string[];
   cards: ModelCard[] = [];
+  /** TensorRT-LLM's optional handoff fields: the spec's settings, and the fields this worker's server refused. */
+  readonly handoffFields: HandoffFields;
   probeFailures = 0;
   lastProbeError: string | null = null;
 
@@ -65,6 +69,10 @@ export class Worker {
     this.pool = workerPool(u.origin, opts.upstreamTimeoutMs);
     this.sourceKeys = core.sourceKeys;
     this.cards = (spec.models ?? []).map((id) => ({ id, object: 'model', owned_by: 'kvroute' }));
+    this.handoffFields = {
+      settings: { disagg_request_id: spec.disaggId ?? 'auto', ctx_usage: spec.ctxUsage ?? 'auto' },
+      refused: new Set(),
+    };
   }
 
   get healthy(): boolean {
@@ -149,7 +157,8 @@ export class Worker {
       mode: this.core.config.mode,
       role: this.core.role,
       engine: this.core.engine,
-      ...(this.core.role === 'prefill' && this.core.engine === 'sglang' ? { bootstrap: this.bootstrapPort } : {}),
+      ...(this.core.role === 'prefill' && engineAdapter(this.core.engine).pd.flow === 'bootstrap' ? { bootstrap: this.bootstrapPort } : {}),
+      ...(this.handoffFields.refused.size > 0 ? { refusedHandoffFields: [...this.handoffFields.refused] } : {}),
       dp: this.sourceKeys.length,
       sources: this.sourceKeys,
       healthy: this.healthy,
@@ -202,7 +211,7 @@ export class WorkerSet {
       {
         id,
         dpRanks: spec.dp ?? 1,
-        mode: options.mode ?? (spec.events || spec.engine === 'trtllm' ? 'events' : 'approx'),
+        mode: options.mode ?? (spec.events || engineAdapter(spec.engine).events.httpPoll ? 'events' : 'approx'),
         capacityBlocks: spec.blocks,
         models: spec.models,
         role: spec.role,

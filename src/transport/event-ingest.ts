@@ -10,7 +10,7 @@
  * probe after `tailProbeMs` (a dropped last batch is otherwise invisible until the engine publishes again).
  */
 import { sourceKey, type SourceId } from '../core/types.ts';
-import type { EngineFlavor } from '../engines/vllm.ts';
+import type { ZmqWire } from '../engines/common.ts';
 import { replayClient } from './replay.ts';
 import { TrtllmPoll } from './trtllm-poll.ts';
 import { rankEndpoint, ZmqSource } from './zmq-source.ts';
@@ -29,7 +29,7 @@ export interface EventSourceConfig {
   readonly mode?: 'connect' | 'bind';
   readonly topic?: string;
   /** Wire flavour of the ZMQ payloads (TensorRT-LLM's ZMQ publisher sends vLLM's fields: vllm). */
-  readonly flavor?: EngineFlavor;
+  readonly flavor?: ZmqWire;
 }
 
 export interface EventIngestOptions {

@@ -6,7 +6,7 @@
  * overflowed between polls) as a gap and a restart as ids going backwards. There is no replay: a gap resets the source.
  */
 import { request } from 'undici';
-import { parseTrtllmEvents, TrtllmDecoder } from '../engines/trtllm.ts';
+import { parseTrtllmEvents, TrtllmDecoder } from '../engines/trtllm/events.ts';
 import type { SourceHealth } from '../ingest/health.ts';
 import type { SourceIngest } from '../ingest/source-ingest.ts';
 import type { LogSink } from '../log.ts';

@@ -149,7 +149,7 @@ describe('pod verdicts', () => {
       { 'kvroute.io/events-port': '55x' },
       { 'kvroute.io/dp': '0' },
       { 'kvroute.io/blocks': '-1' },
-      { 'kvroute.io/engine': 'trtllm' },
+      { 'kvroute.io/engine': 'tgi' }, // not a registered engine (trtllm is: test/engines/registry.test.ts)
       { 'sglang.ai/bootstrap-port': 'auto' },
     ]) {
       expect(r(pod('a', { labels: { app: 'vllm' }, annotations }))).toBe('bad_annotation');

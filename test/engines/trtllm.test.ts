@@ -7,7 +7,13 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { KvRouter } from '../../src/core/router.ts';
-import { encodeTrtllmEvents, parseJsonLossless, parseTrtllmEvents, TrtllmDecoder, type TrtllmEvent } from '../../src/engines/trtllm.ts';
+import {
+  encodeTrtllmEvents,
+  parseJsonLossless,
+  parseTrtllmEvents,
+  TrtllmDecoder,
+  type TrtllmEvent,
+} from '../../src/engines/trtllm/events.ts';
 import { SourceIngest } from '../../src/ingest/source-ingest.ts';
 import { quietLog } from '../../src/log.ts';
 import { TrtllmPoll } from '../../src/transport/trtllm-poll.ts';

@@ -8,13 +8,14 @@
  *   annotation kvroute.io/events-port   ZMQ KV-event port of rank 0 (--k8s-events-port; 0 = no events: approximate mode)
  *   annotation kvroute.io/replay-port   ZMQ replay port of rank 0 (--k8s-replay-port; 0 = none)
  *   annotation kvroute.io/dp            data-parallel ranks (1)
- *   annotation kvroute.io/engine        vllm or sglang (sglang when sglang.ai/bootstrap-port is set, else vllm)
+ *   annotation kvroute.io/engine        an engine of the registry (sglang when sglang.ai/bootstrap-port is set, else vllm)
  *   annotation kvroute.io/model         served model names, comma-separated (discovered from GET /v1/models)
  *   annotation kvroute.io/blocks        KV capacity in blocks per rank (learned from the engine's metrics)
  *   label      llm-d.ai/role            prefill, decode or both (llm-d's convention; absent: aggregated serving)
  *   annotation sglang.ai/bootstrap-port SGLang prefill's bootstrap port (SGLang's convention; 8998)
  */
 import type { WorkerSpec } from '../../config/worker-spec.ts';
+import { engineNamesText, isEngineName } from '../../engines/index.ts';
 
 export const POD_KEYS = {
   port: 'kvroute.io/port',
@@ -234,8 +235,8 @@ export function podVerdict(obj: unknown, selector: LabelSelector, defaults: PodD
   const bootstrap =
     annotations[POD_KEYS.bootstrapPort] === undefined ? undefined : portAnnotation(annotations, POD_KEYS.bootstrapPort, 0, false);
   const engine = annotations[POD_KEYS.engine] ?? (bootstrap !== undefined ? 'sglang' : undefined);
-  if (engine !== undefined && engine !== 'vllm' && engine !== 'sglang') {
-    throw new BadObject('bad_annotation', `annotation ${POD_KEYS.engine}=${JSON.stringify(engine)} must be vllm or sglang`);
+  if (engine !== undefined && !isEngineName(engine)) {
+    throw new BadObject('bad_annotation', `annotation ${POD_KEYS.engine}=${JSON.stringify(engine)} must be ${engineNamesText()}`);
   }
   const role = labels[POD_KEYS.role];
   if (role !== undefined && role !== 'prefill' && role !== 'decode' && role !== 'both') {
