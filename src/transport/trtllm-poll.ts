@@ -20,9 +20,16 @@ export interface TrtllmPollOptions {
   readonly log: LogSink;
   /** Poll period, ms. Default 100. */
   readonly intervalMs?: number;
-  /** Per-poll timeout, ms. Default 2000. */
+  /**
+   * Per-poll timeout, ms. Default 5000: older trtllm-serve drains its queue with `get_kv_cache_events_async(2)`, a wait
+   * of up to 2 s before it answers with what it drained; a poll aborted at that moment loses those events (a gap, so
+   * a reset). The headroom keeps an answer that comes at the end of the server's wait.
+   */
   readonly timeoutMs?: number;
 }
+
+/** The default per-poll timeout: headroom over older servers' 2 s drain wait. */
+export const TRTLLM_POLL_TIMEOUT_MS = 5000;
 
 export interface TrtllmPollCounters {
   polls: number;
@@ -81,7 +88,7 @@ export class TrtllmPoll {
         method: 'POST',
         headers: { 'content-type': 'application/json' },
         body: '{}',
-        signal: AbortSignal.timeout(this.opts.timeoutMs ?? 2000),
+        signal: AbortSignal.timeout(this.opts.timeoutMs ?? TRTLLM_POLL_TIMEOUT_MS),
       });
       text = await r.body.text();
       if (r.statusCode !== 200) throw new Error(`answered ${r.statusCode}: ${text.slice(0, 100)}`);
