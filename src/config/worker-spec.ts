@@ -40,6 +40,11 @@ export interface WorkerSpec {
   readonly disaggId?: OptionalFieldSetting;
   /** TensorRT-LLM P/D: whether the generation leg carries disaggregated_params.ctx_usage (as disaggId). Default auto. */
   readonly ctxUsage?: OptionalFieldSetting;
+  /**
+   * How the engine's HTTP server speaks: http (HTTP/1.1, the default) or h2c (HTTP/2 with prior knowledge, an
+   * InferencePool's appProtocol kubernetes.io/h2c).
+   */
+  readonly appProtocol?: 'http' | 'h2c';
 }
 
 /** SGLang's default --disaggregation-bootstrap-port. */
@@ -47,9 +52,25 @@ export const DEFAULT_BOOTSTRAP_PORT = 8998;
 
 export const WORKER_SPEC_GRAMMAR =
   `URL[,events=tcp://host:port][,replay=tcp://host:port][,dp=N][,model=NAME][,id=NAME][,blocks=N][,engine=${ENGINE_NAMES.join('|')}]` +
-  '[,role=prefill|decode|both][,bootstrap=PORT][,disagg-id=auto|on|off][,ctx-usage=auto|on|off]';
-const OPTIONS = ['events', 'replay', 'dp', 'model', 'id', 'blocks', 'engine', 'role', 'bootstrap', 'disagg-id', 'ctx-usage'] as const;
+  '[,role=prefill|decode|both][,bootstrap=PORT][,disagg-id=auto|on|off][,ctx-usage=auto|on|off][,app-protocol=http|h2c]';
+const OPTIONS = [
+  'events',
+  'replay',
+  'dp',
+  'model',
+  'id',
+  'blocks',
+  'engine',
+  'role',
+  'bootstrap',
+  'disagg-id',
+  'ctx-usage',
+  'app-protocol',
+] as const;
 const SETTINGS = ['auto', 'on', 'off'] as const;
+/** The string grammar's option names as the object form (WorkerSpec) spells them. */
+const KEY_OF: Readonly<Record<string, string>> = { 'disagg-id': 'disaggId', 'ctx-usage': 'ctxUsage', 'app-protocol': 'appProtocol' };
+const OBJECT_KEYS = OPTIONS.map((o) => KEY_OF[o] ?? o);
 const show = (v: unknown) => (typeof v === 'string' ? `"${v}"` : JSON.stringify(v));
 
 const url = z
@@ -95,13 +116,16 @@ const workerObject = z
         .min(1, { error: (iss) => `worker option bootstrap=${show(iss.input)} must be a port in [1, 65535]` })
         .max(65535, { error: (iss) => `worker option bootstrap=${show(iss.input)} must be a port in [1, 65535]` })
         .optional(),
-      'disagg-id': z.enum(SETTINGS, { error: (iss) => `worker option disagg-id=${show(iss.input)} must be auto, on or off` }).optional(),
-      'ctx-usage': z.enum(SETTINGS, { error: (iss) => `worker option ctx-usage=${show(iss.input)} must be auto, on or off` }).optional(),
+      disaggId: z.enum(SETTINGS, { error: (iss) => `worker option disagg-id=${show(iss.input)} must be auto, on or off` }).optional(),
+      ctxUsage: z.enum(SETTINGS, { error: (iss) => `worker option ctx-usage=${show(iss.input)} must be auto, on or off` }).optional(),
+      appProtocol: z
+        .enum(['http', 'h2c'], { error: (iss) => `worker option app-protocol=${show(iss.input)} must be http or h2c` })
+        .optional(),
     },
     {
       error: (iss) =>
         iss.code === 'unrecognized_keys'
-          ? `unknown worker option ${iss.keys.map((k) => `"${k}"`).join(', ')} (known: url, ${OPTIONS.join(', ')}, models)`
+          ? `unknown worker option ${iss.keys.map((k) => `"${k}"`).join(', ')} (known: url, ${OBJECT_KEYS.join(', ')}, models)`
           : 'a worker must be a spec string or an object with "url"',
     },
   )
@@ -117,8 +141,9 @@ const workerObject = z
     if (o.engine !== undefined) out.engine = o.engine;
     if (o.role !== undefined) out.role = o.role;
     if (o.bootstrap !== undefined) out.bootstrap = o.bootstrap;
-    if (o['disagg-id'] !== undefined) out.disaggId = o['disagg-id'];
-    if (o['ctx-usage'] !== undefined) out.ctxUsage = o['ctx-usage'];
+    if (o.disaggId !== undefined) out.disaggId = o.disaggId;
+    if (o.ctxUsage !== undefined) out.ctxUsage = o.ctxUsage;
+    if (o.appProtocol !== undefined) out.appProtocol = o.appProtocol;
     return out;
   });
 
@@ -138,7 +163,7 @@ function specFields(spec: string): Record<string, unknown> | string {
     if (!(OPTIONS as readonly string[]).includes(key)) return `unknown worker option "${key}" in "${spec}" (known: ${OPTIONS.join(', ')})`;
     if (key === 'model') out.models = [...((out.models as string[] | undefined) ?? []), value];
     else if (key === 'dp' || key === 'blocks' || key === 'bootstrap') out[key] = intText(value) ?? value;
-    else out[key] = value;
+    else out[KEY_OF[key] ?? key] = value;
   }
   return out;
 }

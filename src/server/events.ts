@@ -49,7 +49,10 @@ export class ServerEvents {
   async added(w: Worker): Promise<void> {
     const engine = engineAdapter(w.spec.engine);
     if (!w.spec.events) {
-      if (engine.events.httpPoll) this.ensure().addPolledWorker({ workerId: w.id, url: w.url, dpRanks: w.spec.dp ?? 1 });
+      if (engine.events.httpPoll) {
+        const dispatcher = w.spec.appProtocol === 'h2c' ? w.pool : undefined;
+        this.ensure().addPolledWorker({ workerId: w.id, url: w.url, dpRanks: w.spec.dp ?? 1, dispatcher });
+      }
       return;
     }
     await this.ensure().addWorker({

@@ -20,7 +20,7 @@ import type { ServerResponse } from 'node:http';
 import { Readable } from 'node:stream';
 import type { Dispatcher as UndiciDispatcher } from 'undici';
 import type { DispatchAttempt, PrefillReport } from '../core/dispatch/dispatcher.ts';
-import type { HandoffClient, HandoffFields, HandoffPair, HandoffWorker, SequentialHandoff } from '../engines/handoff.ts';
+import type { HandoffClient, HandoffPair, HandoffWorker, SequentialHandoff } from '../engines/handoff.ts';
 import { engineAdapter } from '../engines/index.ts';
 import { answerAsStream } from '../engines/trtllm/handoff.ts';
 import { DisaggRequestIds, disaggMachineIdOf } from '../engines/trtllm/ids.ts';
@@ -34,7 +34,7 @@ import type { Worker } from './workers.ts';
 export { DisaggRequestIds, disaggMachineIdOf };
 
 /** What a P/D leg needs of its worker (SGLang's bootstrap port, TensorRT-LLM's optional fields, on top of an attempt's). */
-export type PdWorker = AttemptWorker & Pick<Worker, 'bootstrapPort'> & Partial<Pick<Worker, 'handoffFields'>>;
+export type PdWorker = AttemptWorker & Pick<Worker, 'bootstrapPort' | 'handoffFields'>;
 
 export type PdOutcome = AttemptOutcome | { readonly kind: 'prefill_failed'; readonly message: string };
 
@@ -65,21 +65,8 @@ export interface PdContext extends AttemptContext {
   readonly disaggIds: DisaggRequestIds;
 }
 
-/** Workers without their own fields (the cluster shell's): kept here, so what they refused is still remembered. */
-const looseFields = new WeakMap<object, HandoffFields>();
-
-function fieldsOf(w: PdWorker): HandoffFields {
-  if (w.handoffFields) return w.handoffFields;
-  let f = looseFields.get(w);
-  if (!f) {
-    f = { settings: {}, refused: new Set() };
-    looseFields.set(w, f);
-  }
-  return f;
-}
-
 function handoffWorker(w: PdWorker, rank: number): HandoffWorker {
-  return { id: w.id, url: w.url, ranks: w.sourceKeys.length, rank, bootstrapPort: w.bootstrapPort, fields: fieldsOf(w) };
+  return { id: w.id, url: w.url, ranks: w.sourceKeys.length, rank, bootstrapPort: w.bootstrapPort, fields: w.handoffFields };
 }
 
 /** The pair as the engine's handoff sees it. */

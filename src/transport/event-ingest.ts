@@ -12,7 +12,7 @@
 import { sourceKey, type SourceId } from '../core/types.ts';
 import type { ZmqWire } from '../engines/common.ts';
 import { replayClient } from './replay.ts';
-import { TrtllmPoll } from './trtllm-poll.ts';
+import { TrtllmPoll, type TrtllmPollOptions } from './trtllm-poll.ts';
 import { rankEndpoint, ZmqSource } from './zmq-source.ts';
 import type { BlindRule, SourceHealth } from '../ingest/health.ts';
 import { SourceIngest, type EventSink, type ResetSink } from '../ingest/source-ingest.ts';
@@ -69,6 +69,8 @@ export interface PolledSourceConfig {
   readonly dpRanks?: number | readonly number[];
   /** Poll period, ms (default 100). */
   readonly intervalMs?: number;
+  /** The worker's connection pool (h2c workers), passed to the poll. */
+  readonly dispatcher?: TrtllmPollOptions['dispatcher'];
 }
 
 function ranksOf(cfg: EventSourceConfig): number[] {
@@ -212,6 +214,7 @@ export class EventIngest {
       routerBlockSize: this.opts.routerBlockSize,
       log: this.log,
       intervalMs: cfg.intervalMs,
+      dispatcher: cfg.dispatcher,
     });
     for (const [dpRank, ingest] of ingests) this.sources.set(sourceKey({ workerId: cfg.workerId, dpRank }), { ingest, poll });
     poll.start();

@@ -5,7 +5,7 @@
  * `event_id`: the ids are consecutive per rank, so the sequence tracker sees a lost event (the engine's buffer
  * overflowed between polls) as a gap and a restart as ids going backwards. There is no replay: a gap resets the source.
  */
-import { request } from 'undici';
+import { type Dispatcher, request } from 'undici';
 import { parseTrtllmEvents, TrtllmDecoder } from '../engines/trtllm/events.ts';
 import type { SourceHealth } from '../ingest/health.ts';
 import type { SourceIngest } from '../ingest/source-ingest.ts';
@@ -20,6 +20,8 @@ export interface TrtllmPollOptions {
   readonly log: LogSink;
   /** Poll period, ms. Default 100. */
   readonly intervalMs?: number;
+  /** The worker's own connection pool (an h2c worker is polled over HTTP/2); default undici's global dispatcher. */
+  readonly dispatcher?: Dispatcher;
   /**
    * Per-poll timeout, ms. Default 5000: older trtllm-serve drains its queue with `get_kv_cache_events_async(2)`, a wait
    * of up to 2 s before it answers with what it drained; a poll aborted at that moment loses those events (a gap, so
@@ -88,6 +90,7 @@ export class TrtllmPoll {
         method: 'POST',
         headers: { 'content-type': 'application/json' },
         body: '{}',
+        dispatcher: this.opts.dispatcher,
         signal: AbortSignal.timeout(this.opts.timeoutMs ?? TRTLLM_POLL_TIMEOUT_MS),
       });
       text = await r.body.text();
