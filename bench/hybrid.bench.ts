@@ -18,7 +18,7 @@ import { KvIndex } from '../src/core/index/kv-index.ts';
 import { createRng, type Rng } from '../src/core/rng.ts';
 import { KvRouter } from '../src/core/router.ts';
 import type { KvEvent, MmItem } from '../src/core/types.ts';
-import { decodeVllmBatch, encodeVllmBatch } from '../src/engines/vllm.ts';
+import { decodeVllmBatch, encodeVllmBatch } from '../src/engines/vllm/events.ts';
 import { SourceAnnotator } from '../src/ingest/annotate.ts';
 import { MockEngine } from '../src/mocker/engine/index.ts';
 import { HYBRID_PRESETS } from '../src/mocker/engine/hybrid.ts';

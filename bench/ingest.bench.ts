@@ -21,7 +21,7 @@ import { loadavg } from 'node:os';
 import { Publisher } from 'zeromq';
 import { KvIndex } from '../src/core/index/kv-index.ts';
 import type { KvEvent } from '../src/core/types.ts';
-import { decodeVllmBatch, encodeVllmBatch, vllmFrames, type WireEvent, type WireFormat } from '../src/engines/vllm.ts';
+import { decodeVllmBatch, encodeVllmBatch, vllmFrames, type WireEvent, type WireFormat } from '../src/engines/vllm/events.ts';
 import { SourceIngest } from '../src/ingest/source-ingest.ts';
 import { quietLog } from '../src/log.ts';
 import { ZmqSource } from '../src/transport/zmq-source.ts';

@@ -16,7 +16,7 @@ import { createInterface } from 'node:readline';
 import { loadavg } from 'node:os';
 import { XPublisher } from 'zeromq';
 import { KvRouter } from '../src/core/router.ts';
-import { encodeVllmBatch, vllmFrames, type WireEvent } from '../src/engines/vllm.ts';
+import { encodeVllmBatch, vllmFrames, type WireEvent } from '../src/engines/vllm/events.ts';
 import { quietLog } from '../src/log.ts';
 import { NatsRelay } from '../src/transport/nats/relay.ts';
 import { NatsReplica } from '../src/transport/nats/replica.ts';

@@ -1,6 +1,9 @@
 /** `kvroute mocker`: a mock vLLM engine (OpenAI API, prefix cache, vLLM KV events over ZMQ, vLLM metrics) without a GPU. */
 import { type Command, Option } from 'commander';
 import { choiceArg, intArg, numberArg, numbersArg, UsageError, zmqEndpointArg } from '../config/parsers.ts';
+import { ENGINE_NAMES, type EngineName } from '../engines/index.ts';
+import { SGLANG_DP_ROUTINGS, type SglangDpRouting } from '../engines/sglang/mock.ts';
+import { TRTLLM_DISAGG_RELEASES, type TrtllmDisaggRelease } from '../engines/trtllm/protocol.ts';
 import { type EngineCacheGroup, HYBRID_PRESETS, parseCacheGroups } from '../mocker/engine/hybrid.ts';
 import { startMocker, type MockerHandle, type MockerOptions } from '../mocker/server.ts';
 import { DEFAULT_FIRST_PRINCIPLES, DEFAULT_POLYNOMIAL, type TimingModel } from '../mocker/engine/index.ts';
@@ -54,7 +57,9 @@ interface Opts {
   dieAfterRequests?: number;
   slowdown: number;
   role: 'prefill' | 'decode' | 'both';
-  pdProtocol: 'vllm' | 'sglang' | 'trtllm';
+  pdProtocol: EngineName;
+  pdTrtllmParams: TrtllmDisaggRelease;
+  pdSglangDpRouting: SglangDpRouting;
   kvLeaseMs: number;
   kvLoadFailurePolicy: 'fail' | 'recompute';
   kvTransferBandwidth: number;
@@ -125,6 +130,8 @@ export function mockerOptionsFrom(o: Opts): MockerOptions {
             kvBytesPerToken: o.kvBytesPerToken ?? (o.timing === 'first-principles' ? o.fpKvBytesPerToken : fp.kvBytesPerToken),
             bootstrapPort: o.bootstrapPort,
             bootstrapTimeoutMs: o.bootstrapTimeoutMs,
+            trtllmDisaggParams: o.pdTrtllmParams,
+            sglangDpRouting: o.pdSglangDpRouting,
           },
     faults: {
       dropEventFraction: o.dropEventFraction,
@@ -132,6 +139,7 @@ export function mockerOptionsFrom(o: Opts): MockerOptions {
       dieAfterRequests: o.dieAfterRequests ?? null,
       slowdown: o.slowdown,
       unhealthy: false,
+      eosFirstToken: false,
     },
   };
 }
@@ -350,10 +358,30 @@ export function registerMocker(program: Command): void {
       new Option(
         '--pd-protocol <name>',
         "the handoff protocol of --role: vLLM's NixlConnector flow, SGLang's bootstrap or TensorRT-LLM's disaggregated_params " +
-          '(one of vllm, sglang, trtllm)',
+          `(one of ${ENGINE_NAMES.join(', ')})`,
       )
-        .argParser(choiceArg('--pd-protocol', ['vllm', 'sglang', 'trtllm'] as const))
+        .argParser(choiceArg('--pd-protocol', ENGINE_NAMES))
         .default('vllm'),
+    )
+    .addOption(
+      new Option(
+        '--pd-trtllm-params <release>',
+        'TensorRT-LLM: the DisaggregatedParams fields the server knows: current (openai_protocol.py @0076e9390e1e), disagg-id ' +
+          '(disagg_request_id but no ctx_usage) or basic (the five fields of older releases); others are refused as extra ' +
+          `(one of ${TRTLLM_DISAGG_RELEASES.join(', ')})`,
+      )
+        .argParser(choiceArg('--pd-trtllm-params', TRTLLM_DISAGG_RELEASES))
+        .default('current'),
+    )
+    .addOption(
+      new Option(
+        '--pd-sglang-dp-routing <release>',
+        'SGLang: what picks the DP rank, as a release reads it: header (x-data-parallel-rank, then routed_dp_rank; sglang#19832), ' +
+          'body (routed_dp_rank, disagg_prefill_dp_rank; #19268), legacy-body (data_parallel_rank; #6884) or room ' +
+          `(bootstrap_room mod the DP size only) (one of ${SGLANG_DP_ROUTINGS.join(', ')})`,
+      )
+        .argParser(choiceArg('--pd-sglang-dp-routing', SGLANG_DP_ROUTINGS))
+        .default('header'),
     )
     .addOption(
       new Option('--kv-lease-ms <ms>', 'vLLM prefill: how long finished blocks wait for the decode side (kv_lease_duration)')

@@ -1,10 +1,12 @@
 /**
- * `kvroute relay`: one engine's KV events (ZMQ) -> the JetStream event stream that router replicas consume.
+ * `kvroute relay`: one engine's KV events (ZMQ, or TensorRT-LLM's HTTP event endpoint) -> the JetStream event stream
+ * that router replicas consume.
  */
 import type { Command } from 'commander';
 import pino, { type Logger } from 'pino';
 import { bytesArg, choiceArg, intArg, LOG_LEVELS, zmqEndpointArg } from '../config/parsers.ts';
 import { addServeOptions, K8S_SETTINGS, serveSettingsFrom } from '../config/serve.ts';
+import { ENGINE_NAMES, type EngineName, engineAdapter, engineNamesText } from '../engines/index.ts';
 import { NatsRelay } from '../transport/nats/relay.ts';
 import { checkWorkerId } from '../transport/nats/protocol.ts';
 import type { LogSink } from '../log.ts';
@@ -18,7 +20,7 @@ interface RelayCliOptions {
   model?: string;
   url?: string;
   blockSize: number;
-  flavor: 'vllm' | 'sglang';
+  flavor: EngineName;
   role?: 'prefill' | 'decode' | 'both';
   bootstrapPort?: number;
   topic: string;
@@ -94,7 +96,8 @@ export function registerRelay(program: Command): void {
     .command('relay')
     .summary("publish one engine's KV events to NATS JetStream for router replicas")
     .description(
-      "Subscribes to one engine's KV events over ZMQ with the router's own decoding, gap replay and restart detection, " +
+      "Subscribes to one engine's KV events over ZMQ (or polls TensorRT-LLM's POST /kv_cache_events) with the router's own " +
+        'decoding, gap replay and restart detection, ' +
         'and publishes the normalised events to the JetStream stream KVROUTE_EVENTS (subject kvroute.events.<worker>.<dp>), ' +
         'keeping a registry entry for the worker (URL, model, block size, dp ranks, heartbeat) in the KV bucket ' +
         'kvroute-workers. Router replicas (kvroute serve --nats URL) discover workers there and consume the stream. ' +
@@ -107,7 +110,8 @@ export function registerRelay(program: Command): void {
     .option('--worker <id>', 'worker id, as the router names it ([A-Za-z0-9_-], no dots); required without --k8s-*')
     .option(
       '--events <endpoint>',
-      "rank 0's KV event endpoint (vLLM kv-events-config endpoint, connectable form); required without --k8s-*",
+      "rank 0's KV event endpoint (vLLM kv-events-config endpoint, connectable form); required without --k8s-*, " +
+        'except for --flavor trtllm, whose events are polled from --url',
       zmqEndpointArg('--events', { connectable: true }),
     )
     .option(
@@ -124,7 +128,12 @@ export function registerRelay(program: Command): void {
       intArg('--block-size', { min: 1 }),
       16,
     )
-    .option('--flavor <name>', 'event wire flavour: vllm or sglang', choiceArg('--flavor', ['vllm', 'sglang'] as const), 'vllm')
+    .option(
+      '--flavor <name>',
+      `the engine (${engineNamesText()}): its event layout; trtllm without --events polls --url's POST /kv_cache_events`,
+      choiceArg('--flavor', ENGINE_NAMES),
+      'vllm',
+    )
     .option(
       '--role <role>',
       'disaggregated serving: the worker role published in the registry (prefill, decode or both)',
@@ -166,7 +175,11 @@ export function registerRelay(program: Command): void {
         }
         return relayDiscovered(opts, settings);
       }
-      if (opts.worker === undefined || opts.events === undefined) {
+      const polled = opts.events === undefined && engineAdapter(opts.flavor).events.httpPoll;
+      if (polled && opts.url === undefined) {
+        return usage(`--flavor ${opts.flavor} without --events polls the engine's HTTP event endpoint: --url is required`);
+      }
+      if (opts.worker === undefined || (opts.events === undefined && !polled)) {
         return usage('--worker and --events are required (or --k8s-selector / --k8s-pool to relay every discovered pod)');
       }
       const bad = checkWorkerId(opts.worker);

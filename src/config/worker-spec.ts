@@ -1,11 +1,12 @@
 /**
- * Worker specs: the one definition of a worker, whether it comes as a `--worker` / KVROUTE_WORKERS string
- * (`URL[,events=tcp://host:port][,replay=tcp://host:port][,dp=N][,model=NAME][,id=NAME][,blocks=N][,engine=vllm|sglang|trtllm]
- * [,role=prefill|decode|both][,bootstrap=PORT]`),
- * as an item of a config file's `workers` list, or as the body of POST /admin/workers. The string grammar is split
- * into fields here and every form is then checked by the same zod object schema.
+ * Worker specs: the one definition of a worker, whether it comes as a `--worker` / KVROUTE_WORKERS string (the grammar
+ * is WORKER_SPEC_GRAMMAR below; the engine names come from the engine registry, src/engines/index.ts), as an item of
+ * a config file's `workers` list, or as the body of POST /admin/workers. The string grammar is split into fields here
+ * and every form is then checked by the same zod object schema.
  */
 import { z } from 'zod';
+import type { OptionalFieldSetting } from '../engines/handoff.ts';
+import { ENGINE_NAMES, type EngineName, engineNamesText } from '../engines/index.ts';
 import { intText, ZMQ_ENDPOINT } from './parsers.ts';
 
 export interface WorkerSpec {
@@ -27,20 +28,49 @@ export interface WorkerSpec {
    * Event wire flavour of the engine and, for disaggregated serving, its handoff protocol (default vllm). trtllm: the
    * router polls the engine's POST /kv_cache_events unless events= names a ZMQ publisher (vLLM's fields).
    */
-  readonly engine?: 'vllm' | 'sglang' | 'trtllm';
+  readonly engine?: EngineName;
   /** Disaggregated serving: prefill, decode, or both (default: aggregated serving). */
   readonly role?: 'prefill' | 'decode' | 'both';
   /** SGLang prefill workers: the engine's --disaggregation-bootstrap-port (default 8998). */
   readonly bootstrap?: number;
+  /**
+   * TensorRT-LLM P/D: whether the legs carry disaggregated_params.disagg_request_id (auto: yes, until the server
+   * refuses the field; releases before it have none: docs/engines.md). Default auto.
+   */
+  readonly disaggId?: OptionalFieldSetting;
+  /** TensorRT-LLM P/D: whether the generation leg carries disaggregated_params.ctx_usage (as disaggId). Default auto. */
+  readonly ctxUsage?: OptionalFieldSetting;
+  /**
+   * How the engine's HTTP server speaks: http (HTTP/1.1, the default) or h2c (HTTP/2 with prior knowledge, an
+   * InferencePool's appProtocol kubernetes.io/h2c).
+   */
+  readonly appProtocol?: 'http' | 'h2c';
 }
 
 /** SGLang's default --disaggregation-bootstrap-port. */
 export const DEFAULT_BOOTSTRAP_PORT = 8998;
 
 export const WORKER_SPEC_GRAMMAR =
-  'URL[,events=tcp://host:port][,replay=tcp://host:port][,dp=N][,model=NAME][,id=NAME][,blocks=N][,engine=vllm|sglang|trtllm]' +
-  '[,role=prefill|decode|both][,bootstrap=PORT]';
-const OPTIONS = ['events', 'replay', 'dp', 'model', 'id', 'blocks', 'engine', 'role', 'bootstrap'] as const;
+  `URL[,events=tcp://host:port][,replay=tcp://host:port][,dp=N][,model=NAME][,id=NAME][,blocks=N][,engine=${ENGINE_NAMES.join('|')}]` +
+  '[,role=prefill|decode|both][,bootstrap=PORT][,disagg-id=auto|on|off][,ctx-usage=auto|on|off][,app-protocol=http|h2c]';
+const OPTIONS = [
+  'events',
+  'replay',
+  'dp',
+  'model',
+  'id',
+  'blocks',
+  'engine',
+  'role',
+  'bootstrap',
+  'disagg-id',
+  'ctx-usage',
+  'app-protocol',
+] as const;
+const SETTINGS = ['auto', 'on', 'off'] as const;
+/** The string grammar's option names as the object form (WorkerSpec) spells them. */
+const KEY_OF: Readonly<Record<string, string>> = { 'disagg-id': 'disaggId', 'ctx-usage': 'ctxUsage', 'app-protocol': 'appProtocol' };
+const OBJECT_KEYS = OPTIONS.map((o) => KEY_OF[o] ?? o);
 const show = (v: unknown) => (typeof v === 'string' ? `"${v}"` : JSON.stringify(v));
 
 const url = z
@@ -77,9 +107,7 @@ const workerObject = z
       blocks: positive('blocks').optional(),
       model: z.union([modelName, z.array(modelName)]).optional(),
       models: z.union([modelName, z.array(modelName)]).optional(),
-      engine: z
-        .enum(['vllm', 'sglang', 'trtllm'], { error: (iss) => `worker option engine=${show(iss.input)} must be vllm, sglang or trtllm` })
-        .optional(),
+      engine: z.enum(ENGINE_NAMES, { error: (iss) => `worker option engine=${show(iss.input)} must be ${engineNamesText()}` }).optional(),
       role: z
         .enum(['prefill', 'decode', 'both'], { error: (iss) => `worker option role=${show(iss.input)} must be prefill, decode or both` })
         .optional(),
@@ -88,11 +116,16 @@ const workerObject = z
         .min(1, { error: (iss) => `worker option bootstrap=${show(iss.input)} must be a port in [1, 65535]` })
         .max(65535, { error: (iss) => `worker option bootstrap=${show(iss.input)} must be a port in [1, 65535]` })
         .optional(),
+      disaggId: z.enum(SETTINGS, { error: (iss) => `worker option disagg-id=${show(iss.input)} must be auto, on or off` }).optional(),
+      ctxUsage: z.enum(SETTINGS, { error: (iss) => `worker option ctx-usage=${show(iss.input)} must be auto, on or off` }).optional(),
+      appProtocol: z
+        .enum(['http', 'h2c'], { error: (iss) => `worker option app-protocol=${show(iss.input)} must be http or h2c` })
+        .optional(),
     },
     {
       error: (iss) =>
         iss.code === 'unrecognized_keys'
-          ? `unknown worker option ${iss.keys.map((k) => `"${k}"`).join(', ')} (known: url, ${OPTIONS.join(', ')}, models)`
+          ? `unknown worker option ${iss.keys.map((k) => `"${k}"`).join(', ')} (known: url, ${OBJECT_KEYS.join(', ')}, models)`
           : 'a worker must be a spec string or an object with "url"',
     },
   )
@@ -108,6 +141,9 @@ const workerObject = z
     if (o.engine !== undefined) out.engine = o.engine;
     if (o.role !== undefined) out.role = o.role;
     if (o.bootstrap !== undefined) out.bootstrap = o.bootstrap;
+    if (o.disaggId !== undefined) out.disaggId = o.disaggId;
+    if (o.ctxUsage !== undefined) out.ctxUsage = o.ctxUsage;
+    if (o.appProtocol !== undefined) out.appProtocol = o.appProtocol;
     return out;
   });
 
@@ -127,7 +163,7 @@ function specFields(spec: string): Record<string, unknown> | string {
     if (!(OPTIONS as readonly string[]).includes(key)) return `unknown worker option "${key}" in "${spec}" (known: ${OPTIONS.join(', ')})`;
     if (key === 'model') out.models = [...((out.models as string[] | undefined) ?? []), value];
     else if (key === 'dp' || key === 'blocks' || key === 'bootstrap') out[key] = intText(value) ?? value;
-    else out[key] = value;
+    else out[KEY_OF[key] ?? key] = value;
   }
   return out;
 }

@@ -6,6 +6,12 @@
  * arithmetic.
  */
 
+/**
+ * The engines kvroute speaks to. The one place the list is spelled outside src/engines/: the registry there
+ * (src/engines/index.ts) holds one adapter per name and every other module derives the list from it.
+ */
+export type EngineName = 'vllm' | 'sglang' | 'trtllm';
+
 /** A routing target: one data-parallel rank of one worker (a DP-8 engine is 8 sources). */
 export interface SourceId {
   readonly workerId: string;

@@ -347,7 +347,16 @@ export class Exchange {
           step = await core.lifecycle.prefillFailed(requestId, `${attempt.prefill.workerId}: removed`, this.abort.signal);
           continue;
         }
-        const leg = await prefillLeg(core, { attempt, prefillWorker, clientJson: json, clientText: text, path, signal: this.abort.signal });
+        const leg = await prefillLeg(core, {
+          attempt,
+          prefillWorker,
+          decodeWorker: worker,
+          clientJson: json,
+          clientText: text,
+          path,
+          stream: parsed.stream,
+          signal: this.abort.signal,
+        });
         if (this.abort.signal.aborted) {
           core.metrics.routed(attempt.prefill.decision, { tokenize: tokenizeS });
           core.lifecycle.finish(requestId, { outcome: 'cancelled' });
@@ -364,6 +373,13 @@ export class Exchange {
           core.metrics.routed(accounted, { tokenize: tokenizeS });
           core.lifecycle.finish(requestId, { outcome: 'error' });
           return this.immediateRaw(leg.status, leg.text, 'routed');
+        }
+        if (leg.kind === 'finished') {
+          // The prefill answer already finished the request (TensorRT-LLM: its first token ended it): no decode leg.
+          core.metrics.routed(accounted, { tokenize: tokenizeS });
+          core.lifecycle.prefillDone(requestId, leg.report);
+          core.lifecycle.finish(requestId, { outcome: 'ok', cachedTokens: leg.report.cachedTokens });
+          return this.sendImmediate(200, leg.body, { 'content-type': leg.contentType }, 'prefill_finished', 'routed');
         }
         if (leg.report) core.lifecycle.prefillDone(requestId, leg.report);
         // The client is told the prefill's cached tokens, as serve tells it (known once the prefill answered).

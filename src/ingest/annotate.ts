@@ -18,7 +18,7 @@
  *   core index currently counts them as `unsupported_medium`).
  */
 import { GPU_MEDIUM, type EngineBlockId, type KvEvent, type StoredEvent } from '../core/types.ts';
-import type { DecodedBatch } from '../engines/vllm.ts';
+import type { DecodedBatch } from '../engines/common.ts';
 import { aggregatable, BlockAggregator } from './aggregate.ts';
 
 export interface AnnotatorCounters {

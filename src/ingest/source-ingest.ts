@@ -4,7 +4,8 @@
  * Nothing here throws on bad input; every bad frame is counted.
  */
 import { sourceKey, type KvEvent, type SourceId } from '../core/types.ts';
-import { decodeBatch, emptyCounts, readSeqFrame, type DecodedBatch, type EngineFlavor } from '../engines/vllm.ts';
+import { emptyCounts, readSeqFrame, type DecodedBatch, type ZmqWire } from '../engines/common.ts';
+import { decodeBatch } from '../engines/vllm/events.ts';
 import { consoleLog, type LogSink } from '../log.ts';
 import { SourceAnnotator } from './annotate.ts';
 import { DEFAULT_BLIND_RULE, type DecodeErrorCause, isBlind, RateWindow, type BlindRule, type SourceHealth } from './health.ts';
@@ -60,7 +61,7 @@ const HEARTBEAT: DecodedBatch = {
  * layout is *unverified*, so both plausible shapes are accepted) is detected: `[topic, epoch (16 bytes), seq u64 BE,
  * payload]`, or a 24-byte seq frame (epoch, then seq). A wide frame with an empty payload is a heartbeat.
  */
-export function parseFrames(frames: readonly Uint8Array[], flavor: EngineFlavor): ParsedFrames {
+export function parseFrames(frames: readonly Uint8Array[], flavor: ZmqWire): ParsedFrames {
   if (frames.length === 3 && frames[1].length === 8) {
     const seq = readSeqFrame(frames[1])!;
     return { ok: true, seq, batch: decodeBatch(frames[2], flavor) };
@@ -87,7 +88,7 @@ export function parseFrames(frames: readonly Uint8Array[], flavor: EngineFlavor)
 
 export interface SourceIngestOptions {
   readonly source: SourceId;
-  readonly flavor?: EngineFlavor;
+  readonly flavor?: ZmqWire;
   readonly routerBlockSize: number;
   readonly sink: EventSink;
   readonly onReset: ResetSink;
@@ -106,7 +107,7 @@ export interface SourceIngestOptions {
 export class SourceIngest {
   readonly key: string;
   readonly source: SourceId;
-  private readonly flavor: EngineFlavor;
+  private readonly flavor: ZmqWire;
   private readonly tracker: SequenceTracker<DecodedBatch>;
   private readonly annotator: SourceAnnotator;
   private readonly log: LogSink;

@@ -2,12 +2,14 @@
  * Prometheus text parsing and the engine mirror.
  *
  * The mirror scrapes each worker's /metrics on an interval and re-exports the engine's own prefix-cache counters
- * (vLLM's `vllm:prefix_cache_queries_total` / `vllm:prefix_cache_hits_total`, in tokens) under the router's names,
- * labelled by worker, so one scrape of the router shows belief (router_kv_*) and truth (router_engine_*) side by side.
- * SGLang only exposes `sglang:cache_hit_rate`, a gauge: it is re-exported as a gauge, never summed into the counters.
+ * (the names each engine's adapter declares, src/engines/NAME/index.ts: vLLM's `vllm:prefix_cache_queries_total` /
+ * `vllm:prefix_cache_hits_total`, in tokens) under the router's names, labelled by worker, so one scrape of the router
+ * shows belief (router_kv_*) and truth (router_engine_*) side by side. An engine with only a hit-rate gauge (SGLang's
+ * `sglang:cache_hit_rate`) has it re-exported as a gauge, never summed into the counters.
  */
 import { Counter, Gauge, type Registry } from 'prom-client';
-import { sourceKey } from '../core/types.ts';
+import { type EngineName, sourceKey } from '../core/types.ts';
+import { engineAdapters } from '../engines/index.ts';
 
 export interface Sample {
   readonly name: string;
@@ -144,8 +146,8 @@ export interface MirrorTargetState {
   lastScrapeAt?: number;
   scrapes: number;
   failures: number;
-  /** 'vllm' | 'sglang' | 'none': which prefix-cache metrics the last good scrape exposed. */
-  flavour: 'vllm' | 'sglang' | 'none';
+  /** Whose prefix-cache metrics the last good scrape exposed (an engine of the registry), or 'none'. */
+  flavour: EngineName | 'none';
 }
 
 export interface EngineMirrorOptions {
@@ -169,34 +171,43 @@ export interface EngineMirrorOptions {
   readonly onCapacity?: (workerId: string, numGpuBlocks: number) => void;
 }
 
-export const VLLM_CACHE_CONFIG = 'vllm:cache_config_info';
+/** What a metric name is to the mirror: whose, and which reading. */
+const ENGINE_METRICS = new Map<string, { readonly engine: EngineName; readonly reading: 'queries' | 'hits' | 'hitRate' }>();
+const CACHE_CONFIG = new Set<string>();
+for (const a of engineAdapters()) {
+  const m = a.metrics;
+  if (m.prefixQueries) ENGINE_METRICS.set(m.prefixQueries, { engine: a.name, reading: 'queries' });
+  if (m.prefixHits) ENGINE_METRICS.set(m.prefixHits, { engine: a.name, reading: 'hits' });
+  if (m.hitRate) ENGINE_METRICS.set(m.hitRate, { engine: a.name, reading: 'hitRate' });
+  if (m.cacheConfig) CACHE_CONFIG.add(m.cacheConfig);
+}
 
-/** KV capacity in blocks from vLLM's cache_config_info gauge (its num_gpu_blocks label), if present. */
+/** KV capacity in blocks from an engine's cache-config gauge (vLLM's cache_config_info num_gpu_blocks label), if present. */
 export function numGpuBlocks(samples: readonly Sample[]): number | undefined {
   for (const s of samples) {
-    if (s.name !== VLLM_CACHE_CONFIG) continue;
+    if (!CACHE_CONFIG.has(s.name)) continue;
     const n = Number(s.labels.num_gpu_blocks);
     if (Number.isInteger(n) && n > 0) return n;
   }
   return undefined;
 }
 
-export const VLLM_QUERIES = 'vllm:prefix_cache_queries_total';
-export const VLLM_HITS = 'vllm:prefix_cache_hits_total';
-export const SGLANG_HIT_RATE = 'sglang:cache_hit_rate';
-
 export function metricsUrl(url: string): string {
   const u = url.replace(/\/+$/, '');
   return /\/metrics$/.test(u) ? u : `${u}/metrics`;
 }
 
+/** One source's prefix-cache readings from a scrape, and whose metrics they are. */
+export interface EngineReading {
+  engine: EngineName;
+  queries?: number;
+  hits?: number;
+  hitRateGauge?: number;
+}
+
 /** Per-source engine prefix-cache readings from one engine scrape (raw counter values, not yet stitched). */
-export function engineReadings(
-  samples: readonly Sample[],
-  workerId: string,
-  splitDpRanks = true,
-): Map<string, { queries?: number; hits?: number; hitRateGauge?: number }> {
-  const out = new Map<string, { queries?: number; hits?: number; hitRateGauge?: number }>();
+export function engineReadings(samples: readonly Sample[], workerId: string, splitDpRanks = true): Map<string, EngineReading> {
+  const out = new Map<string, EngineReading>();
   const keyOf = (labels: Readonly<Record<string, string>>): string => {
     // vLLM's `engine` label is the DP rank; SGLang's `dp_rank` likewise when present.
     const rank = labels.engine ?? labels.dp_rank;
@@ -204,16 +215,16 @@ export function engineReadings(
     return sourceKey({ workerId, dpRank: Number(rank) });
   };
   for (const s of samples) {
-    if (s.name !== VLLM_QUERIES && s.name !== VLLM_HITS && s.name !== SGLANG_HIT_RATE) continue;
-    if (!Number.isFinite(s.value)) continue;
+    const m = ENGINE_METRICS.get(s.name);
+    if (!m || !Number.isFinite(s.value)) continue;
     const key = keyOf(s.labels);
     let r = out.get(key);
     if (!r) {
-      r = {};
+      r = { engine: m.engine };
       out.set(key, r);
     }
-    if (s.name === VLLM_QUERIES) r.queries = (r.queries ?? 0) + s.value;
-    else if (s.name === VLLM_HITS) r.hits = (r.hits ?? 0) + s.value;
+    if (m.reading === 'queries') r.queries = (r.queries ?? 0) + s.value;
+    else if (m.reading === 'hits') r.hits = (r.hits ?? 0) + s.value;
     else r.hitRateGauge = s.value; // one gauge per rank; a model_name split would be unusual and is last-wins
   }
   return out;
@@ -367,8 +378,8 @@ export class EngineMirror {
         this.sources.set(key, src);
       }
       const last = this.lastRaw.get(key) ?? {};
-      if (r.queries !== undefined || r.hits !== undefined) st.flavour = 'vllm';
-      else if (r.hitRateGauge !== undefined && st.flavour === 'none') st.flavour = 'sglang';
+      if (r.queries !== undefined || r.hits !== undefined) st.flavour = r.engine;
+      else if (r.hitRateGauge !== undefined && st.flavour === 'none') st.flavour = r.engine;
       let reset = false;
       const step = (raw: number | undefined, prev: number | undefined): number => {
         if (raw === undefined) return 0;

@@ -1,5 +1,5 @@
 /** Maps the engine model's events to vLLM's wire events (src/engines/vllm.ts encodes them). */
-import type { HashType, WireEvent } from '../engines/vllm.ts';
+import type { HashType, WireEvent } from '../engines/vllm/events.ts';
 import { engineIdBytes, type EngineEvent } from './engine/index.ts';
 
 /** u64/i64 carry the engine id (the encoder signs it for i64); bytes carries its 32-byte form (engineIdBytes). */

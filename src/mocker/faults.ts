@@ -26,7 +26,15 @@ export class FaultInjector {
     seed: number,
     private readonly stats: MockerStats,
   ) {
-    this.faults = { dropEventFraction: 0, failRequestFraction: 0, dieAfterRequests: null, slowdown: 1, unhealthy: false, ...initial };
+    this.faults = {
+      dropEventFraction: 0,
+      failRequestFraction: 0,
+      dieAfterRequests: null,
+      slowdown: 1,
+      unhealthy: false,
+      eosFirstToken: false,
+      ...initial,
+    };
     this.dice = createRng(seed);
   }
 
@@ -74,9 +82,10 @@ export class FaultInjector {
         throw vllmError(400, 'dieAfterRequests must be a non-negative integer or null', 'dieAfterRequests');
       next.dieAfterRequests = die as number | null;
     }
-    if (body.unhealthy !== undefined) {
-      if (typeof body.unhealthy !== 'boolean') throw vllmError(400, 'unhealthy must be a boolean', 'unhealthy');
-      next.unhealthy = body.unhealthy;
+    for (const k of ['unhealthy', 'eosFirstToken'] as const) {
+      if (body[k] === undefined) continue;
+      if (typeof body[k] !== 'boolean') throw vllmError(400, `${k} must be a boolean`, k);
+      next[k] = body[k] as boolean;
     }
     if (body.slowdown !== undefined) {
       const v = body.slowdown;

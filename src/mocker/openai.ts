@@ -16,7 +16,6 @@ import { vllmError, type Routes } from './http.ts';
 import type { Rank, RankLoop } from './rank-loop.ts';
 import { type Answer, startAnswer } from './responses.ts';
 import type { MockPd, PdPlan } from './pd.ts';
-import { rawMember } from '../openai/raw-json.ts';
 import { chatMediaParts, MEDIA_MARKER, type MediaPart, withMediaMarkers } from '../openai/multimodal.ts';
 import type { MmItem } from '../core/types.ts';
 import type { MockTokenizer } from './tokenizer.ts';
@@ -268,12 +267,11 @@ export class OpenAiSurface {
     }
     const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${randomBytes(16).toString('hex')}`;
     const pd = this.o.pd;
-    let rank = this.pickRank(req);
-    if (pd?.protocol === 'sglang' && pd.role === 'prefill' && loop.ranks.length > 1) {
-      // SGLang: a prefill's DP rank is bootstrap_room mod its DP size.
-      const room = rawMember(raw, 'bootstrap_room');
-      if (room !== undefined && /^\d+$/.test(room)) rank = loop.ranks[Number(BigInt(room) % BigInt(loop.ranks.length))];
-    }
+    // An engine that picks the DP rank its own way (SGLang: per release, from the header, the body or the room).
+    const header = req.headers['x-data-parallel-rank'];
+    const chosen =
+      pd && pd.role !== 'both' ? pd.rankFor({ role: pd.role, header: typeof header === 'string' ? header : undefined, body, raw }) : null;
+    const rank = chosen !== null ? loop.ranks[chosen] : this.pickRank(req);
     // Faults first: an injected failure must not leave a P/D lease or bootstrap room behind.
     this.o.faults.checkGeneration();
     let plan: PdPlan | null = null;
@@ -282,8 +280,24 @@ export class OpenAiSurface {
       res.on('close', () => {
         if (!res.writableFinished) gone = true;
       });
-      plan = await pd.plan(rank.engine, prompts[0], body, raw, () => gone, { loraName, cacheSalt: request.cacheSalt });
+      plan = await pd.plan({
+        engine: rank.engine,
+        rank: rank.rank,
+        endpoint,
+        prompt: prompts[0],
+        body,
+        raw,
+        closed: () => gone,
+        lora: { loraName, cacheSalt: request.cacheSalt },
+        eosFirstToken: this.o.faults.faults.eosFirstToken,
+      });
       if (gone) return;
+      if (plan?.refusal) {
+        // The engine's request validation refused the leg before it ran.
+        res.writeHead(plan.refusal.status, { 'content-type': 'application/json' });
+        res.end(plan.refusal.body);
+        return;
+      }
       if (plan?.failure) {
         if (!request.stream) throw vllmError(500, plan.failure);
         // vLLM streams: the head is out before the engine fails the request; the error comes in-band.
@@ -322,6 +336,7 @@ export class OpenAiSurface {
           extra: plan?.extra,
           choiceExtra: plan?.choiceExtra,
           onComplete: plan?.onComplete,
+          rewrite: plan?.rewrite,
         }),
     });
   }

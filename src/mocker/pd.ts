@@ -1,37 +1,36 @@
 /**
- * The mock engine as one side of a disaggregated pair, speaking the engines' handoff protocols:
+ * The mock engine as one side of a disaggregated pair. What each engine's legs look like on the wire, and what its
+ * server answers, is the engine's (src/engines/NAME/mock.ts, by `mockHandoff(protocol)`); this is the host those
+ * handoffs share:
  *
- * vLLM (NixlConnector flow)
- *   prefill  a request with kv_transfer_params.do_remote_decode runs as usual (the router sends max_tokens 1); at the end
- *            its blocks stay pinned for a lease (kv_lease_duration, default 30 s) and the answer carries
- *            kv_transfer_params {do_remote_prefill: true, remote_block_ids, remote_engine_id, remote_request_id,
- *            remote_host, remote_port, tp_size, remote_num_tokens}; the decode side pulls over the side channel (here:
- *            POST /mock/nixl/pull on the prefill's HTTP port), which ends the lease
- *   decode   a request with kv_transfer_params.do_remote_prefill pulls the KV it does not hold (time: bytes over the
- *            transfer bandwidth), then decodes; the lease gone: kv_load_failure_policy fail (an error, default) or
- *            recompute (the prompt computed here)
- * SGLang (bootstrap)
- *   prefill  a request with bootstrap_room waits for its room's decode side on the bootstrap server (timeout like
- *            SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, 300 s), then prefills one token and hands the KV over
- *   decode   a request with bootstrap_host/port/room asks that bootstrap server for the room's KV (timeout like
- *            SGLANG_DISAGGREGATION_WAITING_TIMEOUT, 300 s), waits for the transfer, then decodes
+ * - leases: a prefill whose blocks stay held after it finishes (kv_lease_duration, default 30 s) until the decode side
+ *   pulls them over the side channel (POST /mock/nixl/pull on the prefill's HTTP port), which ends the lease;
+ * - bootstrap rooms (SGLang): the prefill side waits on its bootstrap server for the room's decode side (timeout like
+ *   SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, 300 s), the decode side asks it for the room's KV (the waiting timeout);
+ * - the transfer time: bytes over the transfer bandwidth.
+ *
  * Both sides publish KV events: the decode side's received blocks join its prefix cache like computed ones.
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import type { EngineName } from '../core/types.ts';
+import type { MockHandoff, MockHandoffOptions, MockLeg, MockPdHost, MockPdStats, MockRoom, PdPlan } from '../engines/mock-handoff.ts';
+import { engineAdapter } from '../engines/index.ts';
+import { mockHandoff } from '../engines/mocks.ts';
 import { readBody, sendJson } from '../http/body.ts';
-import { rawMember } from '../openai/raw-json.ts';
 import type { MockEngine } from './engine/index.ts';
 
-export type PdRole = 'prefill' | 'decode' | 'both';
-export type PdProtocol = 'vllm' | 'sglang' | 'trtllm';
+export type { PdPlan } from '../engines/mock-handoff.ts';
 
-export interface MockPdOptions {
+export type PdRole = 'prefill' | 'decode' | 'both';
+export type PdProtocol = EngineName;
+
+export interface MockPdOptions extends MockHandoffOptions {
   readonly role: PdRole;
   readonly protocol: PdProtocol;
-  /** vLLM prefill: how long finished blocks wait to be pulled, ms. Default 30 s (kv_lease_duration). */
+  /** Prefill: how long finished blocks wait to be pulled, ms. Default 30 s (kv_lease_duration). */
   readonly leaseMs?: number;
-  /** vLLM decode: what a failed KV load does. Default fail. */
+  /** Decode: what a failed KV load does. Default fail. */
   readonly loadFailurePolicy?: 'fail' | 'recompute';
   /** KV transfer bandwidth, bytes per second. Default 50e9 (400 Gb/s RDMA). */
   readonly transferBytesPerS?: number;
@@ -43,19 +42,17 @@ export interface MockPdOptions {
   readonly bootstrapTimeoutMs?: number;
 }
 
-/** What the OpenAI surface does differently for one request of a P/D leg. */
-export interface PdPlan {
-  /** The engine request id to use (a vLLM prefill's lease id: its held blocks are found by it). */
-  readonly requestId?: string;
-  readonly maxTokens?: number;
-  readonly preloadedTokens?: number;
-  readonly holdOnFinish?: boolean;
-  readonly extra?: () => Record<string, unknown>;
-  /** Fields of the answer's first choice (TensorRT-LLM's disaggregated_params live there). */
-  readonly choiceExtra?: () => Record<string, unknown>;
-  readonly onComplete?: () => void;
-  /** The leg cannot be served (KV load failed, bootstrap timed out): answer this error. */
-  readonly failure?: string;
+/** One request of a leg, as the OpenAI surface hands it over. */
+export interface MockLegInput {
+  readonly engine: MockEngine;
+  readonly rank: number;
+  readonly endpoint: 'chat' | 'completions';
+  readonly prompt: readonly number[];
+  readonly body: Record<string, unknown>;
+  readonly raw: string;
+  readonly closed: () => boolean;
+  readonly lora: { loraName: string | null; cacheSalt: string | null };
+  readonly eosFirstToken: boolean;
 }
 
 interface Lease {
@@ -64,12 +61,7 @@ interface Lease {
   readonly numTokens: number;
 }
 
-interface Deferred<T> {
-  readonly promise: Promise<T>;
-  resolve(v: T): void;
-}
-
-function deferred<T>(): Deferred<T> {
+function deferred<T>(): { promise: Promise<T>; resolve(v: T): void } {
   let resolve!: (v: T) => void;
   const promise = new Promise<T>((r) => {
     resolve = r;
@@ -77,32 +69,32 @@ function deferred<T>(): Deferred<T> {
   return { promise, resolve };
 }
 
-interface Room {
-  /** The decode side asked for the room's KV. */
-  readonly decodeArrived: Deferred<void>;
-  /** The prefill side computed it: the prompt tokens handed over (or an error). */
-  readonly kvReady: Deferred<{ numTokens: number } | { error: string }>;
+function newRoom(): MockRoom {
+  const arrived = deferred<void>();
+  const kv = deferred<{ numTokens: number } | { error: string }>();
+  return { decodeArrived: arrived.promise, arrive: () => arrived.resolve(), kvReady: kv.promise, ready: (v) => kv.resolve(v) };
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
 
 export class MockPd {
   readonly role: PdRole;
   readonly protocol: PdProtocol;
+  private readonly handoff: MockHandoff;
   private readonly leases = new Map<string, Lease>();
-  private readonly rooms = new Map<string, Room>();
+  private readonly rooms = new Map<string, MockRoom>();
   private bootstrap: Server | null = null;
   private seq = 0;
   /** Counters for tests and GET /fault. */
-  readonly stats = {
+  readonly stats: MockPdStats = {
     leasesExpired: 0,
     pulls: 0,
     pullsGone: 0,
     transferredTokens: 0,
     bootstrapTimeouts: 0,
-    /** TensorRT-LLM context legs: the disagg_request_id of each (as sent, decimal), the last 1,000. */
-    disaggRequestIds: [] as string[],
+    disaggRequestIds: [],
+    refusedLegs: 0,
+    generationParams: [],
   };
 
   constructor(
@@ -111,18 +103,20 @@ export class MockPd {
     private readonly httpPort: () => number,
     private readonly speedup: number,
     private readonly engineId: string,
+    private readonly ranks: number,
   ) {
     this.role = o.role;
     this.protocol = o.protocol;
+    this.handoff = mockHandoff(o.protocol);
   }
 
   get bootstrapPort(): number | null {
     return this.bootstrap ? (this.bootstrap.address() as AddressInfo).port : null;
   }
 
-  /** SGLang prefill: serve the bootstrap port. */
+  /** A bootstrap engine's (SGLang's) prefill: serve the bootstrap port. */
   async open(): Promise<void> {
-    if (this.role !== 'prefill' || this.protocol !== 'sglang') return;
+    if (this.role !== 'prefill' || engineAdapter(this.protocol).pd.flow !== 'bootstrap') return;
     const s = createServer((req, res) => void this.handleBootstrap(req, res));
     this.bootstrap = s;
     await new Promise<void>((resolve, reject) => {
@@ -134,7 +128,7 @@ export class MockPd {
   async close(): Promise<void> {
     for (const l of this.leases.values()) clearTimeout(l.timer);
     this.leases.clear();
-    for (const r of this.rooms.values()) r.kvReady.resolve({ error: 'the prefill engine stopped' });
+    for (const r of this.rooms.values()) r.ready({ error: 'the prefill engine stopped' });
     this.rooms.clear();
     const s = this.bootstrap;
     this.bootstrap = null;
@@ -149,176 +143,82 @@ export class MockPd {
   reset(): void {
     for (const l of this.leases.values()) clearTimeout(l.timer);
     this.leases.clear();
-    for (const r of this.rooms.values()) r.kvReady.resolve({ error: 'the prefill engine restarted' });
+    for (const r of this.rooms.values()) r.ready({ error: 'the prefill engine restarted' });
     this.rooms.clear();
   }
 
-  /** The side channel routes served on the HTTP port (vLLM prefill). */
+  /** The side channel routes served on the HTTP port (the prefill's leased KV). */
   routes(): Record<string, (req: IncomingMessage, res: ServerResponse, body: Record<string, unknown>) => void> {
     return { '/mock/nixl/pull': (_req, res, body) => this.pull(res, body) };
   }
 
-  private room(key: string): Room {
-    let r = this.rooms.get(key);
-    if (!r) {
-      r = { decodeArrived: deferred(), kvReady: deferred() };
-      this.rooms.set(key, r);
-    }
-    return r;
+  /** The DP rank a request runs on as this engine picks it, or null for the mock's default. */
+  rankFor(req: { role: 'prefill' | 'decode'; header: string | undefined; body: Record<string, unknown>; raw: string }): number | null {
+    if (this.role === 'both' || !this.handoff.rank) return null;
+    return this.handoff.rank({ ranks: this.ranks, options: this.o }, req);
   }
 
-  private transferMs(tokens: number): number {
-    const bytes = tokens * (this.o.kvBytesPerToken ?? 147_456);
-    return (bytes / (this.o.transferBytesPerS ?? 50e9)) * 1000;
-  }
-
-  /** Decides how one request is served. `closed` tells whether the client already left. */
-  async plan(
-    engine: MockEngine,
-    prompt: readonly number[],
-    body: Record<string, unknown>,
-    raw: string,
-    closed: () => boolean,
-    lora: { loraName: string | null; cacheSalt: string | null },
-  ): Promise<PdPlan | null> {
+  /** Decides how one request is served (null: as an ordinary request). */
+  async plan(input: MockLegInput): Promise<PdPlan | null> {
     if (this.role === 'both') return null;
-    const timeout = this.o.bootstrapTimeoutMs ?? 300_000;
-    if (this.protocol === 'vllm') {
-      const ktp = body.kv_transfer_params;
-      if (!isObject(ktp)) return null;
-      if (this.role === 'prefill' && ktp.do_remote_decode === true) {
-        const leaseId = `${this.engineId}-lease-${++this.seq}`;
-        const blocks = Array.from({ length: Math.ceil(prompt.length / engine.config.blockSize) }, (_, i) => i);
-        return {
-          ...this.lease(engine, prompt, leaseId),
-          extra: () => ({
-            kv_transfer_params: {
-              do_remote_prefill: true,
-              do_remote_decode: false,
-              remote_block_ids: [blocks],
-              remote_engine_id: this.engineId,
-              remote_request_id: leaseId,
-              remote_host: this.host,
-              remote_port: this.httpPort(),
-              tp_size: 1,
-              remote_num_tokens: prompt.length,
-            },
-          }),
-        };
-      }
-      if (this.role === 'decode' && ktp.do_remote_prefill === true) {
-        const local = engine.prefixHitTokens(prompt, lora.loraName, lora.cacheSalt);
-        const got = await this.pullFrom(ktp);
-        if ('error' in got) {
-          if ((this.o.loadFailurePolicy ?? 'fail') === 'fail') return { failure: `KV load failed: ${got.error}` };
-          return {}; // recompute: the prompt is computed here
-        }
-        await sleep(this.transferMs(Math.max(0, prompt.length - local)) / this.speedup);
-        this.stats.transferredTokens += Math.max(0, prompt.length - local);
-        return { preloadedTokens: prompt.length };
-      }
-      return null;
-    }
-    if (this.protocol === 'trtllm') return this.planTrtllm(engine, prompt, body, raw, lora);
-    // SGLang
-    const roomText = rawMember(raw, 'bootstrap_room');
-    if (roomText === undefined || !/^\d+$/.test(roomText)) return null;
-    if (this.role === 'prefill') {
-      const r = this.room(roomText);
-      const arrived = await Promise.race([r.decodeArrived.promise.then(() => true), sleep(timeout / this.speedup).then(() => false)]);
-      if (!arrived || closed()) {
-        this.rooms.delete(roomText);
-        if (!arrived) this.stats.bootstrapTimeouts++;
-        r.kvReady.resolve({ error: arrived ? 'the prefill request was cancelled' : 'bootstrap timeout' });
-        return { failure: arrived ? 'cancelled' : `bootstrap timeout: no decode side for room ${roomText}` };
-      }
-      return {
-        maxTokens: 1,
-        onComplete: () => {
-          this.rooms.delete(roomText);
-          r.kvReady.resolve({ numTokens: prompt.length });
-        },
-      };
-    }
-    const host = body.bootstrap_host;
-    const port = body.bootstrap_port;
-    if (typeof host !== 'string' || typeof port !== 'number')
-      return { failure: 'bootstrap_host and bootstrap_port are required with bootstrap_room' };
-    const local = engine.prefixHitTokens(prompt, lora.loraName, lora.cacheSalt);
-    let got: { numTokens: number } | { error: string };
-    try {
-      const res = await fetch(`http://${host}:${port}/mock/bootstrap/${roomText}`, {
-        method: 'POST',
-        signal: AbortSignal.timeout(Math.max(1, timeout / this.speedup)),
-      });
-      got = (await res.json()) as { numTokens: number } | { error: string };
-    } catch (err) {
-      got = { error: (err as Error).message };
-    }
-    if ('error' in got) return { failure: `KV transfer failed: ${got.error}` };
-    await sleep(this.transferMs(Math.max(0, prompt.length - local)) / this.speedup);
-    this.stats.transferredTokens += Math.max(0, prompt.length - local);
-    return { preloadedTokens: prompt.length };
+    const leg: MockLeg = {
+      role: this.role,
+      endpoint: input.endpoint,
+      prompt: input.prompt,
+      body: input.body,
+      raw: input.raw,
+      rank: input.rank,
+      closed: input.closed,
+      localHitTokens: () => input.engine.prefixHitTokens(input.prompt, input.lora.loraName, input.lora.cacheSalt),
+      eosFirstToken: input.eosFirstToken,
+    };
+    return this.handoff.plan(this.hostFor(input.engine), leg);
   }
 
-  /**
-   * TensorRT-LLM: a context_only request prefills (one token) and keeps its blocks for a lease like vLLM's prefill; its
-   * answer's first choice carries disaggregated_params {request_type, ctx_request_id, disagg_request_id (echoed),
-   * first_gen_tokens, opaque_state (here: where to pull the KV from)} and the answer the prompt_token_ids. A
-   * generation_only request pulls that KV (a missing or stale handoff fails or recomputes, as loadFailurePolicy says).
-   */
-  private async planTrtllm(
-    engine: MockEngine,
-    prompt: readonly number[],
-    body: Record<string, unknown>,
-    raw: string,
-    lora: { loraName: string | null; cacheSalt: string | null },
-  ): Promise<PdPlan | null> {
-    const dp = body.disaggregated_params;
-    if (!isObject(dp)) return null;
-    if (this.role === 'prefill' && dp.request_type === 'context_only') {
-      // The id is an int64 that JSON.parse may round: read its digits from the raw body.
-      const idText = /"disagg_request_id"\s*:\s*(-?\d+)/.exec(rawMember(raw, 'disaggregated_params') ?? '')?.[1];
-      if (idText !== undefined) {
-        this.stats.disaggRequestIds.push(idText);
-        if (this.stats.disaggRequestIds.length > 1000) this.stats.disaggRequestIds.shift();
-      }
-      const leaseId = `${this.engineId}-ctx-${++this.seq}`;
-      const ctxRequestId = this.seq;
-      return {
-        ...this.lease(engine, prompt, leaseId),
-        maxTokens: 1,
-        extra: () => ({ prompt_token_ids: prompt }),
-        choiceExtra: () => ({
-          disaggregated_params: {
-            request_type: 'context_only',
-            first_gen_tokens: [],
-            ctx_request_id: ctxRequestId,
-            ...(idText !== undefined ? { disagg_request_id: Number(idText) } : {}),
-            opaque_state: Buffer.from(JSON.stringify({ host: this.host, port: this.httpPort(), lease: leaseId })).toString('base64'),
-            draft_tokens: null,
-          },
-        }),
-      };
-    }
-    if (this.role === 'decode' && dp.request_type === 'generation_only') {
-      let where: Record<string, unknown> = {};
-      try {
-        where = JSON.parse(Buffer.from(String(dp.opaque_state ?? ''), 'base64').toString('utf8')) as Record<string, unknown>;
-      } catch {
-        /* a handoff without our opaque state: the pull below fails */
-      }
-      const local = engine.prefixHitTokens(prompt, lora.loraName, lora.cacheSalt);
-      const got = await this.pullFrom({ remote_host: where.host, remote_port: where.port, remote_request_id: where.lease });
-      if ('error' in got) {
-        if ((this.o.loadFailurePolicy ?? 'fail') === 'fail') return { failure: `KV transfer failed: ${got.error}` };
-        return {};
-      }
-      await sleep(this.transferMs(Math.max(0, prompt.length - local)) / this.speedup);
-      this.stats.transferredTokens += Math.max(0, prompt.length - local);
-      return { preloadedTokens: prompt.length };
-    }
-    return null;
+  private hostFor(engine: MockEngine): MockPdHost {
+    return {
+      host: this.host,
+      httpPort: this.httpPort,
+      engineId: this.engineId,
+      ranks: this.ranks,
+      blockSize: engine.config.blockSize,
+      loadFailurePolicy: this.o.loadFailurePolicy ?? 'fail',
+      bootstrapTimeoutMs: this.o.bootstrapTimeoutMs ?? 300_000,
+      options: this.o,
+      stats: this.stats,
+      nextSeq: () => ++this.seq,
+      lease: (prompt, leaseId) => this.lease(engine, prompt, leaseId),
+      pull: (where) => this.pullFrom(where),
+      transfer: async (tokens) => {
+        const bytes = tokens * (this.o.kvBytesPerToken ?? 147_456);
+        await sleep((bytes / (this.o.transferBytesPerS ?? 50e9) / this.speedup) * 1000);
+        this.stats.transferredTokens += tokens;
+      },
+      sleep: async (ms) => {
+        await sleep(ms / this.speedup);
+      },
+      room: (key) => {
+        let r = this.rooms.get(key);
+        if (!r) {
+          r = newRoom();
+          this.rooms.set(key, r);
+        }
+        return r;
+      },
+      dropRoom: (key) => this.rooms.delete(key),
+      fetchBootstrap: async (host, port, room, prefillRank) => {
+        try {
+          const q = prefillRank === null ? '' : `?rank=${prefillRank}`;
+          const res = await fetch(`http://${host}:${port}/mock/bootstrap/${room}${q}`, {
+            method: 'POST',
+            signal: AbortSignal.timeout(Math.max(1, (this.o.bootstrapTimeoutMs ?? 300_000) / this.speedup)),
+          });
+          return (await res.json()) as { numTokens: number } | { error: string };
+        } catch (err) {
+          return { error: (err as Error).message };
+        }
+      },
+    };
   }
 
   /** A prefill whose blocks stay held after it finishes, until pulled or until the lease runs out. */
@@ -344,15 +244,14 @@ export class MockPd {
     };
   }
 
-  private async pullFrom(ktp: Record<string, unknown>): Promise<{ numTokens: number } | { error: string }> {
-    const host = ktp.remote_host;
-    const port = ktp.remote_port;
-    if (typeof host !== 'string' || typeof port !== 'number') return { error: 'kv_transfer_params without remote_host/remote_port' };
+  private async pullFrom(where: { host: unknown; port: unknown; leaseId: unknown }): Promise<{ numTokens: number } | { error: string }> {
+    const { host, port } = where;
+    if (typeof host !== 'string' || typeof port !== 'number') return { error: 'the handoff names no remote host and port' };
     try {
       const res = await fetch(`http://${host}:${port}/mock/nixl/pull`, {
         method: 'POST',
         headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ remote_request_id: ktp.remote_request_id, remote_engine_id: ktp.remote_engine_id }),
+        body: JSON.stringify({ remote_request_id: where.leaseId }),
         signal: AbortSignal.timeout(10_000),
       });
       const j = (await res.json()) as { num_tokens?: number; error?: { message?: string } };
@@ -363,7 +262,7 @@ export class MockPd {
     }
   }
 
-  /** vLLM prefill side channel: the decode side reads the leased blocks; the read ends the lease. */
+  /** The prefill's side channel: the decode side reads the leased blocks; the read ends the lease. */
   private pull(res: ServerResponse, body: Record<string, unknown>): void {
     this.stats.pulls++;
     const id = typeof body.remote_request_id === 'string' ? body.remote_request_id : '';
@@ -380,15 +279,29 @@ export class MockPd {
   }
 
   private async handleBootstrap(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const m = /^\/mock\/bootstrap\/(\d+)$/.exec((req.url ?? '').split('?')[0]);
+    const url = new URL(req.url ?? '/', 'http://bootstrap');
+    const m = /^\/mock\/bootstrap\/(\d+)$/.exec(url.pathname);
     await readBody(req, 1024).catch(() => undefined);
     if (req.method !== 'POST' || !m) {
       sendJson(res, 404, { error: 'no such bootstrap route' });
       return;
     }
-    const r = this.room(m[1]);
-    r.decodeArrived.resolve();
-    const got = await r.kvReady.promise;
+    let r = this.rooms.get(m[1]);
+    if (!r) {
+      r = newRoom();
+      this.rooms.set(m[1], r);
+    }
+    r.arrive();
+    const got = await r.kvReady;
+    // The decode side fetches from the rank it believes holds the room; another rank has no KV for it.
+    const asked = url.searchParams.get('rank');
+    if (!('error' in got) && asked !== null && r.prefillRank !== undefined) {
+      const want = asked === 'room' ? Number(BigInt(m[1]) % BigInt(this.ranks)) : Number(asked);
+      if (want !== r.prefillRank) {
+        sendJson(res, 409, { error: `room ${m[1]} was prefilled on rank ${r.prefillRank}, not on rank ${want}` });
+        return;
+      }
+    }
     sendJson(res, 'error' in got ? 409 : 200, got);
   }
 }

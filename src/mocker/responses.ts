@@ -31,6 +31,8 @@ export interface AnswerOptions {
   readonly choiceExtra?: () => Record<string, unknown>;
   /** Called once every prompt finished, before the answer is written (a P/D leg's handoff). */
   readonly onComplete?: () => void;
+  /** A whole answer's JSON text rewritten before it is sent (TensorRT-LLM's int64 ids as bare integers). */
+  readonly rewrite?: (json: string) => string;
 }
 
 /** An answer in progress: its sinks (one per prompt). */
@@ -135,7 +137,10 @@ export function startAnswer(res: ServerResponse, tokenizer: MockTokenizer, o: An
     };
     if (o.choiceExtra && choices.length > 0) Object.assign(choices[0] as Record<string, unknown>, o.choiceExtra());
     if (returnTokenIds && chat) out.prompt_token_ids = prompts[0];
-    sendJson(res, 200, out);
+    if (!o.rewrite) return sendJson(res, 200, out);
+    const text = o.rewrite(JSON.stringify(out));
+    res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
+    res.end(text);
   };
 
   const sinks = prompts.map(

@@ -16,7 +16,7 @@ import { MockPd } from './pd.ts';
 import { Rank, RankLoop } from './rank-loop.ts';
 import { loadHfTokenizer, SimpleTokenizer, type MockTokenizer } from './tokenizer.ts';
 import type { MockerHandle, MockerOptions, MockerStats } from './types.ts';
-import { TrtllmEventBuffer } from './trtllm-events.ts';
+import { TrtllmEventBuffer } from '../engines/trtllm/mock-events.ts';
 import { KvEventPublisher } from './zmq.ts';
 
 export type { MockerFaults, MockerHandle, MockerOptions, MockerStats } from './types.ts';
@@ -88,6 +88,7 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
           () => port,
           speedup,
           `mock-${(options.seed ?? 12345).toString(16)}-${process.pid}-${Date.now() % 1e6}`,
+          dp,
         )
       : null;
   const openai = new OpenAiSurface({

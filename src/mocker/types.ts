@@ -1,5 +1,5 @@
 /** The mock engine's public API: its options, live faults, counters and the handle `startMocker` returns. */
-import type { HashType, WireFormat } from '../engines/vllm.ts';
+import type { HashType, WireFormat } from '../engines/vllm/events.ts';
 import type { EngineConfig, MockEngine } from './engine/index.ts';
 import type { MockPd, MockPdOptions } from './pd.ts';
 
@@ -14,6 +14,11 @@ export interface MockerFaults {
   slowdown: number;
   /** The process stays up but the engine is dead, as vLLM after an engine-core crash: /health and generation answer 503. */
   unhealthy: boolean;
+  /**
+   * A P/D prefill's first token ends its request (EOS): vLLM's prefill then answers without kv_transfer_params,
+   * TensorRT-LLM's context leg with finish_reason "stop" (the router must not send a generation leg).
+   */
+  eosFirstToken: boolean;
 }
 
 export interface MockerOptions {
@@ -61,7 +66,7 @@ export interface MockerOptions {
   faults?: Partial<MockerFaults>;
   /** Seed of the fault dice. */
   seed?: number;
-  /** A side of a disaggregated prefill/decode pair (role prefill or decode), speaking vLLM's or SGLang's handoff. */
+  /** A side of a disaggregated prefill/decode pair (role prefill or decode), speaking an engine's handoff. */
   pd?: MockPdOptions;
 }
 

@@ -4,7 +4,7 @@
  * batches. Rank r uses port + r for both, as vLLM does.
  */
 import * as zmq from 'zeromq';
-import { encodeVllmBatch, vllmFrames, type HashType, type WireFormat } from '../engines/vllm.ts';
+import { encodeVllmBatch, vllmFrames, type HashType, type WireFormat } from '../engines/vllm/events.ts';
 import type { EngineEvent } from './engine/index.ts';
 import { toWireEvents } from './events.ts';
 import type { MockerStats } from './types.ts';

@@ -1,10 +1,12 @@
 /**
- * KV events into the router: one ZMQ subscription per worker rank (src/ingest) delivering into the router's index, and
+ * KV events into the router: one ZMQ subscription per worker rank (src/ingest), or the HTTP poll of an engine that
+ * has one (the engine registry says which), delivering into the router's index, and
  * the event streams' health copied into metrics every 2 s (cumulative totals; metrics add the increase).
  */
 import type { Logger } from 'pino';
 import type { KvRouter } from '../core/router.ts';
 import type { KvEvent } from '../core/types.ts';
+import { engineAdapter } from '../engines/index.ts';
 import { EventIngest } from '../transport/event-ingest.ts';
 import type { RouterMetrics } from '../metrics/registry.ts';
 import type { Worker } from './workers.ts';
@@ -45,8 +47,12 @@ export class ServerEvents {
    * it is polled over HTTP (POST /kv_cache_events).
    */
   async added(w: Worker): Promise<void> {
+    const engine = engineAdapter(w.spec.engine);
     if (!w.spec.events) {
-      if (w.spec.engine === 'trtllm') this.ensure().addPolledWorker({ workerId: w.id, url: w.url, dpRanks: w.spec.dp ?? 1 });
+      if (engine.events.httpPoll) {
+        const dispatcher = w.spec.appProtocol === 'h2c' ? w.pool : undefined;
+        this.ensure().addPolledWorker({ workerId: w.id, url: w.url, dpRanks: w.spec.dp ?? 1, dispatcher });
+      }
       return;
     }
     await this.ensure().addWorker({
@@ -54,8 +60,7 @@ export class ServerEvents {
       endpoint: w.spec.events,
       replayEndpoint: w.spec.replay ?? null,
       dpRanks: w.spec.dp ?? 1,
-      // TensorRT-LLM's own ZMQ publisher sends vLLM's batch and field layout.
-      flavor: w.spec.engine === 'sglang' ? 'sglang' : 'vllm',
+      flavor: engine.events.zmqWire,
     });
   }
 

@@ -1,42 +1,40 @@
 /**
- * One disaggregated attempt: a prefill leg and a decode leg, the handoff exactly as the engines document it. The
- * dispatcher chose both workers; this module only speaks the protocols and reports what happened.
+ * One disaggregated attempt: a prefill leg and a decode leg. The dispatcher chose both workers; the legs' bodies are
+ * the engine's handoff (src/engines/NAME/handoff.ts, from the registry); this module sends them, waits, learns what a
+ * worker refuses, and reports what happened. Two flows:
  *
- * vLLM (NixlConnector, the flow of vLLM's own disaggregation proxy): one request id as X-Request-Id on both legs.
- *   prefill  the client's body + kv_transfer_params {do_remote_decode: true, do_remote_prefill: false, remote_*: null},
- *            stream false, max_tokens 1 (and max_completion_tokens 1 when present), without stream_options, min_tokens,
- *            min_completion_tokens; the whole JSON answer is read
- *   decode   the client's original body + the answer's kv_transfer_params copied verbatim (byte for byte), streamed to
- *            the client; an answer without kv_transfer_params is counted and the decode leg goes without (it recomputes)
- * SGLang (bootstrap): bootstrap_host (the prefill worker's host), bootstrap_port, a random bootstrap_room in [0, 2^63)
- *   (≡ the prefill rank mod its DP size) added to the body, identical on both legs, both sent at once; the decode answer
- *   goes to the client, the prefill answer is drained (its usage is the delivered reuse). A leg that fails before it
- *   starts aborts the other; the dispatcher retries the pair.
+ * sequential (vLLM, TensorRT-LLM)  the prefill (context) leg is sent and its JSON answer read whole; the decode
+ *   (generation) body is built from it and proxied to the client. A prefill answer that already finished the request
+ *   (TensorRT-LLM: its first token ended it) is the client's answer, streamed if the client asked for a stream. A leg
+ *   refused with a 400 that names an optional handoff field (TensorRT-LLM's disagg_request_id, ctx_usage) is resent
+ *   once without it, and the worker is remembered as refusing it.
+ * bootstrap (SGLang)  both legs at once with one room; the decode answer goes to the client, the prefill answer is
+ *   drained (its usage is the delivered reuse). A leg that fails before it starts aborts the other; the dispatcher
+ *   retries the pair.
  *
- * TensorRT-LLM (its disaggregated server's flow): the context leg is the client's body + disaggregated_params
- *   {request_type: "context_only", disagg_request_id}, stream false, max_tokens 1 (as vLLM's prefill); disagg_request_id
- *   is a 63-bit id unique across router replicas (`DisaggRequestIds`). The answer's first choice carries
- *   disaggregated_params (older servers: the answer's top level); the generation leg is the client's body + those params
- *   copied verbatim except request_type "generation_only", plus the answer's prompt_token_ids (chat) or prompt
- *   (completions). An answer without the params is counted and the generation leg goes without them (it recomputes).
- *
- * The client's first byte waits for the prefill's answer in all flavours (for SGLang the prefill answers once its KV is
- * sent, before the decode side can produce a token), so a prefill that fails is always a clean retry.
+ * One id per pair as X-Request-Id on both legs. The client's first byte waits for the prefill's answer in all flows
+ * (for SGLang the prefill answers once its KV is sent, before the decode side can produce a token), so a prefill that
+ * fails is always a clean retry.
  */
-import { randomBytes } from 'node:crypto';
 import type { ServerResponse } from 'node:http';
+import { Readable } from 'node:stream';
 import type { Dispatcher as UndiciDispatcher } from 'undici';
 import type { DispatchAttempt, PrefillReport } from '../core/dispatch/dispatcher.ts';
-import type { ApiAdapter, RoutedRequest } from './apis/index.ts';
-import type { RequestTrace } from './tracing.ts';
-import { appendMembers, rawFirstElement, rawMember, rawMembers } from '../openai/raw-json.ts';
+import type { HandoffClient, HandoffPair, HandoffWorker, SequentialHandoff } from '../engines/handoff.ts';
+import { engineAdapter } from '../engines/index.ts';
+import { answerAsStream } from '../engines/trtllm/handoff.ts';
+import { DisaggRequestIds, disaggMachineIdOf } from '../engines/trtllm/ids.ts';
 import type { PdMetrics } from '../metrics/pd.ts';
+import type { ApiAdapter, RoutedRequest } from './apis/index.ts';
 import { type AttemptContext, type AttemptOutcome, type AttemptWorker, proxyAttempt } from './proxy.ts';
 import { readUsage } from './sse.ts';
+import type { RequestTrace } from './tracing.ts';
 import type { Worker } from './workers.ts';
 
-/** What a P/D leg needs of its worker (SGLang's bootstrap port on top of an attempt's). */
-export type PdWorker = AttemptWorker & Pick<Worker, 'bootstrapPort'>;
+export { DisaggRequestIds, disaggMachineIdOf };
+
+/** What a P/D leg needs of its worker (SGLang's bootstrap port, TensorRT-LLM's optional fields, on top of an attempt's). */
+export type PdWorker = AttemptWorker & Pick<Worker, 'bootstrapPort' | 'handoffFields'>;
 
 export type PdOutcome = AttemptOutcome | { readonly kind: 'prefill_failed'; readonly message: string };
 
@@ -67,157 +65,24 @@ export interface PdContext extends AttemptContext {
   readonly disaggIds: DisaggRequestIds;
 }
 
-/** vLLM's prefill request: what the NixlConnector's P side expects. */
-export const VLLM_PREFILL_PARAMS = {
-  do_remote_decode: true,
-  do_remote_prefill: false,
-  remote_engine_id: null,
-  remote_block_ids: null,
-  remote_host: null,
-  remote_port: null,
-} as const;
-
-/** A client request as the legs' bodies need it: its JSON object. */
-interface ClientBody {
-  readonly body: Record<string, unknown>;
+function handoffWorker(w: PdWorker, rank: number): HandoffWorker {
+  return { id: w.id, url: w.url, ranks: w.sourceKeys.length, rank, bootstrapPort: w.bootstrapPort, fields: w.handoffFields };
 }
 
-/** The client's body without kvroute's own field, as an object. */
-function clientBody(parsed: ClientBody): Record<string, unknown> {
-  const { kvroute: _ours, ...rest } = parsed.body;
-  return rest;
+/** The pair as the engine's handoff sees it. */
+export function handoffPair(attempt: DispatchAttempt, prefill: PdWorker, decode: PdWorker, ids: DisaggRequestIds): HandoffPair {
+  return {
+    prefill: handoffWorker(prefill, attempt.prefill!.decision.source.dpRank),
+    decode: handoffWorker(decode, attempt.decision.source.dpRank),
+    ids,
+  };
 }
 
-export function vllmPrefillBody(parsed: ClientBody): string {
-  const body = clientBody(parsed);
-  body.kv_transfer_params = { ...VLLM_PREFILL_PARAMS };
-  body.stream = false;
-  body.max_tokens = 1;
-  if ('max_completion_tokens' in body) body.max_completion_tokens = 1;
-  delete body.stream_options;
-  delete body.min_tokens;
-  delete body.min_completion_tokens;
-  return JSON.stringify(body);
-}
-
-/** The decode leg: the client's own body (its stream, stream_options, max_tokens, min_tokens) + kv_transfer_params. */
-export function vllmDecodeBody(parsed: ClientBody, clientText: string, transferParams: string | undefined): string {
-  const untouched = !('kvroute' in parsed.body) && !('kv_transfer_params' in parsed.body);
-  const { kv_transfer_params: _theirs, ...rest } = clientBody(parsed);
-  const base = untouched ? clientText : JSON.stringify(rest);
-  return transferParams === undefined ? base : appendMembers(base, [['kv_transfer_params', transferParams]]);
-}
-
-/**
- * TensorRT-LLM's disagg_request_id: an int64 the context and generation servers pair the legs by, so it must be unique
- * across router replicas. Layout (Snowflake, as TensorRT-LLM's own ids and other gateways use): 41 bits of ms since
- * 2023-01-01, 10 bits of machine id (one per replica: --disagg-machine-id), 12 bits of counter; 63 bits, positive. The
- * timestamp never goes back (a clock step back reuses the last one) and a counter overflow borrows the next ms, so one
- * replica never repeats an id.
- */
-export class DisaggRequestIds {
-  static readonly EPOCH_MS = Date.UTC(2023, 0, 1);
-  private lastMs = -1;
-  private counter = 0;
-
-  constructor(
-    private readonly machineId: number,
-    private readonly now: () => number = Date.now,
-  ) {
-    if (!Number.isInteger(machineId) || machineId < 0 || machineId > 1023)
-      throw new RangeError(`machine id must be in [0, 1023], got ${machineId}`);
-  }
-
-  next(): bigint {
-    let ms = Math.max(0, Math.floor(this.now() - DisaggRequestIds.EPOCH_MS));
-    if (ms <= this.lastMs) {
-      ms = this.lastMs;
-      if (++this.counter > 4095) {
-        ms++;
-        this.counter = 0;
-      }
-    } else this.counter = 0;
-    this.lastMs = ms;
-    return (BigInt(ms) << 22n) | (BigInt(this.machineId) << 12n) | BigInt(this.counter);
-  }
-}
-
-/** A replica's machine id from its --replica-id (FNV-1a, 10 bits), or a random one without it. */
-export function disaggMachineIdOf(replicaId: string | undefined): number {
-  if (replicaId === undefined) return randomBytes(2).readUInt16BE() & 1023;
-  let h = 0x811c9dc5;
-  for (let i = 0; i < replicaId.length; i++) h = Math.imul(h ^ replicaId.charCodeAt(i), 0x01000193);
-  return (h >>> 0) & 1023;
-}
-
-/** TensorRT-LLM's context leg: the client's body + disaggregated_params, one token, not streamed. */
-export function trtllmContextBody(parsed: ClientBody, disaggRequestId: bigint): string {
-  const body = clientBody(parsed);
-  delete body.disaggregated_params;
-  body.stream = false;
-  body.max_tokens = 1;
-  if ('max_completion_tokens' in body) body.max_completion_tokens = 1;
-  delete body.stream_options;
-  delete body.min_tokens;
-  delete body.min_completion_tokens;
-  // The id goes in as a bare integer: JSON.stringify cannot write a bigint.
-  return appendMembers(JSON.stringify(body), [
-    ['disaggregated_params', `{"request_type":"context_only","disagg_request_id":${disaggRequestId.toString()}}`],
-  ]);
-}
-
-/**
- * The context answer's disaggregated_params with request_type set to generation_only, as raw JSON (its int64 ids are
- * copied digit for digit), or undefined when the answer has none.
- */
-export function trtllmGenerationParams(answer: string): string | undefined {
-  let raw: string | undefined;
-  const choices = rawMember(answer, 'choices');
-  const first = choices === undefined ? undefined : rawFirstElement(choices);
-  if (first?.startsWith('{')) raw = rawMember(first, 'disaggregated_params');
-  if (raw === undefined || raw === 'null') raw = rawMember(answer, 'disaggregated_params');
-  if (raw === undefined || !raw.startsWith('{')) return undefined;
-  // Member by member from their raw texts, so the int64 ids keep every digit.
-  const members = (rawMembers(raw) ?? []).filter(([k]) => k !== 'request_type');
-  members.push(['request_type', '"generation_only"']);
-  return appendMembers('{}', members);
-}
-
-/** The generation leg: the client's body + the handoff params + the prompt's token ids from the context answer. */
-export function trtllmGenerationBody(parsed: ClientBody, answer: string, params: string | undefined, chat: boolean): string {
-  const { disaggregated_params: _theirs, ...rest } = clientBody(parsed);
-  const members: [string, string][] = [];
-  if (params !== undefined) members.push(['disaggregated_params', params]);
-  const ids = rawMember(answer, 'prompt_token_ids');
-  if (ids?.startsWith('[')) {
-    if (chat) members.push(['prompt_token_ids', ids]);
-    else {
-      delete rest.prompt;
-      members.push(['prompt', ids]);
-    }
-  }
-  return appendMembers(JSON.stringify(rest), members);
-}
-
-const ROOM_MASK = (1n << 63n) - 1n;
-
-/** A random bootstrap room in [0, 2^63) whose residue mod the prefill's DP size is the chosen rank. */
-export function bootstrapRoom(dpSize: number, rank: number): bigint {
-  let room = randomBytes(8).readBigUInt64BE() & ROOM_MASK;
-  if (dpSize > 1) {
-    const dp = BigInt(dpSize);
-    room = room - (room % dp) + BigInt(rank);
-    if (room > ROOM_MASK) room -= dp;
-  }
-  return room;
-}
-
-export function sglangBody(upstreamBody: string, host: string, port: number, room: bigint): string {
-  return appendMembers(upstreamBody, [
-    ['bootstrap_host', JSON.stringify(host)],
-    ['bootstrap_port', String(port)],
-    ['bootstrap_room', room.toString()],
-  ]);
+/** The optional fields a refusal names that the worker may learn (auto, not learned yet); learned here. */
+function learnRefusal(h: SequentialHandoff, w: HandoffWorker, status: number, text: string): string[] {
+  const learned = h.refusedFields(status, text).filter((f) => (w.fields.settings[f] ?? 'auto') === 'auto' && !w.fields.refused.has(f));
+  for (const f of learned) w.fields.refused.add(f);
+  return learned;
 }
 
 interface PrefillAnswer {
@@ -246,6 +111,40 @@ async function readPrefill(send: () => Promise<UndiciDispatcher.ResponseData>, w
   return { kind: 'ok', status: 200, text, headers: up.headers };
 }
 
+/**
+ * The sequential prefill leg: send, read whole; a refusal naming optional fields the worker may drop is learned and
+ * the leg resent once without them. Returns the answer and the body that got it.
+ */
+async function sequentialPrefill(
+  h: SequentialHandoff,
+  client: HandoffClient,
+  pair: HandoffPair,
+  send: (body: string) => () => Promise<UndiciDispatcher.ResponseData>,
+  log?: AttemptContext['log'],
+): Promise<{ answer: PrefillAnswer; body: string }> {
+  let body = h.prefillBody(client, pair);
+  let answer = await readPrefill(send(body), pair.prefill.id);
+  if (answer.kind === 'client_error') {
+    const learned = learnRefusal(h, pair.prefill, answer.status!, answer.text!);
+    if (learned.length > 0) {
+      log?.warn({ worker: pair.prefill.id, fields: learned }, `${pair.prefill.id} refuses ${learned.join(', ')}: resent without`);
+      body = h.prefillBody(client, pair);
+      answer = await readPrefill(send(body), pair.prefill.id);
+    }
+  }
+  return { answer, body };
+}
+
+/** A prefill answer that was JSON, checked: the sequential flows read a JSON answer. */
+function notJson(text: string): boolean {
+  try {
+    JSON.parse(text);
+    return false;
+  } catch {
+    return true;
+  }
+}
+
 /** cached_tokens of a prefill answer: a JSON body, or the usage chunk of a drained stream (SGLang legs stream alike). */
 function prefillCachedTokens(text: string): number | undefined {
   try {
@@ -271,14 +170,33 @@ function legHeaders(worker: PdWorker, dpRank: number, requestId: string): Record
   return h;
 }
 
+/** One id for both legs of this pair; a retried pair gets its own (a lease of the old one may still be held). */
+function pairIdOf(attempt: DispatchAttempt): string {
+  const leg = attempt.prefill!;
+  return leg.attempt === 0 && attempt.attempt === 0 ? attempt.requestId : `${attempt.requestId}.${attempt.attempt}.${leg.attempt}`;
+}
+
+/** An answer the router already holds, in the shape of an engine response, so the proxy path accounts it as one. */
+function heldResponse(text: string, contentType: string): UndiciDispatcher.ResponseData {
+  const bytes = Buffer.from(text, 'utf8');
+  const body = Object.assign(Readable.from([bytes]), {
+    text: async () => text,
+    json: async () => JSON.parse(text) as unknown,
+    arrayBuffer: async () => bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength),
+    dump: async () => {},
+  });
+  return { statusCode: 200, headers: { 'content-type': contentType }, body, trailers: {}, opaque: null, context: {} } as never;
+}
+
 export async function pdAttempt(ctx: PdContext, a: PdAttemptRequest): Promise<PdOutcome> {
   const { attempt, prefillWorker, decodeWorker, parsed, signal } = a;
-  const client: ClientBody = { body: a.clientJson };
-  const leg = attempt.prefill!;
-  const pdec = leg.decision;
-  // One id for both legs of this pair; a retried pair gets its own (a lease of the old one may still be held).
-  const pairId = leg.attempt === 0 && attempt.attempt === 0 ? attempt.requestId : `${attempt.requestId}.${attempt.attempt}.${leg.attempt}`;
+  const handoff = engineAdapter(attempt.engine).pd;
+  const client: HandoffClient = { body: a.clientJson, text: a.clientText, upstreamBody: a.upstreamBody, chat: a.path.includes('/chat/') };
+  const pair = handoffPair(attempt, prefillWorker, decodeWorker, ctx.disaggIds);
+  const pdec = attempt.prefill!.decision;
+  const pairId = pairIdOf(attempt);
   const pHeaders = legHeaders(prefillWorker, pdec.source.dpRank, pairId);
+  const dHeaders = legHeaders(decodeWorker, attempt.decision.source.dpRank, pairId);
   const responseHeaders = {
     'x-kvroute-prefill-worker': pdec.sourceKey,
     'x-kvroute-overlap-blocks': String(pdec.overlapBlocks),
@@ -287,37 +205,20 @@ export async function pdAttempt(ctx: PdContext, a: PdAttemptRequest): Promise<Pd
   const onAbort = () => legAbort.abort();
   signal.addEventListener('abort', onAbort, { once: true });
   const t0 = performance.now();
+  const sendTo = (w: PdWorker, headers: Record<string, string>) => (body: string) => () =>
+    w.pool.request({ method: 'POST', path: a.path, headers, body, signal: legAbort.signal });
   try {
-    let prefillBody: string;
     let decodeUpstream: Promise<UndiciDispatcher.ResponseData> | undefined;
     let decodeBody: string | undefined;
-    const sglang = attempt.engine === 'sglang';
-    const trtllm = attempt.engine === 'trtllm';
-    if (sglang) {
-      const host = new URL(prefillWorker.url).hostname;
-      const room = bootstrapRoom(prefillWorker.sourceKeys.length, pdec.source.dpRank);
-      prefillBody = sglangBody(a.upstreamBody, host, prefillWorker.bootstrapPort, room);
-      decodeBody = prefillBody;
-      // Both legs at once: the prefill side's bootstrap server waits for the decode side.
-      decodeUpstream = decodeWorker.pool.request({
-        method: 'POST',
-        path: a.path,
-        headers: legHeaders(decodeWorker, attempt.decision.source.dpRank, pairId),
-        body: decodeBody,
-        signal: legAbort.signal,
-      });
-      decodeUpstream.catch(() => undefined); // observed below; never an unhandled rejection
-    } else prefillBody = trtllm ? trtllmContextBody(client, ctx.disaggIds.next()) : vllmPrefillBody(client);
-
-    const prefillSent = prefillWorker.pool.request({
-      method: 'POST',
-      path: a.path,
-      headers: pHeaders,
-      body: prefillBody,
-      signal: legAbort.signal,
-    });
     let prefill: PrefillAnswer;
-    if (decodeUpstream) {
+    let sentPrefill = '';
+    if (handoff.flow === 'bootstrap') {
+      const bodies = handoff.bodies(client, pair);
+      decodeBody = bodies.decode;
+      // Both legs at once: the prefill side's bootstrap server waits for the decode side.
+      decodeUpstream = sendTo(decodeWorker, dHeaders)(decodeBody)();
+      decodeUpstream.catch(() => undefined); // observed below; never an unhandled rejection
+      const prefillSent = sendTo(prefillWorker, pHeaders)(bodies.prefill)();
       // A decode side that fails before it starts must not leave us waiting on a prefill that waits for it.
       const decodeFailed = decodeUpstream.then(
         async (up) => (up.statusCode >= 500 ? `${decodeWorker.id} answered ${up.statusCode}` : new Promise<never>(() => {})),
@@ -330,7 +231,11 @@ export async function pdAttempt(ctx: PdContext, a: PdAttemptRequest): Promise<Pd
         return { kind: 'failed', message: r };
       }
       prefill = r;
-    } else prefill = await readPrefill(() => prefillSent, prefillWorker.id);
+    } else {
+      const p = await sequentialPrefill(handoff, client, pair, sendTo(prefillWorker, pHeaders), ctx.log);
+      prefill = p.answer;
+      sentPrefill = p.body;
+    }
     ctx.pd.legDuration('prefill', (performance.now() - t0) / 1000);
 
     if (signal.aborted) {
@@ -357,23 +262,36 @@ export async function pdAttempt(ctx: PdContext, a: PdAttemptRequest): Promise<Pd
       }
       return { kind: 'done' };
     }
-    if (!sglang) {
-      try {
-        JSON.parse(prefill.text!);
-      } catch {
-        // A 200 that is not the JSON answer vLLM writes: the prefill worker failed, another may not.
-        legAbort.abort();
-        return { kind: 'prefill_failed', message: `${prefillWorker.id}: the prefill answer is not JSON: ${prefill.text!.slice(0, 100)}` };
-      }
+    if (handoff.flow === 'sequential' && notJson(prefill.text!)) {
+      // A 200 that is not the JSON answer the engine writes: the prefill worker failed, another may not.
+      legAbort.abort();
+      return { kind: 'prefill_failed', message: `${prefillWorker.id}: the prefill answer is not JSON: ${prefill.text!.slice(0, 100)}` };
     }
     const cachedTokens = prefillCachedTokens(prefill.text!);
-    let transferParams: string | undefined;
-    if (trtllm) transferParams = trtllmGenerationParams(prefill.text!);
-    else if (!sglang) {
-      transferParams = rawMember(prefill.text!, 'kv_transfer_params');
-      if (transferParams === 'null' || (transferParams !== undefined && !transferParams.startsWith('{'))) transferParams = undefined;
-    }
-    ctx.lifecycle.prefillDone(attempt.requestId, { cachedTokens, ...(sglang ? {} : { transferParams: transferParams !== undefined }) });
+    let resendDecode: ((status: number, text: string) => string | null) | undefined;
+    if (handoff.flow === 'sequential') {
+      const after = handoff.afterPrefill(client, prefill.text!, pair, sentPrefill);
+      ctx.lifecycle.prefillDone(attempt.requestId, { cachedTokens, transferParams: after.kind === 'decode' && after.transferParams });
+      if (after.kind === 'finished') {
+        // The prefill answer is the whole answer: it goes to the client through the proxy path, no decode leg.
+        decodeUpstream = Promise.resolve(
+          parsed.stream
+            ? heldResponse(answerAsStream(after.answer, client.chat), 'text/event-stream')
+            : heldResponse(after.answer, 'application/json'),
+        );
+      } else {
+        decodeBody = after.body;
+        resendDecode = (status, text) => {
+          if (learnRefusal(handoff, pair.decode, status, text).length === 0) return null;
+          ctx.log?.warn(
+            { worker: decodeWorker.id, fields: [...pair.decode.fields.refused] },
+            `${decodeWorker.id} refuses a handoff field: resent without`,
+          );
+          const again = handoff.afterPrefill(client, prefill.text!, pair, sentPrefill);
+          return again.kind === 'decode' ? again.body : null;
+        };
+      }
+    } else ctx.lifecycle.prefillDone(attempt.requestId, { cachedTokens });
 
     const tDecode = performance.now();
     const outcome = await proxyAttempt(ctx, {
@@ -382,11 +300,7 @@ export async function pdAttempt(ctx: PdContext, a: PdAttemptRequest): Promise<Pd
       api: a.api,
       parsed,
       trace: a.trace,
-      body:
-        decodeBody ??
-        (trtllm
-          ? trtllmGenerationBody(client, prefill.text!, transferParams, a.path.includes('/chat/'))
-          : vllmDecodeBody(client, a.clientText, transferParams)),
+      body: decodeBody ?? '',
       path: a.path,
       res: a.res,
       signal,
@@ -399,6 +313,7 @@ export async function pdAttempt(ctx: PdContext, a: PdAttemptRequest): Promise<Pd
       accounted: pdec,
       cachedTokensOverride: cachedTokens ?? null,
       failOnLeadingError: true,
+      resendOn4xx: resendDecode,
       onFirstToken: () => ctx.pd.legDuration('decode_first_token', (performance.now() - tDecode) / 1000),
     });
     if (outcome.kind === 'done') ctx.pd.legDuration('decode', (performance.now() - tDecode) / 1000);
@@ -416,18 +331,21 @@ function cancelled(ctx: PdContext, requestId: string): AttemptOutcome {
 /** The prefill leg of a shell that does not carry the decode leg itself (the endpoint picker: the gateway's proxy does). */
 export interface PrefillLegRequest {
   readonly attempt: DispatchAttempt;
-  readonly prefillWorker: Worker;
+  readonly prefillWorker: PdWorker;
+  readonly decodeWorker: PdWorker;
   readonly clientJson: Record<string, unknown>;
   /** The client's body as received. */
   readonly clientText: string;
   readonly path: string;
+  /** The client asked for a stream (a prefill answer that finished the request is then sent as one). */
+  readonly stream: boolean;
   readonly signal: AbortSignal;
 }
 
 export type PrefillLegOutcome =
   /**
-   * The body the decode leg must carry. vLLM: the prefill answered (`cachedTokens`, `transferParams` as the dispatcher's
-   * prefillDone wants them). SGLang: the prefill leg is under way, `answered` settles when it answers (it waits for the
+   * The body the decode leg must carry. Sequential engines: the prefill answered (`report` as the dispatcher's
+   * prefillDone wants it). SGLang: the prefill leg is under way, `answered` settles when it answers (it waits for the
    * decode side's bootstrap connection, so the decode leg must be sent first).
    */
   | {
@@ -438,50 +356,64 @@ export type PrefillLegOutcome =
       readonly report?: PrefillReport;
       readonly answered?: Promise<PrefillReport | { readonly failed: string }>;
     }
+  /** The prefill answer already finished the request: it is the client's answer (no decode leg). */
+  | { readonly kind: 'finished'; readonly body: string; readonly contentType: string; readonly report: PrefillReport }
   | { readonly kind: 'client_error'; readonly status: number; readonly text: string }
   | { readonly kind: 'failed'; readonly message: string };
 
+/** The disagg_request_id source of a front end whose settings are `config` (one per configuration object). */
+const idsByConfig = new WeakMap<object, DisaggRequestIds>();
+export function disaggIdsFor(config: { readonly disaggMachineId?: number; readonly replicaId?: string }): DisaggRequestIds {
+  let ids = idsByConfig.get(config);
+  if (!ids) {
+    ids = new DisaggRequestIds(config.disaggMachineId ?? disaggMachineIdOf(config.replicaId));
+    idsByConfig.set(config, ids);
+  }
+  return ids;
+}
+
 /**
- * The same handoff as pdAttempt, with the decode leg left to the caller: vLLM's prefill request (read whole, its
- * kv_transfer_params copied verbatim into the decode body), or SGLang's bootstrap fields added to the client's body,
- * identical on both legs.
+ * The same handoff as pdAttempt, with the decode leg left to the caller: a sequential engine's prefill leg (read
+ * whole, the decode body built from its answer), or SGLang's bodies, the prefill leg under way.
  */
-export async function prefillLeg(ctx: { readonly pd: PdMetrics }, a: PrefillLegRequest): Promise<PrefillLegOutcome> {
+export async function prefillLeg(
+  ctx: { readonly pd: PdMetrics; readonly config: Parameters<typeof disaggIdsFor>[0]; readonly log?: AttemptContext['log'] },
+  a: PrefillLegRequest,
+): Promise<PrefillLegOutcome> {
   const { attempt, prefillWorker } = a;
-  const client: ClientBody = { body: a.clientJson };
+  const handoff = engineAdapter(attempt.engine).pd;
   const leg = attempt.prefill!;
-  const pairId = leg.attempt === 0 && attempt.attempt === 0 ? attempt.requestId : `${attempt.requestId}.${attempt.attempt}.${leg.attempt}`;
+  const pairId = pairIdOf(attempt);
   const headers = legHeaders(prefillWorker, leg.decision.source.dpRank, pairId);
   const t0 = performance.now();
   const send = (body: string) => () => prefillWorker.pool.request({ method: 'POST', path: a.path, headers, body, signal: a.signal });
-  if (attempt.engine === 'sglang') {
-    const host = new URL(prefillWorker.url).hostname;
-    const room = bootstrapRoom(prefillWorker.sourceKeys.length, leg.decision.source.dpRank);
-    const { kvroute: _ours, ...rest } = a.clientJson;
-    const base = 'kvroute' in a.clientJson ? JSON.stringify(rest) : a.clientText;
-    const body = sglangBody(base, host, prefillWorker.bootstrapPort, room);
-    const answered = readPrefill(send(body), prefillWorker.id).then((p) => {
+  const { kvroute: _ours, ...rest } = a.clientJson;
+  const upstreamBody = 'kvroute' in a.clientJson ? JSON.stringify(rest) : a.clientText;
+  const client: HandoffClient = { body: a.clientJson, text: a.clientText, upstreamBody, chat: a.path.includes('/chat/') };
+  const pair = handoffPair(attempt, prefillWorker, a.decodeWorker, disaggIdsFor(ctx.config));
+  if (handoff.flow === 'bootstrap') {
+    const bodies = handoff.bodies(client, pair);
+    const answered = readPrefill(send(bodies.prefill), prefillWorker.id).then((p) => {
       ctx.pd.legDuration('prefill', (performance.now() - t0) / 1000);
       if (p.kind !== 'ok') return { failed: p.message ?? `${prefillWorker.id} answered ${p.status}` };
       return { cachedTokens: prefillCachedTokens(p.text!) };
     });
-    return { kind: 'ok', decodeBody: body, pairId, answered };
+    return { kind: 'ok', decodeBody: bodies.decode, pairId, answered };
   }
-  const p = await readPrefill(send(vllmPrefillBody(client)), prefillWorker.id);
+  const { answer: p, body: sent } = await sequentialPrefill(handoff, client, pair, send, ctx.log);
   ctx.pd.legDuration('prefill', (performance.now() - t0) / 1000);
   if (p.kind === 'failed') return { kind: 'failed', message: p.message! };
   if (p.kind === 'client_error') return { kind: 'client_error', status: p.status!, text: p.text! };
-  try {
-    JSON.parse(p.text!);
-  } catch {
-    return { kind: 'failed', message: `${prefillWorker.id}: the prefill answer is not JSON: ${p.text!.slice(0, 100)}` };
+  if (notJson(p.text!)) return { kind: 'failed', message: `${prefillWorker.id}: the prefill answer is not JSON: ${p.text!.slice(0, 100)}` };
+  const cachedTokens = prefillCachedTokens(p.text!);
+  const after = handoff.afterPrefill(client, p.text!, pair, sent);
+  if (after.kind === 'finished') {
+    return {
+      kind: 'finished',
+      body: a.stream ? answerAsStream(after.answer, client.chat) : after.answer,
+      contentType: a.stream ? 'text/event-stream' : 'application/json',
+      report: { cachedTokens, transferParams: false },
+    };
   }
-  let transferParams = rawMember(p.text!, 'kv_transfer_params');
-  if (transferParams === 'null' || (transferParams !== undefined && !transferParams.startsWith('{'))) transferParams = undefined;
-  return {
-    kind: 'ok',
-    decodeBody: vllmDecodeBody(client, a.clientText, transferParams),
-    pairId,
-    report: { cachedTokens: prefillCachedTokens(p.text!), transferParams: transferParams !== undefined },
-  };
+  return { kind: 'ok', decodeBody: after.body, pairId, report: { cachedTokens, transferParams: after.transferParams } };
 }

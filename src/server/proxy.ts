@@ -73,6 +73,11 @@ export interface AttemptRequest {
   readonly failOnLeadingError?: boolean;
   /** Called once at the first token (per-leg durations). */
   readonly onFirstToken?: () => void;
+  /**
+   * A 4xx answer the request may be resent after (a TensorRT-LLM leg refused an optional field): given its status and
+   * body, the body to send once more, or null to pass the answer on.
+   */
+  readonly resendOn4xx?: (status: number, text: string) => string | null;
 }
 
 /** Sets or removes usage.prompt_tokens_details.cached_tokens in place. */
@@ -138,8 +143,18 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
   };
   const override = a.cachedTokensOverride;
   let upstream: UndiciDispatcher.ResponseData;
+  // A 4xx read to decide on a resend is passed on from here instead of from the (consumed) body.
+  let preread: Buffer | undefined;
   try {
     upstream = await (a.upstream ?? worker.pool.request({ method: 'POST', path: a.path, headers, body: a.body, signal }));
+    if (a.resendOn4xx && upstream.statusCode >= 400 && upstream.statusCode < 500) {
+      preread = Buffer.from(await upstream.body.arrayBuffer());
+      const again = a.resendOn4xx(upstream.statusCode, preread.toString('utf8'));
+      if (again !== null) {
+        preread = undefined;
+        upstream = await worker.pool.request({ method: 'POST', path: a.path, headers, body: again, signal });
+      }
+    }
   } catch (err) {
     return signal.aborted ? cancelled() : failed(`${worker.id}: ${(err as Error).message}`);
   }
@@ -154,7 +169,7 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
     // Non-streaming (or an engine error like 400): the answer comes whole; pass it through as is.
     let buf: Buffer;
     try {
-      buf = Buffer.from(await upstream.body.arrayBuffer());
+      buf = preread ?? Buffer.from(await upstream.body.arrayBuffer());
     } catch (err) {
       return signal.aborted ? cancelled() : failed(`${worker.id}: body failed: ${(err as Error).message}`);
     }

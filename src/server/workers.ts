@@ -3,11 +3,13 @@
  * models are not configured). What a probe learns goes to the core dispatcher (health verdicts, model lists), which
  * owns eligibility, breakers and routing; this module only talks to engines.
  */
-import { Pool, request } from 'undici';
+import { buildConnector, Pool, request } from 'undici';
 import type { BreakerState } from '../core/dispatch/breaker.ts';
 import type { DispatchEffect, Dispatcher } from '../core/dispatch/dispatcher.ts';
 import type { WorkerState } from '../core/dispatch/fleet.ts';
 import { DEFAULT_BOOTSTRAP_PORT, type WorkerSpec } from '../config/worker-spec.ts';
+import type { HandoffFields } from '../engines/handoff.ts';
+import { engineAdapter } from '../engines/index.ts';
 
 export interface ModelCard {
   id: string;
@@ -33,14 +35,19 @@ export interface HealthOptions {
  * The connection pool to one worker (the router's and every HTTP shell's): streams are long-lived, so generous
  * connections keep them from queueing behind each other; `upstreamTimeoutMs` of silence ends one.
  */
-export function workerPool(origin: string, upstreamTimeoutMs: number | undefined): Pool {
+/** undici's connector for h2c (its types lack useH2c, which connect.js reads: prior knowledge on a cleartext socket). */
+const H2C_CONNECTOR = { allowH2: true, useH2c: true } as buildConnector.BuildOptions;
+
+export function workerPool(origin: string, upstreamTimeoutMs: number | undefined, appProtocol: 'http' | 'h2c' = 'http'): Pool {
   const silence = upstreamTimeoutMs ?? 300_000;
   return new Pool(origin, {
     connections: 4096,
-    pipelining: 1,
     keepAliveTimeout: 30_000,
     headersTimeout: silence,
     bodyTimeout: silence,
+    // h2c: HTTP/2 with prior knowledge on a cleartext connection (undici's useH2c), streams sharing a connection.
+    // Pool builds its connector from allowH2 alone (undici 7.30 passes useH2c only to a Client's own), so it is given one.
+    ...(appProtocol === 'h2c' ? { allowH2: true, pipelining: 100, connect: buildConnector(H2C_CONNECTOR) } : { pipelining: 1 }),
   });
 }
 
@@ -50,6 +57,8 @@ export class Worker {
   readonly pool: Pool;
   readonly sourceKeys: readonly string[];
   cards: ModelCard[] = [];
+  /** TensorRT-LLM's optional handoff fields: the spec's settings, and the fields this worker's server refused. */
+  readonly handoffFields: HandoffFields;
   probeFailures = 0;
   lastProbeError: string | null = null;
 
@@ -62,9 +71,18 @@ export class Worker {
     const u = new URL(spec.url);
     this.id = core.id;
     this.url = spec.url;
-    this.pool = workerPool(u.origin, opts.upstreamTimeoutMs);
+    this.pool = workerPool(u.origin, opts.upstreamTimeoutMs, spec.appProtocol);
     this.sourceKeys = core.sourceKeys;
     this.cards = (spec.models ?? []).map((id) => ({ id, object: 'model', owned_by: 'kvroute' }));
+    this.handoffFields = {
+      settings: { disagg_request_id: spec.disaggId ?? 'auto', ctx_usage: spec.ctxUsage ?? 'auto' },
+      refused: new Set(),
+    };
+  }
+
+  /** Probes go through the worker's pool when it speaks h2c (a plain HTTP/1.1 request would be refused). */
+  private get probeDispatcher(): Pool | undefined {
+    return this.spec.appProtocol === 'h2c' ? this.pool : undefined;
   }
 
   get healthy(): boolean {
@@ -91,7 +109,10 @@ export class Worker {
   /** One health probe: GET /health, then (if models are not configured) GET /v1/models. */
   async probe(): Promise<{ ok: boolean; models?: string[]; adapters?: string[] }> {
     try {
-      const res = await request(new URL('/health', this.url), { signal: AbortSignal.timeout(this.opts.timeoutMs) });
+      const res = await request(new URL('/health', this.url), {
+        dispatcher: this.probeDispatcher,
+        signal: AbortSignal.timeout(this.opts.timeoutMs),
+      });
       await res.body.dump();
       if (res.statusCode !== 200) throw new Error(`GET /health returned ${res.statusCode}`);
       // The engine's cards are read even when the configuration names the models: /v1/models shows what the engine says.
@@ -107,7 +128,10 @@ export class Worker {
   }
 
   private async discoverModels(): Promise<{ models: string[]; adapters: string[] } | null> {
-    const res = await request(new URL('/v1/models', this.url), { signal: AbortSignal.timeout(this.opts.timeoutMs) });
+    const res = await request(new URL('/v1/models', this.url), {
+      dispatcher: this.probeDispatcher,
+      signal: AbortSignal.timeout(this.opts.timeoutMs),
+    });
     if (res.statusCode !== 200) {
       await res.body.dump();
       return null;
@@ -149,7 +173,8 @@ export class Worker {
       mode: this.core.config.mode,
       role: this.core.role,
       engine: this.core.engine,
-      ...(this.core.role === 'prefill' && this.core.engine === 'sglang' ? { bootstrap: this.bootstrapPort } : {}),
+      ...(this.core.role === 'prefill' && engineAdapter(this.core.engine).pd.flow === 'bootstrap' ? { bootstrap: this.bootstrapPort } : {}),
+      ...(this.handoffFields.refused.size > 0 ? { refusedHandoffFields: [...this.handoffFields.refused] } : {}),
       dp: this.sourceKeys.length,
       sources: this.sourceKeys,
       healthy: this.healthy,
@@ -202,7 +227,7 @@ export class WorkerSet {
       {
         id,
         dpRanks: spec.dp ?? 1,
-        mode: options.mode ?? (spec.events || spec.engine === 'trtllm' ? 'events' : 'approx'),
+        mode: options.mode ?? (spec.events || engineAdapter(spec.engine).events.httpPoll ? 'events' : 'approx'),
         capacityBlocks: spec.blocks,
         models: spec.models,
         role: spec.role,

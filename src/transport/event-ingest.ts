@@ -10,9 +10,9 @@
  * probe after `tailProbeMs` (a dropped last batch is otherwise invisible until the engine publishes again).
  */
 import { sourceKey, type SourceId } from '../core/types.ts';
-import type { EngineFlavor } from '../engines/vllm.ts';
+import type { ZmqWire } from '../engines/common.ts';
 import { replayClient } from './replay.ts';
-import { TrtllmPoll } from './trtllm-poll.ts';
+import { TrtllmPoll, type TrtllmPollOptions } from './trtllm-poll.ts';
 import { rankEndpoint, ZmqSource } from './zmq-source.ts';
 import type { BlindRule, SourceHealth } from '../ingest/health.ts';
 import { SourceIngest, type EventSink, type ResetSink } from '../ingest/source-ingest.ts';
@@ -29,7 +29,7 @@ export interface EventSourceConfig {
   readonly mode?: 'connect' | 'bind';
   readonly topic?: string;
   /** Wire flavour of the ZMQ payloads (TensorRT-LLM's ZMQ publisher sends vLLM's fields: vllm). */
-  readonly flavor?: EngineFlavor;
+  readonly flavor?: ZmqWire;
 }
 
 export interface EventIngestOptions {
@@ -69,6 +69,8 @@ export interface PolledSourceConfig {
   readonly dpRanks?: number | readonly number[];
   /** Poll period, ms (default 100). */
   readonly intervalMs?: number;
+  /** The worker's connection pool (h2c workers), passed to the poll. */
+  readonly dispatcher?: TrtllmPollOptions['dispatcher'];
 }
 
 function ranksOf(cfg: EventSourceConfig): number[] {
@@ -212,6 +214,7 @@ export class EventIngest {
       routerBlockSize: this.opts.routerBlockSize,
       log: this.log,
       intervalMs: cfg.intervalMs,
+      dispatcher: cfg.dispatcher,
     });
     for (const [dpRank, ingest] of ingests) this.sources.set(sourceKey({ workerId: cfg.workerId, dpRank }), { ingest, poll });
     poll.start();

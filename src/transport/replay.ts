@@ -5,7 +5,7 @@
  * A silent endpoint (not configured, engine gone) is "replay unavailable" after `timeoutMs` without a frame.
  */
 import { Dealer } from 'zeromq';
-import { REPLAY_END_SEQ, readSeqFrame } from '../engines/vllm.ts';
+import { REPLAY_END_SEQ, readSeqFrame } from '../engines/common.ts';
 import type { ReplayFn, ReplayOutcome } from '../ingest/source-ingest.ts';
 
 export interface ReplayOptions {

@@ -5,8 +5,8 @@
  * `event_id`: the ids are consecutive per rank, so the sequence tracker sees a lost event (the engine's buffer
  * overflowed between polls) as a gap and a restart as ids going backwards. There is no replay: a gap resets the source.
  */
-import { request } from 'undici';
-import { parseTrtllmEvents, TrtllmDecoder } from '../engines/trtllm.ts';
+import { type Dispatcher, request } from 'undici';
+import { parseTrtllmEvents, TrtllmDecoder } from '../engines/trtllm/events.ts';
 import type { SourceHealth } from '../ingest/health.ts';
 import type { SourceIngest } from '../ingest/source-ingest.ts';
 import type { LogSink } from '../log.ts';
@@ -20,9 +20,18 @@ export interface TrtllmPollOptions {
   readonly log: LogSink;
   /** Poll period, ms. Default 100. */
   readonly intervalMs?: number;
-  /** Per-poll timeout, ms. Default 2000. */
+  /** The worker's own connection pool (an h2c worker is polled over HTTP/2); default undici's global dispatcher. */
+  readonly dispatcher?: Dispatcher;
+  /**
+   * Per-poll timeout, ms. Default 5000: older trtllm-serve drains its queue with `get_kv_cache_events_async(2)`, a wait
+   * of up to 2 s before it answers with what it drained; a poll aborted at that moment loses those events (a gap, so
+   * a reset). The headroom keeps an answer that comes at the end of the server's wait.
+   */
   readonly timeoutMs?: number;
 }
+
+/** The default per-poll timeout: headroom over older servers' 2 s drain wait. */
+export const TRTLLM_POLL_TIMEOUT_MS = 5000;
 
 export interface TrtllmPollCounters {
   polls: number;
@@ -81,7 +90,8 @@ export class TrtllmPoll {
         method: 'POST',
         headers: { 'content-type': 'application/json' },
         body: '{}',
-        signal: AbortSignal.timeout(this.opts.timeoutMs ?? 2000),
+        dispatcher: this.opts.dispatcher,
+        signal: AbortSignal.timeout(this.opts.timeoutMs ?? TRTLLM_POLL_TIMEOUT_MS),
       });
       text = await r.body.text();
       if (r.statusCode !== 200) throw new Error(`answered ${r.statusCode}: ${text.slice(0, 100)}`);

@@ -12,7 +12,7 @@
  */
 import { Subscriber } from 'zeromq';
 import type { SourceId } from '../core/types.ts';
-import type { DecodedBatch, EngineFlavor } from '../engines/vllm.ts';
+import type { DecodedBatch, ZmqWire } from '../engines/common.ts';
 import { parseFrames, type BadFrameKind, type WideFrame } from '../ingest/source-ingest.ts';
 
 export interface ZmqSourceOptions {
@@ -22,7 +22,7 @@ export interface ZmqSourceOptions {
   readonly mode?: 'connect' | 'bind';
   /** Topic prefix filter; '' (default) receives every topic. */
   readonly topic?: string;
-  readonly flavor?: EngineFlavor;
+  readonly flavor?: ZmqWire;
   readonly reconnectIntervalMs?: number;
   readonly reconnectMaxIntervalMs?: number;
   /** ZMTP heartbeat interval (0 disables); the peer is dropped after 3 missed intervals. Default 2000. */

@@ -6,7 +6,7 @@ import { computeSeqHashes } from '../../src/core/hashing.ts';
 import { KvRouter, TIER_CREDIT_ON } from '../../src/core/router.ts';
 import { TierIndex, tierOf } from '../../src/core/tiers.ts';
 import type { KvEvent } from '../../src/core/types.ts';
-import { decodeVllmBatch, encodeVllmBatch } from '../../src/engines/vllm.ts';
+import { decodeVllmBatch, encodeVllmBatch } from '../../src/engines/vllm/events.ts';
 
 const BS = 4;
 const T = Array.from({ length: 16 }, (_, i) => 100 + i);

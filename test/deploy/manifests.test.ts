@@ -1,13 +1,17 @@
 /**
- * deploy/k8s, linted: every overlay rendered (test/fixtures/kustomize.ts), every object validated against the
- * Kubernetes API's own schemas (kubernetes-models: the OpenAPI schemas of the Kubernetes API compiled to validators;
- * @kubernetes-models/gateway-api for Gateway and HTTPRoute; the InferencePool CRD's schema in
- * test/fixtures/schemas, checked with ajv), then the references between objects checked: selectors reach pod
+ * deploy/k8s, linted: every kustomization rendered by the real `kubectl kustomize` (kustomize v5 is built into kubectl;
+ * without kubectl on PATH the rendering tests are skipped with a message saying so), every manifest file read by a
+ * second, stricter YAML reader (./strict-yaml.ts: what Go's YAML 1.1 refuses or reads differently), every rendered
+ * object validated against the Kubernetes API's own schemas (kubernetes-models: the OpenAPI schemas of the Kubernetes
+ * API compiled to validators; @kubernetes-models/gateway-api for Gateway and HTTPRoute; the InferencePool CRD's schema
+ * in test/fixtures/schemas, checked with ajv), then the references between objects checked: selectors reach pod
  * templates, probes and Services name real container ports, the RBAC grants discovery what it watches, the EPP, the
  * InferencePool and the HTTPRoute name each other, kvroute's flags exist. Like kubeconform without --strict, the
  * schemas do not refuse unknown fields; the reference checks catch the misspellings that matter.
  */
-import { readdirSync, readFileSync, statSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Ajv } from 'ajv';
@@ -20,11 +24,32 @@ import { Service } from 'kubernetes-models/v1/Service';
 import { ServiceAccount } from 'kubernetes-models/v1/ServiceAccount';
 import { Gateway } from '@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1/Gateway';
 import { HTTPRoute } from '@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1/HTTPRoute';
-import { parse as parseYaml } from 'yaml';
+import { parseAllDocuments, parse as parseYaml } from 'yaml';
 import { describe, expect, it } from 'vitest';
 import { eppSchema, serveSchema } from '../../src/config/serve.ts';
 import { settingsOf, longFlag } from '../../src/config/settings.ts';
-import { build, type K8sObject } from '../fixtures/kustomize.ts';
+import { strictYamlErrors } from './strict-yaml.ts';
+
+type K8sObject = {
+  apiVersion: string;
+  kind: string;
+  metadata: { name: string; namespace?: string; labels?: Record<string, string>; annotations?: Record<string, string> };
+} & Record<string, unknown>;
+
+const KUBECTL = spawnSync('kubectl', ['version', '--client'], { encoding: 'utf8' }).status === 0;
+if (!KUBECTL) {
+  // The one allowed skip: without kubectl nothing here can render a kustomization as kubectl would.
+  console.warn('\n*** test/deploy/manifests.test.ts: kubectl is not on PATH: the kustomize rendering tests are SKIPPED ***\n');
+}
+
+/** `kubectl kustomize DIR`, parsed; throws with kubectl's message when it refuses. */
+function kustomize(dir: string): K8sObject[] {
+  const r = spawnSync('kubectl', ['kustomize', dir], { encoding: 'utf8', maxBuffer: 64 * 1024 * 1024 });
+  if (r.status !== 0) throw new Error(`kubectl kustomize ${dir} failed: ${r.stderr.trim()}`);
+  return parseAllDocuments(r.stdout)
+    .map((d) => d.toJS() as K8sObject | null)
+    .filter((o): o is K8sObject => o !== null);
+}
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const DEPLOY = join(ROOT, 'deploy/k8s');
@@ -122,23 +147,71 @@ const kvrouteContainers = (objs: K8sObject[]) =>
   workloads(objs).flatMap((w) => w.spec.template.spec.containers.filter((c) => c.image.startsWith('kvroute:')).map((c) => ({ w, c })));
 const flagValue = (args: string[], flag: string) => args.find((a) => a.startsWith(`${flag}=`))?.slice(flag.length + 1);
 
-describe('deploy/k8s', () => {
+/** Every file under deploy/ with this ending. */
+function filesUnder(dir: string, ending: string): string[] {
+  const out: string[] = [];
+  for (const e of readdirSync(dir)) {
+    const p = join(dir, e);
+    if (statSync(p).isDirectory()) out.push(...filesUnder(p, ending));
+    else if (e.endsWith(ending)) out.push(p);
+  }
+  return out.sort();
+}
+
+const KUSTOMIZATIONS = filesUnder(DEPLOY, 'kustomization.yaml').map((f) => f.slice(DEPLOY.length + 1, -'/kustomization.yaml'.length));
+/** The NATS probe as it stood before it was quoted: YAML 1.2 parsers accept it, Go's YAML does not. */
+const OLD_NATS_PROBE = 'httpGet: { path: /healthz?js-enabled-only=true, port: 8222 }';
+
+describe('deploy/ manifests read as Go reads YAML', () => {
   it('every kustomization folder is an overlay or a base some overlay uses', () => {
-    const dirs: string[] = [];
-    const walk = (d: string) => {
-      for (const e of readdirSync(d)) {
-        const p = join(d, e);
-        if (statSync(p).isDirectory()) walk(p);
-        else if (e === 'kustomization.yaml') dirs.push(d.slice(DEPLOY.length + 1));
-      }
-    };
-    walk(DEPLOY);
-    expect(dirs.sort()).toEqual(['base', 'engines', 'epp/base', ...OVERLAYS].sort());
+    expect([...KUSTOMIZATIONS].sort()).toEqual(['base', 'engines', 'epp/base', ...OVERLAYS].sort());
   });
 
+  it('every manifest file passes the strict YAML 1.1 reading', () => {
+    const files = filesUnder(join(ROOT, 'deploy'), '.yaml');
+    expect(files.length).toBeGreaterThan(15);
+    const errors = files.flatMap((f) => strictYamlErrors(readFileSync(f, 'utf8')).map((e) => `${f.slice(ROOT.length)}: ${e}`));
+    expect(errors).toEqual([]);
+  });
+
+  it('the strict reading refuses what Go refuses: the old NATS probe, YAML 1.1 booleans and octals, duplicate keys', () => {
+    expect(strictYamlErrors(`probe:\n  ${OLD_NATS_PROBE}\n`).join(' ')).toMatch(
+      /"\/healthz\?js-enabled-only=true" inside a flow collection/,
+    );
+    expect(strictYamlErrors('probe:\n  httpGet: { path: "/healthz?js-enabled-only=true", port: 8222 }\n')).toEqual([]);
+    expect(strictYamlErrors('spec:\n  paused: no\n').join(' ')).toMatch(/\/spec\/paused: YAML 1.1/);
+    expect(strictYamlErrors('mode: 0644\n').join(' ')).toMatch(/\/mode: YAML 1.1/);
+    expect(strictYamlErrors('a: 1\na: 2\n').join(' ')).toMatch(/unique/i);
+    expect(strictYamlErrors('a: "fine"\nb: [x, z]\n')).toEqual([]);
+    expect(strictYamlErrors('b: [x, y]\n').join(' ')).toMatch(/\/b\/1: YAML 1.1/); // y is true in YAML 1.1
+  });
+
+  it.skipIf(!KUBECTL)('kubectl kustomize renders every kustomization under deploy/', () => {
+    for (const k of KUSTOMIZATIONS) expect(kustomize(join(DEPLOY, k)).length, k).toBeGreaterThan(0);
+  });
+
+  it.skipIf(!KUBECTL)('kubectl kustomize refuses the old NATS probe line, as the strict reading does', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'kvroute-kustomize-'));
+    try {
+      writeFileSync(
+        join(dir, 'kustomization.yaml'),
+        'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - pod.yaml\n',
+      );
+      writeFileSync(
+        join(dir, 'pod.yaml'),
+        `apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  containers:\n    - name: c\n      image: nats\n      readinessProbe:\n        ${OLD_NATS_PROBE}\n`,
+      );
+      expect(() => kustomize(dir)).toThrow(/did not find expected ',' or '}'/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe.skipIf(!KUBECTL)('deploy/k8s overlays, rendered by kubectl kustomize', () => {
   for (const overlay of OVERLAYS) {
     describe(overlay, () => {
-      const objs = build(join(DEPLOY, overlay));
+      const objs = kustomize(join(DEPLOY, overlay));
 
       it('renders, and every object is valid against its Kubernetes schema', () => {
         expect(objs.length).toBeGreaterThan(3);
@@ -319,7 +392,7 @@ describe('deploy/k8s', () => {
   }
 
   it('the validators refuse what they should: a bad field type, a missing required field, a bad pool', () => {
-    const [router] = build(join(DEPLOY, 'standalone')).filter((o) => o.kind === 'Deployment');
+    const [router] = kustomize(join(DEPLOY, 'standalone')).filter((o) => o.kind === 'Deployment');
     const broken = structuredClone(router) as K8sObject & {
       spec: { replicas: unknown; template: { spec: { containers: { ports: unknown[] }[] } } };
     };
@@ -327,7 +400,7 @@ describe('deploy/k8s', () => {
     broken.spec.template.spec.containers[0].ports = [{ name: 'http' }];
     expect(validate(broken).join(' ')).toMatch(/replicas must be integer/);
     expect(validate(broken).join(' ')).toMatch(/containerPort/);
-    const [pool] = build(join(DEPLOY, 'epp/istio')).filter((o) => o.kind === 'InferencePool');
+    const [pool] = kustomize(join(DEPLOY, 'epp/istio')).filter((o) => o.kind === 'InferencePool');
     const badPool = structuredClone(pool) as K8sObject & { spec: Record<string, unknown> };
     badPool.spec.targetPorts = [{ number: 70000 }];
     delete badPool.spec.endpointPickerRef;

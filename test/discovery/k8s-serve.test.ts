@@ -231,6 +231,43 @@ describe('kvroute serve --k8s-pool', () => {
     for (const p of ['p0', 'p1', 'p2']) api.remove(PODS, p);
   }, 60_000);
 
+  it('a pool with several target ports: one worker per podIP:port; prefill-decode is aggregated, encode is counted, not routed', async () => {
+    const ports = [0, 1].map((i) => Number(new URL(engines[i].url).port));
+    api.put(POOLS, {
+      apiVersion: 'inference.networking.k8s.io/v1',
+      kind: 'InferencePool',
+      metadata: { name: 'multi', namespace: NS },
+      spec: {
+        selector: { matchLabels: { pool: 'multi' } },
+        targetPorts: ports.map((number) => ({ number })),
+        endpointPickerRef: { name: 'multi-epp', port: { number: 9002 } },
+      },
+    });
+    api.put(PODS, pod('m0', { namespace: NS, labels: { pool: 'multi', 'llm-d.ai/role': 'prefill-decode' } }));
+    api.put(PODS, pod('enc', { namespace: NS, labels: { pool: 'multi', 'llm-d.ai/role': 'encode' } }));
+    const { proc, url } = await startRouter(`--k8s-pool multi --k8s-namespace ${NS} --k8s-events-port 0`);
+    await expectWorkers(
+      url,
+      ports.map((p) => `m0-${p}`),
+      10_000,
+    );
+    const listed = (await (await fetch(`${url}/admin/workers`, { headers: AUTH })).json()) as { workers: Record<string, unknown>[] };
+    expect(listed.workers.map((w) => [w.url, w.role]).sort()).toEqual(ports.map((p) => [`http://127.0.0.1:${p}`, 'both']).sort());
+    expect(await metric(url, 'router_k8s_pods_not_routed', 'reason="encode_only"')).toBe(1);
+    expect(await metric(url, 'router_k8s_bad_objects_total', 'reason="bad_label"')).toBe(0);
+    // Both ports serve: requests reach each engine.
+    const res = await fetch(`${url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'mock-model', prompt: 'hello there', max_tokens: 2 }),
+    });
+    expect(res.status).toBe(200);
+    expect(ports.map((p) => `m0-${p}`)).toContain(res.headers.get('x-kvroute-worker'));
+    expect((await proc.stop()).code).toBe(0);
+    for (const p of ['m0', 'enc']) api.remove(PODS, p);
+    api.remove(POOLS, 'multi');
+  }, 60_000);
+
   it('refuses --k8s-pool with --k8s-selector (exit 2, one line), and a kubeconfig that cannot load (exit non-zero, one line)', async () => {
     const both = new ShellProcess('node bin/kvroute.mjs serve --k8s-pool a --k8s-selector app=b --port 0', { cwd: ROOT });
     const r1 = await both.exited;

@@ -48,10 +48,24 @@ describe('InferencePool specs', () => {
       { spec: { selector: { matchLabels: { b: '2', a: '1' } }, targetPorts: [{ number: 8000 }], endpointPickerRef: { name: 'epp' } } },
       'inference.networking.k8s.io',
     );
-    expect(v1).toEqual({ selector: expect.objectContaining({ text: 'a=1,b=2' }), port: 8000 });
+    expect(v1).toEqual({ selector: expect.objectContaining({ text: 'a=1,b=2' }), ports: [8000], appProtocol: 'http' });
     const alpha = poolTarget({ spec: { selector: { app: 'x' }, targetPortNumber: 9000 } }, 'inference.networking.x-k8s.io');
-    expect(alpha.port).toBe(9000);
+    expect(alpha.ports).toEqual([9000]);
     expect(alpha.selector.text).toBe('app=x');
+  });
+
+  it('v1 target ports: up to 8, each an endpoint (GIE api/v1/inferencepool_types.go @84436a96b9e6); appProtocol http or kubernetes.io/h2c', () => {
+    const g = 'inference.networking.k8s.io' as const;
+    const spec = (extra: Record<string, unknown>) => ({ spec: { selector: { matchLabels: { app: 'x' } }, ...extra } });
+    const many = poolTarget(
+      spec({ targetPorts: [{ number: 8000 }, { number: 8001 }, { number: 8002 }], appProtocol: 'kubernetes.io/h2c' }),
+      g,
+    );
+    expect(many).toMatchObject({ ports: [8000, 8001, 8002], appProtocol: 'h2c' });
+    const nine = Array.from({ length: 9 }, (_, i) => ({ number: 8000 + i }));
+    expect(bad(() => poolTarget(spec({ targetPorts: nine }), g)).message).toMatch(/more than 8/);
+    expect(bad(() => poolTarget(spec({ targetPorts: [{ number: 1 }, { number: 1 }] }), g)).message).toMatch(/twice/);
+    expect(bad(() => poolTarget(spec({ targetPorts: [{ number: 1 }], appProtocol: 'grpc' }), g)).reason).toBe('bad_pool_spec');
   });
 
   it('refuses malformed specs with a reason', () => {
@@ -77,14 +91,69 @@ describe('pod verdicts', () => {
     const v = podVerdict(pod('vllm-0', { labels: { app: 'vllm' }, ip: '10.0.0.7' }), all, DEFAULTS);
     expect(v).toEqual({
       kind: 'worker',
-      spec: { id: 'vllm-0', url: 'http://10.0.0.7:8000', events: 'tcp://10.0.0.7:5557', replay: 'tcp://10.0.0.7:5558' },
+      specs: [{ id: 'vllm-0', url: 'http://10.0.0.7:8000', events: 'tcp://10.0.0.7:5557', replay: 'tcp://10.0.0.7:5558' }],
     });
-    if (v.kind === 'worker') expect(workerFromUnknown(v.spec)).toMatchObject({ id: 'vllm-0', url: 'http://10.0.0.7:8000' });
+    if (v.kind === 'worker') expect(workerFromUnknown(v.specs[0])).toMatchObject({ id: 'vllm-0', url: 'http://10.0.0.7:8000' });
     // The pool's target port replaces the default; the annotation wins over both.
-    const pooled = podVerdict(pod('a', { labels: { app: 'vllm' } }), all, DEFAULTS, 9000);
-    expect(pooled.kind === 'worker' && pooled.spec.url).toBe('http://127.0.0.1:9000');
-    const annotated = podVerdict(pod('a', { labels: { app: 'vllm' }, annotations: { 'kvroute.io/port': '7000' } }), all, DEFAULTS, 9000);
-    expect(annotated.kind === 'worker' && annotated.spec.url).toBe('http://127.0.0.1:7000');
+    const pooled = podVerdict(pod('a', { labels: { app: 'vllm' } }), all, DEFAULTS, { ports: [9000] });
+    expect(pooled.kind === 'worker' && pooled.specs.map((x) => x.url)).toEqual(['http://127.0.0.1:9000']);
+    const annotated = podVerdict(pod('a', { labels: { app: 'vllm' }, annotations: { 'kvroute.io/port': '7000' } }), all, DEFAULTS, {
+      ports: [9000, 9001],
+    });
+    expect(annotated.kind === 'worker' && annotated.specs.map((x) => x.url)).toEqual(['http://127.0.0.1:7000']);
+  });
+
+  it('one worker per target port (podIP:port), with the engine on port i using events, replay and bootstrap ports offset by i', () => {
+    const v = podVerdict(
+      pod('dp-0', {
+        labels: { app: 'vllm', 'llm-d.ai/role': 'prefill' },
+        ip: '10.0.0.9',
+        annotations: { 'kvroute.io/dp': '2', 'sglang.ai/bootstrap-port': '8998' },
+      }),
+      all,
+      DEFAULTS,
+      { ports: [8000, 8001, 8002], appProtocol: 'h2c' },
+    );
+    if (v.kind !== 'worker') throw new Error('not a worker');
+    expect(v.specs.map((x) => [x.id, x.url, x.events, x.replay, x.bootstrap, x.appProtocol])).toEqual([
+      ['dp-0-8000', 'http://10.0.0.9:8000', 'tcp://10.0.0.9:5557', 'tcp://10.0.0.9:5558', 8998, 'h2c'],
+      ['dp-0-8001', 'http://10.0.0.9:8001', 'tcp://10.0.0.9:5559', 'tcp://10.0.0.9:5560', 8999, 'h2c'],
+      ['dp-0-8002', 'http://10.0.0.9:8002', 'tcp://10.0.0.9:5561', 'tcp://10.0.0.9:5562', 9000, 'h2c'],
+    ]);
+    for (const x of v.specs) expect(workerFromUnknown(x)).toEqual(x);
+  });
+
+  it("llm-d's roles (docs/disaggregation.md @520af47896e5): prefill-decode and the deprecated both are aggregated; encode alone is no target", () => {
+    const role = (label: string) => {
+      const v = podVerdict(pod('a', { labels: { app: 'vllm', 'llm-d.ai/role': label } }), all, DEFAULTS);
+      return v.kind === 'worker' ? (v.specs[0].role ?? 'aggregated') : v.reason;
+    };
+    expect(role('prefill')).toBe('prefill');
+    expect(role('decode')).toBe('decode');
+    expect(role('prefill-decode')).toBe('both');
+    expect(role('both')).toBe('both');
+    expect(role('encode-prefill')).toBe('prefill');
+    expect(role('encode-decode')).toBe('decode');
+    expect(role('encode-prefill-decode')).toBe('both');
+    expect(role('encode')).toBe('encode_only');
+    for (const label of ['leader', 'prefill-prefill', 'decode-', '']) {
+      expect(bad(() => podVerdict(pod('a', { labels: { app: 'vllm', 'llm-d.ai/role': label } }), all, DEFAULTS)).reason).toBe('bad_label');
+    }
+  });
+
+  it('TensorRT-LLM pods: engine trtllm, and the disagg-id / ctx-usage annotations', () => {
+    const v = podVerdict(
+      pod('t', {
+        labels: { app: 'vllm' },
+        annotations: { 'kvroute.io/engine': 'trtllm', 'kvroute.io/disagg-id': 'off', 'kvroute.io/ctx-usage': 'on' },
+      }),
+      all,
+      DEFAULTS,
+    );
+    expect(v.kind === 'worker' && v.specs[0]).toMatchObject({ engine: 'trtllm', disaggId: 'off', ctxUsage: 'on' });
+    expect(
+      bad(() => podVerdict(pod('t', { labels: { app: 'vllm' }, annotations: { 'kvroute.io/disagg-id': 'maybe' } }), all, DEFAULTS)).reason,
+    ).toBe('bad_annotation');
   });
 
   it('reads role, engine, bootstrap port, dp, models, blocks; events-port 0 means approximate mode; IPv6 is bracketed', () => {
@@ -105,16 +174,18 @@ describe('pod verdicts', () => {
     );
     expect(v).toEqual({
       kind: 'worker',
-      spec: {
-        id: 'sg-0',
-        url: 'http://[fd00::7]:8000',
-        dp: 2,
-        models: ['Qwen/Qwen3-8B', 'lora-a'],
-        blocks: 4096,
-        engine: 'sglang',
-        role: 'prefill',
-        bootstrap: 8998,
-      },
+      specs: [
+        {
+          id: 'sg-0',
+          url: 'http://[fd00::7]:8000',
+          dp: 2,
+          models: ['Qwen/Qwen3-8B', 'lora-a'],
+          blocks: 4096,
+          engine: 'sglang',
+          role: 'prefill',
+          bootstrap: 8998,
+        },
+      ],
     });
   });
 
@@ -149,7 +220,7 @@ describe('pod verdicts', () => {
       { 'kvroute.io/events-port': '55x' },
       { 'kvroute.io/dp': '0' },
       { 'kvroute.io/blocks': '-1' },
-      { 'kvroute.io/engine': 'trtllm' },
+      { 'kvroute.io/engine': 'tgi' }, // not a registered engine (trtllm is: test/engines/registry.test.ts)
       { 'sglang.ai/bootstrap-port': 'auto' },
     ]) {
       expect(r(pod('a', { labels: { app: 'vllm' }, annotations }))).toBe('bad_annotation');

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { decodeSglangBatch, encodeSglangBatch } from '../../src/engines/sglang.ts';
-import { decodeVllmBatch } from '../../src/engines/vllm.ts';
+import { decodeSglangBatch, encodeSglangBatch } from '../../src/engines/sglang/events.ts';
+import { decodeVllmBatch } from '../../src/engines/vllm/events.ts';
 import { KvIndex } from '../../src/core/index/kv-index.ts';
 import { computeSeqHashes, hashSeed } from '../../src/core/hashing.ts';
 import { hand } from './msgpack-hand.ts';

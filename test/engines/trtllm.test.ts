@@ -2,12 +2,25 @@
  * TensorRT-LLM's KV cache events. The held-out publisher writes its JSON by hand from TensorRT-LLM's documented
  * format (KVCacheEventSerializer: event_id, data {type ...}, window_size, attention_dp_rank), not with kvroute's
  * encoder, and drives the router through the same poll, decoder and ingest as a live worker; the overlaps the router
- * predicts must be what the engine holds after every event.
+ * predicts must be what the engine holds after every event. Per-block cache_salt as newer releases send it (Dynamo's
+ * tests of its forwarder, ai-dynamo/dynamo, index copy: `test_dispatch_kv_events_forwards_per_block_cache_salt`);
+ * mm_keys as Dynamo's publisher reads them (components/src/dynamo/trtllm/publisher.py @0d38568995b5) with TensorRT-LLM's
+ * start_offset (cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp `generateBlockHashExtraKeys`: how far into the item
+ * the block starts).
  */
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { KvRouter } from '../../src/core/router.ts';
-import { encodeTrtllmEvents, parseJsonLossless, parseTrtllmEvents, TrtllmDecoder, type TrtllmEvent } from '../../src/engines/trtllm.ts';
+import type { RouteRequest } from '../../src/core/types.ts';
+import {
+  encodeTrtllmEvents,
+  parseJsonLossless,
+  parseTrtllmEvents,
+  TrtllmDecoder,
+  type TrtllmEvent,
+} from '../../src/engines/trtllm/events.ts';
 import { SourceIngest } from '../../src/ingest/source-ingest.ts';
 import { quietLog } from '../../src/log.ts';
 import { TrtllmPoll } from '../../src/transport/trtllm-poll.ts';
@@ -40,8 +53,8 @@ function fleet(opts: { ranks?: number; storeOnlyTtlMs?: number } = {}) {
   }
   const poll = new TrtllmPoll({ url: 'http://unused', ingests, routerBlockSize: BS, log: quietLog });
   let n = 0;
-  const overlap = (tokens: number[], source = 'w0') => {
-    const d = router.route({ requestId: `q${n++}`, tokens }, 0);
+  const overlap = (tokens: number[], source = 'w0', extra: Partial<RouteRequest> = {}) => {
+    const d = router.route({ requestId: `q${n++}`, tokens, ...extra }, 0);
     if (d.kind !== 'routed') throw new Error('refused');
     router.finish(d.requestId, { outcome: 'cancelled' }, 0);
     return d.candidates.find((c) => c.source === source)?.overlapBlocks ?? 0;
@@ -216,6 +229,109 @@ describe('held-out TensorRT-LLM publisher', () => {
     ]);
     expect(out[2]).toEqual([{ kind: 'removed', engineIds: [BigInt(H[0])], groupIdx: 0 }]);
   });
+});
+
+describe('per-block cache_salt and mm_keys', () => {
+  const salted = (hash: string, ids: number[], salt: string) =>
+    block(hash, ids).replace('"cache_level"', `"cache_salt":"${salt}","cache_level"`);
+
+  it('a per-block cache_salt starts a salted chain: unsalted requests with the same prefix are not credited', () => {
+    const { poll, overlap, ingests } = fleet();
+    const A = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
+    poll.deliver(
+      `[{"event_id":0,"data":{"type":"stored","parent_hash":null,"blocks":[${salted(H[0], A.slice(0, 4), 'tenant-a')},${salted(H[1], A.slice(4, 8), 'tenant-a')}]}}]`,
+    );
+    expect(overlap([...A, 99])).toBe(0);
+    expect(overlap([...A, 99], 'w0', { cacheSalt: 'tenant-b' })).toBe(0);
+    expect(overlap([...A, 99], 'w0', { cacheSalt: 'tenant-a' })).toBe(2);
+    // A later event of the same sequence (its parent salted) continues the salted chain, salted or not on the wire.
+    poll.deliver(`[{"event_id":1,"data":{"type":"stored","parent_hash":${H[1]},"blocks":[${block(H[2], A.slice(8, 12))}]}}]`);
+    expect(overlap([...A, 99], 'w0', { cacheSalt: 'tenant-a' })).toBe(3);
+    expect(overlap([...A, 99])).toBe(0);
+    // A salt that changes mid-event cannot be on this chain: cut there, counted.
+    poll.deliver(
+      `[{"event_id":2,"data":{"type":"stored","parent_hash":null,"blocks":[${block(H[3], [40, 41, 42, 43])},${salted(H[4], [44, 45, 46, 47], 'x')}]}}]`,
+    );
+    expect(overlap([40, 41, 42, 43, 44, 45, 46, 47, 48])).toBe(1);
+    expect(ingests.get(0)!.health().resets).toBe(0);
+  });
+
+  it('mm_keys become the multimodal block keys: the same image matches, another image or none does not', () => {
+    const { poll, overlap, ingests } = fleet();
+    const hex = 'ab'.repeat(32);
+    // Text 0-1, an image in positions 2-7 (6 placeholder tokens), text 8-11: the image starts inside block 0.
+    const tokens = [1, 2, 9, 9, 9, 9, 9, 9, 3, 4, 5, 6];
+    const mmBlock = (hash: string, ids: number[], start: number) =>
+      block(hash, ids).replace('"cache_level"', `"mm_keys":[{"type":"mm_key","hash":"${hex}","start_offset":${start}}],"cache_level"`);
+    poll.deliver(
+      `[{"event_id":0,"data":{"type":"stored","parent_hash":null,"blocks":[${mmBlock(H[0], tokens.slice(0, 4), 0)},${mmBlock(H[1], tokens.slice(4, 8), 2)},` +
+        `${block(H[2], tokens.slice(8, 12))}]}}]`,
+    );
+    const item = (identifier: string) => ({ mmItems: [{ identifier, offset: 2, length: 6 }] });
+    expect(overlap([...tokens, 7], 'w0', item(`sha256:${hex}`))).toBe(3);
+    expect(overlap([...tokens, 7], 'w0', item(`sha256:${'cd'.repeat(32)}`))).toBe(0);
+    expect(overlap([...tokens, 7])).toBe(0);
+    // The same image one token later in the block is another key (its place in the block is part of the identity).
+    expect(
+      overlap([1, 2, 3, ...tokens.slice(2, 8), 4, 5, 6, 7], 'w0', { mmItems: [{ identifier: `sha256:${hex}`, offset: 3, length: 6 }] }),
+    ).toBe(0);
+    expect(ingests.get(0)!.health().multimodalBlocks).toBe(0);
+  });
+
+  it('an item that starts in a block the event does not continue gives no place: that block and the rest are skipped, counted', () => {
+    const { poll, overlap, ingests } = fleet();
+    const mm = block(H[1], [9, 9, 9, 9]).replace(
+      '"cache_level"',
+      '"mm_keys":[{"type":"mm_key","hash":"ab","start_offset":0}],"cache_level"',
+    );
+    poll.deliver(`[{"event_id":0,"data":{"type":"stored","parent_hash":null,"blocks":[${block(H[0], [1, 2, 3, 4])},${mm}]}}]`);
+    expect(overlap([1, 2, 3, 4, 9, 9, 9, 9, 5])).toBe(1);
+    expect(ingests.get(0)!.health().multimodalBlocks).toBe(1);
+    // A malformed key (no hex hash) drops the event, counted as a bad extra key.
+    const bad = block(H[2], [5, 6, 7, 8]).replace('"cache_level"', '"mm_keys":[{"type":"mm_key","hash":7}],"cache_level"');
+    poll.deliver(`[{"event_id":1,"data":{"type":"stored","parent_hash":null,"blocks":[${bad}]}}]`);
+    expect(overlap([5, 6, 7, 8, 9])).toBe(0);
+    expect(ingests.get(0)!.health().badExtraKeys).toBe(1);
+  });
+});
+
+describe('the poll against an older trtllm-serve', () => {
+  it('a server that drains its queue then holds the reply ~2 s (get_kv_cache_events_async(2)) loses no drained batch', async () => {
+    // As the older handler does (tensorrt_llm/serve/openai_server.py, index copies): take what is queued, wait up to
+    // 2 s, answer with it. A poll aborted at 2 s would drop the events the server had already taken.
+    const queue: string[] = [];
+    const server = createServer((req, res) => {
+      req.resume();
+      const drained = queue.splice(0);
+      setTimeout(() => {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(`[${drained.join(',')}]`);
+      }, 2100);
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+    try {
+      const { router, ingests, resets } = fleet();
+      const poll = new TrtllmPoll({
+        url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+        ingests,
+        routerBlockSize: BS,
+        log: quietLog,
+      });
+      const A = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
+      queue.push(
+        `{"event_id":0,"data":{"type":"stored","parent_hash":null,"blocks":[${block(H[0], A.slice(0, 4))},${block(H[1], A.slice(4, 8))}]}}`,
+      );
+      await poll.pollOnce();
+      queue.push(`{"event_id":1,"data":{"type":"stored","parent_hash":${H[1]},"blocks":[${block(H[2], A.slice(8, 12))}]}}`);
+      await poll.pollOnce();
+      expect(poll.counters.pollFailures).toBe(0);
+      expect(poll.counters.events).toBe(2);
+      expect(resets).toEqual([]);
+      expect(router.index.stats().blocks).toBe(3);
+    } finally {
+      await new Promise<void>((r) => server.close(() => r()));
+    }
+  }, 20_000);
 });
 
 describe('bad input: counted, never thrown', () => {

@@ -8,7 +8,7 @@
 import { describe, expect, it } from 'vitest';
 import { KvRouter } from '../../src/core/router.ts';
 import type { MmItem } from '../../src/core/types.ts';
-import { decodeVllmBatch } from '../../src/engines/vllm.ts';
+import { decodeVllmBatch } from '../../src/engines/vllm/events.ts';
 import { SourceAnnotator } from '../../src/ingest/annotate.ts';
 import { type HandValue, hand } from './msgpack-hand.ts';
 

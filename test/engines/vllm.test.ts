@@ -7,12 +7,12 @@ import { unpack } from 'msgpackr';
 import {
   decodeVllmBatch,
   encodeVllmBatch,
-  readSeqFrame,
   vllmFrames,
   type HashType,
   type WireBatch,
   type WireFormat,
-} from '../../src/engines/vllm.ts';
+} from '../../src/engines/vllm/events.ts';
+import { readSeqFrame } from '../../src/engines/common.ts';
 import { hand, KTHENA_BATCH, KTHENA_HASH, KTHENA_TOKENS } from './msgpack-hand.ts';
 
 const BIG = (1n << 64n) - 5n; // >= 2^63: arrives as msgpack uint64

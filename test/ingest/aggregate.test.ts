@@ -3,8 +3,8 @@ import fc from 'fast-check';
 import { KvIndex } from '../../src/core/index/kv-index.ts';
 import { computeSeqHashes, hashSeed } from '../../src/core/hashing.ts';
 import type { KvEvent } from '../../src/core/types.ts';
-import { encodeSglangBatch, type SglangEvent } from '../../src/engines/sglang.ts';
-import { vllmFrames } from '../../src/engines/vllm.ts';
+import { encodeSglangBatch, type SglangEvent } from '../../src/engines/sglang/events.ts';
+import { vllmFrames } from '../../src/engines/vllm/events.ts';
 import { SourceIngest } from '../../src/ingest/source-ingest.ts';
 import { quietLog } from '../../src/log.ts';
 

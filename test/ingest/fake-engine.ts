@@ -4,7 +4,7 @@
  * `truth()` is the set of router hashes the engine holds: what a correct index must hold for this source.
  */
 import { computeSeqHashes, hashSeed } from '../../src/core/hashing.ts';
-import { encodeVllmBatch, vllmFrames, type HashType, type WireEvent, type WireFormat } from '../../src/engines/vllm.ts';
+import { encodeVllmBatch, vllmFrames, type HashType, type WireEvent, type WireFormat } from '../../src/engines/vllm/events.ts';
 import { xxh3 } from '@node-rs/xxhash';
 
 import { createRng } from '../../src/core/rng.ts';

@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { KvIndex } from '../../src/core/index/kv-index.ts';
 import { computeSeqHashes, hashSeed } from '../../src/core/hashing.ts';
 import type { KvEvent } from '../../src/core/types.ts';
-import { encodeVllmBatch, vllmFrames, type WireEvent } from '../../src/engines/vllm.ts';
+import { encodeVllmBatch, vllmFrames, type WireEvent } from '../../src/engines/vllm/events.ts';
 import { SourceIngest, type ReplayFn } from '../../src/ingest/source-ingest.ts';
 import { quietLog, type LogSink } from '../../src/log.ts';
 import { FakeEngine } from './fake-engine.ts';

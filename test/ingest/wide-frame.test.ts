@@ -8,7 +8,7 @@ import { KvIndex } from '../../src/core/index/kv-index.ts';
 import { computeSeqHashes } from '../../src/core/hashing.ts';
 import { KvRouter } from '../../src/core/router.ts';
 import type { KvEvent } from '../../src/core/types.ts';
-import { encodeVllmBatch, type WireEvent } from '../../src/engines/vllm.ts';
+import { encodeVllmBatch, type WireEvent } from '../../src/engines/vllm/events.ts';
 import { parseFrames, SourceIngest } from '../../src/ingest/source-ingest.ts';
 import { quietLog } from '../../src/log.ts';
 import { RouterMetrics } from '../../src/metrics/registry.ts';

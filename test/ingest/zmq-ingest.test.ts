@@ -6,7 +6,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { Publisher, Router } from 'zeromq';
 import { KvIndex } from '../../src/core/index/kv-index.ts';
 import type { KvEvent } from '../../src/core/types.ts';
-import { REPLAY_END_SEQ } from '../../src/engines/vllm.ts';
+import { REPLAY_END_SEQ } from '../../src/engines/common.ts';
 import { EventIngest } from '../../src/transport/event-ingest.ts';
 import { quietLog } from '../../src/log.ts';
 import { requestReplay } from '../../src/transport/replay.ts';

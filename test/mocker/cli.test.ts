@@ -3,7 +3,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { createServer } from 'node:net';
 import * as zmq from 'zeromq';
-import { decodeVllmBatch } from '../../src/engines/vllm.ts';
+import { decodeVllmBatch } from '../../src/engines/vllm/events.ts';
 import { decodeMsgpack, type Msg } from './independent-msgpack.ts';
 
 const children: ChildProcess[] = [];

@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { createRng } from '../../src/core/rng.ts';
 import { KvRouter } from '../../src/core/router.ts';
 import type { MmItem } from '../../src/core/types.ts';
-import { decodeVllmBatch, encodeVllmBatch } from '../../src/engines/vllm.ts';
+import { decodeVllmBatch, encodeVllmBatch } from '../../src/engines/vllm/events.ts';
 import { SourceAnnotator } from '../../src/ingest/annotate.ts';
 import { type EngineCacheGroup, HYBRID_PRESETS, parseCacheGroups } from '../../src/mocker/engine/hybrid.ts';
 import { MockEngine } from '../../src/mocker/engine/index.ts';

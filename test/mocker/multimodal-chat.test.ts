@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import * as zmq from 'zeromq';
 import { KvRouter } from '../../src/core/router.ts';
-import { decodeVllmBatch } from '../../src/engines/vllm.ts';
+import { decodeVllmBatch } from '../../src/engines/vllm/events.ts';
 import { SourceAnnotator } from '../../src/ingest/annotate.ts';
 import { MOCK_MM_PLACEHOLDER_TOKENS } from '../../src/mocker/openai.ts';
 import { startMocker, type MockerHandle } from '../../src/mocker/server.ts';

@@ -57,7 +57,9 @@ describe('kvroute mocker P/D roles', () => {
       { 'x-request-id': 'pair-1' },
     );
     const pj = (await pr.json()) as { kv_transfer_params: Record<string, unknown> };
-    expect(pj.kv_transfer_params).toMatchObject({ do_remote_prefill: true, remote_host: '127.0.0.1', remote_num_tokens: 100 });
+    // The fields of NixlConnector's request_finished (scheduler.py @053da34be7ea): no remote_num_tokens among them.
+    expect(pj.kv_transfer_params).toMatchObject({ do_remote_prefill: true, remote_host: '127.0.0.1', tp_size: 1 });
+    expect(pj.kv_transfer_params.remote_num_tokens).toBeUndefined();
     const body = { model: 'mock-model', prompt, max_tokens: 3, kv_transfer_params: pj.kv_transfer_params };
     const dr = await post(`${d.url}/v1/completions`, body, { 'x-request-id': 'pair-1' });
     const dj = (await dr.json()) as { usage: { completion_tokens: number; prompt_tokens_details: { cached_tokens: number } } };
@@ -82,17 +84,36 @@ describe('kvroute mocker P/D roles', () => {
       disaggregated_params: { request_type: 'context_only', disagg_request_id: 42 },
     });
     const text = await ctx.text();
-    const cj = JSON.parse(text) as { choices: { disaggregated_params: Record<string, unknown> }[]; prompt_token_ids: number[] };
+    const cj = JSON.parse(text) as {
+      choices: { disaggregated_params: Record<string, unknown>; finish_reason: string }[];
+      prompt_token_ids: number[];
+    };
     expect(cj.choices[0].disaggregated_params).toMatchObject({ request_type: 'context_only', disagg_request_id: 42 });
+    expect(cj.choices[0].finish_reason).toBe('not_finished');
     expect(cj.prompt_token_ids).toEqual(prompt);
-    const params = { ...cj.choices[0].disaggregated_params, request_type: 'generation_only' };
-    const gen = await post(`${d.url}/v1/completions`, { model: 'mock-model', prompt, max_tokens: 3, disaggregated_params: params });
+    // ctx_request_id is past 2^53, written as a bare integer: read it from the text, as a router must.
+    const ctxId = /"ctx_request_id":(\d+)/.exec(text)![1];
+    expect(BigInt(ctxId) > BigInt(Number.MAX_SAFE_INTEGER)).toBe(true);
+    const raw = (id: string) =>
+      `{"model":"mock-model","prompt":${JSON.stringify(prompt)},"max_tokens":3,"disaggregated_params":` +
+      `{"request_type":"generation_only","ctx_request_id":${id},"encoded_opaque_state":${JSON.stringify(cj.choices[0].disaggregated_params.encoded_opaque_state)}}}`;
+    const rawPost = (body: string) =>
+      fetch(`${d.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body });
+    // A client that rounded the id (JSON.parse) names no context request: the KV transfer fails.
+    expect((await rawPost(raw(String(Number(ctxId))))).status).toBe(500);
+    const gen = await rawPost(raw(ctxId));
     const gj = (await gen.json()) as { usage: { completion_tokens: number; prompt_tokens_details: { cached_tokens: number } } };
     expect(gen.status).toBe(200);
     expect(gj.usage.prompt_tokens_details.cached_tokens).toBe(99);
-    expect(
-      (await post(`${d.url}/v1/completions`, { model: 'mock-model', prompt, max_tokens: 3, disaggregated_params: params })).status,
-    ).toBe(500);
+    expect((await rawPost(raw(ctxId))).status).toBe(500); // pulled once: the lease is gone
+    // As strict as trtllm-serve (extra="forbid"): a field DisaggregatedParams lacks is a 400 naming it.
+    const extra = await post(`${p.url}/v1/completions`, {
+      model: 'mock-model',
+      prompt,
+      disaggregated_params: { request_type: 'context_only', kv_transfer_params: {} },
+    });
+    expect(extra.status).toBe(400);
+    expect(await extra.text()).toMatch(/extra_forbidden.*'disaggregated_params', 'kv_transfer_params'/);
     // TensorRT-LLM's event format: created first, then the prefill's stored blocks; a drain empties the buffer.
     const events = (await (await post(`${p.url}/kv_cache_events`, {})).json()) as { event_id: number; data: { type: string } }[];
     expect(events[0]).toMatchObject({ event_id: 0, data: { type: 'created' }, window_size: 4096 });

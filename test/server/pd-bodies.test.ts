@@ -1,19 +1,23 @@
-/** The P/D leg bodies, byte-level: raw members, appended members, vLLM's prefill and decode rules, SGLang's rooms, TensorRT-LLM's legs and ids. */
+/**
+ * The P/D leg bodies, byte-level: raw members, appended members, vLLM's prefill and decode rules, SGLang's rooms and
+ * rank fields, TensorRT-LLM's legs and ids (src/engines/NAME/handoff.ts).
+ */
 import { describe, expect, it } from 'vitest';
 import fc from 'fast-check';
 import { parseRequest } from '../../src/openai/request.ts';
 import { appendMembers, rawMember } from '../../src/openai/raw-json.ts';
+import { bootstrapRoom, sglangBodies, sglangBody } from '../../src/engines/sglang/handoff.ts';
 import {
-  bootstrapRoom,
-  DisaggRequestIds,
-  disaggMachineIdOf,
-  sglangBody,
+  answerAsStream,
   trtllmContextBody,
+  trtllmFinishedAnswer,
   trtllmGenerationBody,
   trtllmGenerationParams,
-  vllmDecodeBody,
-  vllmPrefillBody,
-} from '../../src/server/pd.ts';
+  trtllmRefusedFields,
+} from '../../src/engines/trtllm/handoff.ts';
+import { DisaggRequestIds, disaggMachineIdOf } from '../../src/engines/trtllm/ids.ts';
+import { vllmDecodeBody, vllmPrefillBody } from '../../src/engines/vllm/handoff.ts';
+import type { HandoffPair, HandoffWorker } from '../../src/engines/handoff.ts';
 
 describe('raw JSON members', () => {
   it('finds a top-level value byte for byte, past strings with braces, quotes and nested keys of the same name', () => {
@@ -92,11 +96,26 @@ describe('vLLM legs', () => {
 
   it('decode: the client bytes plus the params verbatim; without params, the client bytes alone', () => {
     const params = '{ "remote_block_ids": [[1, 2]], "ratio": 1.50 }';
-    const d = vllmDecodeBody(parsed, text, params);
+    const d = vllmDecodeBody({ body: parsed.body, text }, params);
     expect(d.startsWith(text.slice(0, -1))).toBe(true);
     expect(rawMember(d, 'kv_transfer_params')).toBe(params);
-    expect(vllmDecodeBody(parsed, text, undefined)).toBe(text);
+    expect(vllmDecodeBody({ body: parsed.body, text }, undefined)).toBe(text);
   });
+});
+
+const worker = (over: Partial<HandoffWorker>): HandoffWorker => ({
+  id: 'w',
+  url: 'http://10.0.0.1:8000',
+  ranks: 1,
+  rank: 0,
+  bootstrapPort: 8998,
+  fields: { settings: {}, refused: new Set() },
+  ...over,
+});
+const pairOf = (prefill: Partial<HandoffWorker>, decode: Partial<HandoffWorker>): HandoffPair => ({
+  prefill: worker(prefill),
+  decode: worker(decode),
+  ids: new DisaggRequestIds(1),
 });
 
 describe('SGLang legs', () => {
@@ -110,47 +129,88 @@ describe('SGLang legs', () => {
     expect(rawMember(body, 'bootstrap_room')).toBe('9223372036854775807');
     expect(JSON.parse(body).bootstrap_host).toBe('[::1]');
   });
+
+  it('DP ranks go in the bodies as smg sends them: routed_dp_rank per leg, disagg_prefill_dp_rank on decode, never data_parallel_rank', () => {
+    const { prefill, decode } = sglangBodies(
+      '{"model":"m"}',
+      pairOf({ ranks: 4, rank: 3, url: 'http://[fd00::1]:30000' }, { ranks: 2, rank: 1 }),
+    );
+    const p = JSON.parse(prefill) as Record<string, unknown>;
+    const d = JSON.parse(decode) as Record<string, unknown>;
+    expect(p).toMatchObject({ routed_dp_rank: 3, bootstrap_host: '[fd00::1]', bootstrap_port: 8998 });
+    expect(d).toMatchObject({ routed_dp_rank: 1, disagg_prefill_dp_rank: 3 });
+    expect(rawMember(prefill, 'bootstrap_room')).toBe(rawMember(decode, 'bootstrap_room'));
+    expect(BigInt(rawMember(prefill, 'bootstrap_room')!) % 4n).toBe(3n);
+    for (const b of [p, d]) expect(b.data_parallel_rank).toBeUndefined();
+    expect(p.disagg_prefill_dp_rank).toBeUndefined();
+    // One rank each: nothing to steer, no rank fields.
+    const one = sglangBodies('{"model":"m"}', pairOf({}, {}));
+    for (const b of [one.prefill, one.decode]) {
+      expect(rawMember(b, 'routed_dp_rank')).toBeUndefined();
+      expect(rawMember(b, 'disagg_prefill_dp_rank')).toBeUndefined();
+    }
+  });
 });
 
-describe('TensorRT-LLM legs', () => {
+describe('TensorRT-LLM legs (openai_disagg_service.py @00bb903d965f, openai_protocol.py @0076e9390e1e)', () => {
   const client = {
     model: 'm',
     messages: [{ role: 'user', content: 'hi' }],
     stream: true,
     stream_options: { include_usage: true },
-    max_tokens: 50,
+    max_completion_tokens: 50,
   };
 
-  it('the context leg: the client body, one token, not streamed, disaggregated_params with the int64 id written exactly', () => {
+  it('the context leg: the client body with its own max-tokens spelling only, not streamed, disaggregated_params, the int64 id exact', () => {
     const id = (1n << 62n) + 12345n; // past 2^53: JSON.parse would round it
     const text = trtllmContextBody({ body: { ...client, kvroute: { policy: 'kv' } } }, id);
     const body = JSON.parse(text) as Record<string, unknown>;
-    expect(body).toMatchObject({ model: 'm', stream: false, max_tokens: 1, disaggregated_params: { request_type: 'context_only' } });
+    expect(body).toMatchObject({
+      model: 'm',
+      stream: false,
+      max_completion_tokens: 50,
+      disaggregated_params: { request_type: 'context_only' },
+    });
+    // max_completion_tokens has validation_alias max_tokens under extra="forbid": a second spelling is a 400.
+    expect('max_tokens' in body).toBe(false);
     expect(body.stream_options).toBeUndefined();
     expect(body.kvroute).toBeUndefined();
     expect(rawMember(rawMember(text, 'disaggregated_params')!, 'disagg_request_id')).toBe(id.toString());
+    const old = JSON.parse(trtllmContextBody({ body: { model: 'm', prompt: 'x', max_tokens: 3 } }, null)) as Record<string, unknown>;
+    expect(old).toEqual({ model: 'm', prompt: 'x', max_tokens: 3, stream: false, disaggregated_params: { request_type: 'context_only' } });
   });
 
-  it('the generation leg: params from the first choice, request_type generation_only, ids copied digit for digit', () => {
-    const answer =
-      '{"id":"x","choices":[{"index":0,"message":{"content":"a"},"disaggregated_params":{"request_type":"context_only",' +
-      '"first_gen_tokens":[7],"ctx_request_id":9007199254740993,"disagg_request_id":4611686018427400249,"opaque_state":"b3BhcXVl"}}],' +
-      '"prompt_token_ids":[1,2,3],"usage":{"prompt_tokens":3}}';
+  const answer =
+    '{"id":"x","choices":[{"index":0,"message":{"content":"a"},"finish_reason":"not_finished","disaggregated_params":{"request_type":"context_only",' +
+    '"first_gen_tokens":[7],"ctx_request_id":9007199254740993,"disagg_request_id":4611686018427400249,"encoded_opaque_state":"b3BhcXVl"}}],' +
+    '"prompt_token_ids":[1,2,3],"usage":{"prompt_tokens":3,"total_tokens":4,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":2}}}';
+
+  it('the generation leg: params from the first choice, generation_only, ids digit for digit, ctx_usage = the answer usage', () => {
     const params = trtllmGenerationParams(answer)!;
     expect(rawMember(params, 'ctx_request_id')).toBe('9007199254740993');
     expect(rawMember(params, 'disagg_request_id')).toBe('4611686018427400249');
     expect(rawMember(params, 'request_type')).toBe('"generation_only"');
-    expect(rawMember(params, 'opaque_state')).toBe('"b3BhcXVl"');
+    expect(rawMember(params, 'encoded_opaque_state')).toBe('"b3BhcXVl"');
+    expect(rawMember(params, 'ctx_usage')).toBe(rawMember(answer, 'usage'));
     const chat = JSON.parse(trtllmGenerationBody({ body: client }, answer, params, true)) as Record<string, unknown>;
-    expect(chat).toMatchObject({ stream: true, max_tokens: 50, prompt_token_ids: [1, 2, 3] });
+    expect(chat).toMatchObject({ stream: true, max_completion_tokens: 50, prompt_token_ids: [1, 2, 3] });
     expect((chat.disaggregated_params as Record<string, unknown>).request_type).toBe('generation_only');
     const completion = JSON.parse(trtllmGenerationBody({ body: { model: 'm', prompt: 'hello' } }, answer, params, false)) as Record<
       string,
       unknown
     >;
     expect(completion.prompt).toEqual([1, 2, 3]);
-    // Older servers put the params at the answer's top level.
-    expect(rawMember(trtllmGenerationParams('{"disaggregated_params":{"request_type":"context_only","x":1}}')!, 'x')).toBe('1');
+    // The optional fields follow the decode worker's settings and refusals.
+    const basic = trtllmGenerationParams(answer, () => false)!;
+    expect(rawMember(basic, 'disagg_request_id')).toBeUndefined();
+    expect(rawMember(basic, 'ctx_usage')).toBeUndefined();
+    // The id sent on the context leg travels on when the answer did not echo it.
+    const noEcho = answer.replace(',"disagg_request_id":4611686018427400249', '');
+    expect(rawMember(trtllmGenerationParams(noEcho, () => true, 77n)!, 'disagg_request_id')).toBe('77');
+  });
+
+  it('no params at the answer top level are read: no TensorRT-LLM release puts them there', () => {
+    expect(trtllmGenerationParams('{"disaggregated_params":{"request_type":"context_only","x":1}}')).toBeUndefined();
   });
 
   it('an answer without params (a broken handoff): none, and the generation leg goes without them', () => {
@@ -160,6 +220,35 @@ describe('TensorRT-LLM legs', () => {
     const body = JSON.parse(trtllmGenerationBody({ body: client }, '{}', undefined, true)) as Record<string, unknown>;
     expect(body.disaggregated_params).toBeUndefined();
     expect(body.messages).toEqual(client.messages);
+  });
+
+  it('a context answer that finished (finish_reason not length / not_finished) is the answer, without its params', () => {
+    expect(trtllmFinishedAnswer(answer)).toBeUndefined();
+    expect(trtllmFinishedAnswer(answer.replace('"not_finished"', '"length"'))).toBeUndefined();
+    const done = trtllmFinishedAnswer(answer.replace('"not_finished"', '"stop"'))!;
+    const parsed = JSON.parse(done) as { choices: Record<string, unknown>[] };
+    expect(parsed.choices[0].finish_reason).toBe('stop');
+    expect(parsed.choices[0].disaggregated_params).toBeUndefined();
+    const sse = answerAsStream(done, true);
+    const events = sse
+      .split('\n\n')
+      .filter((e) => e.startsWith('data: '))
+      .map((e) => e.slice(6));
+    expect(events.at(-1)).toBe('[DONE]');
+    expect(JSON.parse(events[0])).toMatchObject({
+      object: 'chat.completion.chunk',
+      choices: [{ delta: { content: 'a' }, finish_reason: 'stop' }],
+    });
+    expect(JSON.parse(events[1]).usage.prompt_tokens).toBe(3);
+  });
+
+  it('a refusal names the optional fields: pydantic extra_forbidden at (body, disaggregated_params, FIELD)', () => {
+    const refusal = `{"error":"[{'type': 'extra_forbidden', 'loc': ('body', 'disaggregated_params', 'disagg_request_id'), 'msg': 'Extra inputs are not permitted', 'input': 12}]"}`;
+    expect(trtllmRefusedFields(400, refusal)).toEqual(['disagg_request_id']);
+    expect(trtllmRefusedFields(400, refusal.replace('disagg_request_id', 'ctx_usage'))).toEqual(['ctx_usage']);
+    expect(trtllmRefusedFields(400, refusal.replace("'disaggregated_params', ", ''))).toEqual([]);
+    expect(trtllmRefusedFields(422, refusal)).toEqual([]);
+    expect(trtllmRefusedFields(400, '{"error":"max_tokens must be positive"}')).toEqual([]);
   });
 
   it('disagg_request_id: unique and increasing within a replica even when the clock stalls, steps back or 4,096 ids share a ms; the machine id in bits 12-21', () => {

@@ -11,14 +11,14 @@
  *
  * The shell reports what it learns (probes, model lists, capacity); the core decides.
  */
-import { sourceKey } from '../types.ts';
+import { type EngineName, sourceKey } from '../types.ts';
 import { Breaker, type BreakerOptions } from './breaker.ts';
 
 export type WorkerRole = 'both' | 'prefill' | 'decode';
 export const WORKER_ROLES: readonly WorkerRole[] = ['both', 'prefill', 'decode'];
 
 /** The engine flavour: the handoff protocol of a disaggregated pair follows it (a vLLM decode pulls only from vLLM). */
-export type EngineFlavor = 'vllm' | 'sglang' | 'trtllm';
+export type EngineFlavor = EngineName;
 
 /** What the configuration says about a worker (spec, admin API, registry). */
 export interface WorkerConfig {

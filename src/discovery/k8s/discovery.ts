@@ -3,7 +3,9 @@
  * workers, unready, deleted or relabelled ones leave. The shell watches (list-watch.ts), the pure functions of pods.ts
  * say what each object means, and the difference reaches the worker table through a `WorkerSink`: for `serve` the
  * same WorkerSet add/remove the admin API calls (in-flight requests of a leaving worker finish; the index drops its
- * blocks). Malformed objects are counted by reason and logged once per object and cause; they never stop the watch.
+ * blocks). A pod is one worker per target port of the pool. Malformed objects are counted by reason and logged once
+ * per object and cause; they never stop the watch. Well-formed pods that are no routing target (llm-d's encode-only
+ * role) are counted (a gauge, by reason) and logged once.
  */
 import { CoreV1Api, CustomObjectsApi, KubeConfig, Watch } from '@kubernetes/client-node';
 import { existsSync, readFileSync } from 'node:fs';
@@ -51,10 +53,15 @@ export interface K8sDiscoveryStats {
   readonly pods: ListWatchStats | null;
   readonly pool: ListWatchStats | null;
   readonly badObjects: Readonly<Record<BadObjectReason, number>>;
+  /** Pods that are well-formed but no routing target (llm-d's encode-only role), by reason: as of now, not a total. */
+  readonly notRouted: Readonly<Record<NotRoutedReason, number>>;
   readonly added: number;
   readonly removed: number;
   readonly sinkErrors: number;
 }
+
+/** Why a selected, ready pod is no worker. */
+export type NotRoutedReason = 'encode_only';
 
 const SA_TOKEN = '/var/run/secrets/kubernetes.io/serviceaccount/token';
 
@@ -121,6 +128,8 @@ export class K8sDiscovery {
     BadObjectReason,
     number
   >;
+  /** Selected, ready pods that are no routing target, by reason (as of the last reconcile). */
+  private notRouted: Record<NotRoutedReason, number> = { encode_only: 0 };
   private added = 0;
   private removed = 0;
   private sinkErrors = 0;
@@ -143,7 +152,7 @@ export class K8sDiscovery {
   /** Starts watching; resolves once the first pod list is applied (with a pool: once the pool exists and its pods are listed). */
   async start(): Promise<void> {
     if (this.opts.selector) {
-      this.target = { selector: this.opts.selector, port: this.opts.defaults.port };
+      this.target = { selector: this.opts.selector, ports: [this.opts.defaults.port] };
       await this.watchPods();
     } else {
       await this.watchPool();
@@ -163,6 +172,7 @@ export class K8sDiscovery {
       pods: this.podWatch || this.retired.lists > 0 ? sumStats(this.retired, this.podWatch?.stats) : null,
       pool: this.poolWatch ? { ...this.poolWatch.stats } : null,
       badObjects: { ...this.bad },
+      notRouted: { ...this.notRouted },
       added: this.added,
       removed: this.removed,
       sinkErrors: this.sinkErrors,
@@ -319,18 +329,36 @@ export class K8sDiscovery {
   private reconcile(): void {
     const desired = new Map<string, WorkerSpec>();
     const target = this.target;
+    const notRouted: Record<NotRoutedReason, number> = { encode_only: 0 };
     if (target) {
       for (const [name, obj] of this.pods) {
         try {
-          const v = podVerdict(obj, target.selector, this.opts.defaults, this.opts.pool ? target.port : undefined);
-          if (v.kind === 'worker') desired.set(name, v.spec);
+          const v = podVerdict(obj, target.selector, this.opts.defaults, this.opts.pool ? target : undefined);
+          if (v.kind === 'worker') for (const spec of v.specs) desired.set(spec.id!, spec);
+          else if (v.reason === 'encode_only') {
+            notRouted.encode_only++;
+            this.logOnce(
+              `encode\u0000${name}`,
+              { pod: name, reason: v.reason },
+              `pod ${this.opts.namespace}/${name} is an encode-only worker (llm-d.ai/role): not a routing target`,
+            );
+          }
         } catch (err) {
           if (!(err instanceof BadObject)) throw err;
           this.countBad(err, `pod ${this.opts.namespace}/${name}`);
         }
       }
     }
+    this.notRouted = notRouted;
     this.chain = this.chain.then(() => this.apply(desired));
+  }
+
+  /** Logs once per key (bounded, like countBad's). */
+  private logOnce(key: string, fields: object, message: string): void {
+    if (this.logged.has(key)) return;
+    if (this.logged.size > 10_000) this.logged.clear();
+    this.logged.add(key);
+    this.opts.log.info(fields, message);
   }
 
   private async apply(desired: ReadonlyMap<string, WorkerSpec>): Promise<void> {

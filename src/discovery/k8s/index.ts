@@ -53,6 +53,15 @@ export function registerDiscoveryMetrics(discovery: K8sDiscovery, registry: Regi
       for (const [reason, n] of Object.entries(discovery.stats().badObjects)) this.inc({ reason }, n);
     },
   });
+  new Gauge({
+    name: `${prefix}router_k8s_pods_not_routed`,
+    help: 'Selected, ready pods that are no routing target, by reason (encode_only: llm-d.ai/role encode; they embed media, serve no generation).',
+    labelNames: ['reason'],
+    registers: [registry],
+    collect() {
+      for (const [reason, n] of Object.entries(discovery.stats().notRouted)) this.set({ reason }, n);
+    },
+  });
   const watchCounter = (name: string, key: 'relists' | 'errors' | 'bookmarks' | 'events' | 'badEvents', help: string) =>
     new Counter({
       name: `${prefix}${name}`,

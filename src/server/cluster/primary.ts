@@ -70,7 +70,18 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
 
   const infoOf = (id: string | undefined): ShellWorkerInfo[] => {
     const w = id ? server.workers.get(id) : undefined;
-    return w ? [{ id: w.id, url: w.url, sourceKeys: w.sourceKeys, bootstrapPort: w.bootstrapPort }] : [];
+    return w
+      ? [
+          {
+            id: w.id,
+            url: w.url,
+            sourceKeys: w.sourceKeys,
+            bootstrapPort: w.bootstrapPort,
+            ...(w.spec.appProtocol === 'h2c' ? { appProtocol: 'h2c' as const } : {}),
+            handoffSettings: w.handoffFields.settings,
+          },
+        ]
+      : [];
   };
   const send = (s: ShellState, m: PrimaryMessage) => s.outbox.push(m);
   const answer = (s: ShellState, id: string, wait: (signal: AbortSignal) => Promise<NextStep>) => {

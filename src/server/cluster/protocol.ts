@@ -14,6 +14,10 @@ export interface ShellWorkerInfo {
   readonly url: string;
   readonly sourceKeys: readonly string[];
   readonly bootstrapPort: number;
+  /** h2c: the engine speaks HTTP/2 with prior knowledge. */
+  readonly appProtocol?: 'h2c';
+  /** TensorRT-LLM's optional handoff fields as the worker's spec sets them (by wire field name). */
+  readonly handoffSettings?: Readonly<Record<string, 'auto' | 'on' | 'off'>>;
 }
 
 /** Metric calls a shell batches (method name of RequestMetrics / PdMetrics, arguments). */

@@ -66,7 +66,9 @@ class ShellWorkers {
       url: info.url,
       sourceKeys: info.sourceKeys,
       bootstrapPort: info.bootstrapPort,
-      pool: workerPool(new URL(info.url).origin, this.upstreamTimeoutMs),
+      pool: workerPool(new URL(info.url).origin, this.upstreamTimeoutMs, info.appProtocol),
+      // What this shell's legs learn of the worker stays with it (one per shell process).
+      handoffFields: { settings: info.handoffSettings ?? {}, refused: new Set() },
     };
     this.byId.set(info.id, w);
     return w;

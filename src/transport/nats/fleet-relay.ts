@@ -5,6 +5,7 @@
  */
 import { connect, type NatsConnection } from '@nats-io/transport-node';
 import type { WorkerSpec } from '../../config/worker-spec.ts';
+import { DEFAULT_ENGINE, engineAdapter } from '../../engines/index.ts';
 import type { LogSink } from '../../log.ts';
 import { NatsRelay, type RelayOptions } from './relay.ts';
 import { checkWorkerId } from './protocol.ts';
@@ -52,19 +53,20 @@ export class FleetRelay {
     const id = spec.id ?? new URL(spec.url).host;
     const bad = checkWorkerId(id);
     if (bad) throw new Error(`cannot relay pod ${id}: ${bad}`);
-    if (!spec.events) throw new Error(`cannot relay pod ${id}: it publishes no KV events (kvroute.io/events-port is 0)`);
+    const polled = !spec.events && engineAdapter(spec.engine).events.httpPoll;
+    if (!spec.events && !polled) throw new Error(`cannot relay pod ${id}: it publishes no KV events (kvroute.io/events-port is 0)`);
     if (this.relays.has(id)) throw new Error(`worker "${id}" is already relayed`);
     const relay = new NatsRelay({
       nc: this.nc!,
       workerId: id,
+      // An engine polled over HTTP (TensorRT-LLM) without a ZMQ publisher: the relay polls its URL.
       events: spec.events,
       replay: spec.replay ?? null,
       dpRanks: spec.dp ?? 1,
       model: spec.models?.[0] ?? this.defaults.model ?? null,
       url: spec.url,
       blockSize: this.defaults.blockSize,
-      // A TensorRT-LLM worker relayed over ZMQ publishes vLLM's fields (its HTTP event endpoint is read only by serve).
-      flavor: spec.engine === 'sglang' ? 'sglang' : 'vllm',
+      flavor: spec.engine ?? DEFAULT_ENGINE,
       role: spec.role,
       bootstrapPort: spec.bootstrap,
       topic: this.defaults.topic,

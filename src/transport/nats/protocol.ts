@@ -15,6 +15,7 @@
  */
 import { Packr, Unpackr } from 'msgpackr';
 import type { CacheGroupKind, KvEvent, MmBlockKey, StoredEvent } from '../../core/types.ts';
+import { type EngineName, isEngineName } from '../../engines/index.ts';
 
 export const STREAM = 'KVROUTE_EVENTS';
 export const SUBJECT_PREFIX = 'kvroute.events';
@@ -290,7 +291,7 @@ export interface WorkerEntry {
   readonly resume?: Readonly<Record<string, { readonly seq: string; readonly fp: number }>>;
   /** Disaggregated serving (absent in entries of older relays: aggregated, vllm). */
   readonly role?: 'prefill' | 'decode' | 'both';
-  readonly engine?: 'vllm' | 'sglang' | 'trtllm';
+  readonly engine?: EngineName;
   /** SGLang prefill workers' bootstrap port. */
   readonly bootstrapPort?: number;
 }
@@ -333,7 +334,7 @@ export function decodeWorkerEntry(data: Uint8Array): WorkerEntry | null {
     resume: parseResume(o.resume),
     // Optional P/D fields: an unknown value is dropped (the worker is then aggregated), never a reason to drop the entry.
     ...(o.role === 'prefill' || o.role === 'decode' || o.role === 'both' ? { role: o.role } : {}),
-    ...(o.engine === 'vllm' || o.engine === 'sglang' || o.engine === 'trtllm' ? { engine: o.engine } : {}),
+    ...(isEngineName(o.engine) ? { engine: o.engine } : {}),
     ...(Number.isInteger(o.bootstrapPort) && (o.bootstrapPort as number) > 0 && (o.bootstrapPort as number) < 65536
       ? { bootstrapPort: o.bootstrapPort as number }
       : {}),

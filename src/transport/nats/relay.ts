@@ -18,11 +18,14 @@ import { connect, InvalidArgumentError, type NatsConnection } from '@nats-io/tra
 import { jetstream, JetStreamApiCodes, JetStreamApiError, type JetStreamClient } from '@nats-io/jetstream';
 import { randomBytes } from 'node:crypto';
 import { sourceKey, type KvEvent } from '../../core/types.ts';
-import { decodeBatch, emptyCounts, type DecodedBatch, type EngineFlavor } from '../../engines/vllm.ts';
+import { emptyCounts, type DecodedBatch, type ZmqWire } from '../../engines/common.ts';
+import { type EngineName, engineAdapter } from '../../engines/index.ts';
+import { decodeBatch } from '../../engines/vllm/events.ts';
 import { SourceIngest } from '../../ingest/source-ingest.ts';
 import { consoleLog, type LogSink } from '../../log.ts';
 import type { SourceHealth } from '../../ingest/health.ts';
 import { replayClient, requestReplay } from '../replay.ts';
+import { TrtllmPoll } from '../trtllm-poll.ts';
 import { rankEndpoint, ZmqSource } from '../zmq-source.ts';
 import {
   batchFingerprint,
@@ -44,8 +47,11 @@ export interface RelayOptions {
   readonly servers?: string | string[];
   readonly nc?: NatsConnection;
   readonly workerId: string;
-  /** Rank 0's KV event endpoint (tcp://host:5557); rank r uses port + r. */
-  readonly events: string;
+  /**
+   * Rank 0's KV event endpoint (tcp://host:5557); rank r uses port + r. Absent for an engine the registry polls over
+   * HTTP (TensorRT-LLM): its events are then polled from `url`.
+   */
+  readonly events?: string;
   /** Rank 0's replay endpoint (tcp://host:5558); absent: gaps and relay restarts reset the source. */
   readonly replay?: string | null;
   readonly dpRanks?: number;
@@ -54,7 +60,8 @@ export interface RelayOptions {
   readonly url?: string | null;
   /** The router's block size (events of a multiple are split, others quarantined, as in the router). */
   readonly blockSize?: number;
-  readonly flavor?: EngineFlavor;
+  /** The engine (default vllm): its ZMQ payload layout, or its HTTP event endpoint without `events`; published. */
+  readonly flavor?: EngineName;
   /** Disaggregated serving: published in the registry entry (absent: aggregated). */
   readonly role?: 'prefill' | 'decode' | 'both';
   /** SGLang prefill: the bootstrap port, published in the registry entry. */
@@ -145,7 +152,7 @@ class RankPipe {
   readonly key: string;
   readonly stats: RelayRankStats;
   ingest!: SourceIngest;
-  zmq!: ZmqSource;
+  zmq?: ZmqSource;
   private outbox: EventItem[] = [];
   private inflight: { items: EventItem[]; data: Uint8Array; msgId: string; blocks: number; batches: number } | null = null;
   private pumping = false;
@@ -237,19 +244,19 @@ class RankPipe {
 
   async start(): Promise<void> {
     const r = this.relay;
-    const events = rankEndpoint(r.events, this.dpRank);
+    const events = r.pollUrl ? `${r.pollUrl}/kv_cache_events` : rankEndpoint(r.events, this.dpRank);
     const replayEp = r.replay ? rankEndpoint(r.replay, this.dpRank) : null;
     const inner = replayEp ? replayClient(replayEp, { timeoutMs: r.replayTimeoutMs }) : null;
     this.ingest = new SourceIngest({
       source: { workerId: r.workerId, dpRank: this.dpRank },
-      flavor: r.flavor,
+      flavor: r.wire,
       routerBlockSize: r.blockSize,
       sink: (_key, evs) => this.onEvents(evs),
       onReset: (_key, reason) => this.onReset(reason),
       replay: inner
         ? (from, onBatch) =>
             inner(from, (seq, payload) => {
-              const b = decodeBatch(payload, r.flavor);
+              const b = decodeBatch(payload, r.wire);
               if (b.ok) this.remember(seq, b);
               onBatch(seq, payload);
             })
@@ -260,18 +267,20 @@ class RankPipe {
       endpoint: events,
       mode: 'connect',
     });
-    this.zmq = new ZmqSource(
-      { source: { workerId: r.workerId, dpRank: this.dpRank }, endpoint: events, topic: r.topic, flavor: r.flavor },
-      {
-        onBatch: (seq, batch) => {
-          if (batch.ok) this.remember(seq, batch);
-          if (this.priming) this.priming.push({ seq, batch });
-          else this.ingest.onBatch(seq, batch);
+    // Polled over HTTP (TensorRT-LLM): the relay's poll feeds the ingests; no ZMQ, no replay, so a start is a reset.
+    if (r.pollUrl === null)
+      this.zmq = new ZmqSource(
+        { source: { workerId: r.workerId, dpRank: this.dpRank }, endpoint: events, topic: r.topic, flavor: r.wire },
+        {
+          onBatch: (seq, batch) => {
+            if (batch.ok) this.remember(seq, batch);
+            if (this.priming) this.priming.push({ seq, batch });
+            else this.ingest.onBatch(seq, batch);
+          },
+          onBadFrame: (kind, detail) => this.ingest.onBadFrame(kind, detail),
+          onConnection: (c) => this.ingest.setConnected(c),
         },
-        onBadFrame: (kind, detail) => this.ingest.onBadFrame(kind, detail),
-        onConnection: (c) => this.ingest.setConnected(c),
-      },
-    );
+      );
 
     // Where did the previous relay of this source stop?
     // The stream's last message on the subject, or (when snapshots purged it) the registry's resume point.
@@ -287,11 +296,11 @@ class RankPipe {
       }
     }
     const known = stored !== null || last !== null;
-    await this.zmq.start();
+    await this.zmq?.start();
 
     const collected: Array<{ seq: bigint; batch: DecodedBatch }> = [];
     const collect = (seq: bigint, payload: Uint8Array) => {
-      const b = decodeBatch(payload, r.flavor);
+      const b = decodeBatch(payload, r.wire);
       if (b.ok) this.remember(seq, b);
       collected.push({ seq, batch: b });
     };
@@ -472,7 +481,11 @@ export class NatsRelay {
   readonly events: string;
   readonly replay: string | null;
   readonly blockSize: number;
-  readonly flavor: EngineFlavor;
+  readonly flavor: EngineName;
+  /** The ZMQ payload layout of the engine's publisher. */
+  readonly wire: ZmqWire;
+  /** The engine's base URL when its events are polled over HTTP instead of read over ZMQ. */
+  readonly pollUrl: string | null;
   readonly topic: string | undefined;
   readonly maxPendingItems: number;
   readonly maxMessageBytes: number;
@@ -484,6 +497,7 @@ export class NatsRelay {
   plane!: EventPlane;
   private ownsConnection = false;
   private readonly pipes: RankPipe[] = [];
+  private poll: TrtllmPoll | null = null;
   private heartbeat: NodeJS.Timeout | null = null;
   private closed = false;
   /** NATS connection state, for health and logs. */
@@ -497,10 +511,14 @@ export class NatsRelay {
     if (!Number.isInteger(dp) || dp < 1) throw new RangeError(`dpRanks must be a positive integer, got ${dp}`);
     this.workerId = opts.workerId;
     this.relayId = opts.relayId ?? randomBytes(4).toString('hex');
-    this.events = opts.events;
-    this.replay = opts.replay ?? null;
-    this.blockSize = opts.blockSize ?? 16;
     this.flavor = opts.flavor ?? 'vllm';
+    this.wire = engineAdapter(this.flavor).events.zmqWire;
+    this.pollUrl = opts.events === undefined && engineAdapter(this.flavor).events.httpPoll && opts.url ? opts.url : null;
+    if (opts.events === undefined && this.pollUrl === null)
+      throw new RangeError(`worker ${opts.workerId}: no event endpoint (events), and ${this.flavor} events cannot be polled without a url`);
+    this.events = opts.events ?? '';
+    this.replay = opts.events === undefined ? null : (opts.replay ?? null);
+    this.blockSize = opts.blockSize ?? 16;
     this.topic = opts.topic;
     this.maxPendingItems = opts.maxPendingItems ?? 200_000;
     this.maxMessageBytes = opts.maxMessageBytes ?? 512 * 1024;
@@ -559,6 +577,15 @@ export class NatsRelay {
     // Registered before the first event so replicas know the worker's metadata when its events arrive.
     await this.plane.registry.put(this.workerId, encodeWorkerEntry(this.entry()));
     for (const p of this.pipes) await p.start();
+    if (this.pollUrl) {
+      this.poll = new TrtllmPoll({
+        url: this.pollUrl,
+        ingests: new Map(this.pipes.map((p) => [p.dpRank, p.ingest])),
+        routerBlockSize: this.blockSize,
+        log: this.log,
+      });
+      this.poll.start();
+    }
     const hb = this.opts.heartbeatMs ?? 2000;
     this.heartbeat = setInterval(() => {
       this.plane.registry.put(this.workerId, encodeWorkerEntry(this.entry())).catch((err) => {
@@ -604,6 +631,7 @@ export class NatsRelay {
     if (this.closed) return;
     this.closed = true;
     if (this.heartbeat) clearInterval(this.heartbeat);
+    await this.poll?.close();
     if (options.drainMs) await this.drain(options.drainMs);
     await Promise.all(this.pipes.map((p) => p.close()));
     // Final resume points, so the next relay of this worker can resume without a reset.

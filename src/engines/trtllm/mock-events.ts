@@ -1,12 +1,37 @@
 /**
- * The mock engine's KV events as TensorRT-LLM publishes them (`--event-format trtllm`): kept in a bounded buffer per
- * engine and drained by `POST /kv_cache_events` as trtllm-serve does (src/engines/trtllm.ts has the format). Each rank
- * numbers its events from 0 (event_id) and starts with a `created` event; with more than one rank every event carries
- * its `attention_dp_rank`. A full buffer drops its oldest events (the router sees the gap in the ids).
+ * The mock engine's KV events as TensorRT-LLM publishes them (`kvroute mocker --event-format trtllm`): kept in a
+ * bounded buffer per engine and drained by `POST /kv_cache_events` as trtllm-serve does (./events.ts has the format).
+ * Each rank numbers its events from 0 (event_id) and starts with a `created` event; with more than one rank every event
+ * carries its `attention_dp_rank`. A full buffer drops its oldest events (the router sees the gap in the ids). Blocks
+ * carry the newer releases' per-block `cache_salt`, and `mm_keys` for the multimodal items they overlap: the item's
+ * hash (the hex of a `sha256:` identifier, else the sha256 of the identifier, which no router can read back, as with
+ * a real engine's hash) and TensorRT-LLM's start_offset (how far into the item the block starts, 0 when it starts
+ * inside the block).
  */
+import { createHash } from 'node:crypto';
 import type { ServerResponse } from 'node:http';
-import { encodeTrtllmEvents, type TrtllmEvent } from '../engines/trtllm.ts';
-import type { EngineEvent } from './engine/index.ts';
+import type { MmBlockKey } from '../../core/types.ts';
+import { encodeTrtllmEvents, type TrtllmEvent } from './events.ts';
+
+/** What the mock engine announces (structurally the mock engine's EngineEvent). */
+export type MockEngineEvent =
+  | {
+      readonly kind: 'stored';
+      readonly parent: bigint | null;
+      readonly engineIds: readonly bigint[];
+      readonly tokens: readonly number[];
+      readonly loraName: string | null;
+      readonly loraId: number | null;
+      readonly cacheSalt: string | null;
+      readonly mmKeys?: readonly (readonly MmBlockKey[] | null)[];
+    }
+  | { readonly kind: 'removed'; readonly engineIds: readonly bigint[] };
+
+/** A router multimodal key as TensorRT-LLM's mm_key. */
+function mmKey([identifier, offset]: MmBlockKey): { type: 'mm_key'; hash: string; start_offset: number } {
+  const hash = identifier.startsWith('sha256:') ? identifier.slice(7) : createHash('sha256').update(identifier).digest('hex');
+  return { type: 'mm_key', hash, start_offset: Math.max(0, -offset) };
+}
 
 export interface TrtllmEventOptions {
   readonly ranks: number;
@@ -52,11 +77,11 @@ export class TrtllmEventBuffer {
   }
 
   /** One engine step's events of a rank. */
-  publish(rank: number, events: readonly EngineEvent[]): void {
+  publish(rank: number, events: readonly MockEngineEvent[]): void {
     const bs = this.o.blockSize;
     for (const e of events) {
       if (e.kind === 'removed') {
-        this.add(rank, { type: 'removed', blockHashes: e.engineIds });
+        this.add(rank, { type: 'removed', blockHashes: [...e.engineIds] });
         continue;
       }
       this.add(rank, {
@@ -68,9 +93,10 @@ export class TrtllmEventBuffer {
           loraId: e.loraId,
           cacheLevel: 0,
           priority: 35,
+          ...(e.cacheSalt !== null ? { cacheSalt: e.cacheSalt } : {}),
+          ...(e.mmKeys?.[j] ? { mmKeys: e.mmKeys[j]!.map(mmKey) } : {}),
         })),
         ...(e.loraName !== null ? { loraName: e.loraName } : {}),
-        ...(e.cacheSalt !== null ? { cacheSalt: e.cacheSalt } : {}),
       });
     }
   }

@@ -6,7 +6,8 @@
  * One event: `{event_id, data, window_size?, attention_dp_rank?}` with `data.type`
  * - `created` `{num_blocks_per_cache_level}`: first events of an engine, one per attention window size;
  * - `stored` `{parent_hash, blocks: [{type: "stored_block", block_hash, tokens: [{type: "unique_token", token_id,
- *   token_extra_id}], lora_id, cache_level, priority, mm_keys?}], lora_name?, cache_salt?}`;
+ *   token_extra_id}], lora_id, cache_level, priority, mm_keys?, cache_salt?}], lora_name?, cache_salt?}` (newer
+ *   releases carry `cache_salt` per block; older ones, if at all, on the event);
  * - `removed` `{block_hashes}`;
  * - `updated` `{block_hash, cache_level: {type: "event_diff", old_value, new_value} | null, priority: ... | null}`.
  *
@@ -19,8 +20,17 @@
  * - Partial blocks: TensorRT-LLM also announces the last, not yet full block of a sequence. The router indexes full
  *   blocks only: a stored event stops at its first partial block, whose id is remembered so that its later removal is
  *   not an unknown block. The engine's block size is learned from the full blocks (every block but an event's last).
- * - `token_extra_id` other than 0 (prompt-tuning / multimodal token identity) or non-empty `mm_keys`: the block's
- *   identity is not its tokens alone; it and the rest of its event are skipped and counted as multimodal.
+ * - `cache_salt`: the first indexed block's (else the event's) salts the event, so its blocks join the salted chain,
+ *   never the unsalted one (the annotator carries it to later events of the sequence through their parents). A block
+ *   whose salt differs from the event's cannot be on that chain: it and the rest of the event are skipped, counted.
+ * - `mm_keys` `[{type: "mm_key", hash: "<hex>", start_offset}]`: the multimodal items the block overlaps, as Dynamo's
+ *   publisher reads them (ai-dynamo/dynamo components/src/dynamo/trtllm/publisher.py @0d38568995b5: the hash is the
+ *   item's identity); TensorRT-LLM's start_offset is how far into the item the block starts (0 when the item starts
+ *   inside the block: kvCacheManager.cpp `generateBlockHashExtraKeys`). They become the router's multimodal block keys
+ *   (docs/engines.md "Multimodal block keys"): identifier `sha256:<hash>`, offset = -start_offset, and for the block
+ *   where an item starts, its place in the block from the next block's start_offset (block size - that). An item that
+ *   starts in a block and does not reach the next one gives no place: that block and the rest are skipped, counted
+ *   as multimodal, as is a block with `token_extra_id` other than 0 (prompt-tuning identity the router cannot see).
  * - `cache_level` 0 is GPU memory, 1 the secondary (host) pool: medium "GPU" / "CPU". An `updated` event that moves a
  *   block between levels becomes a Removed on the old medium and an id-only Stored on the new one (the tier index
  *   tracks offloaded blocks by engine id). A move back to GPU leaves the block in its lower tier until it is removed
@@ -29,8 +39,8 @@
  * - Hashes are 64-bit: unsigned as TensorRT-LLM writes them, or signed after Dynamo's relay; JSON numbers past 2^53 are
  *   parsed losslessly (`parseJsonLossless`).
  */
-import type { EngineBlockId, KvEvent } from '../core/types.ts';
-import { type DecodedBatch, emptyCounts, normaliseEngineId } from './vllm.ts';
+import type { EngineBlockId, KvEvent, MmBlockKey } from '../../core/types.ts';
+import { type DecodedBatch, emptyCounts, normaliseEngineId } from '../common.ts';
 
 /** One TensorRT-LLM `KVCacheEvent` as a test or the mock engine builds it (hashes as unsigned u64 bigints). */
 export interface TrtllmEvent {
@@ -63,7 +73,10 @@ export interface TrtllmStoredBlock {
   readonly loraId?: number | null;
   readonly cacheLevel?: number;
   readonly priority?: number;
+  /** `[{type: "mm_key", hash, start_offset}]` as TensorRT-LLM writes them (written as given). */
   readonly mmKeys?: readonly unknown[];
+  /** Newer releases' per-block salt. */
+  readonly cacheSalt?: string | null;
 }
 
 // ------------------------------------------------------------------------------------------------ JSON, lossless
@@ -149,6 +162,7 @@ export function encodeTrtllmEvents(events: readonly TrtllmEvent[]): string {
               priority: b.priority ?? 35,
             };
             if (b.mmKeys !== undefined) o.mm_keys = b.mmKeys;
+            if (b.cacheSalt !== undefined) o.cache_salt = b.cacheSalt;
             return o;
           }),
         };
@@ -175,6 +189,29 @@ export function encodeTrtllmEvents(events: readonly TrtllmEvent[]): string {
 }
 
 // ------------------------------------------------------------------------------------------------ decode
+
+/** One `mm_key` of a block: the item's hash (lower-case hex) and how far into the item the block starts (null: absent). */
+interface MmKey {
+  readonly hash: string;
+  readonly start: number | null;
+}
+
+/** A block's mm_keys, null without any, 'bad' when one is not `{type: "mm_key", hash: hex, start_offset?: int >= 0}`. */
+function mmKeysOf(v: unknown): MmKey[] | null | 'bad' {
+  if (v === undefined || v === null) return null;
+  if (!Array.isArray(v)) return 'bad';
+  if (v.length === 0) return null;
+  const out: MmKey[] = [];
+  for (const k of v) {
+    if (!isRecord(k) || (k.type !== undefined && k.type !== 'mm_key') || typeof k.hash !== 'string' || !/^[0-9a-fA-F]+$/.test(k.hash))
+      return 'bad';
+    const start = k.start_offset === undefined || k.start_offset === null ? null : intOf(k.start_offset);
+    if (start !== null && start < 0) return 'bad';
+    if (k.start_offset !== undefined && k.start_offset !== null && start === null) return 'bad';
+    out.push({ hash: k.hash.toLowerCase(), start });
+  }
+  return out;
+}
 
 /** One raw event of a drained list, with its sequence (event id) and attention-DP rank. */
 export interface TrtllmRawEvent {
@@ -247,6 +284,8 @@ export interface TrtllmCounters {
   levelMoves: number;
   /** `updated` events that changed a block's retention priority only: ignored. */
   priorityUpdates: number;
+  /** Stored events cut where a block's cache_salt differs from the event's (the rest skipped). */
+  saltChanges: number;
 }
 
 const MEDIUM_OF_LEVEL = ['GPU', 'CPU'] as const;
@@ -268,7 +307,14 @@ export interface TrtllmDecoderOptions {
  * is the largest window seen, the learned block size and the ids of partial blocks.
  */
 export class TrtllmDecoder {
-  readonly counters: TrtllmCounters = { createdEvents: 0, otherWindowEvents: 0, partialBlocks: 0, levelMoves: 0, priorityUpdates: 0 };
+  readonly counters: TrtllmCounters = {
+    createdEvents: 0,
+    otherWindowEvents: 0,
+    partialBlocks: 0,
+    levelMoves: 0,
+    priorityUpdates: 0,
+    saltChanges: 0,
+  };
   private maxWindow: number | null = null;
   private blockSize: number;
   private learned = false;
@@ -352,9 +398,20 @@ export class TrtllmDecoder {
         break;
       }
     }
+    const mm = blocks.map((b) => mmKeysOf(isRecord(b) ? b.mm_keys : undefined));
+    if (mm.some((k) => k === 'bad')) {
+      counts.badExtraKeys++;
+      return;
+    }
+    const saltOf = (b: Record<string, unknown>) => (typeof b.cache_salt === 'string' && b.cache_salt.length > 0 ? b.cache_salt : null);
+    const first = blocks[0];
+    const cacheSalt =
+      (isRecord(first) ? saltOf(first) : null) ??
+      (typeof data.cache_salt === 'string' && data.cache_salt.length > 0 ? data.cache_salt : null);
     const ids: EngineBlockId[] = [];
     const tokens: number[] = [];
     const levels: number[] = [];
+    const mmKeys: (MmBlockKey[] | null)[] = [];
     let loraId: number | null = null;
     let stop: 'partial' | 'multimodal' | null = null;
     for (let j = 0; j < blocks.length; j++) {
@@ -394,7 +451,17 @@ export class TrtllmDecoder {
         if (isRecord(t) && t.token_extra_id !== undefined && t.token_extra_id !== null && t.token_extra_id !== 0) extra = true;
         tokens.push(id32);
       }
-      if (extra || (Array.isArray(b.mm_keys) && b.mm_keys.length > 0)) {
+      const salt = saltOf(b);
+      if (salt !== null && salt !== cacheSalt) {
+        // Another salt mid-event: not the chain this event is on, nor one the router can start here.
+        tokens.length = start;
+        stop = 'multimodal';
+        this.counters.saltChanges++;
+        skipped.push(id);
+        continue;
+      }
+      const keys = toks.length === this.blockSize ? this.routerMmKeys(mm[j] as MmKey[] | null, mm[j + 1]) : null;
+      if (extra || keys === 'unknown') {
         tokens.length = start;
         stop = 'multimodal';
         counts.multimodalBlocks += blocks.length - j;
@@ -414,6 +481,7 @@ export class TrtllmDecoder {
       if (l !== null && l > 0) loraId = l;
       ids.push(id);
       levels.push(level);
+      mmKeys.push(keys);
     }
     if (ids.length === 0) return;
     let loraName = typeof data.lora_name === 'string' && data.lora_name.length > 0 ? data.lora_name : null;
@@ -421,10 +489,20 @@ export class TrtllmDecoder {
       loraName = `lora-id:${loraId}`;
       counts.loraIdWithoutName++;
     }
-    const cacheSalt = typeof data.cache_salt === 'string' && data.cache_salt.length > 0 ? data.cache_salt : null;
     const level0 = levels[0];
+    const withMm = mmKeys.some((k) => k !== null);
     if (levels.every((l) => l === level0) && level0 === 0) {
-      events.push({ kind: 'stored', parent, engineIds: ids, tokens, blockSize: this.blockSize, loraName, cacheSalt, groupIdx: 0 });
+      events.push({
+        kind: 'stored',
+        parent,
+        engineIds: ids,
+        tokens,
+        blockSize: this.blockSize,
+        loraName,
+        cacheSalt,
+        groupIdx: 0,
+        ...(withMm ? { mmKeys } : {}),
+      });
       return;
     }
     // Blocks stored straight into a lower level: the GPU part (if any) with tokens, the rest by id on its medium.
@@ -439,6 +517,7 @@ export class TrtllmDecoder {
         loraName,
         cacheSalt,
         groupIdx: 0,
+        ...(mmKeys.slice(0, gpu).some((k) => k !== null) ? { mmKeys: mmKeys.slice(0, gpu) } : {}),
       });
     }
     for (let j = gpu; j < ids.length; j++) {
@@ -448,6 +527,29 @@ export class TrtllmDecoder {
       this.lowerTier.set(ids[j], medium);
       events.push({ kind: 'stored', parent: null, engineIds: [ids[j]], tokens: [], blockSize: this.blockSize, medium, groupIdx: 0 });
     }
+  }
+
+  /**
+   * A full block's TensorRT-LLM mm_keys as the router's (identifier, offset) keys: null for none, 'unknown' when an
+   * item starts inside the block and `next` (the next block's keys) does not show where.
+   */
+  private routerMmKeys(keys: MmKey[] | null, next: MmKey[] | null | 'bad' | undefined): MmBlockKey[] | null | 'unknown' {
+    if (keys === null || keys.length === 0) return null;
+    const out: MmBlockKey[] = [];
+    for (const k of keys) {
+      if (k.start === null) return 'unknown';
+      if (k.start > 0) {
+        out.push([`sha256:${k.hash}`, -k.start]);
+        continue;
+      }
+      // The item starts in this block: the next block begins `s` tokens into it, so it starts blockSize - s in here.
+      const cont = Array.isArray(next)
+        ? next.find((n) => n.hash === k.hash && n.start !== null && n.start > 0 && n.start <= this.blockSize)
+        : undefined;
+      if (!cont) return 'unknown';
+      out.push([`sha256:${k.hash}`, this.blockSize - cont.start!]);
+    }
+    return out;
   }
 
   private removed(data: Record<string, unknown>, events: KvEvent[], counts: DecodedBatch['counts']): void {

@@ -7,7 +7,8 @@
  * - hashes are signed int64 (normalised with BigInt.asUintN(64, x) like every other id form).
  */
 import { Packr } from 'msgpackr';
-import { decodeBatch, type DecodedBatch, type WireFormat } from './vllm.ts';
+import type { DecodedBatch } from '../common.ts';
+import { decodeBatch, type WireFormat } from '../vllm/events.ts';
 
 export interface SglangBlockStored {
   type: 'BlockStored';

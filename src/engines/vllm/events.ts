@@ -23,9 +23,9 @@
  * Hybrid models' cache-group fields (group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window) and session_id are
  * decoded into the event; a present but unusable one drops the event, counted by cause (badGroupFields, badExtraKeys).
  */
-import { xxh3 } from '@node-rs/xxhash';
 import { Packr, Unpackr } from 'msgpackr';
-import type { CacheGroupKind, EngineBlockId, KvEvent, Locality, MmBlockKey, StoredEvent } from '../core/types.ts';
+import type { CacheGroupKind, EngineBlockId, KvEvent, Locality, MmBlockKey, StoredEvent } from '../../core/types.ts';
+import { type DecodeCounts, type DecodedBatch, emptyCounts, normaliseEngineId, type ZmqWire } from '../common.ts';
 
 export type WireFormat = 'array' | 'map';
 export type HashType = 'u64' | 'i64' | 'bytes';
@@ -75,42 +75,10 @@ export interface EncodeOptions {
   batchLayout?: 'array' | 'map';
 }
 
-/** Counters of one decoded payload; the ingest layer sums them per source. */
-export interface DecodeCounts {
-  /** Events with a tag this decoder does not know (newer engines); skipped. */
-  unknownEventTypes: number;
-  /** Events whose shape or fields were unusable (wrong types, bad hashes, bad tokens); skipped. */
-  malformedEvents: number;
-  /** Blocks skipped because their extra keys carry identity the router cannot reproduce (prompt embeds, offset-less multimodal hashes). */
-  multimodalBlocks: number;
-  /** Stored events with a lora_id but no lora_name: isolated under a synthetic name `lora-id:<n>`. */
-  loraIdWithoutName: number;
-  /** Events skipped for unusable group fields (group_idx not a non-negative integer, a window that is not one). */
-  badGroupFields: number;
-  /** Events skipped for unusable multimodal extra keys (an (identifier, offset) pair of the wrong types). */
-  badExtraKeys: number;
-}
-
-export interface DecodedBatch {
-  /** False when the payload as a whole is unusable (not msgpack, not a batch); `error` says why. */
-  readonly ok: boolean;
-  readonly error?: string;
-  readonly ts: number;
-  readonly dataParallelRank: number | null;
-  readonly events: KvEvent[];
-  readonly counts: DecodeCounts;
-  /** Engine ids of blocks skipped as multimodal: their descendants cannot be hashed either. */
-  readonly skippedIds: EngineBlockId[];
-}
-
-export type EngineFlavor = 'vllm' | 'sglang';
-
 // ------------------------------------------------------------------------------------------------ encode
 
 // useRecords off: msgpackr's record extension is not msgpack any other reader understands.
 const packr = new Packr({ useRecords: false, variableMapSize: true });
-
-const U64_MAX = (1n << 64n) - 1n;
 
 function wireId(id: WireBlockId, hashType: HashType): bigint | Uint8Array {
   if (id instanceof Uint8Array) return id;
@@ -210,28 +178,11 @@ export function vllmFrames(topic: string, seq: bigint, payload: Buffer): [Buffer
   return [Buffer.from(topic, 'utf8'), s, payload];
 }
 
-/** The seq frame's value, or null when it is not exactly 8 bytes. */
-export function readSeqFrame(frame: Uint8Array): bigint | null {
-  if (frame.length !== 8) return null;
-  return new DataView(frame.buffer, frame.byteOffset, 8).getBigUint64(0, false);
-}
-
-/** Marker that ends a replay stream (docs/protocols.md §2). */
-export const REPLAY_END_SEQ = U64_MAX;
-
 // ------------------------------------------------------------------------------------------------ decode
 
 // int64AsType bigint: uint64 >= 2^53 must not be rounded (the trap of @msgpack/msgpack). useRecords off: a
 // positive fixint 0x40..0x7f is a token id, never a record reference.
 const unpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, int64AsType: 'bigint' });
-
-/** Normalises a wire block id to an unsigned u64; undefined when unusable. */
-export function normaliseEngineId(v: unknown): EngineBlockId | undefined {
-  if (typeof v === 'bigint') return v >= 0n && v <= U64_MAX ? v : BigInt.asUintN(64, v);
-  if (typeof v === 'number') return Number.isSafeInteger(v) ? BigInt.asUintN(64, BigInt(v)) : undefined;
-  if (v instanceof Uint8Array) return v.length > 0 ? xxh3.xxh64(v, 0n) : undefined;
-  return undefined;
-}
 
 function isRecord(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v) && !(v instanceof Uint8Array);
@@ -384,7 +335,7 @@ export function groupKindOf(v: unknown): CacheGroupKind | undefined | null {
   }
 }
 
-function pushStored(f: StoredFields, flavor: EngineFlavor, sink: Sink): void {
+function pushStored(f: StoredFields, flavor: ZmqWire, sink: Sink): void {
   const engineIds = idList(f.hashes);
   const blockSize = optInt(f.blockSize);
   const tokens = f.tokens === null || f.tokens === undefined ? [] : tokenList(f.tokens);
@@ -524,7 +475,7 @@ function pushRemoved(hashes: unknown, medium: unknown, groupIdx: unknown, sink: 
   );
 }
 
-function decodeEvent(raw: unknown, flavor: EngineFlavor, sink: Sink): void {
+function decodeEvent(raw: unknown, flavor: ZmqWire, sink: Sink): void {
   if (Array.isArray(raw)) {
     const tag = raw[0];
     if (typeof tag !== 'string') {
@@ -610,17 +561,12 @@ function decodeEvent(raw: unknown, flavor: EngineFlavor, sink: Sink): void {
   sink.counts.malformedEvents++;
 }
 
-/** Decode counts at zero (every decoder starts a batch from these). */
-export function emptyCounts(): DecodeCounts {
-  return { unknownEventTypes: 0, malformedEvents: 0, multimodalBlocks: 0, loraIdWithoutName: 0, badGroupFields: 0, badExtraKeys: 0 };
-}
-
 function failed(error: string): DecodedBatch {
   return { ok: false, error, ts: NaN, dataParallelRank: null, events: [], counts: emptyCounts(), skippedIds: [] };
 }
 
 /** Decodes one payload of either engine flavour (positional index 7 differs). Never throws. */
-export function decodeBatch(payload: Uint8Array, flavor: EngineFlavor): DecodedBatch {
+export function decodeBatch(payload: Uint8Array, flavor: ZmqWire): DecodedBatch {
   let root: unknown;
   try {
     root = unpackr.unpack(payload);
