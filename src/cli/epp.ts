@@ -12,7 +12,7 @@ import { mapPickerConfig } from '../epp/picker-config.ts';
 import { translateReferenceArgs, type TranslatedArgs } from '../epp/reference.ts';
 import type { RunningEpp } from '../epp/server.ts';
 import { bundledTokenizerDir, type EmbeddedFleet, startEmbeddedFleet } from '../mocker/embedded.ts';
-import { LOG_REDACT_PATHS } from '../server/security/index.ts';
+import { LOG_REDACT_PATHS } from '../runtime/security/index.ts';
 import { startK8sDiscovery, wantsK8s } from './k8s-discovery.ts';
 
 export function registerEpp(program: Command): void {
@@ -137,7 +137,7 @@ export function registerEpp(program: Command): void {
       }
       let replica: { close(): Promise<void> } | null = null;
       if (natsUrls.length > 0) {
-        const { attachToServer } = await import('../server/nats.ts');
+        const { attachToServer } = await import('../runtime/nats.ts');
         log.info({ nats: natsUrls }, 'joining the replicas on NATS: loading the index snapshot and catching up');
         try {
           replica = await attachToServer(epp.core, {

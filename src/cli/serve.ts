@@ -5,7 +5,7 @@ import { addServeOptions, CONFIG_OPTION, serveConfigFromCommand } from '../confi
 import { type RunningServer, startServer } from '../server/app.ts';
 import { type RunningCluster, startCluster } from '../server/cluster/primary.ts';
 import { SettingError } from '../config/settings.ts';
-import { LOG_REDACT_PATHS } from '../server/security/index.ts';
+import { LOG_REDACT_PATHS } from '../runtime/security/index.ts';
 import { bundledTokenizerDir, startEmbeddedFleet, type EmbeddedFleet } from '../mocker/embedded.ts';
 import { startK8sDiscovery, wantsK8s } from './k8s-discovery.ts';
 
@@ -108,7 +108,7 @@ export function registerServe(program: Command): void {
       const publicUrl = shells?.url ?? server.url;
       let replica: { close(): Promise<void> } | null = null;
       if (natsUrls.length > 0) {
-        const { attachToServer } = await import('../server/nats.ts');
+        const { attachToServer } = await import('../runtime/nats.ts');
         log.info({ nats: natsUrls }, 'joining the replicas on NATS: loading the index snapshot and catching up');
         replica = await attachToServer(server, {
           servers: natsUrls,

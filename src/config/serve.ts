@@ -6,8 +6,8 @@
 import type { Command } from 'commander';
 import { z } from 'zod';
 import { POLICY_NAMES } from '../core/scheduling/policies.ts';
-import { parseAllowList } from '../server/security/allow-hosts.ts';
-import { parseRateLimit } from '../server/security/rate-limit.ts';
+import { parseAllowList } from '../runtime/security/allow-hosts.ts';
+import { parseRateLimit } from '../runtime/security/rate-limit.ts';
 import {
   addSettingsOptions,
   bytes,
@@ -31,7 +31,7 @@ import {
   withDefault,
 } from './settings.ts';
 import { LOG_LEVELS } from './parsers.ts';
-import { OTLP_PROTOCOLS, TRACE_SAMPLERS } from '../server/tracing.ts';
+import { OTLP_PROTOCOLS, TRACE_SAMPLERS } from '../runtime/tracing.ts';
 import { BAND_SPEC_GRAMMAR, bandSchema, numberMapSchema } from './flow-spec.ts';
 import { WORKER_SPEC_GRAMMAR, workerSchema } from './worker-spec.ts';
 import { parseLabelSelector, POOL_GROUPS, type PoolGroup } from '../discovery/k8s/pods.ts';

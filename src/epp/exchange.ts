@@ -29,18 +29,18 @@ import { parseSourceKey, type RouteDecision } from '../core/types.ts';
 import { tooLarge } from '../http/body.ts';
 import { badRequest, errorBody, HttpError } from '../http/errors.ts';
 import type { EppMetrics, EppResult } from '../metrics/epp.ts';
-import { parseJsonBody } from '../openai/request.ts';
-import { type ApiAdapter, ROUTED_PATHS, type RoutedRequest } from '../server/apis/index.ts';
-import type { RouterCore } from '../server/compose.ts';
-import { requestIdentity } from '../server/identity.ts';
+import { parseJsonBody } from '../apis/openai-request.ts';
+import { type ApiAdapter, ROUTED_PATHS, type RoutedRequest } from '../apis/index.ts';
+import type { RouterCore } from '../runtime/compose.ts';
+import { requestIdentity } from '../runtime/identity.ts';
 import { handoffOf, tokensFor } from '../server/inference.ts';
-import type { NextStep } from '../server/lifecycle.ts';
+import type { NextStep } from '../runtime/lifecycle.ts';
 import { prefillLeg } from '../server/pd.ts';
-import { DROPPED_REASON_HEADER, pickerRefusalError } from '../server/refusals.ts';
-import { checkJsonDepth, type Security } from '../server/security/index.ts';
+import { DROPPED_REASON_HEADER, pickerRefusalError } from '../runtime/refusals.ts';
+import { checkJsonDepth, type Security } from '../runtime/security/index.ts';
 import { rewriteCachedTokens } from '../server/proxy.ts';
-import { SseRelay, type StreamUsage } from '../server/sse.ts';
-import type { Worker } from '../server/workers.ts';
+import { SseRelay, type StreamUsage } from '../apis/sse.ts';
+import type { Worker } from '../runtime/workers.ts';
 import {
   DESTINATION_HEADER,
   LB_NAMESPACE,

@@ -7,8 +7,8 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from 'node:net';
 import { readBody } from '../http/body.ts';
 import { HttpError, sendError, type ErrorType } from '../http/errors.ts';
-import { parseJsonBody, requireObject } from '../openai/request.ts';
-import { sendAnthropicError } from '../anthropic/messages.ts';
+import { parseJsonBody, requireObject } from '../apis/openai-request.ts';
+import { sendAnthropicError } from '../apis/messages-request.ts';
 
 /** Request bodies past this are refused (413): token-id prompts of a long context fit many times over. */
 const BODY_LIMIT_BYTES = 64 << 20;

@@ -2,21 +2,21 @@
  * The mock engine's OpenAI surface, as vLLM serves it: /v1/completions and /v1/chat/completions (streamed or whole),
  * their render endpoints (/v1/chat/completions/render, /v1/completions/render: the token ids the engine would run),
  * /v1/models, /tokenize, /detokenize, /health, and kvroute's /load; the other APIs are in ./apis/ (responses,
- * Anthropic messages, pooling). Requests are parsed by the router's own parsers (src/openai/, src/anthropic/) plus
+ * Anthropic messages, pooling). Requests are parsed by the router's own parsers (src/apis/) plus
  * vLLM's generation parameters, so router and engine accept and refuse the same bodies.
  */
 import { randomBytes } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { sendJson } from '../http/body.ts';
 import { badRequest } from '../http/errors.ts';
-import { type Endpoint, parseChatInput, parseOpenAiRequest } from '../openai/request.ts';
+import { type Endpoint, parseChatInput, parseOpenAiRequest } from '../apis/openai-request.ts';
 import { EngineInputError, type EngineConfig } from './engine/index.ts';
 import type { FaultInjector } from './faults.ts';
 import { vllmError, type Routes } from './http.ts';
 import type { Rank, RankLoop } from './rank-loop.ts';
 import { type Answer, startAnswer } from './responses.ts';
 import type { MockPd, PdPlan } from './pd.ts';
-import { chatMediaParts, MEDIA_MARKER, type MediaPart, withMediaMarkers } from '../openai/multimodal.ts';
+import { chatMediaParts, MEDIA_MARKER, type MediaPart, withMediaMarkers } from '../tokenizer/multimodal.ts';
 import type { MmItem } from '../core/types.ts';
 import type { MockTokenizer } from './tokenizer.ts';
 import type { ChatPromptInput } from '../tokenizer/chat.ts';

@@ -5,7 +5,7 @@
  */
 import type { ServerResponse } from 'node:http';
 import { sendJson } from '../http/body.ts';
-import type { Endpoint } from '../openai/request.ts';
+import type { Endpoint } from '../apis/openai-request.ts';
 import type { Sink } from './rank-loop.ts';
 import type { MockTokenizer } from './tokenizer.ts';
 

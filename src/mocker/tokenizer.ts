@@ -26,7 +26,7 @@ export interface MockTokenizer {
   readonly vocabSize: number;
   encode(text: string): number[];
   decode(ids: readonly number[]): string;
-  /** The prompt text of a chat request (its messages and template inputs, as src/openai/request.ts parsed them). */
+  /** The prompt text of a chat request (its messages and template inputs, as src/apis/openai-request.ts parsed them). */
   renderChat(input: ChatPromptInput): string;
 }
 

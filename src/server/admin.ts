@@ -9,8 +9,8 @@ import { readBody, sendJson } from '../http/body.ts';
 import { badRequest, HttpError } from '../http/errors.ts';
 import type { ServeConfig } from '../config/serve.ts';
 import { type WorkerSpec, workerFromUnknown } from '../config/worker-spec.ts';
-import { adminAuthorized, checkJsonDepth, type Security, toHttpError } from './security/index.ts';
-import type { Worker, WorkerSet } from './workers.ts';
+import { adminAuthorized, checkJsonDepth, type Security, toHttpError } from '../runtime/security/index.ts';
+import type { Worker, WorkerSet } from '../runtime/workers.ts';
 
 export interface AdminContext {
   readonly config: ServeConfig;

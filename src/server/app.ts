@@ -21,20 +21,20 @@ import { sendJson } from '../http/body.ts';
 import type { RouterMetrics } from '../metrics/registry.ts';
 import type { LocalTokenizer } from '../tokenizer/local.ts';
 import type { TokenizerService } from '../tokenizer/service.ts';
-import { composeRouter } from './compose.ts';
-import type { Lifecycle } from './lifecycle.ts';
-import type { WorkerSet } from './workers.ts';
+import { composeRouter } from '../runtime/compose.ts';
+import type { Lifecycle } from '../runtime/lifecycle.ts';
+import type { WorkerSet } from '../runtime/workers.ts';
 import { HttpError, sendError } from '../http/errors.ts';
 import { dashboardHandler } from '../metrics/dashboard.ts';
 import { DisaggRequestIds, disaggMachineIdOf } from './pd.ts';
-import { sendAnthropicError } from '../anthropic/messages.ts';
+import { sendAnthropicError } from '../apis/messages-request.ts';
 import { authorizeDebug, handleAdmin } from './admin.ts';
-import { anthropicPath, ROUTED_PATHS } from './apis/index.ts';
+import { anthropicPath, ROUTED_PATHS } from '../apis/index.ts';
 import { handlePassthrough, passthroughPath } from './passthrough.ts';
-import { NO_TRACE, type RequestTrace, type RequestTracer, startTracing, tracingConfig } from './tracing.ts';
+import { NO_TRACE, type RequestTrace, type RequestTracer, startTracing, tracingConfig } from '../runtime/tracing.ts';
 import type { ServeConfig } from '../config/serve.ts';
 import { handleInference, type InferenceContext, RECENT_MAX, type RecentDecision } from './inference.ts';
-import { sessionHeaderNames } from './identity.ts';
+import { sessionHeaderNames } from '../runtime/identity.ts';
 import {
   createSecurity,
   httpServerTimeouts,
@@ -43,7 +43,7 @@ import {
   parseRateLimit,
   type Security,
   toHttpError,
-} from './security/index.ts';
+} from '../runtime/security/index.ts';
 
 export { sanitizeRequestId } from './inference.ts';
 

@@ -14,16 +14,16 @@ import type { RequestMetrics } from '../metrics/registry.ts';
 import type { RemoteTokenizer } from '../tokenizer/remote.ts';
 import type { ChatMediaIds, TokenizerService } from '../tokenizer/service.ts';
 import type { ServeConfig } from '../config/serve.ts';
-import type { LifecyclePort } from './lifecycle.ts';
-import { parseJsonBody } from '../openai/request.ts';
-import type { ApiAdapter, RoutedRequest } from './apis/index.ts';
+import type { LifecyclePort } from '../runtime/lifecycle.ts';
+import { parseJsonBody } from '../apis/openai-request.ts';
+import type { ApiAdapter, RoutedRequest } from '../apis/index.ts';
 import type { PdMetrics } from '../metrics/pd.ts';
 import { type DisaggRequestIds, pdAttempt, type PdOutcome, type PdWorker } from './pd.ts';
 import { proxyAttempt } from './proxy.ts';
-import type { RequestTrace } from './tracing.ts';
-import { refusalError } from './refusals.ts';
-import { requestIdentity } from './identity.ts';
-import { checkJsonDepth, type Security } from './security/index.ts';
+import type { RequestTrace } from '../runtime/tracing.ts';
+import { refusalError } from '../runtime/refusals.ts';
+import { requestIdentity } from '../runtime/identity.ts';
+import { checkJsonDepth, type Security } from '../runtime/security/index.ts';
 
 export interface RecentDecision {
   requestId: string;

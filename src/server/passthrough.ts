@@ -11,12 +11,12 @@ import type { RouterMetrics } from '../metrics/registry.ts';
 import type { Dispatcher } from '../core/dispatch/dispatcher.ts';
 import type { ServeConfig } from '../config/serve.ts';
 import { readBody } from '../http/body.ts';
-import { parseJsonBody } from '../openai/request.ts';
+import { parseJsonBody } from '../apis/openai-request.ts';
 import { sanitizeRequestId } from './inference.ts';
-import { checkJsonDepth } from './security/index.ts';
-import { refusalError } from './refusals.ts';
-import type { RequestTrace } from './tracing.ts';
-import type { WorkerSet } from './workers.ts';
+import { checkJsonDepth } from '../runtime/security/index.ts';
+import { refusalError } from '../runtime/refusals.ts';
+import type { RequestTrace } from '../runtime/tracing.ts';
+import type { WorkerSet } from '../runtime/workers.ts';
 
 /** Path labels of the pass-through metric: these, or "other" (bounded cardinality whatever clients send). */
 const KNOWN = new Set([

@@ -25,11 +25,11 @@ import { engineAdapter } from '../engines/index.ts';
 import { answerAsStream } from '../engines/trtllm/handoff.ts';
 import { DisaggRequestIds, disaggMachineIdOf } from '../engines/trtllm/ids.ts';
 import type { PdMetrics } from '../metrics/pd.ts';
-import type { ApiAdapter, RoutedRequest } from './apis/index.ts';
+import type { ApiAdapter, RoutedRequest } from '../apis/index.ts';
 import { type AttemptContext, type AttemptOutcome, type AttemptWorker, proxyAttempt } from './proxy.ts';
-import { readUsage } from './sse.ts';
-import type { RequestTrace } from './tracing.ts';
-import type { Worker } from './workers.ts';
+import { readUsage } from '../apis/sse.ts';
+import type { RequestTrace } from '../runtime/tracing.ts';
+import type { Worker } from '../runtime/workers.ts';
 
 export { DisaggRequestIds, disaggMachineIdOf };
 

@@ -11,11 +11,11 @@ import type { Dispatcher as UndiciDispatcher } from 'undici';
 import type { DispatchAttempt } from '../core/dispatch/dispatcher.ts';
 import type { RouteDecision } from '../core/types.ts';
 import type { RequestMetrics } from '../metrics/registry.ts';
-import type { ApiAdapter, RoutedRequest } from './apis/index.ts';
-import type { LifecyclePort } from './lifecycle.ts';
-import { SseRelay, type StreamUsage } from './sse.ts';
-import type { RequestTrace } from './tracing.ts';
-import type { Worker } from './workers.ts';
+import type { ApiAdapter, RoutedRequest } from '../apis/index.ts';
+import type { LifecyclePort } from '../runtime/lifecycle.ts';
+import { SseRelay, type StreamUsage } from '../apis/sse.ts';
+import type { RequestTrace } from '../runtime/tracing.ts';
+import type { Worker } from '../runtime/workers.ts';
 
 /** What one attempt needs of its worker: where to send, and whether to name the data-parallel rank. */
 export type AttemptWorker = Pick<Worker, 'id' | 'url' | 'pool' | 'sourceKeys'>;

@@ -15,7 +15,7 @@ import { Tokenizer } from '@huggingface/tokenizers';
 import { ChatTemplate, type ChatPromptInput } from './chat.ts';
 import { WeightedLru } from './lru.ts';
 import type { MmItem } from '../core/types.ts';
-import { chatMediaParts, MEDIA_MARKER, withMediaMarkers } from '../openai/multimodal.ts';
+import { chatMediaParts, MEDIA_MARKER, withMediaMarkers } from './multimodal.ts';
 
 interface AddedTokenSpec {
   id: number;

@@ -5,7 +5,7 @@ import { decodeVllmBatch } from '../../src/engines/vllm/events.ts';
 import { SourceAnnotator } from '../../src/ingest/annotate.ts';
 import { MOCK_MM_PLACEHOLDER_TOKENS } from '../../src/mocker/openai.ts';
 import { startMocker, type MockerHandle } from '../../src/mocker/server.ts';
-import { chatMediaParts, withMediaMarkers } from '../../src/openai/multimodal.ts';
+import { chatMediaParts, withMediaMarkers } from '../../src/tokenizer/multimodal.ts';
 
 const open: MockerHandle[] = [];
 const sockets: zmq.Socket[] = [];

@@ -7,7 +7,7 @@ import pino from 'pino';
 import { startServer, type RunningServer } from '../../src/server/app.ts';
 import { DEFAULTS } from '../../src/server/config.ts';
 import { quietLog } from '../../src/log.ts';
-import { attachToServer } from '../../src/server/nats.ts';
+import { attachToServer } from '../../src/runtime/nats.ts';
 import type { NatsReplica } from '../../src/transport/nats/replica.ts';
 import { NatsServer, until } from './nats-server.ts';
 import { blocksOf, PromptGen, sameSet, startEngine, startRelay, type Engine } from './fleet.ts';

@@ -11,7 +11,7 @@ import OpenAI from 'openai';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startMocker, type MockerHandle } from '../../src/mocker/server.ts';
-import { LOG_REDACT_PATHS } from '../../src/server/security/index.ts';
+import { LOG_REDACT_PATHS } from '../../src/runtime/security/index.ts';
 import { notOpenAiError, startFleet, type Fleet } from './harness.ts';
 
 const KEY = 'sk-live-tenant-0123456789abcdef';

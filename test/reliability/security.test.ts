@@ -1,4 +1,4 @@
-/** Unit tests of src/server/security: keys, constant-time compare, token bucket, allow-list, timeouts. */
+/** Unit tests of src/runtime/security: keys, constant-time compare, token bucket, allow-list, timeouts. */
 import { chmod, mkdtemp, writeFile } from 'node:fs/promises';
 import type { IncomingMessage } from 'node:http';
 import { tmpdir } from 'node:os';
@@ -19,7 +19,7 @@ import {
   secretEquals,
   TokenBucket,
   toHttpError,
-} from '../../src/server/security/index.ts';
+} from '../../src/runtime/security/index.ts';
 
 const K1 = 'sk-test-0123456789abcdef';
 const K2 = 'sk-test-fedcba9876543210';
@@ -222,7 +222,7 @@ describe('server timeouts', () => {
 
 describe('JSON nesting depth (before JSON.parse)', () => {
   it('counts arrays and objects, ignores brackets in strings and escaped quotes', async () => {
-    const { jsonDepth, checkJsonDepth } = await import('../../src/server/security/index.ts');
+    const { jsonDepth, checkJsonDepth } = await import('../../src/runtime/security/index.ts');
     const b = (s: string) => Buffer.from(s);
     expect(jsonDepth(b('{"a":[1,{"b":2}]}'))).toBe(3);
     expect(jsonDepth(b('"[[[[["'))).toBe(0);
@@ -243,7 +243,7 @@ describe('JSON nesting depth (before JSON.parse)', () => {
   });
 
   it('refuses exactly what the full scan refuses, whether the bracket count settles it or not', async () => {
-    const { jsonDepth, checkJsonDepth } = await import('../../src/server/security/index.ts');
+    const { jsonDepth, checkJsonDepth } = await import('../../src/runtime/security/index.ts');
     const b = (s: string) => Buffer.from(s);
     // Many brackets, shallow: past the count's shortcut, the scan decides (depth 2, allowed).
     expect(checkJsonDepth(b(`[${Array.from({ length: 200 }, () => '[]').join(',')}]`), 64)).toBeNull();
@@ -265,7 +265,7 @@ describe('JSON nesting depth (before JSON.parse)', () => {
 
 describe('log redaction', () => {
   it('LOG_REDACT_PATHS hides Authorization headers and configured secrets in pino output', async () => {
-    const { LOG_REDACT_PATHS } = await import('../../src/server/security/index.ts');
+    const { LOG_REDACT_PATHS } = await import('../../src/runtime/security/index.ts');
     const pino = (await import('pino')).default;
     const { Writable } = await import('node:stream');
     let out = '';

@@ -6,8 +6,8 @@
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createSecurity, parseRateLimit } from '../../src/server/security/index.ts';
-import { ApiKeySet } from '../../src/server/security/api-keys.ts';
+import { createSecurity, parseRateLimit } from '../../src/runtime/security/index.ts';
+import { ApiKeySet } from '../../src/runtime/security/api-keys.ts';
 import { startServer } from '../../src/server/app.ts';
 import { json, post, serve, silent, testConfig } from './helpers.ts';
 

@@ -4,8 +4,8 @@
  */
 import { describe, expect, it } from 'vitest';
 import fc from 'fast-check';
-import { parseRequest } from '../../src/openai/request.ts';
-import { appendMembers, rawMember } from '../../src/openai/raw-json.ts';
+import { parseRequest } from '../../src/apis/openai-request.ts';
+import { appendMembers, rawMember } from '../../src/engines/raw-json.ts';
 import { bootstrapRoom, sglangBodies, sglangBody } from '../../src/engines/sglang/handoff.ts';
 import {
   answerAsStream,

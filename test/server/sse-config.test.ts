@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { loadConfigFile, parseWorkerSpec } from '../../src/config/serve.ts';
-import { SseRelay } from '../../src/server/sse.ts';
+import { SseRelay } from '../../src/apis/sse.ts';
 
 const chunk = (i: number) => `data: {"id":"c","choices":[{"index":0,"delta":{"content":"t${i}"}}]}\n\n`;
 const usage =
@@ -129,7 +129,7 @@ describe('worker specs and config files', () => {
 
 describe('upstreamBody', () => {
   it('reuses the client bytes, appending the usage request to streams without it', async () => {
-    const { parseRequest, upstreamBody } = await import('../../src/openai/request.ts');
+    const { parseRequest, upstreamBody } = await import('../../src/apis/openai-request.ts');
     const raw = '{"model":"m","prompt":[1,2,3],"stream":true}  \n';
     const out = upstreamBody(parseRequest('completions', JSON.parse(raw)), raw);
     expect(JSON.parse(out)).toEqual({ model: 'm', prompt: [1, 2, 3], stream: true, stream_options: { include_usage: true } });

@@ -1,6 +1,6 @@
 /** The SSE relay's named-event dialects: where each API's stream ends and how its usage is read. */
 import { describe, expect, it } from 'vitest';
-import { readAnthropicUsage, readResponsesUsage, SseRelay } from '../../src/server/sse.ts';
+import { readAnthropicUsage, readResponsesUsage, SseRelay } from '../../src/apis/sse.ts';
 
 const ev = (type: string, data: unknown) => `event: ${type}\ndata: ${JSON.stringify({ type, ...(data as object) })}\n\n`;
 

@@ -8,7 +8,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type MockerHandle, startMocker } from '../../src/mocker/server.ts';
 import { startServer } from '../../src/server/app.ts';
-import { tracingConfig } from '../../src/server/tracing.ts';
+import { tracingConfig } from '../../src/runtime/tracing.ts';
 import { LocalTokenizer } from '../../src/tokenizer/local.ts';
 import { json, post, silent, testConfig, until } from './helpers.ts';
 import { OtlpReceiver, type ReceivedSpan } from './otlp-receiver.ts';

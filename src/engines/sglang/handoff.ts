@@ -12,7 +12,7 @@
  * and #19268 read it on the decode side as the *prefill* rank, so the decode rank there would break the KV transfer.
  */
 import { randomBytes } from 'node:crypto';
-import { appendMembers } from '../../openai/raw-json.ts';
+import { appendMembers } from '../raw-json.ts';
 import type { BootstrapHandoff, HandoffPair } from '../handoff.ts';
 
 const ROOM_MASK = (1n << 63n) - 1n;

@@ -15,7 +15,7 @@
  * decode   a request with bootstrap_host/port/room asks that bootstrap server for the room's KV, naming the prefill
  *          rank it expects when its release names one; a wrong rank finds no KV (the real engine's transfer fails)
  */
-import { rawMember } from '../../openai/raw-json.ts';
+import { rawMember } from '../raw-json.ts';
 import type { MockHandoff, MockPdHost, MockRankRequest, PdPlan } from '../mock-handoff.ts';
 
 export const SGLANG_DP_ROUTINGS = ['header', 'body', 'legacy-body', 'room'] as const;

@@ -19,7 +19,7 @@
  * the releases). Per worker, `disagg-id=` and `ctx-usage=` say auto (send; when the server's 400 names the field as
  * extra_forbidden, resend without it and remember that for the worker), on or off.
  */
-import { appendMembers, rawFirstElement, rawMember, rawMembers } from '../../openai/raw-json.ts';
+import { appendMembers, rawFirstElement, rawMember, rawMembers } from '../raw-json.ts';
 import { type AfterPrefill, clientFields, type HandoffClient, type SequentialHandoff, sendsField } from '../handoff.ts';
 
 /** DisaggregatedParams fields older TensorRT-LLM releases lack: sent per the worker's settings and what it refused. */

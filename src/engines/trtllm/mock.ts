@@ -13,7 +13,7 @@
  *             the prompt's prompt_token_ids; it pulls that KV (a missing or stale handoff fails or recomputes, as the
  *             load-failure policy says). Its disaggregated_params are kept (stats) for tests of what the router sent.
  */
-import { rawMember, rawMembers } from '../../openai/raw-json.ts';
+import { rawMember, rawMembers } from '../raw-json.ts';
 import type { MockHandoff, PdPlan } from '../mock-handoff.ts';
 import { trtllmErrorBody, trtllmRequestErrors } from './protocol.ts';
 

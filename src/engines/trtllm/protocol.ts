@@ -16,7 +16,7 @@
  *   size: Python ints are exact); `ctx_usage` is a UsageInfo, itself extra="forbid";
  * - the model validators that bite a router: `stream_options` only with `stream: true`; completions refuse a `suffix`.
  */
-import { rawMembers } from '../../openai/raw-json.ts';
+import { rawMembers } from '../raw-json.ts';
 
 /** Chat's fields (`ChatCompletionRequest`), in the file's order; `max_tokens` is max_completion_tokens' alias. */
 const CHAT_FIELDS = [

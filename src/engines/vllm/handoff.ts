@@ -10,7 +10,7 @@
  *          without them (the first token ended the request: vLLM returns params only when length-capped) is counted
  *          and the decode leg goes without (it recomputes)
  */
-import { appendMembers, rawMember } from '../../openai/raw-json.ts';
+import { appendMembers, rawMember } from '../raw-json.ts';
 import { type AfterPrefill, clientFields, type HandoffClient, type SequentialHandoff } from '../handoff.ts';
 
 /** vLLM's prefill request: what the NixlConnector's P side expects. */

@@ -7,7 +7,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { parseMessagesRequest } from '../../anthropic/messages.ts';
+import { parseMessagesRequest } from '../../apis/messages-request.ts';
 import { sendJson } from '../../http/body.ts';
 import type { OpenAiSurface } from '../openai.ts';
 import type { Sink } from '../rank-loop.ts';

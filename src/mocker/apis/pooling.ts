@@ -8,7 +8,7 @@
 import { randomBytes } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { sendJson } from '../../http/body.ts';
-import { type PoolingApi, type PoolingInput, parsePoolingRequest } from '../../openai/pooling-request.ts';
+import { type PoolingApi, type PoolingInput, parsePoolingRequest } from '../../apis/pooling-request.ts';
 import { vllmError } from '../http.ts';
 import type { OpenAiSurface } from '../openai.ts';
 import type { Sink } from '../rank-loop.ts';

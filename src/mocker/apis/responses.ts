@@ -8,7 +8,7 @@
 import { randomBytes } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { sendJson } from '../../http/body.ts';
-import { parseResponsesRequest } from '../../openai/responses-request.ts';
+import { parseResponsesRequest } from '../../apis/responses-request.ts';
 import { vllmError } from '../http.ts';
 import type { OpenAiSurface } from '../openai.ts';
 import type { Answer } from '../responses.ts';

@@ -12,7 +12,7 @@ import type { Logger } from 'pino';
 import type { ServeConfig } from '../../config/serve.ts';
 import type { RunningServer } from '../app.ts';
 import type { RecentDecision } from '../inference.ts';
-import type { NextStep } from '../lifecycle.ts';
+import type { NextStep } from '../../runtime/lifecycle.ts';
 import {
   isShellMessage,
   METRIC_CALLS,

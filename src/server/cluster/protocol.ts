@@ -6,7 +6,7 @@
  */
 import type { FinishReport, PrefillReport, Submission } from '../../core/dispatch/dispatcher.ts';
 import type { ServeConfig } from '../../config/serve.ts';
-import type { NextStep } from '../lifecycle.ts';
+import type { NextStep } from '../../runtime/lifecycle.ts';
 
 /** Where a shell sends an attempt: what it needs of a worker to open its own connection pool. */
 export interface ShellWorkerInfo {

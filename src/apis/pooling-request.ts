@@ -9,7 +9,7 @@
  */
 import { badRequest } from '../http/errors.ts';
 import type { ChatPromptInput } from '../tokenizer/chat.ts';
-import { parseChatInput } from './request.ts';
+import { parseChatInput } from './openai-request.ts';
 
 export type PoolingApi = 'embeddings' | 'pooling' | 'score' | 'rerank';
 

@@ -3,10 +3,10 @@
  * the query of a score/rerank) so requests repeating a prefix meet the engine that cached it. These APIs report no
  * cached tokens: delivered reuse is unknown, never zero.
  */
-import { badRequest, sseErrorFrame } from '../../http/errors.ts';
-import { type PoolingApi, parsePoolingRequest } from '../../openai/pooling-request.ts';
-import { parseKvrouteField, requireObject, withoutKvroute } from '../../openai/request.ts';
-import { readUsage } from '../sse.ts';
+import { badRequest, sseErrorFrame } from '../http/errors.ts';
+import { type PoolingApi, parsePoolingRequest } from './pooling-request.ts';
+import { parseKvrouteField, requireObject, withoutKvroute } from './openai-request.ts';
+import { readUsage } from './sse.ts';
 import type { ApiAdapter, RoutedRequest } from './types.ts';
 
 function adapter(api: PoolingApi): ApiAdapter {

@@ -1,7 +1,7 @@
 /** OpenAI chat completions and completions: the request parser shared with the mock engine, usage in `usage`. */
-import { sseErrorFrame } from '../../http/errors.ts';
-import { type Endpoint, parseRequest, upstreamBody } from '../../openai/request.ts';
-import { readUsage } from '../sse.ts';
+import { sseErrorFrame } from '../http/errors.ts';
+import { type Endpoint, parseRequest, upstreamBody } from './openai-request.ts';
+import { readUsage } from './sse.ts';
 import type { ApiAdapter, RoutedRequest } from './types.ts';
 
 function adapter(endpoint: Endpoint): ApiAdapter {

@@ -3,9 +3,9 @@
  * events passed through, errors in Anthropic's shape. Usage: input_tokens (uncached), cache_read_input_tokens
  * (delivered reuse), output_tokens.
  */
-import { anthropicSseError, parseMessagesRequest } from '../../anthropic/messages.ts';
-import { parseKvrouteField, requireObject, withoutKvroute } from '../../openai/request.ts';
-import { readAnthropicUsage } from '../sse.ts';
+import { anthropicSseError, parseMessagesRequest } from './messages-request.ts';
+import { parseKvrouteField, requireObject, withoutKvroute } from './openai-request.ts';
+import { readAnthropicUsage } from './sse.ts';
 import type { ApiAdapter, RoutedRequest } from './types.ts';
 
 export const messagesApi: ApiAdapter = {

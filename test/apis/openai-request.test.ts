@@ -1,12 +1,12 @@
 /**
- * One request parser for the router and the mock engine (src/openai/request.ts): the router (startServer, in front of a
+ * One request parser for the router and the mock engine (src/apis/openai-request.ts): the router (startServer, in front of a
  * real mocker) and the mocker itself, over real HTTP, must accept and refuse the same bodies, each refusal with the same
  * status, param and message (the router in OpenAI's error shape, code 'invalid_request'; the mock in vLLM's, code 400).
  */
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startMocker, type MockerHandle } from '../../src/mocker/server.ts';
-import { parseOpenAiRequest, parseRequest } from '../../src/openai/request.ts';
+import { parseOpenAiRequest, parseRequest } from '../../src/apis/openai-request.ts';
 import type { RunningServer } from '../../src/server/app.ts';
 import { serve } from '../server/helpers.ts';
 

@@ -3,10 +3,10 @@
  * `previous_response_id` follows the pin of that response to the worker that stored it; a stored answer's id is
  * pinned to the worker that served it. Usage: input_tokens, output_tokens, input_tokens_details.cached_tokens.
  */
-import { badRequest } from '../../http/errors.ts';
-import { parseKvrouteField, requireObject, withoutKvroute } from '../../openai/request.ts';
-import { parseResponsesRequest } from '../../openai/responses-request.ts';
-import { readResponsesUsage } from '../sse.ts';
+import { badRequest } from '../http/errors.ts';
+import { parseKvrouteField, requireObject, withoutKvroute } from './openai-request.ts';
+import { parseResponsesRequest } from './responses-request.ts';
+import { readResponsesUsage } from './sse.ts';
 import type { ApiAdapter, RoutedRequest } from './types.ts';
 
 export const responsesApi: ApiAdapter = {

@@ -3,9 +3,9 @@
  * usage of an answer is, how a stream ends, and the shape of errors. The one proxy path (inference.ts, proxy.ts) does
  * the rest identically for every API.
  */
-import type { KvKnobs } from '../../core/types.ts';
-import type { ChatPromptInput } from '../../tokenizer/chat.ts';
-import type { SseDialect, StreamUsage } from '../sse.ts';
+import type { KvKnobs } from '../core/types.ts';
+import type { ChatPromptInput } from '../tokenizer/chat.ts';
+import type { SseDialect, StreamUsage } from './sse.ts';
 
 export type ApiName = 'chat' | 'completions' | 'responses' | 'messages' | 'embeddings' | 'pooling' | 'score' | 'rerank';
 
