@@ -24,7 +24,7 @@ import pino from 'pino';
 import { Agent, request } from 'undici';
 import { startMocker, type MockerHandle } from '../src/mocker/server.ts';
 import { startServer, type RunningServer } from '../src/server/app.ts';
-import { DEFAULTS, type ServeConfig } from '../src/server/config.ts';
+import { DEFAULTS, type ServeConfig } from '../src/config/serve.ts';
 import { createRng } from '../src/core/rng.ts';
 
 // ------------------------------------------------------------------------------------------------ helpers

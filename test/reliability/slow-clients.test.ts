@@ -5,7 +5,7 @@
  */
 import { connect, type Socket } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { DEFAULTS } from '../../src/server/config.ts';
+import { DEFAULTS } from '../../src/config/serve.ts';
 import { startFleet, type Fleet } from './harness.ts';
 
 let fleet: Fleet;

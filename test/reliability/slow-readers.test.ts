@@ -4,7 +4,7 @@
  */
 import { connect, type Socket } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { ServeConfig } from '../../src/server/config.ts';
+import type { ServeConfig } from '../../src/config/serve.ts';
 import { sleep, startFleet, type Fleet } from './harness.ts';
 
 let fleet: Fleet;

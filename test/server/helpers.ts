@@ -1,6 +1,6 @@
 import pino from 'pino';
 import { startServer, type RunningServer } from '../../src/server/app.ts';
-import { DEFAULTS, type ServeConfig } from '../../src/server/config.ts';
+import { DEFAULTS, type ServeConfig } from '../../src/config/serve.ts';
 import type { LocalTokenizer } from '../../src/tokenizer/local.ts';
 
 export const silent = pino({ level: 'silent' });
