@@ -1,14 +1,7 @@
 /** The pure side of Kubernetes discovery: selectors, InferencePool specs (both groups), pod verdicts, worker diffs. */
 import { describe, expect, it } from 'vitest';
-import {
-  BadObject,
-  diffWorkers,
-  matchesSelector,
-  parseLabelSelector,
-  podVerdict,
-  poolTarget,
-  specKey,
-} from '../../src/discovery/k8s/pods.ts';
+import { BadObject, diffWorkers, podVerdict, poolTarget, specKey } from '../../src/discovery/k8s/pods.ts';
+import { matchesSelector, parseLabelSelector } from '../../src/config/k8s.ts';
 import { workerFromUnknown } from '../../src/config/worker-spec.ts';
 import { pod } from '../fixtures/k8s-api.ts';
 
