@@ -34,7 +34,7 @@ import { LOG_LEVELS } from './parsers.ts';
 import { OTLP_PROTOCOLS, TRACE_SAMPLERS } from '../runtime/tracing.ts';
 import { BAND_SPEC_GRAMMAR, bandSchema, numberMapSchema } from './flow-spec.ts';
 import { WORKER_SPEC_GRAMMAR, workerSchema } from './worker-spec.ts';
-import { parseLabelSelector, POOL_GROUPS, type PoolGroup } from '../discovery/k8s/pods.ts';
+import { MAX_TARGET_PORTS, parseLabelSelector, POOL_GROUPS, type PoolGroup } from '../discovery/k8s/pods.ts';
 
 export { parseWorkerSpec, type WorkerSpec, workerFromUnknown } from './worker-spec.ts';
 
@@ -55,6 +55,23 @@ const G = {
 
 const port = integer({ min: 0, max: 65535 });
 const ms = (min = 0) => integer({ min });
+
+/**
+ * The engines' ports in a selected pod, as an InferencePool's targetPorts (up to 8, each once: one worker per
+ * podIP:port). A config file's single number is read as a list of one.
+ */
+const ENGINE_PORTS_TEXT = `1 to ${MAX_TARGET_PORTS} ports (1-65535) separated by commas, each once`;
+const enginePorts = {
+  ...list(z.int().min(1).max(65535), { accepts: ENGINE_PORTS_TEXT }),
+  schema: z.preprocess(
+    (v) => (Array.isArray(v) ? v.map((p) => (typeof p === 'string' && /^\d+$/.test(p.trim()) ? Number(p) : p)) : [v]),
+    z
+      .array(z.int().min(1).max(65535))
+      .min(1)
+      .max(MAX_TARGET_PORTS)
+      .refine((ports) => new Set(ports).size === ports.length, 'a port is listed twice'),
+  ),
+};
 
 /** rps[,burst], checked by the parser the server uses. */
 const rateLimit = custom(
@@ -542,10 +559,12 @@ export const serveSchema = z.strictObject({
     help: 'kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else the in-cluster service account)',
     group: G.k8s,
   }),
-  k8sPort: withDefault(integer({ min: 1, max: 65535 }), 8000, {
-    flag: '--k8s-port <n>',
+  k8sPort: withDefault(enginePorts, [8000], {
+    flag: '--k8s-port <ports>',
     env: 'KVROUTE_K8S_PORT',
-    help: "with --k8s-selector: the engines' HTTP port (a pod's kvroute.io/port annotation overrides it; a pool gives its target port)",
+    help:
+      "with --k8s-selector: the engines' HTTP ports, one worker per podIP:port (a pod's kvroute.io/port annotation names its one " +
+      'port instead; a pool gives its target ports)',
     group: G.k8s,
   }),
   k8sEventsPort: withDefault(port, 5557, {

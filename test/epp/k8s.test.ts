@@ -140,4 +140,39 @@ describe('kvroute epp --k8s-pool', () => {
     expect(await picker.stop()).toBe(0);
     picker = null;
   }, 90_000);
+
+  it("without a pool, the reference's --endpoint-selector and --endpoint-target-ports: every listed port of the pod is an endpoint", async () => {
+    const hosts = engines.map((e) => new URL(e.url).host);
+    api.put(PODS, pod('s0', { namespace: NS, labels: { app: 'standalone' } }));
+    picker = await startEpp([
+      '--kubeconfig',
+      api.kubeconfig(NS),
+      '--endpoint-selector',
+      'app=standalone',
+      '--endpoint-target-ports',
+      engines.map((e) => new URL(e.url).port).join(','),
+      '--k8s-namespace',
+      NS,
+      '--k8s-events-port',
+      '0',
+      '--no-remote-tokenize',
+    ]);
+    envoy?.close();
+    envoy = new EnvoySide(picker.address);
+    const e = envoy;
+    await eventually(async () => metric(await metricsText(picker!), 'router_k8s_workers') === 2, 15_000);
+    let seed = 200;
+    for (const host of hosts) {
+      const r = await e.roundTrip({
+        body: JSON.stringify({ model: 'm', prompt: randomTokens(64, ++seed), max_tokens: 2 }),
+        subset: [host],
+      });
+      if (!('picked' in r)) throw new Error(`subset ${host}: immediate response ${JSON.stringify(r.immediate)}`);
+      expect(r.picked.headers[DESTINATION_HEADER]).toBe(host);
+      expect(r.response.status).toBe(200);
+    }
+    api.remove(PODS, 's0');
+    expect(await picker.stop()).toBe(0);
+    picker = null;
+  }, 90_000);
 });
