@@ -5,7 +5,7 @@
  */
 import { z } from 'zod';
 import { GROUPS } from './groups.ts';
-import { choice, custom, integer, optional, text, withDefault } from './settings.ts';
+import { choice, custom, integer, list, optional, text, withDefault } from './settings.ts';
 
 // Label selectors: the equality-based and existence forms (`a=b`, `a==b`, `a!=b`, `a`, `!a`), comma-separated.
 
@@ -81,6 +81,26 @@ export type PoolGroup = keyof typeof POOL_GROUPS;
 
 const port = integer({ min: 0, max: 65535 });
 
+/** An InferencePool's spec.targetPorts holds at most this many ports (api/v1/inferencepool_types.go). */
+export const MAX_TARGET_PORTS = 8;
+
+/**
+ * The engines' ports in a selected pod, as an InferencePool's targetPorts (up to 8, each once: one worker per
+ * podIP:port). A config file's single number is read as a list of one.
+ */
+const ENGINE_PORTS_TEXT = `1 to ${MAX_TARGET_PORTS} ports (1-65535) separated by commas, each once`;
+const enginePorts = {
+  ...list(z.int().min(1).max(65535), { accepts: ENGINE_PORTS_TEXT }),
+  schema: z.preprocess(
+    (v) => (Array.isArray(v) ? v.map((p) => (typeof p === 'string' && /^\d+$/.test(p.trim()) ? Number(p) : p)) : [v]),
+    z
+      .array(z.int().min(1).max(65535))
+      .min(1)
+      .max(MAX_TARGET_PORTS)
+      .refine((ports) => new Set(ports).size === ports.length, 'a port is listed twice'),
+  ),
+};
+
 /** The Kubernetes discovery settings: shared by every command that discovers workers (serve, epp, relay). */
 export const K8S = {
   k8sPool: optional(text({ pattern: /^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/, accepts: 'a Kubernetes object name' }), {
@@ -130,10 +150,12 @@ export const K8S = {
     help: 'kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else the in-cluster service account)',
     group: GROUPS.k8s,
   }),
-  k8sPort: withDefault(integer({ min: 1, max: 65535 }), 8000, {
-    flag: '--k8s-port <n>',
+  k8sPort: withDefault(enginePorts, [8000], {
+    flag: '--k8s-port <ports>',
     env: 'KVROUTE_K8S_PORT',
-    help: "with --k8s-selector: the engines' HTTP port (a pod's kvroute.io/port annotation overrides it; a pool gives its target port)",
+    help:
+      "with --k8s-selector: the engines' HTTP ports, one worker per podIP:port (a pod's kvroute.io/port annotation names its one " +
+      'port instead; a pool gives its target ports)',
     group: GROUPS.k8s,
   }),
   k8sEventsPort: withDefault(port, 5557, {

@@ -436,12 +436,14 @@ export const eppSchema = serveSchema.extend({
     help: 'with --metrics-cert-dir: PEM CA bundle; /metrics then requires a client certificate it signed',
     group: GROUPS.epp,
   }),
-  decisionTimeoutMs: withDefault(ms(1), 300_000, {
+  // 290 s: below Envoy AI Gateway's 300 s InferencePool message_timeout and the shipped HTTPRoute's 300 s request timeout.
+  decisionTimeoutMs: withDefault(ms(1), 290_000, {
     flag: '--decision-timeout-ms <ms>',
     env: 'KVROUTE_DECISION_TIMEOUT_MS',
     help:
       "longest wait from a request's headers to the picker's answer (tokenizing, queue, a prefill leg); past it the request gets an " +
-      "immediate 503: keep it below the gateway's ext_proc message_timeout (the shipped manifests set 1000s)",
+      "immediate 503: keep it below the gateway's ext_proc message_timeout (1000s in the reference setups and deploy/k8s/epp/envoy, " +
+      "300s in Envoy AI Gateway's InferencePool filter)",
     group: GROUPS.epp,
   }),
   pickerConfigFile: optional(text(), {

@@ -153,12 +153,10 @@ export function translateReferenceArgs(
         if (referenceName === '--pool-namespace') namespaceGiven = true;
         argv.push(RENAMED[referenceName], value ?? '');
         break;
-      case '--endpoint-target-ports': {
-        const ports = (value ?? '').split(',').filter(Boolean);
-        argv.push('--k8s-port', ports[0] ?? '');
-        if (ports.length > 1) notes.add(`--endpoint-target-ports: only the first port (${ports[0]}) becomes a worker per pod`);
+      case '--endpoint-target-ports':
+        // Every port is an endpoint of every selected pod, as the pool's targetPorts are.
+        argv.push('--k8s-port', value ?? '');
         break;
-      }
       case '--secure-serving': {
         const on = bool(value);
         if (on === false) argv.push('--no-secure-serving');

@@ -23,7 +23,8 @@ export interface TrtllmPollOptions {
   /** The worker's own connection pool (an h2c worker is polled over HTTP/2); default undici's global dispatcher. */
   readonly dispatcher?: Dispatcher;
   /**
-   * Per-poll timeout, ms. Default 5000: older trtllm-serve drains its queue with `get_kv_cache_events_async(2)`, a wait
+   * Per-poll timeout, ms. Default 5000: trtllm-serve drains its queue with `get_kv_cache_events_async(2)` (NVIDIA/TensorRT-LLM
+   * tensorrt_llm/serve/openai_server.py @e7f7345e31e5 `get_kv_cache_events`), a wait
    * of up to 2 s before it answers with what it drained; a poll aborted at that moment loses those events (a gap, so
    * a reset). The headroom keeps an answer that comes at the end of the server's wait.
    */

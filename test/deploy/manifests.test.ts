@@ -339,11 +339,21 @@ describe.skipIf(!KUBECTL)('deploy/k8s overlays, rendered by kubectl kustomize', 
           expect(engines.map((e) => e.metadata.name)).toEqual(['vllm']);
           expect(engines[0].spec.template.spec.containers[0].ports?.map((p) => p.containerPort)).toContain(pool.spec.targetPorts[0].number);
           const route = objs.find((o) => o.kind === 'HTTPRoute') as K8sObject & {
-            spec: { parentRefs: { name: string }[]; rules: { backendRefs: { group: string; kind: string; name: string }[] }[] };
+            spec: {
+              parentRefs: { name: string }[];
+              rules: { backendRefs: { group: string; kind: string; name: string }[]; timeouts?: { request?: string } }[];
+            };
           };
           expect(route.spec.rules[0].backendRefs).toEqual([
             { group: 'inference.networking.k8s.io', kind: 'InferencePool', name: pool.metadata.name },
           ]);
+          // The picker gives up (503, dropped reason) before the route does, and before Envoy AI Gateway's InferencePool
+          // ext_proc filter (message_timeout 300 s: envoyproxy/ai-gateway#1251) would fail the request itself.
+          const bound = Number(flagValue(epp.c.args!, '--decision-timeout-ms') ?? eppSchema.parse({}).decisionTimeoutMs);
+          const routeTimeout = /^(\d+)s$/.exec(route.spec.rules[0].timeouts?.request ?? '');
+          expect(routeTimeout, 'the HTTPRoute sets a request timeout in seconds').not.toBeNull();
+          expect(bound).toBeLessThan(Number(routeTimeout![1]) * 1000);
+          expect(bound).toBeLessThan(300_000);
           // The picker serves TLS (its default); Istio and the plain Envoy are told to reach it so, unverified.
           expect(epp.c.args).not.toContain('--no-secure-serving');
           if (overlay === 'epp/envoy') {
@@ -356,7 +366,6 @@ describe.skipIf(!KUBECTL)('deploy/k8s overlays, rendered by kubectl kustomize', 
             const extProc = hcm.http_filters.find((f) => f.name === 'envoy.filters.http.ext_proc')!.typed_config;
             expect(extProc.message_timeout).toBe('1000s');
             // The picker's own bound on its wait stays below Envoy's.
-            const bound = Number(flagValue(epp.c.args!, '--decision-timeout-ms') ?? eppSchema.parse({}).decisionTimeoutMs);
             expect(bound).toBeLessThan(1000 * 1000);
             expect(extProc.processing_mode).toEqual({
               request_header_mode: 'SEND',

@@ -1,11 +1,16 @@
 /** The pure side of Kubernetes discovery: selectors, InferencePool specs (both groups), pod verdicts, worker diffs. */
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { BadObject, diffWorkers, podVerdict, poolTarget, specKey } from '../../src/discovery/k8s/pods.ts';
 import { matchesSelector, parseLabelSelector } from '../../src/config/k8s.ts';
 import { workerFromUnknown } from '../../src/config/worker-spec.ts';
+import { resolveServeConfig } from '../../src/config/serve.ts';
+import { SettingError } from '../../src/config/settings.ts';
 import { pod } from '../fixtures/k8s-api.ts';
 
-const DEFAULTS = { port: 8000, eventsPort: 5557, replayPort: 5558 };
+const DEFAULTS = { ports: [8000], eventsPort: 5557, replayPort: 5558 };
 const all = parseLabelSelector('app=vllm');
 
 function bad(fn: () => unknown): BadObject {
@@ -114,6 +119,15 @@ describe('pod verdicts', () => {
       ['dp-0-8002', 'http://10.0.0.9:8002', 'tcp://10.0.0.9:5561', 'tcp://10.0.0.9:5562', 9000, 'h2c'],
     ]);
     for (const x of v.specs) expect(workerFromUnknown(x)).toEqual(x);
+  });
+
+  it("selected by label, every --k8s-port is a worker too (the reference picker's --endpoint-target-ports), as a pool's ports are", () => {
+    const v = podVerdict(pod('dp-1', { labels: { app: 'vllm' }, ip: '10.0.0.10' }), all, { ...DEFAULTS, ports: [8000, 8001] });
+    if (v.kind !== 'worker') throw new Error('not a worker');
+    expect(v.specs.map((x) => [x.id, x.url, x.events])).toEqual([
+      ['dp-1-8000', 'http://10.0.0.10:8000', 'tcp://10.0.0.10:5557'],
+      ['dp-1-8001', 'http://10.0.0.10:8001', 'tcp://10.0.0.10:5558'],
+    ]);
   });
 
   it("llm-d's roles (docs/disaggregation.md @520af47896e5): prefill-decode and the deprecated both are aggregated; encode alone is no target", () => {
@@ -249,5 +263,35 @@ describe('worker diffs', () => {
         ]),
       ),
     ).toEqual({ remove: [], add: [] });
+  });
+});
+
+describe("--k8s-port: the engines' ports of a selected pod", () => {
+  const refused = async (p: Promise<unknown>) => {
+    const err = await p.then(
+      () => null,
+      (e: unknown) => e,
+    );
+    expect(err).toBeInstanceOf(SettingError);
+    return (err as Error).message;
+  };
+
+  it('one port or several, from a flag, the environment or a config file (a single number there too)', async () => {
+    expect((await resolveServeConfig({})).config.k8sPort).toEqual([8000]);
+    expect((await resolveServeConfig({ flags: { k8sPort: ['8000,8001', '8002'] } })).config.k8sPort).toEqual([8000, 8001, 8002]);
+    expect((await resolveServeConfig({ env: { KVROUTE_K8S_PORT: '9000' } })).config.k8sPort).toEqual([9000]);
+    const dir = mkdtempSync(join(tmpdir(), 'kvroute-k8s-port-'));
+    writeFileSync(join(dir, 'one.yaml'), 'k8sPort: 8100\n');
+    writeFileSync(join(dir, 'two.yaml'), 'k8sPort: [8100, 8101]\n');
+    expect((await resolveServeConfig({ configPath: join(dir, 'one.yaml') })).config.k8sPort).toEqual([8100]);
+    expect((await resolveServeConfig({ configPath: join(dir, 'two.yaml') })).config.k8sPort).toEqual([8100, 8101]);
+  });
+
+  it('refuses a bad port, a port twice and more than an InferencePool allows, in one line naming the setting', async () => {
+    for (const bad of ['0', '8000,x', '8000,8000', '1,2,3,4,5,6,7,8,9']) {
+      const message = await refused(resolveServeConfig({ flags: { k8sPort: [bad] } }));
+      expect(message).toMatch(/^--k8s-port \(KVROUTE_K8S_PORT\)/);
+      expect(message).not.toContain('\n');
+    }
   });
 });

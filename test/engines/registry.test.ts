@@ -44,7 +44,7 @@ describe('the engine registry', () => {
     });
     for (const engine of ENGINE_NAMES) {
       expect(parseWorkerSpec(`http://h:8000,engine=${engine}`).engine).toBe(engine);
-      const v = podVerdict(pod(engine), selectorFromLabels({ app: 'llm' }), { port: 8000, eventsPort: 0, replayPort: 0 });
+      const v = podVerdict(pod(engine), selectorFromLabels({ app: 'llm' }), { ports: [8000], eventsPort: 0, replayPort: 0 });
       expect(v.kind === 'worker' && v.specs[0].engine).toBe(engine);
       const entry = {
         workerId: 'w',

@@ -297,7 +297,8 @@ describe('per-block cache_salt and mm_keys', () => {
 
 describe('the poll against an older trtllm-serve', () => {
   it('a server that drains its queue then holds the reply ~2 s (get_kv_cache_events_async(2)) loses no drained batch', async () => {
-    // As the older handler does (tensorrt_llm/serve/openai_server.py, index copies): take what is queued, wait up to
+    // As the handler does (NVIDIA/TensorRT-LLM tensorrt_llm/serve/openai_server.py @e7f7345e31e5 `get_kv_cache_events`,
+    // get_kv_cache_events_async(2)): take what is queued, wait up to
     // 2 s, answer with it. A poll aborted at 2 s would drop the events the server had already taken.
     const queue: string[] = [];
     const server = createServer((req, res) => {

@@ -22,7 +22,15 @@ import { FakeKubeApi, pod } from '../fixtures/k8s-api.ts';
 import { freePort } from '../fixtures/processes.ts';
 import { randomTokens } from '../server/helpers.ts';
 import { EnvoySide } from './envoy-side.ts';
-import { type ChartRender, CURRENT, CURRENT_HA, DEFAULT_PLUGINS_YAML, LEGACY } from './fixtures/helm-chart.ts';
+import {
+  type ChartRender,
+  CURRENT,
+  CURRENT_HA,
+  DEFAULT_PLUGINS_YAML,
+  LEGACY,
+  STANDALONE,
+  STANDALONE_AGENTGATEWAY,
+} from './fixtures/helm-chart.ts';
 import { type EppProcess, eventually, metric, startEpp } from './picker.ts';
 
 const NS = 'kvroute';
@@ -111,6 +119,8 @@ describe.each([
   ['llm-d-router-gateway (current)', CURRENT],
   ['llm-d-router-gateway, two replicas, extra flags', CURRENT_HA],
   ['the Inference Extension inferencepool chart (legacy)', LEGACY],
+  ['llm-d-router-standalone without a pool (Envoy sidecar)', STANDALONE],
+  ['llm-d-router-standalone without a pool (agentgateway)', STANDALONE_AGENTGATEWAY],
 ] as const)('the %s chart runs kvroute epp unchanged', (_name, render) => {
   let p: EppProcess;
 
@@ -126,11 +136,14 @@ describe.each([
     }
   }, 30_000);
 
-  it('picks the pool’s pod over TLS (self-signed, as the reference without --cert-path)', async () => {
-    expect(p.tls).toBe('TLS (self-signed certificate)');
-    const envoy = new EnvoySide(p.address, { tls: true });
+  it('picks the pool’s pod over TLS (self-signed, as the reference without --cert-path), or in plaintext where the chart says so', async () => {
+    const secure = !render.args.includes('--secure-serving=false');
+    expect(p.tls).toBe(secure ? 'TLS (self-signed certificate)' : 'plaintext');
+    const envoy = new EnvoySide(p.address, { tls: secure });
     clients.push(envoy);
     await eventually(async () => (await envoy.check('readiness')).status === 1, 20_000);
+    // The standalone chart's Envoy health-checks the ext_proc port itself, over the same connection kind.
+    if (render.proxyHealthService) expect((await envoy.check(render.proxyHealthService)).status).toBe(1);
     const r = await envoy.roundTrip({ body: JSON.stringify({ model: 'm', prompt: randomTokens(64, 1), max_tokens: 2 }) });
     if (!('picked' in r)) throw new Error(`immediate: ${JSON.stringify(r.immediate)}`);
     expect(r.picked.headers[DESTINATION_HEADER]).toBe(new URL(engine.url).host);

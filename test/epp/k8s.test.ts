@@ -1,7 +1,9 @@
 /**
  * `kvroute epp --k8s-pool` as a process (the built package): the picker's endpoints are the InferencePool's Ready pods,
  * watched through the real @kubernetes/client-node against a fake Kubernetes API. A pod that joins the pool is picked,
- * one that leaves is never picked again, and readiness follows the first list.
+ * one that leaves is never picked again, and readiness follows the first list. A pool with several target ports is one
+ * endpoint per podIP:port (kubernetes-sigs/gateway-api-inference-extension api/v1/inferencepool_types.go @84436a96b9e6),
+ * so the proxy's subset hint may name any of them.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DESTINATION_HEADER } from '../../src/epp/protocol.ts';
@@ -81,6 +83,95 @@ describe('kvroute epp --k8s-pool', () => {
     const r = await e.roundTrip({ body: JSON.stringify({ model: 'm', prompt: randomTokens(64, ++seed), max_tokens: 2 }) });
     if (!('immediate' in r)) throw new Error('picked with no pod in the pool');
     expect(r.immediate.status).toBe(503);
+    expect(await picker.stop()).toBe(0);
+    picker = null;
+  }, 90_000);
+
+  it('a pool with two target ports: the subset hint may name either podIP:port, and the pick is that one', async () => {
+    // One pod, two engines on two target ports (vLLM's multi-port data parallelism); no events (approximate mode).
+    const hosts = engines.map((e) => new URL(e.url).host);
+    api.put(POOLS, {
+      apiVersion: 'inference.networking.k8s.io/v1',
+      kind: 'InferencePool',
+      metadata: { name: 'multi', namespace: NS },
+      spec: {
+        selector: { matchLabels: { pool: 'multi' } },
+        targetPorts: engines.map((e) => ({ number: Number(new URL(e.url).port) })),
+        endpointPickerRef: { name: 'multi-epp' },
+      },
+    });
+    api.put(PODS, pod('m0', { namespace: NS, labels: { pool: 'multi' } }));
+    picker = await startEpp([
+      '--kubeconfig',
+      api.kubeconfig(NS),
+      '--k8s-pool',
+      'multi',
+      '--k8s-namespace',
+      NS,
+      '--k8s-events-port',
+      '0',
+      '--no-remote-tokenize',
+    ]);
+    envoy?.close();
+    envoy = new EnvoySide(picker.address);
+    const e = envoy;
+    await eventually(async () => metric(await metricsText(picker!), 'router_k8s_workers') === 2, 15_000);
+    let seed = 100;
+    for (const host of hosts) {
+      for (let n = 0; n < 2; n++) {
+        const r = await e.roundTrip({
+          body: JSON.stringify({ model: 'm', prompt: randomTokens(64, ++seed), max_tokens: 2 }),
+          subset: [host],
+        });
+        if (!('picked' in r)) throw new Error(`subset ${host}: immediate response ${JSON.stringify(r.immediate)}`);
+        expect(r.picked.headers[DESTINATION_HEADER]).toBe(host);
+        expect(r.response.status).toBe(200);
+      }
+    }
+    // A port the pool does not list is no endpoint: 503, as the protocol says for a subset with none eligible.
+    const r = await e.roundTrip({
+      body: JSON.stringify({ model: 'm', prompt: randomTokens(64, ++seed), max_tokens: 2 }),
+      subset: ['127.0.0.1:1'],
+    });
+    if (!('immediate' in r)) throw new Error('picked outside the subset');
+    expect(r.immediate.status).toBe(503);
+    api.remove(PODS, 'm0');
+    api.remove(POOLS, 'multi');
+    expect(await picker.stop()).toBe(0);
+    picker = null;
+  }, 90_000);
+
+  it("without a pool, the reference's --endpoint-selector and --endpoint-target-ports: every listed port of the pod is an endpoint", async () => {
+    const hosts = engines.map((e) => new URL(e.url).host);
+    api.put(PODS, pod('s0', { namespace: NS, labels: { app: 'standalone' } }));
+    picker = await startEpp([
+      '--kubeconfig',
+      api.kubeconfig(NS),
+      '--endpoint-selector',
+      'app=standalone',
+      '--endpoint-target-ports',
+      engines.map((e) => new URL(e.url).port).join(','),
+      '--k8s-namespace',
+      NS,
+      '--k8s-events-port',
+      '0',
+      '--no-remote-tokenize',
+    ]);
+    envoy?.close();
+    envoy = new EnvoySide(picker.address);
+    const e = envoy;
+    await eventually(async () => metric(await metricsText(picker!), 'router_k8s_workers') === 2, 15_000);
+    let seed = 200;
+    for (const host of hosts) {
+      const r = await e.roundTrip({
+        body: JSON.stringify({ model: 'm', prompt: randomTokens(64, ++seed), max_tokens: 2 }),
+        subset: [host],
+      });
+      if (!('picked' in r)) throw new Error(`subset ${host}: immediate response ${JSON.stringify(r.immediate)}`);
+      expect(r.picked.headers[DESTINATION_HEADER]).toBe(host);
+      expect(r.response.status).toBe(200);
+    }
+    api.remove(PODS, 's0');
     expect(await picker.stop()).toBe(0);
     picker = null;
   }, 90_000);

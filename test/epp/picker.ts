@@ -53,7 +53,8 @@ export async function startEpp(
     out += d.toString();
   });
   const m = await new Promise<RegExpExecArray>((resolve, reject) => {
-    const t = setTimeout(() => reject(new Error(`kvroute epp did not start: ${out}`)), 30_000);
+    // Generous: on a loaded shared machine (load 16 on two cores) a start has taken over 30 s.
+    const t = setTimeout(() => reject(new Error(`kvroute epp did not start: ${out}`)), 60_000);
     proc.stdout!.on('data', (d: Buffer) => {
       out += d.toString();
       const found =

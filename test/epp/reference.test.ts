@@ -55,7 +55,7 @@ describe('translateReferenceArgs', () => {
       '--config-file',
       '/config/x.yaml',
       '--k8s-port',
-      '8000',
+      '8000,8001',
       '--log-level',
       'debug',
       '--k8s-namespace',
@@ -67,7 +67,8 @@ describe('translateReferenceArgs', () => {
       '--lora-info-metric=',
       '--some-new-flag=value',
     ]);
-    expect(t.notes.join(' ')).toContain('only the first port (8000)');
+    // Every target port is an endpoint, as in a pool: no port is set aside.
+    expect(t.notes.join(' ')).not.toContain('8001');
   });
 
   it('an explicit --log-level or namespace wins over -v and $NAMESPACE', () => {

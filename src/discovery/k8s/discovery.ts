@@ -150,7 +150,7 @@ export class K8sDiscovery {
   /** Starts watching; resolves once the first pod list is applied (with a pool: once the pool exists and its pods are listed). */
   async start(): Promise<void> {
     if (this.opts.selector) {
-      this.target = { selector: this.opts.selector, ports: [this.opts.defaults.port] };
+      this.target = { selector: this.opts.selector, ports: this.opts.defaults.ports };
       await this.watchPods();
     } else {
       await this.watchPool();

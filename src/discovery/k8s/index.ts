@@ -23,7 +23,7 @@ export function discoveryFromSettings(settings: K8sSettings, sink: WorkerSink, l
     ...(settings.k8sPool !== undefined
       ? { pool: { name: settings.k8sPool, group: settings.k8sPoolGroup } }
       : { selector: parseLabelSelector(settings.k8sSelector ?? '') }),
-    defaults: { port: settings.k8sPort, eventsPort: settings.k8sEventsPort, replayPort: settings.k8sReplayPort },
+    defaults: { ports: settings.k8sPort, eventsPort: settings.k8sEventsPort, replayPort: settings.k8sReplayPort },
     sink,
     log,
   });

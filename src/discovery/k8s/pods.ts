@@ -9,7 +9,7 @@
  * whether they speak HTTP/1.1 or HTTP/2 with prior knowledge.
  *
  * Pod conventions (defaults in parentheses; docs/kubernetes.md):
- *   annotation kvroute.io/port          the engine's HTTP port, one worker (the pool's target ports, else --k8s-port)
+ *   annotation kvroute.io/port          the engine's HTTP port, one worker (the pool's target ports, else --k8s-port's)
  *   annotation kvroute.io/events-port   ZMQ KV-event port of rank 0 (--k8s-events-port; 0 = no events: approximate mode);
  *                                       the engine on the i-th target port uses it + i × dp
  *   annotation kvroute.io/replay-port   ZMQ replay port of rank 0 (--k8s-replay-port; 0 = none), + i × dp likewise
@@ -25,7 +25,16 @@
  *                                       target (absent, reason encode_only); no label: aggregated serving
  *   annotation sglang.ai/bootstrap-port SGLang prefill's bootstrap port (SGLang's convention; 8998), + i per target port
  */
-import { LABEL_KEY, LABEL_VALUE, type LabelSelector, matchesSelector, type PoolGroup, selectorFromLabels } from '../../config/k8s.ts';
+import {
+  LABEL_KEY,
+  LABEL_VALUE,
+  type LabelSelector,
+  MAX_TARGET_PORTS,
+  matchesSelector,
+  type PoolGroup,
+  selectorFromLabels,
+} from '../../config/k8s.ts';
+export { MAX_TARGET_PORTS };
 import type { WorkerSpec } from '../../config/worker-spec.ts';
 import { engineNamesText, isEngineName } from '../../engines/index.ts';
 
@@ -65,9 +74,6 @@ export interface PoolTarget {
   /** How they speak (spec.appProtocol: kubernetes.io/h2c is HTTP/2 with prior knowledge). Default http. */
   readonly appProtocol?: 'http' | 'h2c';
 }
-
-/** InferencePool v1 allows this many target ports (MaxItems, api/v1/inferencepool_types.go). */
-export const MAX_TARGET_PORTS = 8;
 
 const isRecord = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
 const isPort = (v: unknown): v is number => Number.isInteger(v) && (v as number) >= 1 && (v as number) <= 65535;
@@ -114,8 +120,8 @@ export function poolTarget(obj: unknown, group: PoolGroup): PoolTarget {
 // Pods
 
 export interface PodDefaults {
-  /** The engines' HTTP port when neither the pool nor the pod's annotation gives one. */
-  readonly port: number;
+  /** The engines' HTTP ports (one worker each) when neither the pool nor the pod's annotation gives them. */
+  readonly ports: readonly number[];
   /** Rank 0's KV-event port; 0 = no events (approximate mode). */
   readonly eventsPort: number;
   /** Rank 0's replay port; 0 = no replay. */
@@ -214,7 +220,7 @@ export function podVerdict(obj: unknown, selector: LabelSelector, defaults: PodD
 
   // The pod's own port annotation names its one engine; otherwise the pool's ports (or the default) do.
   const ports =
-    annotations[POD_KEYS.port] !== undefined ? [portAnnotation(annotations, POD_KEYS.port, 0, false)] : (pool?.ports ?? [defaults.port]);
+    annotations[POD_KEYS.port] !== undefined ? [portAnnotation(annotations, POD_KEYS.port, 0, false)] : (pool?.ports ?? defaults.ports);
   const eventsPort = portAnnotation(annotations, POD_KEYS.eventsPort, defaults.eventsPort, true);
   const replayPort = portAnnotation(annotations, POD_KEYS.replayPort, defaults.replayPort, true);
   const bootstrap =

@@ -10,6 +10,13 @@
  *   data_parallel_rank as the *prefill* rank to fetch from (#10169), else room mod the prefill's DP size;
  * - `room` (before #6884): bootstrap_room mod the DP size only, on both sides.
  *
+ * The files those pull requests change (sgl-project/sglang, python/sglang/srt/): entrypoints/openai/serving_base.py
+ * `extract_routed_dp_rank_from_header` with serving_chat.py and serving_completions.py (#19832);
+ * managers/data_parallel_controller.py `maybe_external_dp_rank_routing` and disaggregation/decode.py
+ * `_resolve_prefill_dp_rank` (#19268); disaggregation/decode.py `prefill_dp_rank=req.data_parallel_rank` (#10169). Their
+ * merge commits are not pinned: the source index holds only older copies (serving_base.py @012bcb5f987e reads no
+ * header) and the repository is past the snapshot size this project can fetch.
+ *
  * prefill  a request with bootstrap_room waits for its room's decode side on the bootstrap server (the
  *          SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT), then prefills one token and hands the KV over, from its rank
  * decode   a request with bootstrap_host/port/room asks that bootstrap server for the room's KV, naming the prefill

@@ -1,7 +1,9 @@
 /**
  * TensorRT-LLM KV-cache events (docs/engines.md): its executor's `KVCacheEvent`s as `trtllm-serve` returns them from
  * `POST /kv_cache_events` (a JSON list drained from the engine's buffer; `LLM.get_kv_cache_events()` gives the same
- * dicts), decoded into the core's normalised `KvEvent`s.
+ * dicts), decoded into the core's normalised `KvEvent`s. The base format is NVIDIA/TensorRT-LLM tensorrt_llm/_utils.py
+ * `KVCacheEventSerializer` @ed53795b33fc; `mm_keys`, per-block `cache_salt` and `lora_name` are the newer fields as
+ * Dynamo's TensorRT-LLM publisher and its tests read them (below).
  *
  * One event: `{event_id, data, window_size?, attention_dp_rank?}` with `data.type`
  * - `created` `{num_blocks_per_cache_level}`: first events of an engine, one per attention window size;
