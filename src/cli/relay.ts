@@ -5,7 +5,9 @@
 import type { Command } from 'commander';
 import pino, { type Logger } from 'pino';
 import { bytesArg, choiceArg, intArg, LOG_LEVELS, zmqEndpointArg } from '../config/parsers.ts';
-import { addServeOptions, K8S_SETTINGS, serveSettingsFrom } from '../config/serve.ts';
+import { K8S_SETTINGS } from '../config/k8s.ts';
+import { addServeOptions, serveSettingsFrom } from '../config/serve.ts';
+import { FLAGS_ONLY } from '../config/settings.ts';
 import { ENGINE_NAMES, type EngineName, engineAdapter, engineNamesText } from '../engines/index.ts';
 import { NatsRelay } from '../transport/nats/relay.ts';
 import { checkWorkerId } from '../transport/nats/protocol.ts';
@@ -19,7 +21,6 @@ interface RelayCliOptions {
   dp: number;
   model?: string;
   url?: string;
-  blockSize: number;
   flavor: EngineName;
   role?: 'prefill' | 'decode' | 'both';
   bootstrapPort?: number;
@@ -47,14 +48,14 @@ function stopSignal(): Promise<void> {
 }
 
 /** `--k8s-selector` / `--k8s-pool`: one relay per discovered pod (worker id = pod name), added and removed with the pods. */
-async function relayDiscovered(opts: RelayCliOptions, settings: ReturnType<typeof k8sSettingsOf>): Promise<void> {
+async function relayDiscovered(opts: RelayCliOptions, blockSize: number, settings: ReturnType<typeof k8sSettingsOf>): Promise<void> {
   const log = pino({ level: opts.logLevel, base: undefined });
   const { FleetRelay } = await import('../transport/nats/fleet-relay.ts');
   const { discoveryFromSettings } = await import('../discovery/k8s/index.ts');
   const fleet = new FleetRelay(
     opts.nats.split(','),
     {
-      blockSize: opts.blockSize,
+      blockSize,
       topic: opts.topic,
       heartbeatMs: opts.heartbeatMs,
       limits: { maxAgeMs: opts.maxAgeS * 1000, maxBytes: opts.maxBytes, replicas: opts.replicas },
@@ -123,12 +124,6 @@ export function registerRelay(program: Command): void {
     .option('--model <name>', 'served model name, published in the registry')
     .option('--url <url>', "the engine's OpenAI base URL (http://host:8000), published for the router's proxy")
     .option(
-      '--block-size <n>',
-      "the router's block size in tokens (the engine's must be a multiple)",
-      intArg('--block-size', { min: 1 }),
-      16,
-    )
-    .option(
       '--flavor <name>',
       `the engine (${engineNamesText()}): its event layout; trtllm without --events polls --url's POST /kv_cache_events`,
       choiceArg('--flavor', ENGINE_NAMES),
@@ -151,7 +146,9 @@ export function registerRelay(program: Command): void {
     .option('--replicas <n>', 'JetStream replicas of the stream and buckets (when created)', intArg('--replicas', { min: 1 }), 1)
     .option('--stats-every-s <n>', 'log publishing counters this often', intArg('--stats-every-s', { min: 1 }), 60)
     .option('--log-level <level>', 'pino log level', choiceArg('--log-level', LOG_LEVELS), 'info');
-  addServeOptions(relay, K8S_SETTINGS);
+  // The router's block size, as serve declares it (flags only); discovery as serve's, from flags and KVROUTE_*.
+  addServeOptions(relay, ['blockSize'], FLAGS_ONLY);
+  addServeOptions(relay, K8S_SETTINGS, { file: false });
   relay
     .addHelpText(
       'after',
@@ -160,6 +157,7 @@ export function registerRelay(program: Command): void {
         '  kvroute relay --nats nats://nats:4222 --k8s-selector app=vllm   # every Ready pod of the namespace',
     )
     .action(async (opts: RelayCliOptions, cmd: Command) => {
+      const { blockSize } = serveSettingsFrom(cmd, ['blockSize']);
       const settings = k8sSettingsOf(cmd);
       const discovering = settings.k8sPool !== undefined || settings.k8sSelector !== undefined;
       const usage = (msg: string) => {
@@ -173,7 +171,7 @@ export function registerRelay(program: Command): void {
         if (opts.worker !== undefined || opts.events !== undefined) {
           return usage('--worker and --events name one engine: with --k8s-selector or --k8s-pool the pods give them');
         }
-        return relayDiscovered(opts, settings);
+        return relayDiscovered(opts, blockSize, settings);
       }
       const polled = opts.events === undefined && engineAdapter(opts.flavor).events.httpPoll;
       if (polled && opts.url === undefined) {
@@ -197,7 +195,7 @@ export function registerRelay(program: Command): void {
         dpRanks: opts.dp,
         model: opts.model ?? null,
         url: opts.url ?? null,
-        blockSize: opts.blockSize,
+        blockSize,
         flavor: opts.flavor,
         role: opts.role,
         bootstrapPort: opts.bootstrapPort,

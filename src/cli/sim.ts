@@ -5,12 +5,12 @@
 import { writeFileSync } from 'node:fs';
 import type { Command } from 'commander';
 import cliProgress from 'cli-progress';
-import { intArg, numberArg, numberListArg, splitList, UsageError } from '../config/parsers.ts';
+import { intArg, numberArg, numberListArg, UsageError } from '../config/parsers.ts';
+import { dispatchOptionsFrom, routerOptionsFrom } from '../config/routing.ts';
+import { FLAGS_ONLY, addSettingsOptions, flagValues, resolveSettings } from '../config/settings.ts';
+import { runSettings, type SimSettings, simSchema } from '../config/sim.ts';
 import { type EngineCacheGroup, parseCacheGroups } from '../mocker/engine/hybrid.ts';
-import { ADMISSION_SETTINGS, addServeOptions, serveSettingsFrom } from '../config/serve.ts';
-import { POLICY_NAMES } from '../core/scheduling/policies.ts';
-import { DEFAULTS } from '../config/serve.ts';
-import { DEFAULT_TRANSFER, type FleetOptions, type FleetResult, runFleet, SIM_DISPATCH_DEFAULTS } from '../sim/fleet.ts';
+import { DEFAULT_TRANSFER, type FleetOptions, type FleetResult, runFleet } from '../sim/fleet.ts';
 import { formatPdTable } from '../sim/pd-report.ts';
 import { computeOracle } from '../sim/oracle.ts';
 import { buildReport, formatReport, renderSvg } from '../sim/report.ts';
@@ -23,30 +23,22 @@ import { traceStats } from '../sim/traces/stats.ts';
 /** Default KV capacity per worker, in tokens: 8,192 blocks of 512 (the README's reference fleets). */
 export const DEFAULT_CAPACITY_TOKENS = 8192 * 512;
 
+/** `kvroute sim`'s own options (the routing settings it shares with serve are in `simSchema`). */
 interface SimCliOptions {
   hybrid?: readonly EngineCacheGroup[];
   trace?: string;
   scenario?: string;
   limit?: number;
   workers?: number;
-  policy?: string;
-  blockSize?: number;
   gpuBlocks?: number;
   rateScale: number[];
   eventDelayMs: number;
   overlay: boolean;
-  prefillLoadScale?: number;
-  overlapCredit?: number;
-  temperature?: number;
   overlayGraceMs?: number;
-  seed: number;
   engineFailures?: number;
-  queueOrders?: string;
   excludeTenant?: string[];
   prefillWorkers?: number;
   decodeWorkers?: number;
-  disaggMinUncachedTokens?: number[];
-  decodeOverlapCredit?: number;
   kvTransferBandwidth: number;
   kvBytesPerToken: number;
   json?: string;
@@ -54,34 +46,10 @@ interface SimCliOptions {
   progress: boolean;
 }
 
-const KNOWN_POLICIES: readonly string[] = POLICY_NAMES;
-
-export function parsePolicies(text: string): string[] | string {
-  const names = splitList(text, /\s*,\s*/);
-  for (const n of names) {
-    if (!KNOWN_POLICIES.includes(n)) return `unknown policy "${n}"; known: ${KNOWN_POLICIES.join(', ')}`;
-  }
-  return names.length > 0 ? names : '--policy needs at least one name';
-}
-
 function fail(message: string, code = 2): void {
   process.stderr.write(`kvroute sim: ${message}\n`);
   process.exitCode = code;
 }
-
-/** The admission settings `kvroute sim` shares with `kvroute serve`: same flags, ranges, defaults (src/config/serve.ts). */
-const SIM_ADMISSION = [
-  ...ADMISSION_SETTINGS,
-  'breakerThreshold',
-  'breakerCooldownMs',
-  'bands',
-  'tenantWeights',
-  'tenantTokenBudgets',
-  'prefillTokensPerSecond',
-  'sessionTtlMs',
-  'sessionLoadFactor',
-  'selection',
-] as const;
 
 export function registerSim(program: Command): void {
   const sim = program
@@ -94,19 +62,14 @@ export function registerSim(program: Command): void {
         'their simulated times. Per policy: predicted hit (request- and block-weighted), available hit, engine-delivered ' +
         'hit (token-weighted, engine counters), TTFT p50/p90/p99 overall and by prompt length, throughput, prefill-load ' +
         'imbalance (max/mean), preemptions; plus the oracle (infinite shared cache) on the same trace. Requests go ' +
-        'through the same core dispatcher as `kvroute serve` (busy thresholds, queue, retries, breakers, with the ' +
-        'same setting names): the report counts requests served, queued, refused (by reason) and retried.',
+        'through the same core dispatcher as `kvroute serve` (busy thresholds, queue, retries, breakers), configured by ' +
+        'the same settings (names, ranges, defaults) and the same mapping: the report counts requests served, queued, ' +
+        'refused (by reason) and retried. A scenario brings its own fleet, policies and admission; flags given override them.',
     )
     .option('--trace <file>', 'Mooncake-format JSONL trace (see `kvroute trace gen`)')
     .option('--scenario <name>', `a built-in scenario instead of --trace: ${SCENARIOS.join(', ')} (seed: the 0.32-vs-0.77 case)`)
     .option('--limit <n>', 'replay only the first N requests', intArg('--limit', { min: 1 }))
     .option('--workers <n>', 'engines in the fleet (default 8; scenario: its own)', intArg('--workers', { min: 1 }))
-    .option('--policy <list>', `comma-separated policies: ${KNOWN_POLICIES.join(', ')} (default kv-pressure,kv,round-robin)`)
-    .option(
-      '--block-size <n>',
-      'router and engine block size in tokens; must divide 512 for trace fidelity (default 16)',
-      intArg('--block-size', { min: 1 }),
-    )
     .option(
       '--gpu-blocks <n>',
       `KV blocks per engine (default ${DEFAULT_CAPACITY_TOKENS.toLocaleString('en-US')} tokens' worth)`,
@@ -131,22 +94,6 @@ export function registerSim(program: Command): void {
       numberArg('--overlay-grace-ms', { min: 0 }),
     )
     .option(
-      '--prefill-load-scale <x>',
-      'kv knob: weight of prefill load against decode load (default 1)',
-      numberArg('--prefill-load-scale', { min: 0 }),
-    )
-    .option(
-      '--overlap-credit <x>',
-      'kv knob: prefill blocks saved per overlapping block (default 1)',
-      numberArg('--overlap-credit', { min: 0 }),
-    )
-    .option(
-      '--temperature <t>',
-      'kv knob: 0 picks the minimum cost, > 0 samples a softmax (default 0)',
-      numberArg('--temperature', { min: 0 }),
-    )
-    .option('--seed <n>', 'seed for the router and the engines (and the scenario generator)', intArg('--seed', { min: 0 }), 1)
-    .option(
       '--engine-failures <fraction>',
       'fraction of attempts that fail before the engine answers (as a 500), seeded (default 0)',
       numberArg('--engine-failures', { min: 0 }),
@@ -157,25 +104,11 @@ export function registerSim(program: Command): void {
       (v: string, prev: string[] = []) => [...prev, v],
     )
     .option(
-      '--queue-orders <list>',
-      'queue orders to compare, comma-separated: fair (bands, fair queuing across tenants) and/or fifo (default fair; scenario: its own)',
-    )
-    .option(
       '--prefill-workers <n>',
       'disaggregated prefill/decode: prefill workers (with --decode-workers; replaces --workers)',
       intArg('--prefill-workers', { min: 0 }),
     )
     .option('--decode-workers <n>', 'disaggregated prefill/decode: decode workers', intArg('--decode-workers', { min: 1 }))
-    .option(
-      '--disagg-min-uncached-tokens <list>',
-      "P/D: conditional disaggregation thresholds to compare, comma-separated (as serve's setting; default 1024)",
-      numberListArg('--disagg-min-uncached-tokens', { min: 0 }),
-    )
-    .option(
-      '--decode-overlap-credit <x>',
-      "P/D: the decode leg's overlap credit (as serve's setting; default 0)",
-      numberArg('--decode-overlap-credit', { min: 0 }),
-    )
     .option(
       '--kv-transfer-bandwidth <bytes/s>',
       'P/D: KV transfer bandwidth between a prefill and a decode worker',
@@ -202,7 +135,7 @@ export function registerSim(program: Command): void {
         }
       },
     );
-  addServeOptions(sim, SIM_ADMISSION, true);
+  addSettingsOptions(sim, simSchema, undefined, FLAGS_ONLY);
   sim
     .addHelpText(
       'after',
@@ -215,178 +148,26 @@ export function registerSim(program: Command): void {
         '  kvroute sim --scenario noisy-neighbour --exclude-tenant noisy  # the same tenants without the flood',
     )
     .action(async (o: SimCliOptions, cmd: Command) => {
-      const given = (key: string) => cmd.getOptionValueSource(key) === 'cli';
-      let admission: ReturnType<typeof serveSettingsFrom<(typeof SIM_ADMISSION)[number]>>;
-      try {
-        // Flags only: KVROUTE_* variables configure the router, not a simulation.
-        admission = serveSettingsFrom(cmd, SIM_ADMISSION, { env: {} });
-      } catch (err) {
-        return fail((err as Error).message);
-      }
       if (!o.trace === !o.scenario) return fail('give exactly one of --trace FILE or --scenario NAME');
-      const rates = o.rateScale;
-      let requests: TraceRequest[];
-      let source: string;
-      let base: Omit<FleetOptions, 'policy' | 'onProgress'>;
-      let policies: string[] = ['kv-pressure', 'kv', 'round-robin'];
-      let scenarioOrders: ReadonlyArray<'fair' | 'fifo'> | undefined;
-      const chosen = o.policy === undefined ? undefined : parsePolicies(o.policy);
-      if (typeof chosen === 'string') return fail(chosen);
-      if (o.scenario) {
-        let sc: Scenario;
-        try {
-          sc = scenario(o.scenario, o.seed);
-        } catch (err) {
-          return fail((err as Error).message);
-        }
-        requests = sc.requests;
-        source = `scenario ${sc.name} (${sc.description})`;
-        base = sc.fleet;
-        policies = sc.policies;
-        scenarioOrders = sc.queueOrders;
-      } else {
-        try {
-          const loaded = await loadTrace(o.trace!, { limit: o.limit });
-          requests = loaded.requests;
-          if (loaded.stats.badLines > 0) {
-            process.stderr.write(
-              `kvroute sim: skipped ${loaded.stats.badLines} bad lines of ${o.trace}: ${[...loaded.stats.bad].map(([k, v]) => `${k} ${v}`).join(', ')}\n`,
-            );
-          }
-        } catch (err) {
-          return fail(`cannot read trace ${o.trace}: ${(err as Error).message}`, 1);
-        }
-        source = o.trace!;
-        const bs = o.blockSize ?? 16;
-        base = { workers: 8, blockSize: bs, gpuBlocks: Math.max(1, Math.floor(DEFAULT_CAPACITY_TOKENS / bs)), seed: o.seed };
-      }
-      if (chosen) policies = chosen;
-      if (o.excludeTenant) requests = requests.filter((r) => !o.excludeTenant!.includes(r.tenant ?? 'default'));
-      if (o.limit !== undefined) requests = requests.slice(0, o.limit);
-      if (requests.length === 0) return fail('the trace has no valid requests', 1);
-      const blockSize = o.blockSize ?? base.blockSize;
-      const fleet: Omit<FleetOptions, 'policy' | 'onProgress'> = {
-        ...base,
-        workers: o.workers ?? base.workers,
-        blockSize,
-        gpuBlocks:
-          o.gpuBlocks ??
-          (o.blockSize !== undefined && o.scenario === undefined ? Math.floor(DEFAULT_CAPACITY_TOKENS / blockSize) : base.gpuBlocks),
-        eventDelayMs: o.eventDelayMs,
-        seed: o.seed,
-        ...(o.hybrid && { engine: { ...(base.engine ?? {}), cacheGroups: o.hybrid } }),
-        router: {
-          ...(base.router ?? {}),
-          overlay: o.overlay,
-          knobs: {
-            ...(base.router?.knobs ?? {}),
-            ...(o.prefillLoadScale !== undefined && { prefillLoadScale: o.prefillLoadScale }),
-            ...(o.overlapCredit !== undefined && { overlapCredit: o.overlapCredit }),
-            ...(o.temperature !== undefined && { temperature: o.temperature }),
-          },
-          ...(o.overlayGraceMs !== undefined && { overlayGraceMs: o.overlayGraceMs }),
-          selection: admission.selection,
-          ...((admission.busyPrefillTokens !== undefined || admission.busyKvFraction !== undefined) && {
-            busy: { activePrefillTokens: admission.busyPrefillTokens, activeBlockFraction: admission.busyKvFraction },
-          }),
-        },
-        // A scenario's own admission, then the flags given on the command line.
-        dispatch: {
-          ...SIM_DISPATCH_DEFAULTS,
-          ...(base.dispatch ?? {}),
-          ...(given('queueLimit') && { queueLimit: admission.queueLimit }),
-          ...(given('queueTimeoutMs') && { queueTimeoutMs: admission.queueTimeoutMs }),
-          ...(given('retries') && { retries: admission.retries }),
-          breaker: {
-            threshold: given('breakerThreshold')
-              ? admission.breakerThreshold
-              : (base.dispatch?.breaker?.threshold ?? SIM_DISPATCH_DEFAULTS.breaker.threshold),
-            cooldownMs: given('breakerCooldownMs')
-              ? admission.breakerCooldownMs
-              : (base.dispatch?.breaker?.cooldownMs ?? SIM_DISPATCH_DEFAULTS.breaker.cooldownMs),
-          },
-          flow: {
-            ...(base.dispatch?.flow ?? {}),
-            ...(admission.bands.length > 0 && { bands: admission.bands }),
-            weights: admission.tenantWeights,
-          },
-          tokenBudgets: admission.tenantTokenBudgets,
-          prefillTokensPerSecond: admission.prefillTokensPerSecond,
-          sessions: { ttlMs: admission.sessionTtlMs, loadFactor: admission.sessionLoadFactor },
-        },
-        engineFailures: o.engineFailures,
-        ...(o.prefillWorkers !== undefined || o.decodeWorkers !== undefined
-          ? {
-              prefillWorkers: o.prefillWorkers ?? 0,
-              decodeWorkers: o.decodeWorkers ?? 1,
-              transfer: { bytesPerS: o.kvTransferBandwidth, bytesPerToken: o.kvBytesPerToken },
-            }
-          : {}),
-      };
-      const withCredit: typeof fleet =
-        o.decodeOverlapCredit === undefined
-          ? fleet
-          : { ...fleet, router: { ...fleet.router, knobs: { ...fleet.router?.knobs, decodeOverlapCredit: o.decodeOverlapCredit } } };
-      const thresholds = o.disaggMinUncachedTokens ?? [DEFAULTS.disaggMinUncachedTokens];
       if (o.engineFailures !== undefined && o.engineFailures >= 1) return fail('--engine-failures must be below 1');
-      if (512 % blockSize !== 0) {
-        process.stderr.write(`kvroute sim: note: block size ${blockSize} does not divide 512; trace blocks straddle router blocks\n`);
+      const input = await simInput(o, cmd);
+      if (typeof input === 'string') return;
+      const { requests, source, settings, fleet } = input;
+      if (512 % settings.blockSize !== 0) {
+        process.stderr.write(
+          `kvroute sim: note: block size ${settings.blockSize} does not divide 512; trace blocks straddle router blocks\n`,
+        );
       }
-
-      const orderList = o.queueOrders ? splitList(o.queueOrders) : [...(scenarioOrders ?? ['fair'])];
-      for (const q of orderList) if (q !== 'fair' && q !== 'fifo') return fail(`--queue-orders values must be fair or fifo, got "${q}"`);
-      const queueOrders = orderList as Array<'fair' | 'fifo'>;
-      const runs = policies.length * rates.length * queueOrders.length * thresholds.length;
-      const bar =
-        o.progress && process.stderr.isTTY
-          ? new cliProgress.SingleBar(
-              {
-                format: 'sim [{bar}] {percentage}% | {run} | {value}/{total} requests | {duration_formatted}',
-                stream: process.stderr,
-                hideCursor: true,
-              },
-              cliProgress.Presets.shades_classic,
-            )
-          : null;
-      bar?.start(requests.length * runs, 0, { run: '' });
-      const hasher = new TraceHasher(blockSize);
-      const results: FleetResult[] = [];
-      let done = 0;
-      for (const policy of policies) {
-        for (const order of queueOrders) {
-          for (const rateScale of rates) {
-            for (const minUncached of thresholds) {
-              const label = `${policy}${queueOrders.length > 1 ? ` ${order}` : ''} x${rateScale}${fleet.decodeWorkers ? ` N=${minUncached}` : ''}`;
-              const r = runFleet(requests, {
-                ...withCredit,
-                dispatch: {
-                  ...SIM_DISPATCH_DEFAULTS,
-                  ...fleet.dispatch,
-                  flow: { ...fleet.dispatch?.flow, order },
-                  pd: { minUncachedTokens: minUncached },
-                },
-                policy,
-                rateScale,
-                hasher,
-                onProgress: bar ? (k) => bar.update(done + k, { run: label }) : undefined,
-              });
-              done += requests.length;
-              bar?.update(done, { run: label });
-              results.push(r);
-            }
-          }
-        }
-      }
-      bar?.stop();
+      const results = runSweep(requests, settings, fleet, o);
       const stats = traceStats(requests);
       const report = buildReport(
         { ...stats, source },
         {
           workers: fleet.decodeWorkers !== undefined ? (fleet.prefillWorkers ?? 0) + fleet.decodeWorkers : fleet.workers,
-          block_size: blockSize,
+          block_size: settings.blockSize,
           gpu_blocks: fleet.gpuBlocks,
           event_delay_ms: fleet.eventDelayMs ?? 5,
-          seed: o.seed,
+          seed: settings.seed,
         },
         computeOracle(requests),
         results,
@@ -401,6 +182,146 @@ export function registerSim(program: Command): void {
         return fail(`cannot write output: ${(err as Error).message}`, 1);
       }
     });
+}
+
+/** What one `kvroute sim` compares: the requests, the settings (sweeps included) and the fleet every run shares. */
+interface SimInput {
+  readonly requests: TraceRequest[];
+  readonly source: string;
+  readonly settings: SimSettings;
+  /** The fleet without its routing: each run adds its router and dispatcher options. */
+  readonly fleet: Omit<FleetOptions, 'policy' | 'onProgress' | 'router' | 'dispatch'>;
+}
+
+/**
+ * Reads the trace or builds the scenario, and resolves the settings: a flag given wins, then the scenario's own
+ * choices (its block size, policies, queue orders and admission), then the defaults. Failures are reported (and the
+ * exit code set); the message is returned.
+ */
+async function simInput(o: SimCliOptions, cmd: Command): Promise<SimInput | string> {
+  const refuse = (message: string, code = 2): string => {
+    fail(message, code);
+    return message;
+  };
+  let settings: SimSettings;
+  let requests: TraceRequest[];
+  let source: string;
+  let sc: Scenario | undefined;
+  try {
+    ({ settings, scenario: sc } = simSettings(flagValues(cmd, simSchema), o.scenario));
+  } catch (err) {
+    return refuse((err as Error).message);
+  }
+  if (sc) {
+    requests = sc.requests;
+    source = `scenario ${sc.name} (${sc.description})`;
+  } else {
+    try {
+      const loaded = await loadTrace(o.trace!, { limit: o.limit });
+      requests = loaded.requests;
+      if (loaded.stats.badLines > 0) {
+        process.stderr.write(
+          `kvroute sim: skipped ${loaded.stats.badLines} bad lines of ${o.trace}: ${[...loaded.stats.bad].map(([k, v]) => `${k} ${v}`).join(', ')}\n`,
+        );
+      }
+    } catch (err) {
+      return refuse(`cannot read trace ${o.trace}: ${(err as Error).message}`, 1);
+    }
+    source = o.trace!;
+  }
+  if (o.excludeTenant) requests = requests.filter((r) => !o.excludeTenant!.includes(r.tenant ?? 'default'));
+  if (o.limit !== undefined) requests = requests.slice(0, o.limit);
+  if (requests.length === 0) return refuse('the trace has no valid requests', 1);
+  const bs = settings.blockSize;
+  const fleet: SimInput['fleet'] = {
+    ...(sc?.fleet ?? {}),
+    workers: o.workers ?? sc?.fleet.workers ?? 8,
+    blockSize: bs,
+    gpuBlocks: o.gpuBlocks ?? sc?.fleet.gpuBlocks ?? Math.max(1, Math.floor(DEFAULT_CAPACITY_TOKENS / bs)),
+    eventDelayMs: o.eventDelayMs,
+    seed: settings.seed,
+    ...(o.hybrid && { engine: { ...(sc?.fleet.engine ?? {}), cacheGroups: o.hybrid } }),
+    engineFailures: o.engineFailures,
+    ...(o.prefillWorkers !== undefined || o.decodeWorkers !== undefined
+      ? {
+          prefillWorkers: o.prefillWorkers ?? 0,
+          decodeWorkers: o.decodeWorkers ?? 1,
+          transfer: { bytesPerS: o.kvTransferBandwidth, bytesPerToken: o.kvBytesPerToken },
+        }
+      : {}),
+  };
+  return { requests, source, settings, fleet };
+}
+
+/**
+ * The settings of a simulation from its flags (raw, `flagValues`) and its scenario: a flag given wins, then the
+ * scenario's own choices (block size, policies, queue orders, admission), then the defaults. Throws a one-line
+ * SettingError for a bad value, an Error for an unknown scenario.
+ */
+export function simSettings(
+  flags: Readonly<Record<string, unknown>>,
+  scenarioName?: string,
+): { settings: SimSettings; scenario?: Scenario } {
+  const settings = resolveSettings(simSchema, { flags }).config;
+  if (scenarioName === undefined) return { settings };
+  const sc = scenario(scenarioName, settings.seed);
+  const layer = {
+    blockSize: sc.fleet.blockSize,
+    policy: sc.policies,
+    ...(sc.queueOrders && { queueOrder: [...sc.queueOrders] }),
+    ...sc.settings,
+  };
+  return { settings: resolveSettings(simSchema, { flags, file: { path: `scenario ${sc.name}`, values: layer } }).config, scenario: sc };
+}
+
+/** Every run of the sweeps (policy x queue order x rate scale x P/D threshold), with a progress bar on a terminal. */
+function runSweep(requests: readonly TraceRequest[], settings: SimSettings, fleet: SimInput['fleet'], o: SimCliOptions): FleetResult[] {
+  const thresholds = settings.disaggMinUncachedTokens;
+  const runs = settings.policy.length * o.rateScale.length * settings.queueOrder.length * thresholds.length;
+  const bar =
+    o.progress && process.stderr.isTTY
+      ? new cliProgress.SingleBar(
+          {
+            format: 'sim [{bar}] {percentage}% | {run} | {value}/{total} requests | {duration_formatted}',
+            stream: process.stderr,
+            hideCursor: true,
+          },
+          cliProgress.Presets.shades_classic,
+        )
+      : null;
+  bar?.start(requests.length * runs, 0, { run: '' });
+  const hasher = new TraceHasher(settings.blockSize);
+  const results: FleetResult[] = [];
+  let done = 0;
+  for (const policy of settings.policy) {
+    for (const queueOrder of settings.queueOrder) {
+      for (const rateScale of o.rateScale) {
+        for (const disaggMinUncachedTokens of thresholds) {
+          const label = `${policy}${settings.queueOrder.length > 1 ? ` ${queueOrder}` : ''} x${rateScale}${fleet.decodeWorkers ? ` N=${disaggMinUncachedTokens}` : ''}`;
+          // The live router's mapping, one sweep point at a time.
+          const run = runSettings(settings, { policy, queueOrder, disaggMinUncachedTokens });
+          const r = runFleet(requests, {
+            ...fleet,
+            router: {
+              ...routerOptionsFrom(run),
+              overlay: o.overlay,
+              ...(o.overlayGraceMs !== undefined && { overlayGraceMs: o.overlayGraceMs }),
+            },
+            dispatch: dispatchOptionsFrom(run),
+            policy,
+            rateScale,
+            hasher,
+            onProgress: bar ? (k) => bar.update(done + k, { run: label }) : undefined,
+          });
+          done += requests.length;
+          bar?.update(done, { run: label });
+          results.push(r);
+        }
+      }
+    }
+  }
+  bar?.stop();
+  return results;
 }
 
 /** The one-paragraph reading of the seed scenario: the trap, reproduced. */

@@ -99,6 +99,11 @@ export function splitList(text: string, separators: RegExp = /[\s,]+/): string[]
   return text.split(separators).filter((s) => s.length > 0);
 }
 
+/** "a, b or c": a list of names as messages and help texts say it. */
+export function namesText(names: readonly string[], conjunction = 'or'): string {
+  return names.length === 1 ? names[0] : `${names.slice(0, -1).join(', ')} ${conjunction} ${names.at(-1)}`;
+}
+
 /** pino's levels, for every command's --log-level. */
 export const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
 

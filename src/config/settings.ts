@@ -81,6 +81,46 @@ export function optional<S extends z.ZodType>(kind: Kind<S>, meta: SettingMeta) 
   return schema;
 }
 
+function entryOf(field: z.ZodType): SettingEntry {
+  const entry = SETTINGS.get(field);
+  if (!entry) throw new Error('not a registered setting');
+  return entry;
+}
+
+/**
+ * The same setting with another default, for a command whose use of it differs (`kvroute sim --seed` also seeds the
+ * engines and its scenarios, default 1); `meta` may add to its help. Flag, variable, kind and range stay the setting's.
+ */
+export function redefault<S extends z.ZodType>(field: S, value: z.output<S>, meta: Partial<SettingMeta> = {}) {
+  const entry = entryOf(field);
+  return withDefault(entry.kind as Kind<z.ZodType<z.output<S>>>, value, { ...entry, ...meta });
+}
+
+/**
+ * A list-valued variant of a setting, for a command that compares several values side by side (`kvroute sim --policy
+ * kv-pressure,kv`): the same flag (its argument named <list>), variable, item kind and help; each item is checked as
+ * the setting checks a value. `value`: the default list (default: the setting's default alone).
+ */
+export function sweepOf<S extends z.ZodType>(field: S, options: { default?: z.output<S>[]; help?: string } = {}) {
+  const entry = entryOf(field);
+  if (entry.kind.arg !== 'value') throw new Error(`${entry.flag}: only a one-value setting has a sweep variant`);
+  const item = entry.kind;
+  const kind: Kind<z.ZodArray<z.ZodType<z.output<S>>>> = {
+    schema: z.array(item.schema as z.ZodType<z.output<S>>).min(1),
+    accepts: `${item.accepts}, or several separated by commas`,
+    range: item.range ? `each: ${item.range}` : '',
+    fromText: (t) => splitList(t, /\s*,\s*/).map((x) => item.fromText(x)),
+    show: (v) => (v as unknown[]).map((x) => item.show(x)).join(','),
+    arg: 'list',
+  };
+  const value = options.default ?? (entry.default === undefined ? [] : [entry.default as z.output<S>]);
+  return withDefault(kind, value, {
+    ...entry,
+    flag: entry.flag.replace(/<[^>]+>/, '<list>'),
+    help: options.help ?? `${entry.help}; several, comma-separated, are compared side by side`,
+  });
+}
+
 // ---- kinds ----
 
 export function integer(range: Range = {}): Kind<z.ZodNumber> {
@@ -187,26 +227,50 @@ export function settingLabel(entry: SettingMeta): string {
   return `${longFlag(entry)} (${entry.env})`;
 }
 
-function helpText(key: string, entry: SettingEntry, flagsOnly: boolean): string {
+/** Which sources a command reads its settings from, for --help: serve and epp read all three. */
+export interface OptionSources {
+  /** Its KVROUTE_* variables (default true). */
+  readonly env?: boolean;
+  /** Its --config file (default true). */
+  readonly file?: boolean;
+  /** Settings that must be given on this command (no default applies). */
+  readonly required?: readonly string[];
+  /** The --help section: the setting's own (default), another, or none (false: a command borrowing one setting). */
+  readonly group?: string | false;
+}
+
+/** Flags only: a command borrowing settings whose variables configure the router, not it. */
+export const FLAGS_ONLY: OptionSources = { env: false, file: false };
+
+function helpText(key: string, entry: SettingEntry, sources: OptionSources): string {
   const notes: string[] = [];
   if (entry.kind.range) notes.push(entry.kind.range);
-  if (entry.default !== undefined && !(Array.isArray(entry.default) && entry.default.length === 0)) {
+  if (sources.required?.includes(key)) notes.push('required');
+  else if (entry.default !== undefined && !(Array.isArray(entry.default) && entry.default.length === 0)) {
     notes.push(`default: ${entry.kind.show(entry.default)}`);
   }
-  if (!flagsOnly) notes.push(`env: ${entry.env}${entry.kind.arg === 'switch' ? '=true|false' : ''}`, `config: ${key}`);
+  if (sources.env !== false) notes.push(`env: ${entry.env}${entry.kind.arg === 'switch' ? '=true|false' : ''}`);
+  if (sources.file !== false) notes.push(`config: ${key}`);
   return `${entry.help} (${notes.join('; ')})`;
 }
 
 /**
- * Adds the settings' options to a command (all of the schema's, or `keys`): flag, help with range, default and variable.
- * `flagsOnly`: another command borrowing the settings as flags (its help names no variable or config key).
+ * Adds the settings' options to a command (all of the schema's, or `keys`): flag, help with range, default and, as the
+ * command reads them, variable and config key.
  */
-export function addSettingsOptions(command: Command, schema: SettingsSchema, keys?: readonly string[], flagsOnly = false): Command {
+export function addSettingsOptions(
+  command: Command,
+  schema: SettingsSchema,
+  keys?: readonly string[],
+  sources: OptionSources = {},
+): Command {
   for (const { key, entry } of settingsOf(schema, keys)) {
-    const option = new Option(entry.flag, helpText(key, entry, flagsOnly));
+    const option = new Option(entry.flag, helpText(key, entry, sources));
     // No commander parsing or env: the resolver reads every source itself, so it knows where a bad value came from.
     if (entry.kind.arg === 'list') option.argParser((v: string, previous: string[] = []) => [...previous, v]);
-    if (entry.group) option.helpGroup(entry.group);
+    const group = sources.group === undefined ? entry.group : sources.group;
+    if (group) option.helpGroup(group);
+    if (sources.required?.includes(key)) option.makeOptionMandatory();
     command.addOption(option);
   }
   return command;
@@ -254,7 +318,7 @@ export async function readConfigFile(path: string): Promise<ConfigFile> {
 export interface SettingSources {
   /** Raw flag values by key (`flagValues`). */
   readonly flags?: Readonly<Record<string, unknown>>;
-  /** The environment; a variable set to "" counts as unset. */
+  /** The environment; a variable set to "" counts as unset. Absent: the command reads none (its messages name none). */
   readonly env?: Readonly<Record<string, string | undefined>>;
   readonly file?: ConfigFile;
 }
@@ -278,6 +342,21 @@ function fromOf(source: Exclude<Source, 'default'>, entry: SettingEntry, file?: 
   return `${file?.path}: ${at.replace(/^\./, '')}`;
 }
 
+/**
+ * The settings `keys` of `schema` a parsed command was given: its flags (and `env` when given; for a command that
+ * borrows the router's settings pass none), checked, defaults filled in, with where each value came from.
+ */
+export function settingsFrom<T extends SettingsSchema, const K extends keyof z.output<T> & string>(
+  command: Command,
+  schema: T,
+  keys: readonly K[],
+  options: { env?: Readonly<Record<string, string | undefined>> } = {},
+): Resolved<Pick<z.output<T>, K>> {
+  const picked = schema.pick(Object.fromEntries(keys.map((k) => [k, true])) as never) as unknown as SettingsSchema;
+  const resolved = resolveSettings(picked, { flags: flagValues(command, schema, keys), env: options.env });
+  return resolved as Resolved<Pick<z.output<T>, K>>;
+}
+
 /** Checks one value of one setting from one source; throws the one-line SettingError. */
 function check(
   key: string,
@@ -285,17 +364,23 @@ function check(
   candidate: unknown,
   shown: unknown,
   source: Exclude<Source, 'default'>,
-  file?: ConfigFile,
+  file: ConfigFile | undefined,
+  withEnv: boolean,
 ): unknown {
+  // A command that reads no KVROUTE_* variable names none in its messages.
+  const label = withEnv ? settingLabel(entry) : longFlag(entry);
   const r = entry.kind.schema.safeParse(candidate);
   if (r.success) return r.data;
   const issue = r.error.issues[0];
   const from = fromOf(source, entry, file, source === 'file' ? [key, ...issue.path] : []);
   // A detailed kind's own messages (a bad worker spec, a bad CIDR) say more than its range; a wrong type at the top does not.
   if (entry.kind.detailed && (issue.code === 'custom' || issue.path.length > 0)) {
-    throw new SettingError(`${settingLabel(entry)}: ${issue.message} (from ${from})`);
+    throw new SettingError(`${label}: ${issue.message} (from ${from})`);
   }
-  throw new SettingError(`${settingLabel(entry)} must be ${entry.kind.accepts}, got ${showValue(shown, entry.secret)} (from ${from})`);
+  // A list refused for one item: show that item, not the whole list.
+  const item = issue.path[0];
+  if (Array.isArray(candidate) && typeof item === 'number' && source !== 'file') shown = candidate[item];
+  throw new SettingError(`${label} must be ${entry.kind.accepts}, got ${showValue(shown, entry.secret)} (from ${from})`);
 }
 
 /** flag or environment text -> a candidate value (lists: every occurrence split and concatenated). */
@@ -321,17 +406,18 @@ export function resolveSettings<T extends SettingsSchema>(schema: T, sources: Se
   }
   const values: Record<string, unknown> = {};
   const from: Record<string, Source> = {};
+  const withEnv = sources.env !== undefined;
   for (const { key, entry } of settings) {
     const flagRaw = sources.flags?.[key];
     const envRaw = sources.env?.[entry.env];
     if (flagRaw !== undefined) {
-      values[key] = check(key, entry, fromRaw(entry, flagRaw), flagRaw, 'flag');
+      values[key] = check(key, entry, fromRaw(entry, flagRaw), flagRaw, 'flag', file, withEnv);
       from[key] = 'flag';
     } else if (envRaw !== undefined && envRaw !== '') {
-      values[key] = check(key, entry, fromRaw(entry, envRaw), envRaw, 'env');
+      values[key] = check(key, entry, fromRaw(entry, envRaw), envRaw, 'env', file, withEnv);
       from[key] = 'env';
     } else if (file && file.values[key] !== undefined) {
-      values[key] = check(key, entry, file.values[key], file.values[key], 'file', file);
+      values[key] = check(key, entry, file.values[key], file.values[key], 'file', file, withEnv);
       from[key] = 'file';
     } else {
       from[key] = 'default';

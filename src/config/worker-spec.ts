@@ -1,13 +1,12 @@
 /**
  * Worker specs: the one definition of a worker, whether it comes as a `--worker` / KVROUTE_WORKERS string (the grammar
- * is WORKER_SPEC_GRAMMAR below; the engine names come from the engine registry, src/engines/index.ts), as an item of
+ * is WORKER_SPEC_GRAMMAR below; the engine names are the core's list, src/core/types.ts, which the engine registry src/engines/index.ts covers), as an item of
  * a config file's `workers` list, or as the body of POST /admin/workers. The string grammar is split into fields here
  * and every form is then checked by the same zod object schema.
  */
 import { z } from 'zod';
-import type { OptionalFieldSetting } from '../engines/handoff.ts';
-import { ENGINE_NAMES, type EngineName, engineNamesText } from '../engines/index.ts';
-import { intText, ZMQ_ENDPOINT } from './parsers.ts';
+import { ENGINE_NAMES, type EngineName } from '../core/types.ts';
+import { intText, namesText, ZMQ_ENDPOINT } from './parsers.ts';
 
 export interface WorkerSpec {
   /** Base URL of the engine's OpenAI server, e.g. http://10.0.0.5:8000. */
@@ -46,6 +45,9 @@ export interface WorkerSpec {
    */
   readonly appProtocol?: 'http' | 'h2c';
 }
+
+/** A setting for an optional handoff field: send it and drop it once the server refuses it, always, or never. */
+export type OptionalFieldSetting = 'auto' | 'on' | 'off';
 
 /** SGLang's default --disaggregation-bootstrap-port. */
 export const DEFAULT_BOOTSTRAP_PORT = 8998;
@@ -107,7 +109,9 @@ const workerObject = z
       blocks: positive('blocks').optional(),
       model: z.union([modelName, z.array(modelName)]).optional(),
       models: z.union([modelName, z.array(modelName)]).optional(),
-      engine: z.enum(ENGINE_NAMES, { error: (iss) => `worker option engine=${show(iss.input)} must be ${engineNamesText()}` }).optional(),
+      engine: z
+        .enum(ENGINE_NAMES, { error: (iss) => `worker option engine=${show(iss.input)} must be ${namesText(ENGINE_NAMES)}` })
+        .optional(),
       role: z
         .enum(['prefill', 'decode', 'both'], { error: (iss) => `worker option role=${show(iss.input)} must be prefill, decode or both` })
         .optional(),

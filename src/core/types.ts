@@ -7,10 +7,13 @@
  */
 
 /**
- * The engines kvroute speaks to. The one place the list is spelled outside src/engines/: the registry there
- * (src/engines/index.ts) holds one adapter per name and every other module derives the list from it.
+ * The engines kvroute speaks to, in the order docs and messages list them. The one place the list is spelled outside
+ * src/engines/: the registry there (src/engines/index.ts) holds one adapter per name (a name without an adapter does
+ * not compile), and every other module derives from the registry, or from this list where it may not import the
+ * registry (src/config: settings import only the core).
  */
-export type EngineName = 'vllm' | 'sglang' | 'trtllm';
+export const ENGINE_NAMES = ['vllm', 'sglang', 'trtllm'] as const;
+export type EngineName = (typeof ENGINE_NAMES)[number];
 
 /** A routing target: one data-parallel rank of one worker (a DP-8 engine is 8 sources). */
 export interface SourceId {

@@ -4,6 +4,7 @@
  * orchestration (sending, waiting, retrying, accounting) is the front ends' (src/server/pd.ts); the bodies are the
  * engine's (src/engines/NAME/handoff.ts), so serve and the endpoint picker speak each engine one way.
  */
+import type { OptionalFieldSetting } from '../config/worker-spec.ts';
 import type { DisaggRequestIds } from './trtllm/ids.ts';
 
 /** The client's request as the legs' bodies are built from it. */
@@ -17,9 +18,6 @@ export interface HandoffClient {
   /** /v1/chat/completions (true) or /v1/completions. */
   readonly chat: boolean;
 }
-
-/** A setting for an optional handoff field: send it and drop it once the server refuses it, always, or never. */
-export type OptionalFieldSetting = 'auto' | 'on' | 'off';
 
 /** A worker's optional handoff fields: its settings (by wire field name) and the fields its server refused. */
 export interface HandoffFields {

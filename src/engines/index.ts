@@ -3,8 +3,9 @@
  * derives from it (worker specs, discovery annotations, the relay's --flavor, the NATS registry entries, the metrics
  * mirror, event ingestion, the P/D handoff). Adding an engine: src/engines/README.md.
  */
-import type { EngineName } from '../core/types.ts';
+import { ENGINE_NAMES as NAMES, type EngineName } from '../core/types.ts';
 import type { EngineAdapter } from './adapter.ts';
+import { namesText } from '../config/parsers.ts';
 import { sglang } from './sglang/index.ts';
 import { trtllm } from './trtllm/index.ts';
 import { vllm } from './vllm/index.ts';
@@ -15,8 +16,8 @@ export type { EngineAdapter, EngineEvents, EngineMetricNames } from './adapter.t
 /** Keyed by every name of the union: a name without an adapter (or the reverse) does not compile. */
 const ADAPTERS: Readonly<Record<EngineName, EngineAdapter>> = { vllm, sglang, trtllm };
 
-/** Every engine, in the order docs and messages list them. */
-export const ENGINE_NAMES = Object.keys(ADAPTERS) as [EngineName, ...EngineName[]];
+/** Every engine, in the order docs and messages list them (the core's list; each has its adapter above). */
+export const ENGINE_NAMES: readonly [EngineName, ...EngineName[]] = NAMES;
 
 /** The engine a worker without `engine=` is. */
 export const DEFAULT_ENGINE: EngineName = 'vllm';
@@ -36,5 +37,5 @@ export function engineAdapters(): readonly EngineAdapter[] {
 
 /** "vllm, sglang or trtllm": the list as messages and help texts say it. */
 export function engineNamesText(conjunction = 'or'): string {
-  return ENGINE_NAMES.length === 1 ? ENGINE_NAMES[0] : `${ENGINE_NAMES.slice(0, -1).join(', ')} ${conjunction} ${ENGINE_NAMES.at(-1)}`;
+  return namesText(ENGINE_NAMES, conjunction);
 }

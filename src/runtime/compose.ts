@@ -6,8 +6,9 @@
  */
 import pino, { type Logger } from 'pino';
 import { Dispatcher } from '../core/dispatch/dispatcher.ts';
-import { KvRouter, TIER_CREDIT_ON } from '../core/router.ts';
+import { KvRouter } from '../core/router.ts';
 import { parseSourceKey } from '../core/types.ts';
+import { dispatchOptionsFrom, routerOptionsFrom } from '../config/routing.ts';
 import type { ServeConfig } from '../config/serve.ts';
 import { FlowMetrics } from '../metrics/flow.ts';
 import { PdMetrics } from '../metrics/pd.ts';
@@ -61,35 +62,9 @@ export async function buildTokenizer(config: ServeConfig, options: ComposeOption
 
 export async function composeRouter(config: ServeConfig, options: ComposeOptions = {}): Promise<RouterCore> {
   const log = options.logger ?? pino({ level: config.logLevel, base: undefined, redact: LOG_REDACT_PATHS });
-  const router = new KvRouter({
-    blockSize: config.blockSize,
-    policy: config.policy,
-    knobs: {
-      prefillLoadScale: config.prefillLoadScale,
-      overlapCredit: config.overlapCredit,
-      temperature: config.temperature,
-      decodeOverlapCredit: config.decodeOverlapCredit,
-      ...(config.tierCredit ? TIER_CREDIT_ON : {}),
-      ...(config.tierRemoteCredit > 0 ? { remoteTierCredit: config.tierRemoteCredit } : {}),
-    },
-    storeOnlyTtlMs: config.storeOnlyTtlMs,
-    seed: config.seed,
-    selection: config.selection,
-    busy: { activeBlockFraction: config.busyKvFraction, activePrefillTokens: config.busyPrefillTokens },
-    clock: () => performance.now(),
-  });
-  const dispatcher = new Dispatcher(router, {
-    queueLimit: config.queueLimit,
-    queueTimeoutMs: config.queueTimeoutMs,
-    retries: config.retries,
-    breaker: { threshold: config.breakerThreshold, cooldownMs: config.breakerCooldownMs },
-    pins: { limit: config.responsePinLimit, ttlMs: config.responsePinTtlMs },
-    flow: { bands: config.bands, order: config.queueOrder, weights: config.tenantWeights },
-    tokenBudgets: config.tenantTokenBudgets,
-    sessions: { ttlMs: config.sessionTtlMs, loadFactor: config.sessionLoadFactor },
-    prefillTokensPerSecond: config.prefillTokensPerSecond,
-    pd: { minUncachedTokens: config.disaggMinUncachedTokens },
-  });
+  // The one mapping from settings to the core's options (the simulator uses it too, src/cli/sim.ts).
+  const router = new KvRouter({ ...routerOptionsFrom(config), clock: () => performance.now() });
+  const dispatcher = new Dispatcher(router, dispatchOptionsFrom(config));
   const metrics = new RouterMetrics({ router, prefix: config.metricsPrefix });
   const flowMetrics = new FlowMetrics(metrics.registry, metrics.prefix, () => dispatcher.census(), [
     ...Object.keys(config.tenantWeights ?? {}),

@@ -25,7 +25,8 @@ import {
 } from '@opentelemetry/sdk-trace-base';
 import type { Attributes } from '@opentelemetry/api';
 import type { IncomingHttpHeaders } from 'node:http';
-import type { RequestTrace, RequestTracer, TraceSamplerName, TracingConfig } from './tracing.ts';
+import type { TraceSamplerName } from '../config/tracing.ts';
+import type { RequestTrace, RequestTracer, TracingConfig } from './tracing.ts';
 
 function buildSampler(name: TraceSamplerName, arg: number): Sampler {
   const ratio = new TraceIdRatioBasedSampler(arg);

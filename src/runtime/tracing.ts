@@ -14,18 +14,7 @@
  */
 import type { Attributes } from '@opentelemetry/api';
 import type { IncomingHttpHeaders } from 'node:http';
-
-export const OTLP_PROTOCOLS = ['http/protobuf', 'http/json'] as const;
-export type OtlpProtocol = (typeof OTLP_PROTOCOLS)[number];
-export const TRACE_SAMPLERS = [
-  'always_on',
-  'always_off',
-  'traceidratio',
-  'parentbased_always_on',
-  'parentbased_always_off',
-  'parentbased_traceidratio',
-] as const;
-export type TraceSamplerName = (typeof TRACE_SAMPLERS)[number];
+import { OTLP_PROTOCOLS, type OtlpProtocol, TRACE_SAMPLERS, type TraceSamplerName } from '../config/tracing.ts';
 
 /** What the serve settings say (each overrides its OTEL_* variable). */
 export interface TracingSettings {

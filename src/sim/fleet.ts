@@ -16,6 +16,7 @@
  * Engine events are core-shaped already (Stored carries the new blocks' tokens; the router hashes them itself and maps
  * the engine's sha256-chain ids to its own hashes), so no conversion is needed at this edge.
  */
+import { dispatchOptionsFrom, ROUTING_DEFAULTS } from '../config/routing.ts';
 import { DEFAULT_TENANT, type DispatchEffect, Dispatcher, type DispatchOptions, type RefusalCode } from '../core/dispatch/dispatcher.ts';
 import { createRng } from '../core/rng.ts';
 import { KvRouter, type KvRouterOptions } from '../core/router.ts';
@@ -72,12 +73,13 @@ export interface FleetOptions {
 /** The KV of an 8B model (2 · 36 layers · 8 KV heads · 128 · 2 bytes) over 400 Gb/s RDMA. */
 export const DEFAULT_TRANSFER = { bytesPerToken: 147_456, bytesPerS: 50e9 } as const;
 
-/** The serve defaults for admission (src/config/serve.ts), so a simulation admits as the live router does. */
-export const SIM_DISPATCH_DEFAULTS: DispatchOptions = {
-  queueLimit: 1024,
-  queueTimeoutMs: 30_000,
-  retries: 2,
-  breaker: { threshold: 5, cooldownMs: 10_000 },
+/** Serve's admission defaults (src/config/routing.ts) for a run given no `dispatch`, so it admits as the live router does. */
+const SERVE_DISPATCH = dispatchOptionsFrom(ROUTING_DEFAULTS);
+const SIM_DISPATCH_DEFAULTS: DispatchOptions = {
+  queueLimit: SERVE_DISPATCH.queueLimit,
+  queueTimeoutMs: SERVE_DISPATCH.queueTimeoutMs,
+  retries: SERVE_DISPATCH.retries,
+  breaker: SERVE_DISPATCH.breaker,
   sweepIntervalMs: 5_000,
 };
 

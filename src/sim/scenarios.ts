@@ -6,6 +6,7 @@
  * histogram read 0.320 while the engines' counters read 0.767; block-weighted router counters read 0.790. The
  * scenario replays the skewed generator on such a fleet and shows the three numbers side by side.
  */
+import type { RoutingSettings } from '../config/routing.ts';
 import type { FleetOptions } from './fleet.ts';
 import { generateNoisyNeighbour, generateSkewed } from './traces/generate.ts';
 import type { TraceRequest } from './traces/format.ts';
@@ -15,6 +16,8 @@ export interface Scenario {
   readonly description: string;
   readonly requests: TraceRequest[];
   readonly fleet: Omit<FleetOptions, 'policy' | 'onProgress'>;
+  /** Routing settings of its own (as `kvroute serve` names them); flags given on `kvroute sim` override them. */
+  readonly settings?: Partial<RoutingSettings>;
   readonly policies: string[];
   /** Queue orders to compare (runs per policy); default the dispatcher's. */
   readonly queueOrders?: ReadonlyArray<'fair' | 'fifo'>;
@@ -42,9 +45,8 @@ export function scenario(name: string, seed = 1, requests?: number): Scenario {
         blockSize: n.blockSize,
         gpuBlocks: n.gpuBlocks,
         seed,
-        router: { busy: { activePrefillTokens: n.busyPrefillTokens } },
-        dispatch: { queueLimit: 100_000, queueTimeoutMs: 600_000 },
       },
+      settings: { busyPrefillTokens: n.busyPrefillTokens, queueLimit: 100_000, queueTimeoutMs: 600_000 },
       policies: ['kv-pressure'],
       queueOrders: ['fifo', 'fair'],
     };

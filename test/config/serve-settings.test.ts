@@ -7,15 +7,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Command } from 'commander';
 import { describe, expect, it } from 'vitest';
-import {
-  ADMISSION_SETTINGS,
-  addServeOptions,
-  DEFAULTS,
-  loadConfigFile,
-  resolveServeConfig,
-  serveSchema,
-  serveSettingsFrom,
-} from '../../src/config/serve.ts';
+import { ADMISSION_SETTINGS } from '../../src/config/routing.ts';
+import { addServeOptions, DEFAULTS, loadConfigFile, resolveServeConfig, serveSchema, serveSettingsFrom } from '../../src/config/serve.ts';
 import { longFlag, SettingError, settingsOf } from '../../src/config/settings.ts';
 import { parseWorkerSpec, workerFromUnknown } from '../../src/config/worker-spec.ts';
 
@@ -231,10 +224,13 @@ describe('admission settings on another command', () => {
     });
   });
 
-  it('refuses with the same message as serve, and ignores KVROUTE_* unless asked', () => {
+  it('refuses with the same message as serve (naming no variable unless it reads them), and ignores KVROUTE_* unless asked', () => {
     const cmd = simLike();
     cmd.parse(['--queue-timeout-ms', '0'], { from: 'user' });
     expect(() => serveSettingsFrom(cmd, ADMISSION_SETTINGS)).toThrow(
+      '--queue-timeout-ms must be an integer >= 1, got "0" (from --queue-timeout-ms)',
+    );
+    expect(() => serveSettingsFrom(cmd, ADMISSION_SETTINGS, { env: {} })).toThrow(
       '--queue-timeout-ms (KVROUTE_QUEUE_TIMEOUT_MS) must be an integer >= 1, got "0" (from --queue-timeout-ms)',
     );
     const quiet = simLike();

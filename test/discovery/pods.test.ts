@@ -3,15 +3,8 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import {
-  BadObject,
-  diffWorkers,
-  matchesSelector,
-  parseLabelSelector,
-  podVerdict,
-  poolTarget,
-  specKey,
-} from '../../src/discovery/k8s/pods.ts';
+import { BadObject, diffWorkers, podVerdict, poolTarget, specKey } from '../../src/discovery/k8s/pods.ts';
+import { matchesSelector, parseLabelSelector } from '../../src/config/k8s.ts';
 import { workerFromUnknown } from '../../src/config/worker-spec.ts';
 import { resolveServeConfig } from '../../src/config/serve.ts';
 import { SettingError } from '../../src/config/settings.ts';

@@ -9,7 +9,8 @@ import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { parseWorkerSpec } from '../../src/config/worker-spec.ts';
-import { podVerdict, selectorFromLabels } from '../../src/discovery/k8s/pods.ts';
+import { selectorFromLabels } from '../../src/config/k8s.ts';
+import { podVerdict } from '../../src/discovery/k8s/pods.ts';
 import { ENGINE_NAMES, engineAdapter, engineAdapters, engineNamesText, isEngineName } from '../../src/engines/index.ts';
 import { decodeWorkerEntry, encodeWorkerEntry } from '../../src/transport/nats/protocol.ts';
 

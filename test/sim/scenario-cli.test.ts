@@ -171,7 +171,10 @@ describe('CLI', () => {
   it('rejects bad options with a clear message and no stack trace', async () => {
     const err = await run(process.execPath, [BIN, 'sim', '--trace', '/nonexistent.jsonl', '--policy', 'nope']).catch((e) => e);
     expect(err.code).toBe(2);
-    expect(err.stderr).toContain('unknown policy "nope"');
+    expect(err.stderr.trim()).toBe(
+      'kvroute sim: --policy must be one of kv-pressure, kv, round-robin, random, least-loaded, prefix-hash, ' +
+        'or several separated by commas, got "nope" (from --policy)',
+    );
     const err2 = await run(process.execPath, [BIN, 'sim', '--trace', '/nonexistent.jsonl']).catch((e) => e);
     expect(err2.code).toBe(1);
     expect(err2.stderr).toContain('cannot read trace /nonexistent.jsonl');

@@ -13,15 +13,13 @@ import { homedir } from 'node:os';
 import { join } from 'node:path';
 import type { WorkerSpec } from '../../config/worker-spec.ts';
 import type { LogSink } from '../../log.ts';
+import { type LabelSelector, POOL_GROUPS, type PoolGroup } from '../../config/k8s.ts';
 import { ListWatch, type ListWatchStats } from './list-watch.ts';
 import {
   BadObject,
   type BadObjectReason,
   diffWorkers,
-  type LabelSelector,
   type PodDefaults,
-  POOL_GROUPS,
-  type PoolGroup,
   type PoolTarget,
   podName,
   podVerdict,

@@ -1,20 +1,16 @@
 /**
- * Kubernetes discovery from the shared settings (K8S_SETTINGS of src/config/serve.ts), for any command that keeps a
+ * Kubernetes discovery from the shared settings (`K8S` of src/config/k8s.ts), for any command that keeps a
  * worker table (serve; relay keeps one relay per pod), and its Prometheus series. Loaded lazily: a router without
  * --k8s-* never loads @kubernetes/client-node.
  */
 import { Counter, Gauge, type Registry } from 'prom-client';
-import type { ServeConfig } from '../../config/serve.ts';
+import { type K8sSettings, parseLabelSelector } from '../../config/k8s.ts';
 import type { LogSink } from '../../log.ts';
 import { defaultNamespace, K8sDiscovery, loadKubeConfig, type WorkerSink } from './discovery.ts';
-import { parseLabelSelector } from './pods.ts';
 
 export { K8sDiscovery, type WorkerSink } from './discovery.ts';
 
-export type K8sSettings = Pick<
-  ServeConfig,
-  'k8sPool' | 'k8sPoolGroup' | 'k8sSelector' | 'k8sNamespace' | 'kubeconfig' | 'k8sPort' | 'k8sEventsPort' | 'k8sReplayPort'
->;
+export type { K8sSettings } from '../../config/k8s.ts';
 
 export const k8sEnabled = (s: Partial<K8sSettings>): boolean => s.k8sPool !== undefined || s.k8sSelector !== undefined;
 

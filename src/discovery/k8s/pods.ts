@@ -25,6 +25,16 @@
  *                                       target (absent, reason encode_only); no label: aggregated serving
  *   annotation sglang.ai/bootstrap-port SGLang prefill's bootstrap port (SGLang's convention; 8998), + i per target port
  */
+import {
+  LABEL_KEY,
+  LABEL_VALUE,
+  type LabelSelector,
+  MAX_TARGET_PORTS,
+  matchesSelector,
+  type PoolGroup,
+  selectorFromLabels,
+} from '../../config/k8s.ts';
+export { MAX_TARGET_PORTS };
 import type { WorkerSpec } from '../../config/worker-spec.ts';
 import { engineNamesText, isEngineName } from '../../engines/index.ts';
 
@@ -55,77 +65,7 @@ export class BadObject extends Error {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Label selectors: the equality-based and existence forms (`a=b`, `a==b`, `a!=b`, `a`, `!a`), comma-separated.
-
-export interface SelectorTerm {
-  readonly key: string;
-  readonly op: '=' | '!=' | 'exists' | '!exists';
-  readonly value?: string;
-}
-
-export interface LabelSelector {
-  readonly terms: readonly SelectorTerm[];
-  /** The canonical text, as sent in the API's labelSelector parameter. */
-  readonly text: string;
-}
-
-const LABEL_KEY = /^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$/;
-const LABEL_VALUE = /^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$/;
-
-/** Parses `app=vllm,tier!=batch,gpu`; throws an Error naming the bad term. Set-based terms (`in`, `notin`) are refused. */
-export function parseLabelSelector(text: string): LabelSelector {
-  const terms: SelectorTerm[] = [];
-  for (const raw of text.split(',')) {
-    const t = raw.trim();
-    if (!t) throw new Error(`empty term in label selector "${text}"`);
-    if (/\s(in|notin)\s*\(/.test(t)) throw new Error(`set-based term "${t}" is not supported: use key=value, key!=value, key or !key`);
-    const m = /^(!?)([^=!\s]+)\s*(?:(==|=|!=)\s*(\S*))?$/.exec(t);
-    if (!m) throw new Error(`bad label selector term "${t}": use key=value, key!=value, key or !key`);
-    const [, not, key, op, value] = m;
-    if (!LABEL_KEY.test(key)) throw new Error(`bad label key "${key}" in selector "${text}"`);
-    if (op !== undefined) {
-      if (not) throw new Error(`bad label selector term "${t}"`);
-      if (!LABEL_VALUE.test(value)) throw new Error(`bad label value "${value}" in selector "${text}"`);
-      terms.push({ key, op: op === '!=' ? '!=' : '=', value });
-    } else terms.push({ key, op: not ? '!exists' : 'exists' });
-  }
-  return { terms, text: terms.map(termText).join(',') };
-}
-
-function termText(t: SelectorTerm): string {
-  if (t.op === 'exists') return t.key;
-  if (t.op === '!exists') return `!${t.key}`;
-  return `${t.key}${t.op}${t.value}`;
-}
-
-/** The selector of an InferencePool's matchLabels (every pair must match). */
-export function selectorFromLabels(labels: Readonly<Record<string, string>>): LabelSelector {
-  const terms = Object.keys(labels)
-    .sort()
-    .map((key): SelectorTerm => ({ key, op: '=', value: labels[key] }));
-  return { terms, text: terms.map(termText).join(',') };
-}
-
-export function matchesSelector(selector: LabelSelector, labels: Readonly<Record<string, string>>): boolean {
-  for (const t of selector.terms) {
-    const has = Object.hasOwn(labels, t.key);
-    if (t.op === 'exists' && !has) return false;
-    if (t.op === '!exists' && has) return false;
-    if (t.op === '=' && labels[t.key] !== t.value) return false;
-    if (t.op === '!=' && has && labels[t.key] === t.value) return false;
-  }
-  return true;
-}
-
-// ---------------------------------------------------------------------------------------------------------------
 // InferencePool
-
-/** The InferencePool API groups read: the GA group (v1) and the older alpha group (v1alpha2). */
-export const POOL_GROUPS = {
-  'inference.networking.k8s.io': { version: 'v1' },
-  'inference.networking.x-k8s.io': { version: 'v1alpha2' },
-} as const;
-export type PoolGroup = keyof typeof POOL_GROUPS;
 
 export interface PoolTarget {
   readonly selector: LabelSelector;
@@ -134,9 +74,6 @@ export interface PoolTarget {
   /** How they speak (spec.appProtocol: kubernetes.io/h2c is HTTP/2 with prior knowledge). Default http. */
   readonly appProtocol?: 'http' | 'h2c';
 }
-
-/** InferencePool v1 allows this many target ports (MaxItems, api/v1/inferencepool_types.go). */
-export const MAX_TARGET_PORTS = 8;
 
 const isRecord = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
 const isPort = (v: unknown): v is number => Number.isInteger(v) && (v as number) >= 1 && (v as number) <= 65535;

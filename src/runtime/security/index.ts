@@ -10,13 +10,15 @@
 import type { IncomingMessage, ServerOptions } from 'node:http';
 import { bearerToken, secretEquals, type ApiKeySet } from './api-keys.ts';
 import { tooManyRequests, unauthorized, type Denial } from './errors.ts';
-import { checkWorkerHosts, type HostAllowList, type WorkerEndpoints } from './allow-hosts.ts';
-import { KeyedRateLimiter, type RateLimitSpec } from './rate-limit.ts';
+import type { HostAllowList, RateLimitSpec } from '../../config/security.ts';
+import { checkWorkerHosts, type WorkerEndpoints } from './allow-hosts.ts';
+import { KeyedRateLimiter } from './rate-limit.ts';
 
 export { ApiKeySet, bearerToken, fingerprint, loadApiKeys, secretEquals, splitKeys, MIN_KEY_LENGTH } from './api-keys.ts';
-export { checkWorkerHosts, endpointHost, parseAllowList, type HostAllowList } from './allow-hosts.ts';
+export { type HostAllowList, parseAllowList, parseRateLimit, type RateLimitSpec } from '../../config/security.ts';
+export { checkWorkerHosts, endpointHost } from './allow-hosts.ts';
 export { denialBody, forbidden, sendDenial, toHttpError, tooManyRequests, unauthorized, type Denial } from './errors.ts';
-export { KeyedRateLimiter, parseRateLimit, TokenBucket, type RateLimitSpec } from './rate-limit.ts';
+export { KeyedRateLimiter, TokenBucket } from './rate-limit.ts';
 
 export interface SecurityOptions {
   /** Keys accepted on /v1 as `Authorization: Bearer <key>`; absent or empty: /v1 is open. */

@@ -1,25 +1,9 @@
 /**
  * Token buckets: `rate` tokens per second refill up to `burst`; a request takes one token or is refused with the
- * time until one is available. Time is injected (ms), so tests drive the clock.
+ * time until one is available. Time is injected (ms), so tests drive the clock. The spec is `--rate-limit`'s, parsed by
+ * src/config/security.ts.
  */
-
-export interface RateLimitSpec {
-  /** Sustained requests per second. */
-  readonly rps: number;
-  /** Bucket size: requests allowed at once after idling. */
-  readonly burst: number;
-}
-
-/** Parses `--rate-limit <rps>,<burst>` (burst defaults to max(1, rps)). */
-export function parseRateLimit(text: string): RateLimitSpec {
-  const m = /^\s*(\d+(?:\.\d+)?)\s*(?:,\s*(\d+)\s*)?$/.exec(text);
-  if (!m) throw new Error(`--rate-limit must be "<rps>" or "<rps>,<burst>" (e.g. 10,20), got "${text}"`);
-  const rps = Number(m[1]);
-  const burst = m[2] !== undefined ? Number(m[2]) : Math.max(1, Math.ceil(rps));
-  if (!(rps > 0)) throw new Error(`--rate-limit rate must be > 0, got "${text}"`);
-  if (!Number.isInteger(burst) || burst < 1) throw new Error(`--rate-limit burst must be an integer >= 1, got "${text}"`);
-  return { rps, burst };
-}
+import type { RateLimitSpec } from '../../config/security.ts';
 
 export type TakeResult = { ok: true } | { ok: false; retryAfterMs: number };
 
