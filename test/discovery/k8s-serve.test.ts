@@ -178,7 +178,8 @@ describe('kvroute serve --k8s-selector', () => {
     expect(await metric(url, 'router_k8s_bad_watch_events_total', 'resource="pods"')).toBeGreaterThanOrEqual(1);
     api.put(PODS, pod('eng1', { namespace: NS, labels: { app: 'vllm' }, annotations: engineAnnotations(1) }));
     await expectWorkers(url, ['eng0', 'eng1']);
-    expect(await metric(url, 'router_k8s_workers')).toBe(2);
+    // The worker set lists a worker while its add is still running; discovery counts it once the add returns.
+    await until(async () => (await metric(url, 'router_k8s_workers')) === 2);
     expect(proc.running).toBe(true);
     expect(proc.stderr + proc.stdout).toMatch(
       /kubernetes object ignored: annotation kvroute.io\/events-port=\\?"five-five-five-seven\\?" must be a port/,
