@@ -54,7 +54,11 @@ export async function startEpp(
   });
   const m = await new Promise<RegExpExecArray>((resolve, reject) => {
     // Generous: on a loaded shared machine (load 16 on two cores) a start has taken over 30 s.
-    const t = setTimeout(() => reject(new Error(`kvroute epp did not start: ${out}`)), 60_000);
+    const t = setTimeout(() => {
+      // Not started in time: end it, or it outlives the test (and holds a core's share on a shared machine).
+      proc.kill('SIGKILL');
+      reject(new Error(`kvroute epp did not start: ${out}`));
+    }, 60_000);
     proc.stdout!.on('data', (d: Buffer) => {
       out += d.toString();
       const found =
