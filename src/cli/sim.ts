@@ -2,7 +2,7 @@
  * `kvroute sim`: replays a trace through N engine models behind the real router on a virtual clock, for several
  * policies side by side, and prints reuse (three kinds, both aggregations), TTFT, throughput and load balance.
  */
-import { writeFileSync } from 'node:fs';
+import { existsSync, writeFileSync } from 'node:fs';
 import type { Command } from 'commander';
 import cliProgress from 'cli-progress';
 import { intArg, numberArg, numberListArg, splitList, UsageError } from '../config/parsers.ts';
@@ -18,6 +18,7 @@ import { type Scenario, scenario, SCENARIOS } from '../sim/scenarios.ts';
 import { TraceHasher } from '../sim/traces/expand.ts';
 import type { TraceRequest } from '../sim/traces/format.ts';
 import { loadTrace } from '../sim/traces/reader.ts';
+import { generateFromSpec, isTraceSpec } from '../sim/traces/spec.ts';
 import { traceStats } from '../sim/traces/stats.ts';
 
 /** Default KV capacity per worker, in tokens: 8,192 blocks of 512 (the README's reference fleets). */
@@ -97,7 +98,10 @@ export function registerSim(program: Command): void {
         'through the same core dispatcher as `kvroute serve` (busy thresholds, queue, retries, breakers, with the ' +
         'same setting names): the report counts requests served, queued, refused (by reason) and retried.',
     )
-    .option('--trace <file>', 'Mooncake-format JSONL trace (see `kvroute trace gen`)')
+    .option(
+      '--trace <file>',
+      'Mooncake-format JSONL trace (see `kvroute trace gen`), or a generated one by name: KIND[:key=value,...], e.g. agentic or agentic:requests=5000 (drawn with --seed)',
+    )
     .option('--scenario <name>', `a built-in scenario instead of --trace: ${SCENARIOS.join(', ')} (seed: the 0.32-vs-0.77 case)`)
     .option('--limit <n>', 'replay only the first N requests', intArg('--limit', { min: 1 }))
     .option('--workers <n>', 'engines in the fleet (default 8; scenario: its own)', intArg('--workers', { min: 1 }))
@@ -244,6 +248,16 @@ export function registerSim(program: Command): void {
         base = sc.fleet;
         policies = sc.policies;
         scenarioOrders = sc.queueOrders;
+      } else if (isTraceSpec(o.trace!) && !existsSync(o.trace!)) {
+        // A generated trace by name (src/sim/traces/spec.ts): drawn with --seed unless the name sets its own.
+        try {
+          requests = generateFromSpec(o.trace!, o.seed);
+        } catch (err) {
+          return fail((err as Error).message);
+        }
+        source = `generated ${o.trace}`;
+        const bs = o.blockSize ?? 16;
+        base = { workers: 8, blockSize: bs, gpuBlocks: Math.max(1, Math.floor(DEFAULT_CAPACITY_TOKENS / bs)), seed: o.seed };
       } else {
         try {
           const loaded = await loadTrace(o.trace!, { limit: o.limit });
