@@ -102,7 +102,10 @@ export function registerSim(program: Command): void {
       '--trace <file>',
       'Mooncake-format JSONL trace (see `kvroute trace gen`), or a generated one by name: KIND[:key=value,...], e.g. agentic or agentic:requests=5000 (drawn with --seed)',
     )
-    .option('--scenario <name>', `a built-in scenario instead of --trace: ${SCENARIOS.join(', ')} (seed: the 0.32-vs-0.77 case)`)
+    .option(
+      '--scenario <name>',
+      `a built-in scenario instead of --trace: ${SCENARIOS.join(', ')} (seed: the 0.32-vs-0.77 case); with --workers its arrival rate scales with the fleet`,
+    )
     .option('--limit <n>', 'replay only the first N requests', intArg('--limit', { min: 1 }))
     .option('--workers <n>', 'engines in the fleet (default 8; scenario: its own)', intArg('--workers', { min: 1 }))
     .option('--policy <list>', `comma-separated policies: ${KNOWN_POLICIES.join(', ')} (default kv-pressure,kv,round-robin)`)
@@ -239,7 +242,7 @@ export function registerSim(program: Command): void {
       if (o.scenario) {
         let sc: Scenario;
         try {
-          sc = scenario(o.scenario, o.seed);
+          sc = scenario(o.scenario, o.seed, undefined, { workers: o.workers });
         } catch (err) {
           return fail((err as Error).message);
         }
