@@ -1,9 +1,10 @@
 import { describe, expect, it } from 'vitest';
 import { execFile } from 'node:child_process';
-import { mkdtempSync, readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, symlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
+import { runShell } from '../fixtures/processes.ts';
 import { parseTraceText, TRACE_BLOCK_TOKENS, type TraceRequest } from '../../src/sim/traces/format.ts';
 import { AGENTIC_DEFAULTS, generateAgentic } from '../../src/sim/traces/generate.ts';
 import { generateFromSpec, isTraceSpec, parseTraceSpec } from '../../src/sim/traces/spec.ts';
@@ -200,5 +201,24 @@ describe('CLI', () => {
     );
     expect(gen.code).toBe(2);
     expect(String(gen.stderr)).toMatch(/^kvroute trace gen: agentic: mean turns must be >= 1/);
+  });
+});
+
+describe('docs/calibration.md commands, run verbatim', () => {
+  // A bare `kvroute` on PATH, as after `npm link` (test/docs/commands.test.ts does the same).
+  const bin = mkdtempSync(join(tmpdir(), 'kvroute-bin-'));
+  symlinkSync(BIN, join(bin, 'kvroute'));
+  const shell = (command: string, cwd: string) => runShell(command, { cwd, env: { PATH: `${bin}:${process.env.PATH}` } }, 240_000);
+
+  it('generates the default agentic hour and replays a generated trace by name', async () => {
+    const cwd = mkdtempSync(join(tmpdir(), 'kvroute-calibration-'));
+    const gen = await shell('kvroute trace gen --kind agentic --seed 7 --out agentic.jsonl', cwd);
+    expect(gen.code, gen.stderr).toBe(0);
+    expect(gen.stdout).toMatch(/requests {10}23,608 over 3[0-9]{3}\.\d s/);
+    expect(parseTraceText(readFileSync(join(cwd, 'agentic.jsonl'), 'utf8'))).toHaveLength(23_608);
+    const sim = await shell('kvroute sim --trace agentic:requests=1000 --workers 8 --policy kv,round-robin', cwd);
+    expect(sim.code, sim.stderr).toBe(0);
+    expect(sim.stdout).toMatch(/^kv +0\.\d{3}/m);
+    expect(sim.stdout).toMatch(/^round-robin +0\.\d{3}/m);
   });
 });
