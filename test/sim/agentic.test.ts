@@ -110,6 +110,7 @@ describe('agentic generator', () => {
     expect(() => generateAgentic({ requests: 10, meanTurns: 0.5 })).toThrow(/mean turns must be >= 1/);
     expect(() => generateAgentic({ requests: 10, agentTypes: 0 })).toThrow(/agent types must be >= 1/);
     expect(() => generateAgentic({ requests: 10, contextReset: 2 })).toThrow(/context reset must be in \[0, 1\]/);
+    expect(() => generateAgentic({ requests: 10, rate: Infinity })).toThrow(/rate must be positive and finite/);
   });
 });
 
@@ -136,6 +137,8 @@ describe('generated traces by name', () => {
     );
     expect(() => parseTraceSpec('agentic:requests=many')).toThrow(/requests must be a non-negative number, got "many"/);
     expect(() => parseTraceSpec('agentic:requests=inf')).toThrow(/requests must be a non-negative number, got "inf"/);
+    expect(() => parseTraceSpec('agentic:rate=inf')).toThrow(/rate must be a non-negative number, got "inf"/);
+    expect(parseTraceSpec('shared-prefix:rate=inf').options).toEqual({ rate: Infinity });
     expect(() => parseTraceSpec('agentic:requests')).toThrow(/"requests" is not key=value/);
     expect(() => parseTraceSpec('bursty:requests=3')).toThrow(/unknown trace kind "bursty"; known: .*agentic/);
   });

@@ -432,7 +432,7 @@ export function generateAgentic(opts: Partial<AgenticOptions> = {}): TraceReques
   const o = { ...AGENTIC_DEFAULTS, ...opts };
   if (!Number.isInteger(o.agentTypes) || o.agentTypes < 1) throw new RangeError(`agentic: agent types must be >= 1, got ${o.agentTypes}`);
   if (!(o.meanTurns >= 1)) throw new RangeError(`agentic: mean turns must be >= 1, got ${o.meanTurns}`);
-  if (!(o.rate > 0)) throw new RangeError(`agentic: rate must be positive, got ${o.rate}`);
+  if (!(o.rate > 0 && Number.isFinite(o.rate))) throw new RangeError(`agentic: rate must be positive and finite, got ${o.rate}`);
   if (!(o.contextReset >= 0 && o.contextReset <= 1))
     throw new RangeError(`agentic: context reset must be in [0, 1], got ${o.contextReset}`);
   const ids = new IdAllocator();

@@ -68,8 +68,10 @@ export function parseTraceSpec(text: string): TraceSpec {
       continue;
     }
     const value = raw === 'inf' ? Infinity : Number(raw);
-    if (raw === '' || Number.isNaN(value) || value < 0 || (value === Infinity && name !== 'rate')) {
-      throw new Error(`trace "${text}": ${key} must be a non-negative number${name === 'rate' ? ' or inf' : ''}, got "${raw}"`);
+    // Only shared-prefix can send everything at once; the session generators need a finite rate to space sessions.
+    const infOk = name === 'rate' && kind === 'shared-prefix';
+    if (raw === '' || Number.isNaN(value) || value < 0 || (value === Infinity && !infOk)) {
+      throw new Error(`trace "${text}": ${key} must be a non-negative number${infOk ? ' or inf' : ''}, got "${raw}"`);
     }
     options[name] = value;
   }
