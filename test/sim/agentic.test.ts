@@ -98,7 +98,7 @@ describe('agentic generator', () => {
     for (const [, turns] of bySession) perAgent.set(agentOf(turns[0]), (perAgent.get(agentOf(turns[0])) ?? 0) + 1);
     const counts = [...perAgent.values()].sort((a, b) => b - a);
     expect(counts[0]).toBeGreaterThan(4 * counts[Math.floor(counts.length / 2)]);
-  });
+  }, 120_000);
 
   it('tags sessions and tenants (agent type k belongs to tenant k mod tenants), or no tenant with tenants=0', () => {
     for (const r of full.slice(0, 2000)) expect(r.tenant).toBe(`tenant-${agentOf(r) % AGENTIC_DEFAULTS.tenants}`);
@@ -192,7 +192,7 @@ describe('CLI', () => {
       9,
     );
     expect(report.policies.map((p: { name: string }) => p.name)).toEqual(['kv', 'round-robin']);
-  });
+  }, 300_000);
 
   it('a bad generated-trace name exits 2 with one line', async () => {
     const err = await run(process.execPath, [BIN, 'sim', '--trace', 'agentic:bogus=1', '--no-progress']).catch((e) => e);
@@ -204,7 +204,7 @@ describe('CLI', () => {
     );
     expect(gen.code).toBe(2);
     expect(String(gen.stderr)).toMatch(/^kvroute trace gen: agentic: mean turns must be >= 1/);
-  });
+  }, 300_000);
 });
 
 describe('docs/calibration.md commands, run verbatim', () => {
@@ -223,5 +223,5 @@ describe('docs/calibration.md commands, run verbatim', () => {
     expect(sim.code, sim.stderr).toBe(0);
     expect(sim.stdout).toMatch(/^kv +0\.\d{3}/m);
     expect(sim.stdout).toMatch(/^round-robin +0\.\d{3}/m);
-  });
+  }, 300_000);
 });

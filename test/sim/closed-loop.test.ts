@@ -38,7 +38,7 @@ describe('closed-loop replay', () => {
     // Without the trace's gaps the run is far shorter.
     expect(closed.sim.simulated_s).toBeLessThan(open.sim.simulated_s / 5);
     expect(runFleet(trace, { ...base, concurrency: 4 }).ttft_ms).toEqual(closed.ttft_ms);
-  });
+  }, 120_000);
 
   it('at C = 1 each request starts when the previous one finishes', () => {
     const r = runFleet(trace, { ...base, concurrency: 1 });

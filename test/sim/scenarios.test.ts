@@ -40,7 +40,7 @@ describe('scenarios', () => {
       expect(r.pd?.paths.disaggregated).toBeGreaterThan(0);
       expect(r.pd?.transferred_tokens).toBeGreaterThan(0);
     }
-  });
+  }, 120_000);
 
   it('noisy-neighbour on a league-sized fleet still makes the flood queue', () => {
     const sc = scenario('noisy-neighbour', 1, 3000, { workers: 8 });
@@ -48,7 +48,7 @@ describe('scenarios', () => {
     expect(r.requests.served + r.requests.refused).toBe(sc.requests.length);
     expect(r.requests.queued).toBeGreaterThan(0);
     expect(r.by_tenant.map((t) => t.name)).toEqual(['noisy', 'tenant-0', 'tenant-1', 'tenant-2']);
-  });
+  }, 120_000);
 
   it('agentic sessions and tenants reach the simulator', () => {
     const sc = scenario('agentic', 1, 300);
@@ -56,5 +56,5 @@ describe('scenarios', () => {
     expect(r.requests.served).toBe(300);
     expect(r.by_tenant.map((t) => t.name)).toEqual(['tenant-0', 'tenant-1', 'tenant-2', 'tenant-3']);
     expect(r.hit.engine_token_weighted).toBeGreaterThan(0.2);
-  });
+  }, 120_000);
 });
