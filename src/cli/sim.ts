@@ -2,7 +2,7 @@
  * `kvroute sim`: replays a trace through N engine models behind the real router on a virtual clock, for several
  * policies side by side, and prints reuse (three kinds, both aggregations), TTFT, throughput and load balance.
  */
-import { writeFileSync } from 'node:fs';
+import { existsSync, writeFileSync } from 'node:fs';
 import type { Command } from 'commander';
 import cliProgress from 'cli-progress';
 import { intArg, numberArg, numberListArg, UsageError } from '../config/parsers.ts';
@@ -18,6 +18,7 @@ import { type Scenario, scenario, SCENARIOS } from '../sim/scenarios.ts';
 import { TraceHasher } from '../sim/traces/expand.ts';
 import type { TraceRequest } from '../sim/traces/format.ts';
 import { loadTrace } from '../sim/traces/reader.ts';
+import { generateFromSpec, isTraceSpec } from '../sim/traces/spec.ts';
 import { traceStats } from '../sim/traces/stats.ts';
 
 /** Default KV capacity per worker, in tokens: 8,192 blocks of 512 (the README's reference fleets). */
@@ -66,8 +67,14 @@ export function registerSim(program: Command): void {
         'the same settings (names, ranges, defaults) and the same mapping: the report counts requests served, queued, ' +
         'refused (by reason) and retried. A scenario brings its own fleet, policies and admission; flags given override them.',
     )
-    .option('--trace <file>', 'Mooncake-format JSONL trace (see `kvroute trace gen`)')
-    .option('--scenario <name>', `a built-in scenario instead of --trace: ${SCENARIOS.join(', ')} (seed: the 0.32-vs-0.77 case)`)
+    .option(
+      '--trace <file>',
+      'Mooncake-format JSONL trace (see `kvroute trace gen`), or a generated one by name: KIND[:key=value,...], e.g. agentic or agentic:requests=5000 (drawn with --seed)',
+    )
+    .option(
+      '--scenario <name>',
+      `a built-in scenario instead of --trace: ${SCENARIOS.join(', ')} (seed: the 0.32-vs-0.77 case); with --workers its arrival rate scales with the fleet`,
+    )
     .option('--limit <n>', 'replay only the first N requests', intArg('--limit', { min: 1 }))
     .option('--workers <n>', 'engines in the fleet (default 8; scenario: its own)', intArg('--workers', { min: 1 }))
     .option(
@@ -208,13 +215,21 @@ async function simInput(o: SimCliOptions, cmd: Command): Promise<SimInput | stri
   let source: string;
   let sc: Scenario | undefined;
   try {
-    ({ settings, scenario: sc } = simSettings(flagValues(cmd, simSchema), o.scenario));
+    ({ settings, scenario: sc } = simSettings(flagValues(cmd, simSchema), o.scenario, o.workers));
   } catch (err) {
     return refuse((err as Error).message);
   }
   if (sc) {
     requests = sc.requests;
     source = `scenario ${sc.name} (${sc.description})`;
+  } else if (isTraceSpec(o.trace!) && !existsSync(o.trace!)) {
+    // A generated trace by name (src/sim/traces/spec.ts): drawn with --seed unless the name sets its own.
+    try {
+      requests = generateFromSpec(o.trace!, settings.seed);
+    } catch (err) {
+      return refuse((err as Error).message);
+    }
+    source = `generated ${o.trace}`;
   } else {
     try {
       const loaded = await loadTrace(o.trace!, { limit: o.limit });
@@ -261,10 +276,12 @@ async function simInput(o: SimCliOptions, cmd: Command): Promise<SimInput | stri
 export function simSettings(
   flags: Readonly<Record<string, unknown>>,
   scenarioName?: string,
+  workers?: number,
 ): { settings: SimSettings; scenario?: Scenario } {
   const settings = resolveSettings(simSchema, { flags }).config;
   if (scenarioName === undefined) return { settings };
-  const sc = scenario(scenarioName, settings.seed);
+  // --workers scales the scenario's arrival rate with the fleet (src/sim/scenarios.ts).
+  const sc = scenario(scenarioName, settings.seed, undefined, { workers });
   const layer = {
     blockSize: sc.fleet.blockSize,
     policy: sc.policies,

@@ -4,6 +4,8 @@ import type { Command } from 'commander';
 import { choiceArg, intArg, numberArg } from '../config/parsers.ts';
 import { formatTraceLine, type TraceRequest } from '../sim/traces/format.ts';
 import {
+  AGENTIC_DEFAULTS,
+  generateAgentic,
   generateMultiTurn,
   generateNoisyNeighbour,
   NOISY_NEIGHBOUR_DEFAULTS,
@@ -34,6 +36,8 @@ interface GenOptions {
   steadyTenants?: number;
   noisyFactor?: number;
   noisyPriority?: number;
+  agentTypes?: number;
+  tenants?: number;
 }
 
 export function generateTrace(o: GenOptions): TraceRequest[] {
@@ -74,6 +78,16 @@ export function generateTrace(o: GenOptions): TraceRequest[] {
         ...(o.steadyTenants !== undefined && { steadyTenants: o.steadyTenants }),
         ...(o.noisyFactor !== undefined && { noisyFactor: o.noisyFactor }),
         ...(o.noisyPriority !== undefined && { noisyPriority: o.noisyPriority }),
+      });
+    case 'agentic':
+      return generateAgentic({
+        seed: o.seed,
+        ...(o.requests !== undefined && { requests: o.requests }),
+        ...(o.rate !== undefined && { rate: o.rate }),
+        ...(o.meanTurns !== undefined && { meanTurns: o.meanTurns }),
+        ...(o.systemPromptLen !== undefined && { systemPromptLen: o.systemPromptLen }),
+        ...(o.agentTypes !== undefined && { agentTypes: o.agentTypes }),
+        ...(o.tenants !== undefined && { tenants: o.tenants }),
       });
     default:
       throw new Error(`unknown trace kind "${o.kind}"; known: ${TRACE_KINDS.join(', ')}`);
@@ -119,7 +133,13 @@ export function registerTrace(program: Command): void {
         `                 --sessions tags each conversation with a session_id)\n` +
         `  noisy-neighbour  flow control: ${NOISY_NEIGHBOUR_DEFAULTS.steadyTenants} steady tenants of multi-turn chat (tenant-0, ...) and one "noisy" tenant that\n` +
         `                 sends ${NOISY_NEIGHBOUR_DEFAULTS.noisyFactor}x a steady tenant's rate from ${NOISY_NEIGHBOUR_DEFAULTS.burstFrom * 100}% to ${NOISY_NEIGHBOUR_DEFAULTS.burstTo * 100}% of the run; every request carries tenant,\n` +
-        '                 session_id (and priority with --noisy-priority)',
+        '                 session_id (and priority with --noisy-priority)\n' +
+        `  agentic        tool-use agents: ${AGENTIC_DEFAULTS.agentTypes} agent types with long shared system prompts (median ${AGENTIC_DEFAULTS.systemPromptLen} tokens, Zipf\n` +
+        `                 popularity), multi-turn sessions (${AGENTIC_DEFAULTS.meanTurns} turns on average) whose turns append the answer and a tool result;\n` +
+        `                 defaults fitted to the Mooncake FAST'25 tool&agent trace (${AGENTIC_DEFAULTS.requests} requests over an hour, mean input ~8.6k,\n` +
+        '                 output ~182); every request carries session_id and tenant (docs/calibration.md)\n' +
+        'Anywhere a trace file is read by `kvroute sim --trace`, a generated trace can be named instead: KIND[:key=value,...],\n' +
+        'e.g. agentic:requests=5000,mean-turns=4 (keys are the generator options in kebab case).',
     )
     .requiredOption('--kind <kind>', `one of ${TRACE_KINDS.join(', ')}`, choiceArg('--kind', TRACE_KINDS))
     .option('--requests <n>', 'number of requests (noisy-neighbour: about that many)', intArg('--requests', { min: 1 }))
@@ -132,10 +152,18 @@ export function registerTrace(program: Command): void {
     )
     .option('--groups <n>', 'shared-prefix: number of groups', intArg('--groups', { min: 1 }))
     .option('--prompts-per-group <n>', 'shared-prefix: prompts per group', intArg('--prompts-per-group', { min: 1 }))
-    .option('--system-prompt-len <n>', 'shared-prefix, multi-turn: system prompt tokens', intArg('--system-prompt-len', { min: 0 }))
+    .option(
+      '--system-prompt-len <n>',
+      'shared-prefix, multi-turn: system prompt tokens; agentic: median per agent type',
+      intArg('--system-prompt-len', { min: 0 }),
+    )
     .option('--question-len <n>', 'shared-prefix: question tokens', intArg('--question-len', { min: 1 }))
     .option('--output-len <n>', 'shared-prefix: output tokens', intArg('--output-len', { min: 1 }))
-    .option('--mean-turns <n>', 'skewed, multi-turn: mean turns per session', numberArg('--mean-turns', { min: 0, minExclusive: true }))
+    .option(
+      '--mean-turns <n>',
+      'skewed, multi-turn, agentic: mean turns per session',
+      numberArg('--mean-turns', { min: 0, minExclusive: true }),
+    )
     .option('--sessions', 'multi-turn: tag every conversation with a session_id')
     .option('--steady-tenants <n>', 'noisy-neighbour: steady tenants', intArg('--steady-tenants', { min: 1, max: 14 }))
     .option(
@@ -143,10 +171,19 @@ export function registerTrace(program: Command): void {
       "noisy-neighbour: the noisy tenant's rate over a steady tenant's",
       numberArg('--noisy-factor', { min: 0, minExclusive: true }),
     )
+    .option('--agent-types <n>', 'agentic: agent types (one system prompt each)', intArg('--agent-types', { min: 1 }))
+    .option('--tenants <n>', 'agentic: tenants the agent types belong to (0: no tenant field)', intArg('--tenants', { min: 0 }))
     .option('--noisy-priority <n>', "noisy-neighbour: the noisy tenant's priority (lower runs first)", intArg('--noisy-priority'))
     .addHelpText('after', '\nExample:\n  kvroute trace gen --kind skewed --requests 5000 --seed 7 --out /tmp/skewed.jsonl')
     .action(async (o: GenOptions) => {
-      const requests = generateTrace(o);
+      let requests: TraceRequest[];
+      try {
+        requests = generateTrace(o);
+      } catch (err) {
+        process.stderr.write(`kvroute trace gen: ${(err as Error).message}\n`);
+        process.exitCode = 2;
+        return;
+      }
       if (o.out) {
         try {
           await writeTrace(o.out, requests);

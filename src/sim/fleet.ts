@@ -66,6 +66,11 @@ export interface FleetOptions {
   readonly prefillWorkers?: number;
   readonly decodeWorkers?: number;
   readonly transfer?: { readonly bytesPerToken: number; readonly bytesPerS: number };
+  /**
+   * Closed loop: ignore the trace's timestamps and keep this many requests in flight, released in trace order as
+   * earlier ones finish or are refused (Dynamo replay's `--replay-concurrency`); TTFT counts from the release.
+   */
+  readonly concurrency?: number;
   /** The SLO that goodput counts against (defaults: TTFT <= 2 s, ITL <= 50 ms). */
   readonly slo?: { readonly ttftMs: number; readonly itlMs: number };
 }
@@ -384,10 +389,25 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
   const ttftBuckets: number[][] = TTFT_BUCKETS.map(() => []);
   const records: (RequestRecord | undefined)[] = [];
   const recordOf = new Map<string, RequestRecord>();
-  const t0 = n > 0 ? requests[0].timestamp / rateScale : 0;
-  for (let i = 0; i < n; i++) {
-    arrival[i] = requests[i].timestamp / rateScale - t0;
-    heap.push(arrival[i], ARRIVAL, i);
+  const closedLoop = opts.concurrency;
+  if (closedLoop !== undefined && !(Number.isInteger(closedLoop) && closedLoop >= 1)) {
+    throw new RangeError(`concurrency must be a positive integer, got ${closedLoop}`);
+  }
+  let released = 0;
+  /** Closed loop: a request ended (served, refused or rejected), so the next one of the trace starts now. */
+  const release = (now: number) => {
+    if (closedLoop === undefined || released >= n) return;
+    arrival[released] = now;
+    heap.push(now, ARRIVAL, released++);
+  };
+  if (closedLoop !== undefined) {
+    while (released < Math.min(closedLoop, n)) release(0);
+  } else {
+    const t0 = n > 0 ? requests[0].timestamp / rateScale : 0;
+    for (let i = 0; i < n; i++) {
+      arrival[i] = requests[i].timestamp / rateScale - t0;
+      heap.push(arrival[i], ARRIVAL, i);
+    }
   }
 
   let routed = 0;
@@ -435,6 +455,7 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
       engineRejected++;
       refusals.engine_rejected = (refusals.engine_rejected ?? 0) + 1;
       apply(dispatcher.finish(requestId, { outcome: 'error' }, now), now);
+      release(now);
       return false;
     }
     if (!workers[w].busy) startStep(w, now);
@@ -470,6 +491,7 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
         groupOf(byBand, e.band).refused++;
         refusals[e.code] = (refusals[e.code] ?? 0) + 1;
         if (queuedIds.delete(e.requestId)) queueWaits.push(e.queuedMs);
+        release(now);
         continue;
       }
       if (e.attempt > 0) retried++;
@@ -498,6 +520,7 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
           engineRejected++;
           refusals.engine_rejected = (refusals.engine_rejected ?? 0) + 1;
           apply(dispatcher.finish(e.requestId, { outcome: 'error' }, now), now);
+          release(now);
           continue;
         }
         prefillLegs.set(e.prefill.legId, { requestId: e.requestId, i, decodeWorker: w, prefillWorker: pw });
@@ -632,6 +655,7 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
           recordOf.delete(out.requestId);
           finished++;
           lastFinish = now;
+          release(now);
           promptTokensTotal += out.promptTokens;
           engineRatioSum += rec.cachedTokens / out.promptTokens;
           engineReports++;

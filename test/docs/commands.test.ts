@@ -267,6 +267,11 @@ const CASES: DocCase[] = [
       expect(Number(fairness![2])).toBeGreaterThan(Number(fairness![1]));
     },
   },
+  { doc: 'kvroute trace gen --kind agentic --seed 7 --out agentic.jsonl', coveredBy: 'test/sim/agentic.test.ts' },
+  {
+    doc: 'kvroute sim --trace agentic:requests=1000 --workers 8 --policy kv,round-robin',
+    coveredBy: 'test/sim/agentic.test.ts',
+  },
   {
     doc: 'npm ci && npx kvroute serve',
     coveredBy: 'test/e2e/package.test.ts', // in a fresh copy of the repository: npm ci here would replace node_modules under the suite

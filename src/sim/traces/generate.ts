@@ -9,8 +9,8 @@ import { Sfc32 } from '../../core/rng.ts';
 import { TRACE_BLOCK_TOKENS, type TraceRequest } from './format.ts';
 import { sortByTimestamp } from './reader.ts';
 
-export type TraceKind = 'skewed' | 'shared-prefix' | 'multi-turn' | 'noisy-neighbour';
-export const TRACE_KINDS: readonly TraceKind[] = ['skewed', 'shared-prefix', 'multi-turn', 'noisy-neighbour'];
+export type TraceKind = 'skewed' | 'shared-prefix' | 'multi-turn' | 'noisy-neighbour' | 'agentic';
+export const TRACE_KINDS: readonly TraceKind[] = ['skewed', 'shared-prefix', 'multi-turn', 'noisy-neighbour', 'agentic'];
 
 /** Hands out fresh block ids. */
 class IdAllocator {
@@ -342,4 +342,140 @@ export function generateNoisyNeighbour(opts: Partial<NoisyNeighbourOptions> = {}
   }
   sortByTimestamp(out);
   return out;
+}
+
+export interface AgenticOptions {
+  requests: number;
+  seed: number;
+  /** Mean arrival rate over all sessions, requests per second. */
+  rate: number;
+  /** Agent types: each has its own long system prompt (tool definitions, instructions), shared by all its sessions. */
+  agentTypes: number;
+  /** Zipf exponent of agent-type popularity: a few agents carry most sessions (Mooncake's hot keys, FAST'25 Fig. 11). */
+  agentSkew: number;
+  /** Median system-prompt length in tokens (log-normal per agent type, sigma 0.6, clamped to [512, 24k]). */
+  systemPromptLen: number;
+  /** Median first user message (the task) in tokens. */
+  taskLen: number;
+  /** Median tool result appended per turn in tokens (log-normal, sigma 1.1: file reads and web pages make the tail). */
+  toolOutputLen: number;
+  /** Median model output per turn in tokens (log-normal, sigma 0.9: mean = 1.5 × median). */
+  outputLen: number;
+  /** Mean turns per session (geometric). */
+  meanTurns: number;
+  /** Per turn, the chance the agent rewrites its context after the system prompt (compaction, a dynamic header). */
+  contextReset: number;
+  /** A session ends before its context passes this many tokens (a task is at most a quarter of it). */
+  maxContext: number;
+  /** Median tool latency between an answer and the next turn, seconds (log-normal, sigma 1). */
+  toolTimeS: number;
+  /** Decode time assumed per output token when timing the next turn, ms (a trace is open-loop: no engine feedback). */
+  tpotMs: number;
+  /** Tenants (tenant-0, ...): agent type k belongs to tenant k mod tenants. 0 leaves requests without a tenant. */
+  tenants: number;
+}
+
+/**
+ * Defaults fitted to the Mooncake FAST'25 tool&agent trace's published statistics (paper, Table 2 and §5.2.1: 23,608
+ * requests over one hour, mean input 8,596 and output 182 tokens, cache ratio 59%, "pre-designed, often lengthy,
+ * system prompts that are fully repetitive"): docs/calibration.md lists what this generator reproduces.
+ */
+export const AGENTIC_DEFAULTS: AgenticOptions = {
+  requests: 23_608,
+  seed: 1,
+  rate: 23_608 / 3600,
+  agentTypes: 24,
+  agentSkew: 1.1,
+  systemPromptLen: 2000,
+  taskLen: 1700,
+  toolOutputLen: 1300,
+  outputLen: 121,
+  meanTurns: 3,
+  contextReset: 0.3,
+  maxContext: 131_072,
+  toolTimeS: 2,
+  tpotMs: 30,
+  tenants: 4,
+};
+
+/** Cumulative Zipf weights over n ranks, for drawing a rank with one uniform. */
+function zipfCdf(n: number, s: number): Float64Array {
+  const cdf = new Float64Array(n);
+  let sum = 0;
+  for (let k = 0; k < n; k++) {
+    sum += 1 / (k + 1) ** s;
+    cdf[k] = sum;
+  }
+  for (let k = 0; k < n; k++) cdf[k] /= sum;
+  return cdf;
+}
+
+function drawRank(cdf: Float64Array, u: number): number {
+  let lo = 0;
+  let hi = cdf.length - 1;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (cdf[mid] > u) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
+/**
+ * Agentic / tool-use traffic: sessions of an agent type start with its long system prompt and a task; each further
+ * turn appends the model's answer (a tool call) and the tool's result, so turn k+1 extends turn k's prompt block for
+ * block. Now and then an agent rewrites its context after the system prompt (compaction), which breaks the chain
+ * there. Sessions start as a Poisson process; a turn arrives after the previous answer's decode time and the tool's
+ * latency. Every request carries its session id and, with `tenants` > 0, its tenant.
+ */
+export function generateAgentic(opts: Partial<AgenticOptions> = {}): TraceRequest[] {
+  const o = { ...AGENTIC_DEFAULTS, ...opts };
+  if (!Number.isInteger(o.agentTypes) || o.agentTypes < 1) throw new RangeError(`agentic: agent types must be >= 1, got ${o.agentTypes}`);
+  if (!(o.meanTurns >= 1)) throw new RangeError(`agentic: mean turns must be >= 1, got ${o.meanTurns}`);
+  if (!(o.rate > 0 && Number.isFinite(o.rate))) throw new RangeError(`agentic: rate must be positive and finite, got ${o.rate}`);
+  if (!(o.contextReset >= 0 && o.contextReset <= 1))
+    throw new RangeError(`agentic: context reset must be in [0, 1], got ${o.contextReset}`);
+  const ids = new IdAllocator();
+  // System prompts are drawn from their own stream, so the agent population does not depend on the traffic's length.
+  const agentRng = new Sfc32(o.seed, 5);
+  const agents = Array.from({ length: o.agentTypes }, () => {
+    const c = new Context(ids);
+    c.append(Math.min(24_576, Math.max(512, agentRng.logNormal(o.systemPromptLen, 0.6))));
+    return c.snapshot();
+  });
+  const popularity = zipfCdf(o.agentTypes, o.agentSkew);
+  let horizon = ((1.5 * o.requests) / o.rate) * 1000;
+  for (;;) {
+    const rng = new Sfc32(o.seed, 4);
+    const out: TraceRequest[] = [];
+    let sessions = 0;
+    const meanGap = (1000 * o.meanTurns) / o.rate;
+    for (let start = rng.exp(meanGap); start < horizon; start += rng.exp(meanGap)) {
+      const type = drawRank(popularity, rng.next());
+      const session = `agent-${type}/s${sessions++}`;
+      const tenant = o.tenants > 0 ? `tenant-${type % o.tenants}` : undefined;
+      let ctx = new Context(ids, agents[type]);
+      ctx.append(Math.min(o.maxContext / 4, rng.logNormal(o.taskLen, 1.0)));
+      let t = start;
+      for (;;) {
+        const output = Math.max(1, Math.round(rng.logNormal(o.outputLen, 0.9)));
+        const r = request(t, ctx, output);
+        out.push({ ...r, sessionId: session, ...(tenant !== undefined ? { tenant } : {}) });
+        if (t >= horizon || rng.chance(1 / o.meanTurns)) break;
+        if (rng.chance(o.contextReset)) {
+          // Compaction: the system prompt stays, a summary of about the task's size replaces the history.
+          ctx = new Context(ids, agents[type]);
+          ctx.append(Math.min(o.maxContext / 4, rng.logNormal(o.taskLen, 1.0)));
+        }
+        ctx.append(output + rng.logNormal(o.toolOutputLen, 1.1));
+        if (ctx.tokens > o.maxContext) break;
+        t += output * o.tpotMs + rng.logNormal(o.toolTimeS * 1000, 1.0);
+      }
+    }
+    if (out.length >= o.requests || horizon > 1e12) {
+      sortByTimestamp(out);
+      return out.slice(0, o.requests);
+    }
+    horizon *= 1.5;
+  }
 }
