@@ -26,7 +26,7 @@ import type { Lifecycle } from '../runtime/lifecycle.ts';
 import type { WorkerSet } from '../runtime/workers.ts';
 import { HttpError, sendError } from '../http/errors.ts';
 import { dashboardHandler } from '../metrics/dashboard.ts';
-import { DisaggRequestIds, disaggMachineIdOf } from './pd.ts';
+import { DisaggRequestIds, disaggMachineIdOf } from '../engines/trtllm/ids.ts';
 import { sendAnthropicError } from '../apis/messages-request.ts';
 import { authorizeDebug, handleAdmin } from './admin.ts';
 import { anthropicPath, ROUTED_PATHS } from '../apis/index.ts';
@@ -44,8 +44,6 @@ import {
   type Security,
   toHttpError,
 } from '../runtime/security/index.ts';
-
-export { sanitizeRequestId } from './inference.ts';
 
 export interface RunningServer {
   readonly url: string;
