@@ -37,6 +37,19 @@ function lastBoundary(buf: Buffer): number {
   return Math.max(a < 0 ? -1 : a + 2, b < 0 ? -1 : b + 3);
 }
 
+/**
+ * Sets or removes usage.prompt_tokens_details.cached_tokens in place: a disaggregated request's client is told the
+ * prefill's figure (the decode engine's count is the transferred KV, not a prefix hit); null removes it.
+ */
+export function rewriteCachedTokens(usage: Record<string, unknown>, cached: number | null): void {
+  const details = usage.prompt_tokens_details;
+  if (cached === null) {
+    if (details && typeof details === 'object') delete (details as Record<string, unknown>).cached_tokens;
+    return;
+  }
+  usage.prompt_tokens_details = { ...(details && typeof details === 'object' ? details : {}), cached_tokens: cached };
+}
+
 export function readUsage(usage: unknown): StreamUsage | undefined {
   if (!usage || typeof usage !== 'object') return undefined;
   const u = usage as Record<string, unknown>;

@@ -23,23 +23,18 @@
  * Every decision is the dispatcher's; this module turns its effects into ext_proc messages (the wire answers
  * themselves: wire.ts).
  */
-import type { DispatchAttempt, DispatchRefusal } from '../core/dispatch/dispatcher.ts';
-import { POLICY_NAMES } from '../core/scheduling/policies.ts';
+import type { DispatchAttempt } from '../core/dispatch/dispatcher.ts';
 import { parseSourceKey, type RouteDecision } from '../core/types.ts';
 import { tooLarge } from '../http/body.ts';
-import { badRequest, errorBody, HttpError } from '../http/errors.ts';
+import { errorBody, HttpError } from '../http/errors.ts';
 import type { EppMetrics, EppResult } from '../metrics/epp.ts';
-import { parseJsonBody } from '../apis/openai-request.ts';
 import { type ApiAdapter, ROUTED_PATHS, type RoutedRequest } from '../apis/index.ts';
+import { rewriteCachedTokens, SseRelay, type StreamUsage } from '../apis/sse.ts';
 import type { RouterCore } from '../runtime/compose.ts';
-import { requestIdentity } from '../runtime/identity.ts';
-import { handoffOf, tokensFor } from '../server/inference.ts';
-import type { NextStep } from '../runtime/lifecycle.ts';
-import { prefillLeg } from '../server/pd.ts';
+import { prefillLeg } from '../runtime/prefill-leg.ts';
 import { DROPPED_REASON_HEADER, pickerRefusalError } from '../runtime/refusals.ts';
-import { checkJsonDepth, type Security } from '../runtime/security/index.ts';
-import { rewriteCachedTokens } from '../server/proxy.ts';
-import { SseRelay, type StreamUsage } from '../apis/sse.ts';
+import { type AttemptOutcome, type FlowContext, type FlowResult, runRequest, type SubmittedRequest } from '../runtime/request-flow.ts';
+import type { Security } from '../runtime/security/index.ts';
 import type { Worker } from '../runtime/workers.ts';
 import {
   DESTINATION_HEADER,
@@ -270,134 +265,123 @@ export class Exchange {
     const api = method === 'POST' ? ROUTED_PATHS.get(path) : undefined;
     const body = Buffer.concat(this.chunks);
     if (!api) return this.passthrough(body);
-
-    let parsed: RoutedRequest;
-    let json: Record<string, unknown>;
-    let text: string;
-    let identity: ReturnType<typeof requestIdentity>;
+    core.metrics.apiRequest(api.name);
+    let result: FlowResult;
     try {
-      const tooDeep = checkJsonDepth(body, core.config.maxJsonDepth);
-      if (tooDeep) throw tooDeep;
-      text = body.toString('utf8');
-      json = parseJsonBody(text) as Record<string, unknown>;
-      parsed = api.parse(json);
-      if (parsed.policy && !(POLICY_NAMES as readonly string[]).includes(parsed.policy)) {
-        throw badRequest(`unknown policy "${parsed.policy}"; known: ${POLICY_NAMES.join(', ')}`, 'kvroute.policy');
-      }
-      identity = requestIdentity({ headers: Object.fromEntries(this.headers) }, json, this.ctx.guard, this.ctx.sessionHeaders);
+      result = await runRequest(
+        this.flowContext(),
+        {
+          api,
+          body,
+          headers: Object.fromEntries(this.headers),
+          signal: this.abort.signal,
+          ...(this.subset ? { subset: this.sourcesOf(this.subset) } : {}),
+        },
+        { send: (attempt, worker, prefillWorker, request) => this.sendAttempt(attempt, worker, prefillWorker, request, path, body) },
+      );
     } catch (err) {
       if (err instanceof HttpError) return this.immediate(err, 'bad_request');
       throw err;
     }
-    const pre = core.dispatcher.precheck(parsed.model, Date.now());
-    if (pre) {
-      core.metrics.refused(pre.code);
-      return this.immediate(pickerRefusalError(pre, core.config), 'refused');
+    if (result.kind === 'refused') this.immediate(pickerRefusalError(result.refusal, core.config), 'refused');
+  }
+
+  /** The composition as the request flow sees it: the same core, tokenizer and lifecycle as serve's. */
+  private flowContext(): FlowContext<Worker> {
+    const { core } = this.ctx;
+    return {
+      config: core.config,
+      log: core.log,
+      precheck: (model) => core.dispatcher.precheck(model, Date.now()),
+      tokenizer: core.tokenizer,
+      remote: core.remote,
+      tokenizingWorker: core.tokenizingWorker,
+      lifecycle: core.lifecycle,
+      workers: core.workers,
+      metrics: core.metrics,
+      guard: this.ctx.guard,
+      sessionHeaders: this.ctx.sessionHeaders,
+      nextRequestId: this.ctx.nextRequestId,
+    };
+  }
+
+  /**
+   * The picker's "send this attempt": name the endpoint to the gateway (its proxy sends the body there). A disaggregated
+   * attempt's prefill leg is sent from here first; the decode leg is the body the gateway sends.
+   */
+  private async sendAttempt(
+    attempt: DispatchAttempt,
+    worker: Worker,
+    prefillWorker: Worker | undefined,
+    r: SubmittedRequest,
+    path: string,
+    body: Buffer,
+  ): Promise<AttemptOutcome> {
+    const { core } = this.ctx;
+    const { requestId, tokenizeS } = r;
+    if (this.abort.signal.aborted) {
+      // The stream ended between the dispatcher's decision and now: the attempt is given up, as serve gives up one
+      // whose client left (counted where it was routed, finished as cancelled).
+      core.metrics.routed(attempt.prefill?.decision ?? attempt.decision, { tokenize: tokenizeS });
+      core.lifecycle.finish(requestId, { outcome: 'cancelled' });
+      return { kind: 'done' };
     }
-    const t0 = performance.now();
-    const tokens = await tokensFor(core, parsed);
-    const tokenizeS = (performance.now() - t0) / 1000;
-    if (this.abort.signal.aborted) return;
-    const requestId = this.ctx.nextRequestId();
-    core.metrics.apiRequest(api.name);
-    let step: NextStep = await core.lifecycle.submit(
-      {
-        requestId,
-        model: parsed.model,
-        tokens,
-        cacheSalt: parsed.cacheSalt,
-        policy: parsed.policy,
-        knobs: parsed.knobs,
-        pinKey: parsed.pinKey,
-        ...handoffOf(api, json),
-        ...identity,
-        ...(this.subset ? { subset: this.sourcesOf(this.subset) } : {}),
-      },
-      this.abort.signal,
-    );
-    for (;;) {
-      if (step.kind === 'aborted') {
-        core.metrics.outcome('cancelled');
-        return;
-      }
-      if (step.kind === 'reject') return this.refused(step);
-      const attempt = step;
+    // The body serve would send (the usage asked for in a stream, kvroute's own field removed): the same ledger.
+    // (Only where the picker sees the answer: a proxy that sends no response body gets the client's own.)
+    const aggregated = this.responseBodyMode === NONE ? r.text : r.parsed.upstreamBody(r.text);
+    let upstream = aggregated === r.text ? body : Buffer.from(aggregated, 'utf8');
+    let extra: Record<string, string> = {};
+    let accounted = attempt.decision;
+    let cachedOverride: { value: number | null } | undefined;
+    if (attempt.prefill && prefillWorker) {
+      const leg = await prefillLeg(core, {
+        attempt,
+        prefillWorker,
+        decodeWorker: worker,
+        clientJson: r.json,
+        clientText: r.text,
+        path,
+        stream: r.parsed.stream,
+        signal: this.abort.signal,
+      });
       if (this.abort.signal.aborted) {
-        // The stream ended between the dispatcher's decision and now: the attempt is given up, as serve gives up one
-        // whose client left (counted where it was routed, finished as cancelled).
-        core.metrics.routed(attempt.prefill?.decision ?? attempt.decision, { tokenize: tokenizeS });
+        core.metrics.routed(attempt.prefill.decision, { tokenize: tokenizeS });
         core.lifecycle.finish(requestId, { outcome: 'cancelled' });
-        return;
+        return { kind: 'done' };
       }
-      const worker = core.workers.get(attempt.workerId);
-      if (!worker) {
-        step = await core.lifecycle.failed(requestId, `${attempt.workerId}: removed`, this.abort.signal);
-        continue;
+      if (leg.kind === 'failed') return { kind: 'prefill_failed', message: leg.message };
+      accounted = attempt.prefill.decision;
+      if (leg.kind === 'client_error') {
+        // The engine refused the request itself (the decode side would too): its answer is the client's.
+        core.metrics.routed(accounted, { tokenize: tokenizeS });
+        core.lifecycle.finish(requestId, { outcome: 'error' });
+        this.immediateRaw(leg.status, leg.text, 'routed');
+        return { kind: 'done' };
       }
-      // The body serve would send (the usage asked for in a stream, kvroute's own field removed): the same ledger.
-      // (Only where the picker sees the answer: a proxy that sends no response body gets the client's own.)
-      const aggregated = this.responseBodyMode === NONE ? text : parsed.upstreamBody(text);
-      let upstream = aggregated === text ? body : Buffer.from(aggregated, 'utf8');
-      let extra: Record<string, string> = {};
-      let accounted = attempt.decision;
-      let cachedOverride: { value: number | null } | undefined;
-      if (attempt.prefill) {
-        const prefillWorker = core.workers.get(attempt.prefill.workerId);
-        if (!prefillWorker) {
-          step = await core.lifecycle.prefillFailed(requestId, `${attempt.prefill.workerId}: removed`, this.abort.signal);
-          continue;
-        }
-        const leg = await prefillLeg(core, {
-          attempt,
-          prefillWorker,
-          decodeWorker: worker,
-          clientJson: json,
-          clientText: text,
-          path,
-          stream: parsed.stream,
-          signal: this.abort.signal,
-        });
-        if (this.abort.signal.aborted) {
-          core.metrics.routed(attempt.prefill.decision, { tokenize: tokenizeS });
-          core.lifecycle.finish(requestId, { outcome: 'cancelled' });
-          return;
-        }
-        if (leg.kind === 'failed') {
-          core.log.warn({ requestId, worker: prefillWorker.id, error: leg.message }, 'prefill leg failed before answering');
-          step = await core.lifecycle.prefillFailed(requestId, leg.message, this.abort.signal);
-          continue;
-        }
-        accounted = attempt.prefill.decision;
-        if (leg.kind === 'client_error') {
-          // The engine refused the request itself (the decode side would too): its answer is the client's.
-          core.metrics.routed(accounted, { tokenize: tokenizeS });
-          core.lifecycle.finish(requestId, { outcome: 'error' });
-          return this.immediateRaw(leg.status, leg.text, 'routed');
-        }
-        if (leg.kind === 'finished') {
-          // The prefill answer already finished the request (TensorRT-LLM: its first token ended it): no decode leg.
-          core.metrics.routed(accounted, { tokenize: tokenizeS });
-          core.lifecycle.prefillDone(requestId, leg.report);
-          core.lifecycle.finish(requestId, { outcome: 'ok', cachedTokens: leg.report.cachedTokens });
-          return this.sendImmediate(200, leg.body, { 'content-type': leg.contentType }, 'prefill_finished', 'routed');
-        }
-        if (leg.report) core.lifecycle.prefillDone(requestId, leg.report);
-        // The client is told the prefill's cached tokens, as serve tells it (known once the prefill answered).
-        const override = { value: leg.report?.cachedTokens ?? null };
-        cachedOverride = override;
-        leg.answered?.then((r) => {
-          if ('failed' in r) core.log.warn({ requestId, worker: prefillWorker.id, error: r.failed }, 'SGLang prefill leg failed');
-          else {
-            override.value = r.cachedTokens ?? null;
-            core.lifecycle.prefillDone(requestId, r);
-          }
-        });
-        upstream = Buffer.from(leg.decodeBody, 'utf8');
-        extra = { 'x-request-id': leg.pairId, 'x-kvroute-prefill-worker': attempt.prefill.decision.sourceKey };
+      if (leg.kind === 'finished') {
+        // The prefill answer already finished the request (TensorRT-LLM: its first token ended it): no decode leg.
+        core.metrics.routed(accounted, { tokenize: tokenizeS });
+        core.lifecycle.prefillDone(requestId, leg.report);
+        core.lifecycle.finish(requestId, { outcome: 'ok', cachedTokens: leg.report.cachedTokens });
+        this.sendImmediate(200, leg.body, { 'content-type': leg.contentType }, 'prefill_finished', 'routed');
+        return { kind: 'done' };
       }
-      this.answer(attempt, worker, accounted, api, parsed, upstream, upstream !== body, extra, tokenizeS, cachedOverride);
-      return;
+      if (leg.report) core.lifecycle.prefillDone(requestId, leg.report);
+      // The client is told the prefill's cached tokens, as serve tells it (known once the prefill answered).
+      const override = { value: leg.report?.cachedTokens ?? null };
+      cachedOverride = override;
+      leg.answered?.then((a) => {
+        if ('failed' in a) core.log.warn({ requestId, worker: prefillWorker.id, error: a.failed }, 'SGLang prefill leg failed');
+        else {
+          override.value = a.cachedTokens ?? null;
+          core.lifecycle.prefillDone(requestId, a);
+        }
+      });
+      upstream = Buffer.from(leg.decodeBody, 'utf8');
+      extra = { 'x-request-id': leg.pairId, 'x-kvroute-prefill-worker': attempt.prefill.decision.sourceKey };
     }
+    this.answer(attempt, worker, accounted, r.api, r.parsed, upstream, upstream !== body, extra, tokenizeS, cachedOverride);
+    return { kind: 'done' };
   }
 
   /** Paths that are not routed (GET /v1/models, /tokenize, ...): the fewest requests in flight, nothing counted. */
@@ -511,13 +495,6 @@ export class Exchange {
     const keys = new Set<string>();
     for (const w of this.ctx.core.workers.list()) if (endpoints.has(endpointOf(w))) for (const k of w.sourceKeys) keys.add(k);
     return keys;
-  }
-
-  private refused(r: DispatchRefusal): void {
-    const { core } = this.ctx;
-    core.metrics.refused(r.code);
-    if (r.code === 'upstream_failed') core.metrics.outcome('error');
-    this.immediate(pickerRefusalError(r, core.config), 'refused');
   }
 
   private immediate(err: HttpError, result: EppResult): void {

@@ -5,7 +5,7 @@
  */
 import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
 import { HANDOFF_FAILURES, PD_PATHS, type PdStats } from '../core/dispatch/dispatcher.ts';
-import { LATENCY_BUCKETS } from './registry.ts';
+import { LATENCY_BUCKETS } from './buckets.ts';
 
 export type PdLeg = 'prefill' | 'decode_first_token' | 'decode';
 

@@ -12,7 +12,7 @@ import type { Dispatcher } from '../core/dispatch/dispatcher.ts';
 import type { ServeConfig } from '../config/serve.ts';
 import { readBody } from '../http/body.ts';
 import { parseJsonBody } from '../apis/openai-request.ts';
-import { sanitizeRequestId } from './inference.ts';
+import { sanitizeRequestId } from '../runtime/request-flow.ts';
 import { checkJsonDepth } from '../runtime/security/index.ts';
 import { refusalError } from '../runtime/refusals.ts';
 import type { RequestTrace } from '../runtime/tracing.ts';

@@ -13,12 +13,10 @@ import type { RouteDecision } from '../core/types.ts';
 import type { RequestMetrics } from '../metrics/registry.ts';
 import type { ApiAdapter, RoutedRequest } from '../apis/index.ts';
 import type { LifecyclePort } from '../runtime/lifecycle.ts';
-import { SseRelay, type StreamUsage } from '../apis/sse.ts';
+import { rewriteCachedTokens, SseRelay, type StreamUsage } from '../apis/sse.ts';
 import type { RequestTrace } from '../runtime/tracing.ts';
-import type { Worker } from '../runtime/workers.ts';
-
-/** What one attempt needs of its worker: where to send, and whether to name the data-parallel rank. */
-export type AttemptWorker = Pick<Worker, 'id' | 'url' | 'pool' | 'sourceKeys'>;
+import type { AttemptWorker } from '../runtime/prefill-leg.ts';
+import type { AttemptOutcome as FlowOutcome } from '../runtime/request-flow.ts';
 
 /** Hop-by-hop and length headers are the proxy's own business; everything else from the engine passes through. */
 const SKIP_RESPONSE_HEADERS = new Set(['connection', 'keep-alive', 'transfer-encoding', 'content-length', 'date', 'server']);
@@ -32,7 +30,8 @@ function copyHeaders(upstream: UndiciDispatcher.ResponseData['headers'], extra: 
   return { ...out, ...extra };
 }
 
-export type AttemptOutcome = { readonly kind: 'done' } | { readonly kind: 'failed'; readonly message: string };
+/** How a proxied attempt ended: answered, or failed before answering (the dispatcher may retry it). */
+export type AttemptOutcome = Exclude<FlowOutcome, { kind: 'prefill_failed' }>;
 
 export interface AttemptContext {
   readonly lifecycle: LifecyclePort;
@@ -78,16 +77,6 @@ export interface AttemptRequest {
    * body, the body to send once more, or null to pass the answer on.
    */
   readonly resendOn4xx?: (status: number, text: string) => string | null;
-}
-
-/** Sets or removes usage.prompt_tokens_details.cached_tokens in place. */
-export function rewriteCachedTokens(usage: Record<string, unknown>, cached: number | null): void {
-  const details = usage.prompt_tokens_details;
-  if (cached === null) {
-    if (details && typeof details === 'object') delete (details as Record<string, unknown>).cached_tokens;
-    return;
-  }
-  usage.prompt_tokens_details = { ...(details && typeof details === 'object' ? details : {}), cached_tokens: cached };
 }
 
 export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Promise<AttemptOutcome> {

@@ -2,7 +2,8 @@ import { describe, expect, it } from 'vitest';
 import { KvRouter } from '../../src/core/router.ts';
 import type { KvEvent } from '../../src/core/types.ts';
 import { routed, storedEvent, toks } from '../fixtures/routing.ts';
-import { HIT_RATE_BUCKETS, RouterMetrics } from '../../src/metrics/registry.ts';
+import { HIT_RATE_BUCKETS } from '../../src/metrics/buckets.ts';
+import { RouterMetrics } from '../../src/metrics/registry.ts';
 import { parsePrometheusText, sumOf } from '../../src/metrics/scrape.ts';
 import { buildReport } from '../../src/metrics/hitrate-report.ts';
 

@@ -7,7 +7,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import cluster from 'node:cluster';
-import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import pino, { type Logger } from 'pino';
 import { Pool } from 'undici';
 import type { FinishReport, PrefillReport, Submission } from '../../core/dispatch/dispatcher.ts';
@@ -15,14 +15,17 @@ import type { ServeConfig } from '../../config/serve.ts';
 import { HttpError } from '../../http/errors.ts';
 import type { RequestMetrics } from '../../metrics/registry.ts';
 import { RemoteTokenizer } from '../../tokenizer/remote.ts';
-import { answerError, buildSecurity, listen } from '../app.ts';
+import { buildSecurity } from '../app.ts';
+import { createListener } from '../listener.ts';
+import { answerError } from '../routes.ts';
 import { buildTokenizer } from '../../runtime/compose.ts';
 import { ROUTED_PATHS } from '../../apis/index.ts';
 import { sessionHeaderNames } from '../../runtime/identity.ts';
 import { handleInference, type InferenceContext } from '../inference.ts';
 import type { LifecyclePort, NextStep } from '../../runtime/lifecycle.ts';
-import { DisaggRequestIds, disaggMachineIdOf, type PdWorker } from '../pd.ts';
-import { httpServerTimeouts, LOG_REDACT_PATHS, toHttpError } from '../../runtime/security/index.ts';
+import { DisaggRequestIds, disaggMachineIdOf } from '../../engines/trtllm/ids.ts';
+import type { PdWorker } from '../../runtime/prefill-leg.ts';
+import { LOG_REDACT_PATHS, toHttpError } from '../../runtime/security/index.ts';
 import { NO_TRACE } from '../../runtime/tracing.ts';
 import { workerPool } from '../../runtime/workers.ts';
 import { type MetricCall, Outbox, type PrimaryMessage, type ShellMessage, type ShellWorkerInfo } from './protocol.ts';
@@ -214,7 +217,6 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
 
   const primary = new Pool(primaryUrl, { connections: 256, pipelining: 1 });
   let closing = false;
-  let inFlight = 0;
 
   /** Any path but the routed APIs: the primary answers, as it would on its own port. */
   async function forward(req: IncomingMessage, res: ServerResponse): Promise<void> {
@@ -252,34 +254,17 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
     await handleInference(ctx, api, path, req, res, t0, NO_TRACE);
   }
 
-  const server = createServer(
-    {
-      keepAliveTimeout: 65_000,
-      ...httpServerTimeouts({ headersTimeoutMs: config.headerTimeoutMs, requestTimeoutMs: config.bodyTimeoutMs }),
-    },
-    (req, res) => {
-      inFlight++;
-      let counted = true;
-      const done = () => {
-        if (counted) {
-          counted = false;
-          inFlight--;
-        }
-      };
-      res.on('close', done);
-      res.on('finish', done);
-      handle(req, res).catch((err: unknown) => {
-        if (!(err instanceof HttpError) && !res.headersSent) {
-          // The primary did not answer a forwarded request: the router's own failure, said as one.
-          log.warn({ err: (err as Error).message, path: req.url }, 'forwarding to the routing core failed');
-          answerError(req, res, new HttpError(502, 'the routing core did not answer', 'server_error', 'internal_error'), log);
-          return;
-        }
-        answerError(req, res, err, log);
-      });
-    },
-  );
-  server.maxRequestsPerSocket = 0;
+  const listener = createListener(config, (req, res) => {
+    handle(req, res).catch((err: unknown) => {
+      if (!(err instanceof HttpError) && !res.headersSent) {
+        // The primary did not answer a forwarded request: the router's own failure, said as one.
+        log.warn({ err: (err as Error).message, path: req.url }, 'forwarding to the routing core failed');
+        answerError(req, res, new HttpError(502, 'the routing core did not answer', 'server_error', 'internal_error'), log);
+        return;
+      }
+      answerError(req, res, err, log);
+    });
+  });
 
   const onMessage = (m: PrimaryMessage) => {
     if (m.k === 'kvr.batch') for (const one of m.msgs) onMessage(one);
@@ -300,17 +285,13 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
     if (closing) return;
     closing = true;
     outbox.flush();
-    server.close();
-    server.closeIdleConnections();
-    const deadline = Date.now() + graceMs;
-    while (inFlight > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
-    server.closeAllConnections();
+    await listener.drain(graceMs);
     forwarded.flush();
     outbox.flush();
     await Promise.all([tokenizer?.close(), workers.close(), primary.close().catch(() => {})]);
     process.exit(0);
   };
 
-  const url = await listen(server, config.port, config.host);
+  const url = await listener.listen(config.port, config.host);
   send({ k: 'kvr.listening', url });
 }
