@@ -591,6 +591,7 @@ export function addEppOptions(command: Command): Command {
 /** Reads and checks a YAML or JSON config file alone: the settings it gives (keys as in ServeConfig). */
 export async function loadConfigFile(path: string): Promise<Partial<ServeConfig>> {
   const file = await readConfigFile(path);
-  const { config, sources } = resolveSettings(serveSchema, { file });
+  // The router reads KVROUTE_* variables too, so its messages name them (`--retries (KVROUTE_RETRIES)`); none is read here.
+  const { config, sources } = resolveSettings(serveSchema, { file, env: {} });
   return Object.fromEntries(Object.entries(config).filter(([k]) => sources[k] === 'file')) as Partial<ServeConfig>;
 }

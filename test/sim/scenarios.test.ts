@@ -44,7 +44,14 @@ describe('scenarios', () => {
 
   it('noisy-neighbour on a league-sized fleet still makes the flood queue', () => {
     const sc = scenario('noisy-neighbour', 1, 3000, { workers: 8 });
-    const r = runFleet(sc.requests, { ...sc.fleet, policy: 'kv' });
+    const s = sc.settings ?? {};
+    // The scenario's own admission settings, as `kvroute sim --scenario` applies them (src/cli/sim.ts simSettings).
+    const r = runFleet(sc.requests, {
+      ...sc.fleet,
+      policy: 'kv',
+      router: { busy: { activePrefillTokens: s.busyPrefillTokens } },
+      dispatch: { queueLimit: s.queueLimit, queueTimeoutMs: s.queueTimeoutMs },
+    });
     expect(r.requests.served + r.requests.refused).toBe(sc.requests.length);
     expect(r.requests.queued).toBeGreaterThan(0);
     expect(r.by_tenant.map((t) => t.name)).toEqual(['noisy', 'tenant-0', 'tenant-1', 'tenant-2']);
