@@ -26,8 +26,8 @@ import {
   type ChartRender,
   CURRENT,
   CURRENT_HA,
-  DEFAULT_PLUGINS_YAML,
   LEGACY,
+  pluginsYamlOf,
   STANDALONE,
   STANDALONE_AGENTGATEWAY,
 } from './fixtures/helm-chart.ts';
@@ -78,7 +78,7 @@ afterAll(async () => {
 /** The chart's command line with the test machine's two differences (free ports, the mount folder). */
 async function chartProcess(render: ChartRender): Promise<EppProcess> {
   const mount = mkdtempSync(join(tmpdir(), 'kvroute-chart-config-'));
-  writeFileSync(join(mount, 'default-plugins.yaml'), DEFAULT_PLUGINS_YAML);
+  writeFileSync(join(mount, 'default-plugins.yaml'), pluginsYamlOf(render));
   const [grpc, health, metrics] = [await freePort(), await freePort(), await freePort()];
   const args = render.args.map((a, i) =>
     a.startsWith(`${render.configMount}/`)
