@@ -106,6 +106,7 @@ type Container = {
   name: string;
   image: string;
   args?: string[];
+  env?: { name: string; value?: string }[];
   ports?: { name?: string; containerPort: number }[];
   readinessProbe?: Probe;
   livenessProbe?: Probe;
@@ -354,8 +355,11 @@ describe.skipIf(!KUBECTL)('deploy/k8s overlays, rendered by kubectl kustomize', 
           expect(routeTimeout, 'the HTTPRoute sets a request timeout in seconds').not.toBeNull();
           expect(bound).toBeLessThan(Number(routeTimeout![1]) * 1000);
           expect(bound).toBeLessThan(300_000);
-          // The picker serves TLS (its default); Istio and the plain Envoy are told to reach it so, unverified.
-          expect(epp.c.args).not.toContain('--no-secure-serving');
+          // The picker serves TLS (its default); Istio and the plain Envoy are told to reach it so, unverified. Neither
+          // the switch nor its variable turns it off (the reference's --secure-serving=false is refused as unknown above).
+          const tls = settingsOf(eppSchema, ['secureServing'])[0].entry;
+          expect(epp.c.args).not.toContain(longFlag(tls));
+          expect(epp.c.env?.find((e) => e.name === tls.env)?.value ?? 'true').toBe('true');
           if (overlay === 'epp/envoy') {
             // No gateway: Envoy's own ext_proc filter, set as the reference setups set it.
             const cm = objs.find((o) => o.kind === 'ConfigMap' && o.metadata.name === 'envoy-config') as K8sObject & {
