@@ -1,6 +1,6 @@
 /**
  * `kvroute epp` on the wire where Envoy is strict, as a process from the built package with a client playing Envoy's
- * side (test/epp/envoy-side.ts, which checks what Envoy checks). Written against envoyproxy/data-plane-api @84e84367
+ * side (test/epp/envoy-side.ts, which checks what Envoy checks); Envoy's limits over TLS, the picker's default. Written against envoyproxy/data-plane-api @84e84367
  * (envoy/extensions/filters/http/ext_proc/v3/processing_mode.proto: FULL_DUPLEX_STREAMED, chunks of at most 64 KiB,
  * trailer mode SEND; envoy/service/ext_proc/v3/external_processor.proto: a trailers message needs a TrailersResponse)
  * and the reference picker, llm-d/llm-d-inference-scheduler @520af478 (pkg/common/envoy/chunking.go: 62,000-byte
@@ -19,12 +19,12 @@ const mocks: MockerHandle[] = [];
 const procs: EppProcess[] = [];
 const clients: EnvoySide[] = [];
 
-async function picker(args: string[]): Promise<{ p: EppProcess; envoy: EnvoySide; engine: MockerHandle }> {
+async function picker(args: string[], tls = false): Promise<{ p: EppProcess; envoy: EnvoySide; engine: MockerHandle }> {
   const engine = await startMocker({ model: 'm', speedup: 50, seed: 7 });
   mocks.push(engine);
-  const p = await startEpp(['-w', `${engine.url},events=${engine.zmqEndpoint},id=w0,model=m`, ...args]);
+  const p = await startEpp(['-w', `${engine.url},events=${engine.zmqEndpoint},id=w0,model=m`, ...args], { tls });
   procs.push(p);
-  const envoy = new EnvoySide(p.address);
+  const envoy = new EnvoySide(p.address, { tls });
   clients.push(envoy);
   await eventually(async () => (await envoy.check('readiness')).status === 1);
   return { p, envoy, engine };
@@ -39,12 +39,13 @@ afterAll(async () => {
   await Promise.all(mocks.map((m) => m.close()));
 });
 
-describe('kvroute epp on the wire', () => {
+describe('kvroute epp on the wire, over TLS as it serves by default', () => {
   let p: EppProcess;
   let envoy: EnvoySide;
 
   beforeAll(async () => {
-    ({ p, envoy } = await picker([]));
+    ({ p, envoy } = await picker([], true));
+    expect(p.tls).toBe('TLS (self-signed certificate)');
   }, 60_000);
 
   it('streams a large body back in chunks of at most 62,000 bytes, unchanged', async () => {
