@@ -106,19 +106,32 @@ describe('pod verdicts', () => {
       pod('dp-0', {
         labels: { app: 'vllm', 'llm-d.ai/role': 'prefill' },
         ip: '10.0.0.9',
-        annotations: { 'kvroute.io/dp': '2', 'sglang.ai/bootstrap-port': '8998' },
+        annotations: { 'kvroute.io/dp': '2', 'sglang.ai/bootstrap-port': '8998', 'kvroute.io/replay-port': '5600' },
       }),
       all,
       DEFAULTS,
       { ports: [8000, 8001, 8002], appProtocol: 'h2c' },
     );
     if (v.kind !== 'worker') throw new Error('not a worker');
+    expect(v.warning).toBeUndefined();
     expect(v.specs.map((x) => [x.id, x.url, x.events, x.replay, x.bootstrap, x.appProtocol])).toEqual([
-      ['dp-0-8000', 'http://10.0.0.9:8000', 'tcp://10.0.0.9:5557', 'tcp://10.0.0.9:5558', 8998, 'h2c'],
-      ['dp-0-8001', 'http://10.0.0.9:8001', 'tcp://10.0.0.9:5559', 'tcp://10.0.0.9:5560', 8999, 'h2c'],
-      ['dp-0-8002', 'http://10.0.0.9:8002', 'tcp://10.0.0.9:5561', 'tcp://10.0.0.9:5562', 9000, 'h2c'],
+      ['dp-0-8000', 'http://10.0.0.9:8000', 'tcp://10.0.0.9:5557', 'tcp://10.0.0.9:5600', 8998, 'h2c'],
+      ['dp-0-8001', 'http://10.0.0.9:8001', 'tcp://10.0.0.9:5559', 'tcp://10.0.0.9:5602', 8999, 'h2c'],
+      ['dp-0-8002', 'http://10.0.0.9:8002', 'tcp://10.0.0.9:5561', 'tcp://10.0.0.9:5604', 9000, 'h2c'],
     ]);
     for (const x of v.specs) expect(workerFromUnknown(x)).toEqual(x);
+  });
+
+  it('drops replay, with a warning naming the fix, when the ranks\' events and replay ports would meet (the defaults 5557/5558 with dp 2)', () => {
+    const v = podVerdict(pod('dp-2', { labels: { app: 'vllm' }, ip: '10.0.0.11', annotations: { 'kvroute.io/dp': '2' } }), all, DEFAULTS);
+    if (v.kind !== 'worker') throw new Error('not a worker');
+    expect(v.specs.map((x) => [x.events, x.replay])).toEqual([['tcp://10.0.0.11:5557', undefined]]);
+    expect(v.warning).toBe(
+      'its 2 events ports (5557-5558) and replay ports (5558-5559) overlap: replay is off for it; set kvroute.io/replay-port (or --k8s-replay-port) to 5559 or more, or 0',
+    );
+    // One engine of one rank: 5557 and 5558 do not meet, replay stays.
+    const one = podVerdict(pod('a', { labels: { app: 'vllm' }, ip: '10.0.0.12' }), all, DEFAULTS);
+    expect(one.kind === 'worker' && [one.specs[0].replay, one.warning]).toEqual(['tcp://10.0.0.12:5558', undefined]);
   });
 
   it("selected by label, every --k8s-port is a worker too (the reference picker's --endpoint-target-ports), as a pool's ports are", () => {

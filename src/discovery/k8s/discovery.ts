@@ -332,8 +332,10 @@ export class K8sDiscovery {
       for (const [name, obj] of this.pods) {
         try {
           const v = podVerdict(obj, target.selector, this.opts.defaults, this.opts.pool ? target : undefined);
-          if (v.kind === 'worker') for (const spec of v.specs) desired.set(spec.id!, spec);
-          else if (v.reason === 'encode_only') {
+          if (v.kind === 'worker') {
+            for (const spec of v.specs) desired.set(spec.id!, spec);
+            if (v.warning) this.logOnce(`ports\u0000${name}`, { pod: name }, `pod ${this.opts.namespace}/${name}: ${v.warning}`, 'warn');
+          } else if (v.reason === 'encode_only') {
             notRouted.encode_only++;
             this.logOnce(
               `encode\u0000${name}`,
@@ -352,11 +354,11 @@ export class K8sDiscovery {
   }
 
   /** Logs once per key (bounded, like countBad's). */
-  private logOnce(key: string, fields: object, message: string): void {
+  private logOnce(key: string, fields: object, message: string, level: 'info' | 'warn' = 'info'): void {
     if (this.logged.has(key)) return;
     if (this.logged.size > 10_000) this.logged.clear();
     this.logged.add(key);
-    this.opts.log.info(fields, message);
+    this.opts.log[level](fields, message);
   }
 
   private async apply(desired: ReadonlyMap<string, WorkerSpec>): Promise<void> {

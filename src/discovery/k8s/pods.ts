@@ -130,7 +130,12 @@ export interface PodDefaults {
 
 export type PodVerdict =
   /** One worker per target port. */
-  | { readonly kind: 'worker'; readonly specs: readonly WorkerSpec[] }
+  | {
+      readonly kind: 'worker';
+      readonly specs: readonly WorkerSpec[];
+      /** Something the pod's ports get wrong that discovery worked around (logged once per pod). */
+      readonly warning?: string;
+    }
   | { readonly kind: 'absent'; readonly reason: 'not_selected' | 'not_ready' | 'terminating' | 'no_ip' | 'encode_only' };
 
 /**
@@ -248,6 +253,12 @@ export function podVerdict(obj: unknown, selector: LabelSelector, defaults: PodD
   const dp = positiveAnnotation(annotations, POD_KEYS.dp);
   const blocks = positiveAnnotation(annotations, POD_KEYS.blocks);
   const stride = dp ?? 1;
+  // Every rank of every engine publishes on events + its index and replays on replay + its index (vLLM offsets both
+  // endpoints by rank: ZmqEventPublisher). If the two ranges meet, some rank's events port is another's replay port:
+  // the replay cannot be what the pod runs (vLLM's replay endpoint is off unless set), so it is dropped, with a warning.
+  const span = ports.length * stride;
+  const overlap = eventsPort > 0 && replayPort > 0 && replayPort < eventsPort + span && eventsPort < replayPort + span;
+  const useReplay = replayPort > 0 && !overlap;
   const specs = ports.map((port, i): WorkerSpec => {
     const offset = (p: number) => p + i * stride;
     if (eventsPort > 0 && offset(eventsPort) > 65535)
@@ -256,7 +267,7 @@ export function podVerdict(obj: unknown, selector: LabelSelector, defaults: PodD
       id: ports.length > 1 ? `${name}-${port}` : name,
       url: `http://${host}:${port}`,
       ...(eventsPort > 0 ? { events: `tcp://${host}:${offset(eventsPort)}` } : {}),
-      ...(eventsPort > 0 && replayPort > 0 ? { replay: `tcp://${host}:${offset(replayPort)}` } : {}),
+      ...(eventsPort > 0 && useReplay ? { replay: `tcp://${host}:${offset(replayPort)}` } : {}),
       ...(dp !== undefined ? { dp } : {}),
       ...(models?.length ? { models } : {}),
       ...(blocks !== undefined ? { blocks } : {}),
@@ -268,7 +279,15 @@ export function podVerdict(obj: unknown, selector: LabelSelector, defaults: PodD
       ...(ctxUsage !== undefined ? { ctxUsage } : {}),
     };
   });
-  return { kind: 'worker', specs };
+  if (!overlap) return { kind: 'worker', specs };
+  const range = (p: number) => (span > 1 ? `${p}-${p + span - 1}` : `${p}`);
+  return {
+    kind: 'worker',
+    specs,
+    warning:
+      `its ${span} events ports (${range(eventsPort)}) and replay ports (${range(replayPort)}) overlap: replay is off for it; ` +
+      `set ${POD_KEYS.replayPort} (or --k8s-replay-port) to ${eventsPort + span} or more, or 0`,
+  };
 }
 
 /** A spec's identity for change detection: a worker whose spec changes is removed and added again. */
