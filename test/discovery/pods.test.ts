@@ -122,7 +122,7 @@ describe('pod verdicts', () => {
     for (const x of v.specs) expect(workerFromUnknown(x)).toEqual(x);
   });
 
-  it('drops replay, with a warning naming the fix, when the ranks\' events and replay ports would meet (the defaults 5557/5558 with dp 2)', () => {
+  it("drops replay, with a warning naming the fix, when the ranks' events and replay ports would meet (the defaults 5557/5558 with dp 2)", () => {
     const v = podVerdict(pod('dp-2', { labels: { app: 'vllm' }, ip: '10.0.0.11', annotations: { 'kvroute.io/dp': '2' } }), all, DEFAULTS);
     if (v.kind !== 'worker') throw new Error('not a worker');
     expect(v.specs.map((x) => [x.events, x.replay])).toEqual([['tcp://10.0.0.11:5557', undefined]]);
