@@ -148,7 +148,7 @@ describe('held-out TensorRT-LLM publisher', () => {
     expect(h.decodeErrors).toBe(0);
   });
 
-  it('token_extra_id, mm_keys and lora: not hashable from tokens alone (skipped, counted) or isolated by adapter', () => {
+  it('token_extra_id: not hashable from tokens alone (skipped, counted); mm_keys: a multimodal block, no plain-token match; lora: isolated by adapter', () => {
     const { poll, overlap, ingests } = fleet();
     const A = [1, 2, 3, 4, 5, 6, 7, 8];
     const extra = `{"type":"stored_block","block_hash":${H[1]},"tokens":[${A.slice(4, 8)
