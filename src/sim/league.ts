@@ -19,7 +19,7 @@ import { resolveSettings } from '../config/settings.ts';
 import { runSettings, type SimSettings, simSchema } from '../config/sim.ts';
 import type { DispatchOptions } from '../core/dispatch/dispatcher.ts';
 import type { KvKnobs } from '../core/types.ts';
-import { bandedMin, PREFILL_LOAD } from '../core/scheduling/policies.ts';
+import { bandedMin, PREFILL_LOAD, pressureDecode } from '../core/scheduling/policies.ts';
 import { ComposedPolicy, type Scorer, unitWeight } from '../core/scheduling/pipeline.ts';
 import type { Policy } from '../core/scheduling/policy.ts';
 import { type FleetOptions, type FleetResult, runFleet } from './fleet.ts';
@@ -80,7 +80,10 @@ const UNCACHED: Scorer = {
   score: (ctx, i) => Math.max(ctx.requestBlocks - ctx.candidates[i].overlapBlocks, 0),
 };
 
-/** kvroute's default with one term or stage turned off at a time: where its advantage comes from. */
+/** One block of cost per request running on the source. */
+const RUNNING: Scorer = { name: 'running', formula: 'activeRequests', score: (ctx, i) => ctx.candidates[i].activeRequests };
+
+/** kvroute's default with one term or stage turned off at a time (where its advantage comes from), and one candidate. */
 export const ABLATIONS: readonly LeagueEntry[] = [
   { label: 'kv-pressure -overlap', policy: KVROUTE_DEFAULT, sessions: true, knobs: { overlapCredit: 0 } },
   {
@@ -98,6 +101,22 @@ export const ABLATIONS: readonly LeagueEntry[] = [
   { label: 'kv-pressure -busy', policy: KVROUTE_DEFAULT, sessions: true, noBusy: true },
   { label: 'kv-pressure -sessions', policy: KVROUTE_DEFAULT, sessions: false },
   { label: 'kv-pressure -overlay', policy: KVROUTE_DEFAULT, sessions: true, noOverlay: true },
+  // A candidate, not an ablation: the default plus one block of cost per running request (decode concurrency).
+  {
+    label: 'kv-pressure +requests',
+    policy: 'kv-pressure-requests',
+    sessions: true,
+    custom: () =>
+      new ComposedPolicy(
+        'kv-pressure-requests',
+        [
+          { scorer: PREFILL_LOAD, weight: (k) => k.prefillLoadScale, weightName: 'prefillLoadScale' },
+          unitWeight(pressureDecode(1 / 64)),
+          unitWeight(RUNNING),
+        ],
+        bandedMin(1),
+      ),
+  },
 ];
 
 export interface LeagueOptions {
@@ -360,7 +379,7 @@ export interface RowVerdict {
 export function verdicts(res: LeagueResult): RowVerdict[] {
   return res.rows.map((row) => {
     const base = row.cells.find((c) => c.label === KVROUTE_DEFAULT) ?? row.cells[0];
-    const others = row.cells.filter((c) => c !== base && !c.label.startsWith(`${KVROUTE_DEFAULT} -`));
+    const others = row.cells.filter((c) => c !== base && !c.label.startsWith(`${KVROUTE_DEFAULT} `));
     const rank = (k: keyof LeagueFigures, higher: boolean) =>
       1 + others.filter((c) => (higher ? c.mean[k] > base.mean[k] : c.mean[k] < base.mean[k])).length;
     return {

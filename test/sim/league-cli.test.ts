@@ -64,7 +64,7 @@ describe('kvroute sim --league (process, dist/)', () => {
     const r = await run(process.execPath, [BIN, ...args], { cwd: ROOT, maxBuffer: 1 << 24 });
     expect(r.stdout).toContain('### agentic, load 1x, 4 engines');
     expect(r.stdout).not.toContain('### conversation');
-    for (const label of ['-overlap', '-load', '-decode', '-busy', '-sessions', '-overlay'])
+    for (const label of ['-overlap', '-load', '-decode', '-busy', '-sessions', '-overlay', '+requests'])
       expect(r.stdout).toContain(`| kv-pressure ${label} |`);
     expect(r.stdout).toContain('| dynamo |');
   }, 240_000);
