@@ -295,3 +295,18 @@ describe('scraped engine gauges', () => {
     expect(new Set(byWindow.values()).size).toBeGreaterThan(1);
   });
 });
+
+describe('selectable by name in serve settings (eppSchema extends serveSchema)', () => {
+  it('--policy / KVROUTE_POLICY accept every peer policy; an unknown name is refused in one line', async () => {
+    const { resolveServeConfig } = await import('../../src/config/serve.ts');
+    for (const name of PEER_POLICY_NAMES) {
+      const { config } = await resolveServeConfig({ flags: { policy: name }, env: {} });
+      expect(config.policy).toBe(name);
+    }
+    const { config } = await resolveServeConfig({ flags: {}, env: { KVROUTE_POLICY: 'smg' } });
+    expect(config.policy).toBe('smg');
+    const err = await resolveServeConfig({ flags: { policy: 'sglang' }, env: {} }).catch((e: unknown) => e);
+    expect(String((err as Error).message)).toMatch(/policy/);
+    expect(String((err as Error).message)).not.toContain('\n');
+  });
+});
