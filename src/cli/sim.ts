@@ -23,6 +23,7 @@ import {
   LEAGUE_TRACES,
   type LeagueResult,
   type LeagueTrace,
+  renderLeagueSvg,
   runLeague,
 } from '../sim/league.ts';
 import { TraceHasher } from '../sim/traces/expand.ts';
@@ -422,6 +423,7 @@ async function league(o: SimCliOptions, cmd: Command): Promise<void> {
   try {
     if (o.json) writeFileSync(o.json, `${JSON.stringify(result, null, 2)}\n`);
     if (o.markdown) writeFileSync(o.markdown, `${md}\n`);
+    if (o.plot) writeFileSync(o.plot, renderLeagueSvg(result));
   } catch (err) {
     return fail(`cannot write output: ${(err as Error).message}`, 1);
   }

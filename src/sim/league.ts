@@ -430,3 +430,46 @@ export function formatLeague(res: LeagueResult): string {
   }
   return out.join('\n');
 }
+
+const esc = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;');
+
+/**
+ * The plot: a grid of rows (trace, load, fleet) by policies, each cell coloured by its TTFT p90 over kvroute's
+ * default on that row (green: faster, red: slower, log scale, clamped at 4x either way) and labelled with that ratio
+ * and the hit.
+ */
+export function renderLeagueSvg(res: LeagueResult): string {
+  const labels = res.rows[0]?.cells.map((c) => c.label) ?? [];
+  const cw = 92;
+  const ch = 26;
+  const left = 190;
+  const top = 120;
+  const width = left + cw * labels.length + 20;
+  const height = top + ch * res.rows.length + 40;
+  const out: string[] = [
+    `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" font-family="sans-serif" font-size="11">`,
+    `<text x="10" y="20" font-size="14">TTFT p90 / kvroute default's (colour, ratio) and hit % of ideal, mean of ${res.seeds} seeds</text>`,
+  ];
+  labels.forEach((l, j) => {
+    const x = left + j * cw + cw / 2;
+    out.push(`<text x="${x}" y="${top - 8}" transform="rotate(-40 ${x} ${top - 8})">${esc(l)}</text>`);
+  });
+  res.rows.forEach((row, i) => {
+    const y = top + i * ch;
+    out.push(`<text x="10" y="${y + ch / 2 + 4}">${esc(`${row.trace} ${row.load}x, ${row.fleet} engines`)}</text>`);
+    const base = row.cells.find((c) => c.label === KVROUTE_DEFAULT) ?? row.cells[0];
+    row.cells.forEach((c, j) => {
+      const ratio = c.mean.ttft_p90 / base.mean.ttft_p90;
+      const t = Number.isFinite(ratio) ? Math.max(-1, Math.min(1, Math.log(ratio) / Math.log(4))) : 0;
+      const red = t > 0 ? 255 : Math.round(255 * (1 + t));
+      const green = t < 0 ? 255 : Math.round(255 * (1 - t));
+      const fill = `rgb(${red},${green},${Math.round(255 * (1 - Math.abs(t)))})`;
+      const x = left + j * cw;
+      out.push(`<rect x="${x}" y="${y}" width="${cw - 2}" height="${ch - 2}" fill="${fill}"/>`);
+      const text = `${Number.isFinite(ratio) ? ratio.toFixed(2) : '-'} · ${pct(c.mean.hit_of_ideal)}`;
+      out.push(`<text x="${x + cw / 2 - 1}" y="${y + ch / 2 + 3}" text-anchor="middle">${text}</text>`);
+    });
+  });
+  out.push('</svg>');
+  return `${out.join('\n')}\n`;
+}

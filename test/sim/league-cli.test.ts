@@ -29,15 +29,24 @@ describe('kvroute sim --league (process, dist/)', () => {
     const args = argv(LEAGUE_DOC).map((a) =>
       a === 'league.json' ? join(dir, 'league.json') : a === 'league.md' ? join(dir, 'league.md') : a,
     );
-    const r = await run(process.execPath, [BIN, ...args, ...TINY, '--policy', 'kv-pressure,dynamo,smg,aibrix'], {
-      cwd: ROOT,
-      maxBuffer: 1 << 24,
-    });
+    const r = await run(
+      process.execPath,
+      [BIN, ...args, ...TINY, '--policy', 'kv-pressure,dynamo,smg,aibrix', '--plot', join(dir, 'league.svg')],
+      {
+        cwd: ROOT,
+        maxBuffer: 1 << 24,
+      },
+    );
     expect(r.stdout).toContain('### conversation, load 1x, 4 engines');
     expect(r.stdout).toContain('### agentic, load 1x, 4 engines');
     expect(r.stdout).toMatch(/\| dynamo \| \d+%/);
     expect(r.stdout).toContain('Peers run without session affinity');
     expect(readFileSync(join(dir, 'league.md'), 'utf8').trim()).toBe(r.stdout.trim());
+    const svg = readFileSync(join(dir, 'league.svg'), 'utf8');
+    expect(svg.startsWith('<svg')).toBe(true);
+    // One cell per row and policy; kvroute's default is its own reference (ratio 1.00).
+    expect(svg.match(/<rect /g)).toHaveLength(2 * 4);
+    expect(svg).toContain('>1.00 · ');
     const json = JSON.parse(readFileSync(join(dir, 'league.json'), 'utf8')) as LeagueResult;
     expect(json.seeds).toBe(2);
     expect(json.rows.map((row) => `${row.trace} ${row.fleet} ${row.load}`)).toEqual(['conversation 4 1', 'agentic 4 1']);
