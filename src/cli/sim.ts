@@ -15,6 +15,17 @@ import { formatPdTable } from '../sim/pd-report.ts';
 import { computeOracle } from '../sim/oracle.ts';
 import { buildReport, formatReport, renderSvg } from '../sim/report.ts';
 import { type Scenario, scenario, SCENARIOS } from '../sim/scenarios.ts';
+import {
+  ABLATIONS,
+  entryFor,
+  formatLeague,
+  LEAGUE_POLICIES,
+  LEAGUE_TRACES,
+  type LeagueResult,
+  type LeagueTrace,
+  renderLeagueSvg,
+  runLeague,
+} from '../sim/league.ts';
 import { TraceHasher } from '../sim/traces/expand.ts';
 import type { TraceRequest } from '../sim/traces/format.ts';
 import { loadTrace } from '../sim/traces/reader.ts';
@@ -45,6 +56,12 @@ interface SimCliOptions {
   json?: string;
   plot?: string;
   progress: boolean;
+  league?: boolean;
+  leagueTraces?: string[];
+  leagueFleets?: number[];
+  seeds: number;
+  ablation?: boolean;
+  markdown?: string;
 }
 
 function fail(message: string, code = 2): void {
@@ -132,6 +149,21 @@ export function registerSim(program: Command): void {
     .option('--plot <file>', 'write an SVG chart of hit rates and TTFT per policy')
     .option('--no-progress', 'no progress bar on stderr')
     .option(
+      '--league',
+      "run the league instead of one trace: kvroute's default and every peer's default policy on the same traces, seeds and fleets (docs/routing.md)",
+    )
+    .option('--league-traces <list>', `league: traces, comma-separated (default all: ${LEAGUE_TRACES.join(',')})`, (v: string) => {
+      const list = v.split(',').map((t) => t.trim());
+      const bad = list.filter((t) => !(LEAGUE_TRACES as readonly string[]).includes(t));
+      if (bad.length > 0 || list.length === 0)
+        throw new UsageError(`--league-traces: unknown trace ${bad.join(', ')}; known: ${LEAGUE_TRACES.join(', ')}`);
+      return list;
+    })
+    .option('--league-fleets <list>', 'league: fleet sizes, comma-separated (default 8,32)', numberListArg('--league-fleets', { min: 2 }))
+    .option('--seeds <n>', 'league: seeds per row (the spread)', intArg('--seeds', { min: 1 }), 3)
+    .option('--ablation', "league: add kvroute's default with one term or stage turned off at a time")
+    .option('--markdown <file>', 'league: also write the Markdown table to this file')
+    .option(
       '--hybrid <layout>',
       'hybrid-attention engines (docs/engines.md, cache groups): a preset (gpt-oss, mamba, mixed) or groups in order, e.g. full,sliding:128,mamba',
       (text: string) => {
@@ -155,6 +187,7 @@ export function registerSim(program: Command): void {
         '  kvroute sim --scenario noisy-neighbour --exclude-tenant noisy  # the same tenants without the flood',
     )
     .action(async (o: SimCliOptions, cmd: Command) => {
+      if (o.league) return league(o, cmd);
       if (!o.trace === !o.scenario) return fail('give exactly one of --trace FILE or --scenario NAME');
       if (o.engineFailures !== undefined && o.engineFailures >= 1) return fail('--engine-failures must be below 1');
       const input = await simInput(o, cmd);
@@ -339,6 +372,61 @@ function runSweep(requests: readonly TraceRequest[], settings: SimSettings, flee
   }
   bar?.stop();
   return results;
+}
+
+/** Requests per league run by default: the whole default league (20 rows x 11 policies x 3 seeds) in minutes. */
+export const LEAGUE_REQUESTS = 300;
+
+/** `kvroute sim --league`: every policy on the same rows and seeds; Markdown on stdout, JSON with --json. */
+async function league(o: SimCliOptions, cmd: Command): Promise<void> {
+  if (o.trace || o.scenario) return fail('--league runs its own traces: drop --trace / --scenario (choose with --league-traces)');
+  if (o.leagueFleets?.some((f) => !Number.isInteger(f))) return fail('--league-fleets: fleet sizes must be integers');
+  const explicit = (name: string) => cmd.getOptionValueSource(name) === 'cli';
+  let policies: string[] = [...LEAGUE_POLICIES];
+  try {
+    if (explicit('policy')) policies = [...simSettings(flagValues(cmd, simSchema)).settings.policy];
+  } catch (err) {
+    return fail((err as Error).message);
+  }
+  const entries = [...policies.map(entryFor), ...(o.ablation ? ABLATIONS : [])];
+  const traces = (o.leagueTraces ?? [...LEAGUE_TRACES]) as LeagueTrace[];
+  const bar =
+    o.progress && process.stderr.isTTY
+      ? new cliProgress.SingleBar(
+          { format: 'league [{bar}] {value}/{total} runs | {run} | {duration_formatted}', stream: process.stderr, hideCursor: true },
+          cliProgress.Presets.shades_classic,
+        )
+      : null;
+  let result: LeagueResult;
+  try {
+    let started = false;
+    result = await runLeague({
+      traces,
+      fleets: o.leagueFleets ?? [8, 32],
+      loads: explicit('rateScale') ? o.rateScale : [1, 3],
+      seeds: o.seeds,
+      requests: o.limit ?? LEAGUE_REQUESTS,
+      entries,
+      onRun: (done, total, label) => {
+        if (!started) bar?.start(total, 0, { run: label });
+        started = true;
+        bar?.update(done, { run: label });
+      },
+    });
+  } catch (err) {
+    bar?.stop();
+    return fail((err as Error).message, 1);
+  }
+  bar?.stop();
+  const md = formatLeague(result);
+  process.stdout.write(`${md}\n`);
+  try {
+    if (o.json) writeFileSync(o.json, `${JSON.stringify(result, null, 2)}\n`);
+    if (o.markdown) writeFileSync(o.markdown, `${md}\n`);
+    if (o.plot) writeFileSync(o.plot, renderLeagueSvg(result));
+  } catch (err) {
+    return fail(`cannot write output: ${(err as Error).message}`, 1);
+  }
 }
 
 /** The one-paragraph reading of the seed scenario: the trap, reproduced. */

@@ -122,6 +122,14 @@ interface SourceEntry {
   readonly index: number;
   mode: 'events' | 'approx';
   capacityBlocks?: number;
+  /** The engine's own gauges as last scraped (setEngineMetrics), for policies that read them. */
+  scraped?: EngineMetrics;
+}
+
+/** Engine gauges a metrics-scraping policy reads (vllm:num_requests_waiting, vllm:kv_cache_usage_perc). */
+export interface EngineMetrics {
+  readonly waiting: number;
+  readonly kvUsage: number;
 }
 
 /** What finish() knows about a request: for metrics and the prediction-error histogram. */
@@ -271,6 +279,17 @@ export class KvRouter {
     return true;
   }
 
+  /**
+   * Records a source's engine gauges as scraped (the simulator at a policy's `scrapeIntervalMs`): policies that read
+   * engine metrics see these values, stale until the next call. False for an unknown source.
+   */
+  setEngineMetrics(key: string, metrics: EngineMetrics): boolean {
+    const entry = this.sources.get(key);
+    if (!entry) return false;
+    entry.scraped = metrics;
+    return true;
+  }
+
   hasSource(key: string): boolean {
     return this.sources.has(key);
   }
@@ -404,6 +423,9 @@ export class KvRouter {
     // Source-level filters: allow (the eligible set), exclude (sources a retry moves away from), busy (thresholds).
     let allowed = 0;
     let excluded = 0;
+    const policy = this.policy(policyName);
+    // A policy may model a router without the predicted overlay (its overlap is the event index's alone).
+    const overlay = this.overlay && policy.overlay !== false;
     const tierCredit = (knobs.hostTierCredit ?? 0) > 0 || (knobs.diskTierCredit ?? 0) > 0 || (knobs.remoteTierCredit ?? 0) > 0;
     const evaluate = (entry: SourceEntry): void => {
       if (req.allow && !req.allow.has(entry.key)) return;
@@ -419,7 +441,7 @@ export class KvRouter {
         // The hybrid rule (index/groups.ts) at the engine's own cap; the overlay assumes full attention, so not here.
         ov = this.groups.hit(s, seqHashes, ov, hybridCap);
       } else if (entry.mode === 'approx') ov = Math.max(ov, this.approx.prefix(s, seqHashes, now, view));
-      else if (this.overlay && ov < full) {
+      else if (overlay && ov < full) {
         ov = Math.max(ov, this.active.predictedPrefix(s, seqHashes, now, view, activePrefixBlocks));
       }
       ov = Math.min(ov, full);
@@ -444,9 +466,10 @@ export class KvRouter {
         activeBlocks,
         activePrefixBlocks,
         activeRequests: this.active.activeRequests(s),
+        activePartialBlocks: this.active.partialBlocks(s),
+        ...(entry.scraped ? { scraped: entry.scraped } : {}),
       });
     };
-    const policy = this.policy(policyName);
     if (!this.selectSampled(policy, req, seqHashes, view, fromIndex, evaluate)) {
       for (const entry of this.sources.values()) evaluate(entry);
     }
@@ -463,17 +486,12 @@ export class KvRouter {
       };
     }
 
-    const ranking = policy.rank({
-      candidates,
-      promptTokens,
-      requestBlocks,
-      blockSize: this.blockSize,
-      seqHashes,
-      knobs,
-      rng: this.rng,
-    });
+    const ctx = { candidates, promptTokens, requestBlocks, blockSize: this.blockSize, seqHashes, knobs, rng: this.rng, now };
+    const ranking = policy.rank(ctx);
     const affinity = req.prefer ? this.applyAffinity(req.prefer, candidates, ranking.order, requestBlocks) : undefined;
     const chosen = candidates[ranking.order[0]];
+    // Policies that learn from their own decisions (approximate prefix trees) record the pick.
+    policy.routed?.(ctx, ranking.order[0]);
     const entry = this.byIndex[chosen.source]!;
     const t3 = this.clock?.() ?? 0;
 

@@ -20,6 +20,7 @@ import { dispatchOptionsFrom, ROUTING_DEFAULTS } from '../config/routing.ts';
 import { DEFAULT_TENANT, type DispatchEffect, Dispatcher, type DispatchOptions, type RefusalCode } from '../core/dispatch/dispatcher.ts';
 import { createRng } from '../core/rng.ts';
 import { KvRouter, type KvRouterOptions } from '../core/router.ts';
+import { createPolicy } from '../core/scheduling/policies.ts';
 import type { Policy } from '../core/scheduling/policy.ts';
 import type { KvEvent } from '../core/types.ts';
 import { EngineInputError, MockEngine, type EngineConfig, type EngineEvent, type StepResult } from '../mocker/engine/index.ts';
@@ -272,6 +273,7 @@ const DELIVER = 2;
 const WAKE = 3;
 const FAIL = 4;
 const TRANSFER = 5;
+const SCRAPE = 6;
 
 interface WorkerState {
   readonly engine: MockEngine;
@@ -551,10 +553,19 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
     }
   };
 
+  // A policy that reads engine gauges sees them as scraped at its interval: stale between scrapes.
+  const scrapeMs = (opts.customPolicy ?? createPolicy(opts.policy)).scrapeIntervalMs;
+  const scrape = (now: number) => {
+    for (const ws of workers) router.setEngineMetrics(ws.key, { waiting: ws.engine.numWaiting, kvUsage: ws.engine.kvUsage });
+    if (heap.size > 0) heap.push(now + scrapeMs!, SCRAPE, 0);
+  };
+  if (scrapeMs !== undefined && scrapeMs > 0) scrape(0);
+
   const ev = { time: 0, kind: 0, arg: 0 };
   while (heap.pop(ev)) {
     const now = ev.time;
-    if (ev.kind === WAKE) {
+    if (ev.kind === SCRAPE) scrape(now);
+    else if (ev.kind === WAKE) {
       if (now < wakeAt) continue; // superseded by an earlier wake that already ran
       wakeAt = Infinity;
       apply(dispatcher.tick(now), now);

@@ -91,7 +91,7 @@ const CASES: Case[] = [
     env: { KVROUTE_POLICY: 'telepathy' },
     file: 'policy: telepathy\n',
     message: (from) =>
-      `--policy (KVROUTE_POLICY) must be one of kv-pressure, kv, round-robin, random, least-loaded, prefix-hash, got "telepathy" (from ${from})`,
+      `--policy (KVROUTE_POLICY) must be one of kv-pressure, kv, round-robin, random, least-loaded, prefix-hash, dynamo, llmd, llmd-baseline, smg, smg-legacy, aibrix, ps-kvaware, ps-prefixaware, got "telepathy" (from ${from})`,
   },
   {
     what: 'bad worker spec',

@@ -268,6 +268,11 @@ const CASES: DocCase[] = [
     },
   },
   { doc: 'kvroute trace gen --kind agentic --seed 7 --out agentic.jsonl', coveredBy: 'test/sim/agentic.test.ts' },
+  { doc: 'kvroute sim --league --json league.json --markdown league.md', coveredBy: 'test/sim/league-cli.test.ts' },
+  {
+    doc: 'kvroute sim --league --league-fleets 8 --policy kv-pressure,dynamo --ablation',
+    coveredBy: 'test/sim/league-cli.test.ts',
+  },
   {
     doc: 'kvroute sim --trace agentic:requests=1000 --workers 8 --policy kv,round-robin',
     coveredBy: 'test/sim/agentic.test.ts',

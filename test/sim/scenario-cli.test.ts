@@ -173,6 +173,7 @@ describe('CLI', () => {
     expect(err.code).toBe(2);
     expect(err.stderr.trim()).toBe(
       'kvroute sim: --policy must be one of kv-pressure, kv, round-robin, random, least-loaded, prefix-hash, ' +
+        'dynamo, llmd, llmd-baseline, smg, smg-legacy, aibrix, ps-kvaware, ps-prefixaware, ' +
         'or several separated by commas, got "nope" (from --policy)',
     );
     const err2 = await run(process.execPath, [BIN, 'sim', '--trace', '/nonexistent.jsonl']).catch((e) => e);

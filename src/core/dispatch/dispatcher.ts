@@ -77,6 +77,9 @@ export interface PdOptions {
    * served there alone (its own prefill). Default 0: every request with an uncached token is disaggregated.
    */
   readonly minUncachedTokens?: number;
+  /** Policies of the two legs (default pd-prefill and pd-decode); a peer's P/D routing runs its rule on both. */
+  readonly prefillPolicy?: string;
+  readonly decodePolicy?: string;
 }
 
 /**
@@ -876,7 +879,7 @@ export class Dispatcher {
         loraName: el.loraName,
         cacheSalt: sub.cacheSalt,
         // The decode leg of a P/D fleet balances decode load and KV memory; an aggregated fleet runs its policy.
-        policy: pd ? PD_DECODE_POLICY : sub.policy,
+        policy: pd ? (this.options.pd?.decodePolicy ?? PD_DECODE_POLICY) : sub.policy,
         knobs: sub.knobs,
         allow: el.allow,
         exclude: t.excluded,
@@ -1004,7 +1007,7 @@ export class Dispatcher {
         promptTokens: t.promptTokens,
         loraName: el.loraName,
         cacheSalt: sub.cacheSalt,
-        policy: PD_PREFILL_POLICY,
+        policy: this.options.pd?.prefillPolicy ?? PD_PREFILL_POLICY,
         knobs: sub.knobs,
         allow: el.allow,
         exclude: t.prefillExcluded,

@@ -26,9 +26,11 @@
  *   prefix-hash            load, rendezvous
  *   round-robin            round-robin
  *   random                 random
+ *   dynamo, llmd, llmd-baseline, smg, smg-legacy, aibrix, ps-kvaware, ps-prefixaware: peers' defaults (peers/)
  */
 import { ComposedPolicy, type Picker, type Scorer, unitWeight, type WeightedScorer } from './pipeline.ts';
 import { createPdPolicy } from './pd.ts';
+import { createPeerPolicy, PEER_POLICY_NAMES } from './peers/index.ts';
 import { orderByCost, type Policy, type PolicyContext } from './policy.ts';
 
 // ------------------------------------------------------------------------------------------------ scorers
@@ -255,12 +257,12 @@ export function kvCost(ctx: PolicyContext, i: number): number {
   return ctx.knobs.prefillLoadScale * t.prefill + t.decode;
 }
 
-export const POLICY_NAMES = ['kv-pressure', 'kv', 'round-robin', 'random', 'least-loaded', 'prefix-hash'] as const;
+export const POLICY_NAMES = ['kv-pressure', 'kv', 'round-robin', 'random', 'least-loaded', 'prefix-hash', ...PEER_POLICY_NAMES] as const;
 export const DEFAULT_POLICY: PolicyName = 'kv-pressure';
 export type PolicyName = (typeof POLICY_NAMES)[number];
 
 export function createPolicy(name: string): Policy {
-  const pd = createPdPolicy(name);
+  const pd = createPdPolicy(name) ?? createPeerPolicy(name);
   if (pd) return pd;
   switch (name) {
     case 'kv-pressure':

@@ -25,6 +25,10 @@ export interface Candidate {
   /** Leading request blocks already active on the source (shared with in-flight requests). */
   readonly activePrefixBlocks: number;
   readonly activeRequests: number;
+  /** Trailing partial blocks among `activeBlocks` (one per in-flight request whose prompt ends mid-block). */
+  readonly activePartialBlocks?: number;
+  /** The engine's gauges as last scraped (stale between scrapes); absent when nothing scrapes them. */
+  readonly scraped?: { readonly waiting: number; readonly kvUsage: number };
 }
 
 export interface PolicyContext {
@@ -36,6 +40,8 @@ export interface PolicyContext {
   readonly seqHashes: BigUint64Array;
   readonly knobs: KvKnobs;
   readonly rng: Rng;
+  /** The routing clock, ms (policies with TTLs or request-rate windows). */
+  readonly now?: number;
 }
 
 export interface Ranking {
@@ -52,7 +58,13 @@ export interface Policy {
    * least-loaded): selection over a large fleet may then evaluate only the least loaded of them.
    */
   readonly loadOrdered?: boolean;
+  /** false: the candidates' overlap comes from the event index alone, without the predicted overlay. */
+  readonly overlay?: boolean;
+  /** The policy reads engine gauges (Candidate.scraped), scraped at this interval, ms (the simulator honours it). */
+  readonly scrapeIntervalMs?: number;
   rank(ctx: PolicyContext): Ranking;
+  /** Called with the candidate actually chosen (after affinity): policies with their own approximate index learn here. */
+  routed?(ctx: PolicyContext, chosen: number): void;
 }
 
 /** Indices sorted by cost, ties broken by `tie` then by a seeded shuffle key. */
