@@ -27,12 +27,20 @@ const base = { workers: 4, blockSize: 16, gpuBlocks: 3000, seed: 11, keepRequest
 const CASES: ReadonlyArray<readonly [string, FleetOptions, string]> = [
   ['kv-pressure', { ...base, policy: 'kv-pressure' }, 'bbb1aeceb930be5a'],
   ['kv', { ...base, policy: 'kv' }, 'b58e768908961a1c'],
-  ['kv, temperature 0.5, tier credit on', { ...base, policy: 'kv', router: { knobs: { temperature: 0.5, hostTierCredit: 0.75, diskTierCredit: 0.25 } } }, '61341056ba0066fc'],
+  [
+    'kv, temperature 0.5, tier credit on',
+    { ...base, policy: 'kv', router: { knobs: { temperature: 0.5, hostTierCredit: 0.75, diskTierCredit: 0.25 } } },
+    '61341056ba0066fc',
+  ],
   ['least-loaded', { ...base, policy: 'least-loaded' }, 'd2a2670a827df43e'],
   ['prefix-hash', { ...base, policy: 'prefix-hash' }, 'da6b2171375fe70b'],
   ['round-robin', { ...base, policy: 'round-robin' }, '2b725be811463a60'],
   ['random', { ...base, policy: 'random' }, '83e7f5e345c720c6'],
-  ['kv-pressure, sampled selection (2 cold candidates)', { ...base, workers: 8, policy: 'kv-pressure', router: { selection: 'sampled', coldCandidates: 2 } }, 'ad94c46613408f78'],
+  [
+    'kv-pressure, sampled selection (2 cold candidates)',
+    { ...base, workers: 8, policy: 'kv-pressure', router: { selection: 'sampled', coldCandidates: 2 } },
+    'ad94c46613408f78',
+  ],
   ['kv-pressure, busy thresholds', { ...base, policy: 'kv-pressure', router: { busy: { activePrefillTokens: 6000 } } }, '88b6e1f31aad0b9b'],
   [
     'P/D: pd-prefill + pd-decode legs',
