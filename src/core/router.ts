@@ -22,6 +22,15 @@ import { PD_POLICY_NAMES } from './scheduling/pd.ts';
 import { LoadOrder } from './scheduling/load-order.ts';
 import { createPolicy, DEFAULT_POLICY, POLICY_NAMES } from './scheduling/policies.ts';
 import type { Candidate, Policy } from './scheduling/policy.ts';
+import { RequestFacts, type FactStores } from './scheduling/facts.ts';
+import {
+  ALLOW_FILTER,
+  BUSY_FILTER,
+  EXCLUDE_FILTER,
+  SOURCE_FILTERS,
+  type BusyThresholds,
+  type SourceFilterQuery,
+} from './scheduling/filters.ts';
 import {
   parseSourceKey,
   sourceKey,
@@ -50,12 +59,7 @@ export const DEFAULT_KNOBS: KvKnobs = {
 /** Tier credits with --tier-credit (docs/engines.md, "Tiers"): REMOTE copies stay at 0 unless --tier-remote-credit. */
 export const TIER_CREDIT_ON = { hostTierCredit: 0.75, diskTierCredit: 0.25 } as const;
 
-export interface BusyThresholds {
-  /** Exclude a source whose active blocks exceed this fraction of its capacity (needs `capacityBlocks`). */
-  readonly activeBlockFraction?: number;
-  /** Exclude a source with more active prefill tokens than this. */
-  readonly activePrefillTokens?: number;
-}
+export type { BusyThresholds } from './scheduling/filters.ts';
 
 export interface KvRouterOptions {
   readonly blockSize: number;
@@ -113,8 +117,6 @@ export interface SourceOptions {
   /** KV capacity in blocks (engine num_gpu_blocks), for the busy fraction. */
   readonly capacityBlocks?: number;
 }
-
-const NO_TIER = { host: 0, disk: 0, remote: 0 } as const;
 
 interface SourceEntry {
   readonly id: SourceId;
@@ -175,6 +177,7 @@ export class KvRouter {
   readonly groups: CacheGroups;
   private readonly overlay: boolean;
   private readonly approx: TtlIndex;
+  private readonly factStores: FactStores;
   private readonly sources = new Map<string, SourceEntry>();
   private readonly byIndex: (SourceEntry | undefined)[] = [];
   private readonly freeIndices: number[] = [];
@@ -203,6 +206,14 @@ export class KvRouter {
     this.active = new ActiveLoad({ graceMs: this.overlay ? (options.overlayGraceMs ?? 2_000) : 0 });
     this.tiers = new TierIndex({ storeOnlyTtlMs: options.storeOnlyTtlMs });
     this.approx = new TtlIndex({ ttlMs: options.approxTtlMs ?? 120_000, capacityPerSource: options.approxCapacityBlocks });
+    this.factStores = {
+      index: this.index,
+      active: this.active,
+      groups: this.groups,
+      approx: this.approx,
+      tiers: this.tiers,
+      overlay: this.overlay,
+    };
     for (const p of options.policies ?? []) this.policies.set(p.name, p);
     this.defaultPolicy = options.policy ?? DEFAULT_POLICY;
     this.policy(this.defaultPolicy); // validate early
@@ -389,65 +400,33 @@ export class KvRouter {
     const t1 = this.clock?.() ?? 0;
     const promptTokens = req.promptTokens ?? req.tokens?.length ?? seqHashes.length * this.blockSize;
     const requestBlocks = islBlocksOf(promptTokens, this.blockSize);
-    const full = Math.min(seqHashes.length, Math.floor(promptTokens / this.blockSize));
 
-    // Overlap per source: the event index, raised by the overlay (event sources) or the approximate index.
-    const fromIndex = this.index.findMatches(seqHashes);
-    const hybrid = this.groups.active;
-    // vLLM never reuses the prompt's last token (max_cache_hit_length = num_tokens - 1).
-    const hybridCap = Math.min(full, Math.floor(Math.max(0, promptTokens - 1) / this.blockSize));
-    const view = new Uint32Array(seqHashes.buffer, seqHashes.byteOffset, seqHashes.length * 2);
+    // Facts per source (facts.ts), read between the source-level filters (filters.ts): allow and exclude on the key,
+    // busy on the load facts; the overlap of busy sources still counts towards the best overlap any source holds.
     const knobs: KvKnobs = { ...this.knobs, ...req.knobs };
+    const facts = new RequestFacts(this.factStores, seqHashes, promptTokens, this.blockSize, knobs, now);
+    const filterQuery: SourceFilterQuery = { allow: req.allow, exclude: req.exclude, busy: this.busy };
     const candidates: Candidate[] = [];
     const busySources: string[] = [];
+    const passed = [0, 0, 0];
     let bestOverlap = 0;
-    // Source-level filters: allow (the eligible set), exclude (sources a retry moves away from), busy (thresholds).
-    let allowed = 0;
-    let excluded = 0;
-    const tierCredit = (knobs.hostTierCredit ?? 0) > 0 || (knobs.diskTierCredit ?? 0) > 0 || (knobs.remoteTierCredit ?? 0) > 0;
     const evaluate = (entry: SourceEntry): void => {
-      if (req.allow && !req.allow.has(entry.key)) return;
-      allowed++;
-      if (req.exclude?.has(entry.key)) {
-        excluded++;
-        return;
-      }
-      const s = entry.index;
-      const activePrefixBlocks = this.active.activePrefix(s, seqHashes, view);
-      let ov = s < fromIndex.length ? fromIndex[s] : 0;
-      if (hybrid && this.groups.isHybrid(s)) {
-        // The hybrid rule (index/groups.ts) at the engine's own cap; the overlay assumes full attention, so not here.
-        ov = this.groups.hit(s, seqHashes, ov, hybridCap);
-      } else if (entry.mode === 'approx') ov = Math.max(ov, this.approx.prefix(s, seqHashes, now, view));
-      else if (this.overlay && ov < full) {
-        ov = Math.max(ov, this.active.predictedPrefix(s, seqHashes, now, view, activePrefixBlocks));
-      }
-      ov = Math.min(ov, full);
+      if (!ALLOW_FILTER.admits(entry.key, filterQuery)) return;
+      passed[0]++;
+      if (!EXCLUDE_FILTER.admits(entry.key, filterQuery)) return;
+      passed[1]++;
+      const load = facts.load(entry);
+      const ov = facts.overlap(entry, load.activePrefixBlocks);
       if (ov > bestOverlap) bestOverlap = ov;
-      const activeBlocks = this.active.activeBlocks(s);
-      const activePrefillTokens = this.active.prefillTokens(s);
-      if (this.isBusy(entry, activeBlocks, activePrefillTokens)) {
+      if (!BUSY_FILTER.admits(load, filterQuery)) {
         busySources.push(entry.key);
         return;
       }
-      const tier = tierCredit ? this.tiers.overlap(s, seqHashes, ov, now) : NO_TIER;
-      candidates.push({
-        source: s,
-        key: entry.key,
-        overlapBlocks: ov,
-        hostTierBlocks: tier.host,
-        diskTierBlocks: tier.disk,
-        remoteTierBlocks: tier.remote,
-        cachedBlocks: this.index.cachedBlocks(s),
-        capacityBlocks: entry.capacityBlocks,
-        activePrefillTokens,
-        activeBlocks,
-        activePrefixBlocks,
-        activeRequests: this.active.activeRequests(s),
-      });
+      passed[2]++;
+      candidates.push(facts.candidate(entry, load, ov));
     };
     const policy = this.policy(policyName);
-    if (!this.selectSampled(policy, req, seqHashes, view, fromIndex, evaluate)) {
+    if (!this.selectSampled(policy, filterQuery, seqHashes, facts.view, facts.fromIndex, evaluate)) {
       for (const entry of this.sources.values()) evaluate(entry);
     }
     // "find" covers the event index plus overlay, approx and active-prefix lookups per candidate.
@@ -456,7 +435,7 @@ export class KvRouter {
       return {
         kind: 'refused',
         requestId: req.requestId,
-        reason: allowed === 0 ? 'no_sources' : excluded === allowed ? 'all_excluded' : 'all_busy',
+        reason: SOURCE_FILTERS[passed.indexOf(0)].refusal,
         busySources,
         seqHashes,
         promptTokens,
@@ -613,7 +592,7 @@ export class KvRouter {
    */
   private selectSampled(
     policy: Policy,
-    req: RouteRequest,
+    filters: SourceFilterQuery,
     seqHashes: BigUint64Array,
     view: Uint32Array,
     fromIndex: ArrayLike<number>,
@@ -638,7 +617,7 @@ export class KvRouter {
       if (cold >= this.coldCandidates) break;
       if (seen.has(s)) continue;
       const entry = this.byIndex[s];
-      if (!entry || (req.allow && !req.allow.has(entry.key)) || req.exclude?.has(entry.key)) continue;
+      if (!entry || !ALLOW_FILTER.admits(entry.key, filters) || !EXCLUDE_FILTER.admits(entry.key, filters)) continue;
       visit(s);
       cold++;
     }
@@ -657,14 +636,6 @@ export class KvRouter {
   private reorder(source: number): void {
     if (!this.byIndex[source]) return;
     this.loadOrder.set(source, this.active.prefillTokens(source) / this.blockSize + this.active.activeBlocks(source));
-  }
-
-  private isBusy(entry: SourceEntry, activeBlocks: number, activePrefillTokens: number): boolean {
-    const { activeBlockFraction, activePrefillTokens: maxPrefill } = this.busy;
-    if (activeBlockFraction !== undefined && entry.capacityBlocks && activeBlocks > activeBlockFraction * entry.capacityBlocks) {
-      return true;
-    }
-    return maxPrefill !== undefined && activePrefillTokens > maxPrefill;
   }
 
   // ---------------------------------------------------------------- lifecycle
