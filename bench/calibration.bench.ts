@@ -26,7 +26,7 @@
 import { loadavg } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { POLICY_NAMES } from '../src/core/scheduling/policies.ts';
+import { POLICY_NAMES } from '../src/core/scheduling/registry.ts';
 import { type FleetOptions, type FleetResult, runFleet } from '../src/sim/fleet.ts';
 import { computeOracle } from '../src/sim/oracle.ts';
 import { TraceHasher } from '../src/sim/traces/expand.ts';

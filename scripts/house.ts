@@ -263,7 +263,7 @@ function printFigures(h: HouseFigures): void {
 
 if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
   const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
-  const { POLICY_NAMES } = await import('../src/core/scheduling/policies.ts');
+  const { POLICY_NAMES } = await import('../src/core/scheduling/registry.ts');
   const figures = analyseHouse(root, POLICY_NAMES);
   if (process.argv.includes('--json')) {
     const { edges: _edges, ...rest } = figures;

@@ -6,7 +6,7 @@
  * the same `routerOptionsFrom` / `dispatchOptionsFrom` as the live router.
  */
 import { z } from 'zod';
-import { DEFAULT_POLICY } from '../core/scheduling/policies.ts';
+import { DEFAULT_POLICY } from '../core/scheduling/registry.ts';
 import { ADMISSION, BREAKER, FLOW, ROUTING, ROUTING_DEFAULTS, type RoutingSettings } from './routing.ts';
 import { redefault, sweepOf } from './settings.ts';
 

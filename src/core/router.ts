@@ -18,9 +18,9 @@ import { computeSeqHashesMm } from './multimodal.ts';
 import { isLowerTier, TierIndex } from './tiers.ts';
 import { predictedCachedTokens, ReuseLedger } from './ledger.ts';
 import { createRng, type Rng } from './rng.ts';
-import { PD_POLICY_NAMES } from './scheduling/pd.ts';
 import { LoadOrder } from './scheduling/load-order.ts';
-import { createPolicy, DEFAULT_POLICY, POLICY_NAMES } from './scheduling/policies.ts';
+import { createPolicy, DEFAULT_POLICY, describePolicy, isPolicyName, unknownPolicyMessage } from './scheduling/registry.ts';
+import type { PolicyDescription } from './scheduling/policy.ts';
 import type { Candidate, Policy } from './scheduling/policy.ts';
 import { RequestFacts, type FactStores } from './scheduling/facts.ts';
 import {
@@ -388,13 +388,7 @@ export class KvRouter {
       return { kind: 'refused', requestId: req.requestId, reason: 'duplicate_request', busySources: [] };
     }
     const policyName = req.policy ?? this.defaultPolicy;
-    if (
-      !this.policies.has(policyName) &&
-      !(POLICY_NAMES as readonly string[]).includes(policyName) &&
-      !(PD_POLICY_NAMES as readonly string[]).includes(policyName)
-    ) {
-      throw new RangeError(`unknown policy "${policyName}"; known: ${POLICY_NAMES.join(', ')}`);
-    }
+    if (!this.policies.has(policyName) && !isPolicyName(policyName)) throw new RangeError(unknownPolicyMessage(policyName));
     const t0 = this.clock?.() ?? 0;
     const seqHashes = req.seqHashes ?? this.hashRequest(req.tokens ?? [], req.loraName, req.cacheSalt, req.mmItems);
     const t1 = this.clock?.() ?? 0;
@@ -705,6 +699,8 @@ export class KvRouter {
   state(): {
     blockSize: number;
     policy: string;
+    /** The pipeline of every policy this router has run (the default's first): scorers, weights, formulas, picker. */
+    policies: PolicyDescription[];
     knobs: KvKnobs;
     inFlight: number;
     index: ReturnType<KvIndex['stats']>;
@@ -726,6 +722,9 @@ export class KvRouter {
     return {
       blockSize: this.blockSize,
       policy: this.defaultPolicy,
+      policies: [this.policy(this.defaultPolicy), ...[...this.policies.values()].filter((p) => p.name !== this.defaultPolicy)].map(
+        describePolicy,
+      ),
       knobs: this.knobs,
       inFlight: this.records.size,
       index: this.index.stats(),

@@ -32,7 +32,7 @@
  * in order. The core never calls back into a shell.
  */
 import type { FinishedRequest, KvRouter } from '../router.ts';
-import { PD_DECODE_POLICY, PD_PREFILL_POLICY } from '../scheduling/pd.ts';
+import { PD_DECODE_POLICY, PD_PREFILL_POLICY } from '../scheduling/policies.ts';
 import type { KvKnobs, MmItem, RouteDecision } from '../types.ts';
 import type { BreakerOptions, BreakerState } from './breaker.ts';
 import { type EligibilityRefusal, eligibility, type WorkerRole } from '../scheduling/filters.ts';
