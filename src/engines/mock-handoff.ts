@@ -4,7 +4,7 @@
  * leases, the bootstrap rooms and the KV pulls the engines' handoffs share, and runs the plan a handoff returns.
  */
 import type { EngineName } from '../core/types.ts';
-import type { SglangDpRouting } from './sglang/mock.ts';
+import type { SglangDpRouting } from './sglang/dp-routing.ts';
 import type { TrtllmDisaggRelease } from './trtllm/protocol.ts';
 
 /** What the OpenAI surface does differently for one request of a P/D leg. */
