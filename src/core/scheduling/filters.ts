@@ -149,7 +149,7 @@ export function eligibility<W extends FilterableWorker>(workers: Iterable<W>, q:
   }
   if (allow.size > 0) return { kind: 'eligible', allow, loraName, workers: picked };
   if (!any) return { kind: 'ineligible', reason: 'no_workers', message: 'no workers configured' };
-  const k = passed.findIndex((n) => n === 0);
+  const k = passed.indexOf(0);
   const f = WORKER_FILTERS[k < 0 ? WORKER_FILTERS.length - 1 : k];
   return { kind: 'ineligible', reason: f.refusal, message: f.message(q) };
 }
