@@ -15,7 +15,7 @@ import type { FaultInjector } from './faults.ts';
 import { vllmError, type Routes } from './http.ts';
 import type { Rank, RankLoop } from './rank-loop.ts';
 import { startAnswer } from './responses.ts';
-import type { MockPd, PdPlan } from './pd.ts';
+import type { MockPd, PdPlan } from './disagg-side.ts';
 import { chatMediaParts, MEDIA_MARKER, type MediaPart, withMediaMarkers } from '../tokenizer/multimodal.ts';
 import type { MmItem } from '../core/types.ts';
 import type { MockTokenizer } from './tokenizer.ts';

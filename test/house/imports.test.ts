@@ -35,9 +35,9 @@ describe('import rules (the guard)', () => {
     expect(wrongWayRule('src/config/routing.ts', 'src/core/types.ts')).toBeNull();
     expect(wrongWayRule('src/epp/server.ts', 'src/server/app.ts')).toBe('no front end imports another');
     expect(wrongWayRule('src/server/app.ts', 'src/epp/exchange.ts')).toBe('no front end imports another');
-    expect(wrongWayRule('src/sim/fleet.ts', 'src/server/app.ts')).toBe('no front end imports another');
+    expect(wrongWayRule('src/sim/run-fleet.ts', 'src/server/app.ts')).toBe('no front end imports another');
     expect(wrongWayRule('src/mocker/server.ts', 'src/sim/heap.ts')).toBe('no front end imports another');
-    expect(wrongWayRule('src/sim/fleet.ts', 'src/mocker/engine/engine.ts')).toBeNull();
+    expect(wrongWayRule('src/sim/run-fleet.ts', 'src/mocker/engine/engine.ts')).toBeNull();
     expect(wrongWayRule('src/runtime/request-flow.ts', 'src/server/app.ts')).toBe('the shared layers import no front end');
     expect(wrongWayRule('src/server/app.ts', 'src/cli/main.ts')).toBe('nothing imports the CLI');
     expect(wrongWayRule('src/cli/serve.ts', 'src/server/app.ts')).toBeNull();

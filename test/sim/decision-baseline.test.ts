@@ -6,7 +6,7 @@
  */
 import { createHash } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
-import { type FleetOptions, type FleetResult, runFleet } from '../../src/sim/fleet.ts';
+import { type FleetOptions, type FleetResult, runFleet } from '../../src/sim/run-fleet.ts';
 import { generateMultiTurn, generateSharedPrefix } from '../../src/sim/traces/generate.ts';
 
 const multiTurn = generateMultiTurn({ requests: 160, seed: 7, rate: 8 });

@@ -9,7 +9,7 @@ import type { FinishedRequest, KvRouter } from '../router.ts';
 import { eligibility, type WorkerRole } from '../scheduling/filters.ts';
 import { PD_PREFILL_POLICY } from '../scheduling/policies.ts';
 import type { KvKnobs, RouteDecision } from '../types.ts';
-import type { EngineFlavor, WorkerState } from './fleet.ts';
+import type { EngineFlavor, WorkerState } from './worker-state.ts';
 
 export interface PdOptions {
   /**

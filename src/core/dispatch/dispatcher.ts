@@ -57,7 +57,7 @@ export {
 import type { KvKnobs, MmItem, RouteDecision } from '../types.ts';
 import type { BreakerOptions, BreakerState } from './breaker.ts';
 import { type EligibilityRefusal, eligibility, type WorkerRole } from '../scheduling/filters.ts';
-import { type EngineFlavor, type WorkerConfig, WorkerState } from './fleet.ts';
+import { type EngineFlavor, type WorkerConfig, WorkerState } from './worker-state.ts';
 import { type PinOptions, PinTable } from './pins.ts';
 import { TokenBudgets } from './budget.ts';
 import { type FlowItem, type FlowOptions, FlowQueue } from './flow.ts';

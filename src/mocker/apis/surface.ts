@@ -6,7 +6,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { MmItem } from '../../core/types.ts';
 import type { ChatPromptInput } from '../../tokenizer/chat.ts';
-import type { PdPlan } from '../pd.ts';
+import type { PdPlan } from '../disagg-side.ts';
 import type { Rank } from '../rank-loop.ts';
 import type { Answer } from '../responses.ts';
 
