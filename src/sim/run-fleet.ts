@@ -17,12 +17,28 @@
  * the engine's sha256-chain ids to its own hashes), so no conversion is needed at this edge.
  */
 import { dispatchOptionsFrom, ROUTING_DEFAULTS } from '../config/routing.ts';
-import { DEFAULT_TENANT, type DispatchEffect, Dispatcher, type DispatchOptions, type RefusalCode } from '../core/dispatch/dispatcher.ts';
+import {
+  DEFAULT_TENANT,
+  type DispatchAttempt,
+  type DispatchEffect,
+  Dispatcher,
+  type DispatchOptions,
+  type DispatchRefusal,
+  type PrefillLeg,
+  type RefusalCode,
+} from '../core/dispatch/dispatcher.ts';
 import { createRng } from '../core/rng.ts';
 import { KvRouter, type KvRouterOptions } from '../core/router.ts';
 import type { Policy } from '../core/scheduling/policy.ts';
 import type { KvEvent } from '../core/types.ts';
-import { EngineInputError, MockEngine, type EngineConfig, type EngineEvent, type StepResult } from '../mocker/engine/index.ts';
+import {
+  EngineInputError,
+  MockEngine,
+  type EngineConfig,
+  type EngineEvent,
+  type RequestOutput,
+  type StepResult,
+} from '../mocker/engine/index.ts';
 import { EventHeap } from './heap.ts';
 import { expandTokensArray, TraceHasher } from './traces/expand.ts';
 import type { TraceRequest } from './traces/format.ts';
@@ -301,173 +317,296 @@ function summarize(values: number[]): LatencySummary {
 
 /** Runs one policy over a trace. `requests` must be sorted by timestamp (loadTrace and the generators do that). */
 export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions): FleetResult {
-  const wall0 = performance.now();
-  const cpu0 = process.cpuUsage();
-  const rateScale = opts.rateScale ?? 1;
-  const delay = opts.eventDelayMs ?? 5;
-  const windowMs = opts.imbalanceWindowMs ?? 60_000;
-  const bs = opts.blockSize;
-  if (!(rateScale > 0)) throw new RangeError(`rate scale must be positive, got ${rateScale}`);
-  const pdMode = opts.prefillWorkers !== undefined || opts.decodeWorkers !== undefined;
-  const nPrefill = opts.prefillWorkers ?? 0;
-  const nDecode = opts.decodeWorkers ?? 0;
-  if (pdMode && (!Number.isInteger(nPrefill) || nPrefill < 0 || !Number.isInteger(nDecode) || nDecode < 1)) {
-    throw new RangeError(`P/D needs decode workers >= 1 and prefill workers >= 0, got ${nPrefill} and ${nDecode}`);
-  }
-  const nWorkers = pdMode ? nPrefill + nDecode : opts.workers;
-  if (!Number.isInteger(nWorkers) || nWorkers < 1) throw new RangeError(`workers must be a positive integer, got ${nWorkers}`);
-  const transfer = opts.transfer ?? DEFAULT_TRANSFER;
-  const slo = opts.slo ?? { ttftMs: 2000, itlMs: 50 };
+  return new FleetRun(requests, opts).run();
+}
 
-  let maxLen = 1;
-  for (const r of requests) maxLen = Math.max(maxLen, r.inputLength + Math.max(1, r.outputLength));
-  const router = new KvRouter({
-    blockSize: bs,
-    policy: opts.customPolicy?.name ?? opts.policy,
-    policies: opts.customPolicy ? [opts.customPolicy] : undefined,
-    seed: opts.seed ?? 0,
-    ...opts.router,
-  });
-  const dispatcher = new Dispatcher(router, { ...SIM_DISPATCH_DEFAULTS, ...opts.dispatch });
-  const failRate = opts.engineFailures ?? 0;
-  if (!(failRate >= 0 && failRate < 1)) throw new RangeError(`engine failure fraction must be in [0, 1), got ${failRate}`);
-  const failRng = createRng(((opts.seed ?? 0) ^ 0x5eed_fa11) >>> 0);
-  const failLatency = opts.failureLatencyMs ?? 2;
-  const workers: WorkerState[] = [];
-  for (let w = 0; w < nWorkers; w++) {
-    const role = !pdMode ? 'both' : w < nPrefill ? 'prefill' : 'decode';
-    const engine = new MockEngine({
-      blockSize: bs,
-      numGpuBlocks: opts.gpuBlocks,
-      maxModelLen: maxLen + 1,
-      seed: (opts.seed ?? 0) + w,
-      ...opts.engine,
-    });
-    const key = !pdMode ? `w${w}` : role === 'prefill' ? `p${w}` : `d${w - nPrefill}`;
-    dispatcher.addWorker({ id: key, mode: 'events', capacityBlocks: opts.gpuBlocks, role }, 0);
-    workers.push({
-      engine,
-      key,
-      role,
-      busy: false,
-      pendingStep: null,
-      inFlight: [],
-      prefillTokens: 0,
-      requests: 0,
-      windowPrefill: new Map(),
-    });
-  }
-  const workerOf = new Map<string, number>();
-  for (const [i, w] of workers.entries()) workerOf.set(w.key, i);
+type Group = { ttft: number[]; refused: number };
 
-  const hasher = opts.hasher && opts.hasher.blockSize === bs ? opts.hasher : new TraceHasher(bs);
-  const heap = new EventHeap();
-  const n = requests.length;
-  const arrival = new Float64Array(n);
-  const ttft: number[] = [];
+function groupOf(m: Map<string, Group>, k: string): Group {
+  let g = m.get(k);
+  if (!g) {
+    g = { ttft: [], refused: 0 };
+    m.set(k, g);
+  }
+  return g;
+}
+
+/** A prefill leg in flight: the request and where its decode leg goes. */
+interface PrefillInFlight {
+  readonly requestId: string;
+  readonly i: number;
+  readonly decodeWorker: number;
+  readonly prefillWorker: number;
+}
+
+/** What a run counts as it goes (the result is computed from these at the end). */
+class Tally {
+  routed = 0;
+  finished = 0;
+  served = 0;
+  refused = 0;
+  retried = 0;
+  engineRejected = 0;
+  readonly refusals: Partial<Record<RefusalCode | 'engine_rejected', number>> = {};
+  readonly queueWaits: number[] = [];
+  eventsApplied = 0;
+  eventsRejected = 0;
+  lastFinish = 0;
+  outputTokens = 0;
+  promptTokensTotal = 0;
+  engineRatioSum = 0;
+  engineReports = 0;
+  readonly ttft: number[] = [];
+  readonly ttftBuckets: number[][] = TTFT_BUCKETS.map(() => []);
   /** Per tenant and per flow-control band: TTFTs of served requests and refusals. */
-  const byTenant = new Map<string, { ttft: number[]; refused: number }>();
-  const byBand = new Map<string, { ttft: number[]; refused: number }>();
-  const fairWindows = new Map<number, FairnessWindow>();
-  const fairWindow = (now: number): FairnessWindow => {
+  readonly byTenant = new Map<string, Group>();
+  readonly byBand = new Map<string, Group>();
+  readonly fairWindows = new Map<number, FairnessWindow>();
+  readonly itl: number[] = [];
+  good = 0;
+  readonly transferMs: number[] = [];
+  deliveredPrompt = 0;
+  deliveredCached = 0;
+
+  fairWindow(now: number): FairnessWindow {
     const k = Math.floor(now / FAIRNESS_WINDOW_MS);
-    let w = fairWindows.get(k);
+    let w = this.fairWindows.get(k);
     if (!w) {
       w = { demand: new Map(), served: new Map(), contended: false };
-      fairWindows.set(k, w);
+      this.fairWindows.set(k, w);
     }
     return w;
-  };
-  const groupOf = (m: Map<string, { ttft: number[]; refused: number }>, k: string) => {
-    let g = m.get(k);
-    if (!g) {
-      g = { ttft: [], refused: 0 };
-      m.set(k, g);
-    }
-    return g;
-  };
-  const ttftBuckets: number[][] = TTFT_BUCKETS.map(() => []);
-  const records: (RequestRecord | undefined)[] = [];
-  const recordOf = new Map<string, RequestRecord>();
-  const closedLoop = opts.concurrency;
-  if (closedLoop !== undefined && !(Number.isInteger(closedLoop) && closedLoop >= 1)) {
-    throw new RangeError(`concurrency must be a positive integer, got ${closedLoop}`);
-  }
-  let released = 0;
-  /** Closed loop: a request ended (served, refused or rejected), so the next one of the trace starts now. */
-  const release = (now: number) => {
-    if (closedLoop === undefined || released >= n) return;
-    arrival[released] = now;
-    heap.push(now, ARRIVAL, released++);
-  };
-  if (closedLoop !== undefined) {
-    while (released < Math.min(closedLoop, n)) release(0);
-  } else {
-    const t0 = n > 0 ? requests[0].timestamp / rateScale : 0;
-    for (let i = 0; i < n; i++) {
-      arrival[i] = requests[i].timestamp / rateScale - t0;
-      heap.push(arrival[i], ARRIVAL, i);
-    }
   }
 
-  let routed = 0;
-  let finished = 0;
-  let served = 0;
-  let refused = 0;
-  let retried = 0;
-  let engineRejected = 0;
-  const refusals: Partial<Record<RefusalCode | 'engine_rejected', number>> = {};
-  const queuedIds = new Set<string>();
-  const queueWaits: number[] = [];
-  let eventsApplied = 0;
-  let eventsRejected = 0;
-  let lastFinish = 0;
-  let outputTokens = 0;
-  let promptTokensTotal = 0;
-  let engineRatioSum = 0;
-  let engineReports = 0;
-  let wakeAt = Infinity;
-  let arrived = 0;
-  const progressEvery = Math.max(1, Math.floor(n / 200));
-  const indexOf = (id: string) => Number(id.slice(1));
-  const itl: number[] = [];
-  let good = 0;
-  const transferMs: number[] = [];
-  /** Prefill legs in flight by leg id: the request and where its decode leg goes. */
-  const prefillLegs = new Map<string, { requestId: string; i: number; decodeWorker: number; prefillWorker: number }>();
+  engineRejection(): void {
+    this.engineRejected++;
+    this.refusals.engine_rejected = (this.refusals.engine_rejected ?? 0) + 1;
+  }
+}
+
+/**
+ * One simulation: the fleet (router, dispatcher, mock engines) and the event loop on the virtual clock. Each event
+ * kind has its handler; the dispatcher's effects are carried out by `apply`.
+ */
+class FleetRun {
+  private readonly wall0 = performance.now();
+  private readonly cpu0 = process.cpuUsage();
+  private readonly rateScale: number;
+  private readonly delay: number;
+  private readonly windowMs: number;
+  private readonly pdMode: boolean;
+  private readonly nPrefill: number;
+  private readonly nDecode: number;
+  private readonly transfer: { readonly bytesPerToken: number; readonly bytesPerS: number };
+  private readonly slo: { readonly ttftMs: number; readonly itlMs: number };
+  private readonly router: KvRouter;
+  private readonly dispatcher: Dispatcher;
+  private readonly failRate: number;
+  private readonly failRng: () => number;
+  private readonly failLatency: number;
+  private readonly workers: WorkerState[] = [];
+  private readonly workerOf = new Map<string, number>();
+  private readonly hasher: TraceHasher;
+  private readonly heap = new EventHeap();
+  private readonly n: number;
+  private readonly arrival: Float64Array;
+  private readonly records: (RequestRecord | undefined)[] = [];
+  private readonly recordOf = new Map<string, RequestRecord>();
+  private readonly closedLoop: number | undefined;
+  private released = 0;
+  private readonly queuedIds = new Set<string>();
+  private wakeAt = Infinity;
+  private arrived = 0;
+  private readonly progressEvery: number;
+  private readonly prefillLegs = new Map<string, PrefillInFlight>();
   /** KV transfers in flight, by a running number (the heap event's argument). */
-  const transfers = new Map<number, { requestId: string; i: number; decodeWorker: number; prefillWorker: number; legId: string }>();
-  let transferSeq = 0;
+  private readonly transfers = new Map<number, PrefillInFlight & { legId: string }>();
+  private transferSeq = 0;
   /** The served leg's cached tokens (the prefill's for a disaggregated request). */
-  const servedCached = new Map<string, number>();
-  let deliveredPrompt = 0;
-  let deliveredCached = 0;
+  private readonly servedCached = new Map<string, number>();
+  private readonly c = new Tally();
 
-  const addDecode = (requestId: string, i: number, w: number, now: number, preloaded?: number): boolean => {
-    const req = requests[i];
+  constructor(
+    private readonly requests: readonly TraceRequest[],
+    private readonly opts: FleetOptions,
+  ) {
+    this.rateScale = opts.rateScale ?? 1;
+    this.delay = opts.eventDelayMs ?? 5;
+    this.windowMs = opts.imbalanceWindowMs ?? 60_000;
+    if (!(this.rateScale > 0)) throw new RangeError(`rate scale must be positive, got ${this.rateScale}`);
+    this.pdMode = opts.prefillWorkers !== undefined || opts.decodeWorkers !== undefined;
+    this.nPrefill = opts.prefillWorkers ?? 0;
+    this.nDecode = opts.decodeWorkers ?? 0;
+    const { nPrefill, nDecode } = this;
+    if (this.pdMode && (!Number.isInteger(nPrefill) || nPrefill < 0 || !Number.isInteger(nDecode) || nDecode < 1)) {
+      throw new RangeError(`P/D needs decode workers >= 1 and prefill workers >= 0, got ${nPrefill} and ${nDecode}`);
+    }
+    const nWorkers = this.pdMode ? nPrefill + nDecode : opts.workers;
+    if (!Number.isInteger(nWorkers) || nWorkers < 1) throw new RangeError(`workers must be a positive integer, got ${nWorkers}`);
+    this.transfer = opts.transfer ?? DEFAULT_TRANSFER;
+    this.slo = opts.slo ?? { ttftMs: 2000, itlMs: 50 };
+    this.router = new KvRouter({
+      blockSize: opts.blockSize,
+      policy: opts.customPolicy?.name ?? opts.policy,
+      policies: opts.customPolicy ? [opts.customPolicy] : undefined,
+      seed: opts.seed ?? 0,
+      ...opts.router,
+    });
+    this.dispatcher = new Dispatcher(this.router, { ...SIM_DISPATCH_DEFAULTS, ...opts.dispatch });
+    this.failRate = opts.engineFailures ?? 0;
+    if (!(this.failRate >= 0 && this.failRate < 1)) {
+      throw new RangeError(`engine failure fraction must be in [0, 1), got ${this.failRate}`);
+    }
+    this.failRng = createRng(((opts.seed ?? 0) ^ 0x5eed_fa11) >>> 0);
+    this.failLatency = opts.failureLatencyMs ?? 2;
+    this.addWorkers(nWorkers);
+    const bs = opts.blockSize;
+    this.hasher = opts.hasher && opts.hasher.blockSize === bs ? opts.hasher : new TraceHasher(bs);
+    this.n = requests.length;
+    this.arrival = new Float64Array(this.n);
+    this.closedLoop = opts.concurrency;
+    if (this.closedLoop !== undefined && !(Number.isInteger(this.closedLoop) && this.closedLoop >= 1)) {
+      throw new RangeError(`concurrency must be a positive integer, got ${this.closedLoop}`);
+    }
+    this.progressEvery = Math.max(1, Math.floor(this.n / 200));
+  }
+
+  private addWorkers(nWorkers: number): void {
+    const { opts, pdMode, nPrefill } = this;
+    let maxLen = 1;
+    for (const r of this.requests) maxLen = Math.max(maxLen, r.inputLength + Math.max(1, r.outputLength));
+    for (let w = 0; w < nWorkers; w++) {
+      const role = !pdMode ? 'both' : w < nPrefill ? 'prefill' : 'decode';
+      const engine = new MockEngine({
+        blockSize: opts.blockSize,
+        numGpuBlocks: opts.gpuBlocks,
+        maxModelLen: maxLen + 1,
+        seed: (opts.seed ?? 0) + w,
+        ...opts.engine,
+      });
+      const key = !pdMode ? `w${w}` : role === 'prefill' ? `p${w}` : `d${w - nPrefill}`;
+      this.dispatcher.addWorker({ id: key, mode: 'events', capacityBlocks: opts.gpuBlocks, role }, 0);
+      this.workers.push({
+        engine,
+        key,
+        role,
+        busy: false,
+        pendingStep: null,
+        inFlight: [],
+        prefillTokens: 0,
+        requests: 0,
+        windowPrefill: new Map(),
+      });
+    }
+    for (const [i, w] of this.workers.entries()) this.workerOf.set(w.key, i);
+  }
+
+  run(): FleetResult {
+    this.scheduleArrivals();
+    const ev = { time: 0, kind: 0, arg: 0 };
+    while (this.heap.pop(ev)) {
+      const now = ev.time;
+      if (ev.kind === WAKE) {
+        if (now < this.wakeAt) continue; // superseded by an earlier wake that already ran
+        this.wakeAt = Infinity;
+        this.apply(this.dispatcher.tick(now), now);
+      } else if (ev.kind === FAIL) {
+        this.apply(this.dispatcher.failed(`r${ev.arg}`, 'injected engine failure', now), now);
+      } else if (ev.kind === ARRIVAL) this.onArrival(ev.arg, now);
+      else if (ev.kind === TRANSFER) this.onTransfer(ev.arg, now);
+      else if (ev.kind === STEP_END) this.onStepEnd(ev.arg, now);
+      else this.onDeliver(ev.arg);
+    }
+    return this.result();
+  }
+
+  private scheduleArrivals(): void {
+    const { n, requests } = this;
+    if (this.closedLoop !== undefined) {
+      while (this.released < Math.min(this.closedLoop, n)) this.release(0);
+    } else {
+      const t0 = n > 0 ? requests[0].timestamp / this.rateScale : 0;
+      for (let i = 0; i < n; i++) {
+        this.arrival[i] = requests[i].timestamp / this.rateScale - t0;
+        this.heap.push(this.arrival[i], ARRIVAL, i);
+      }
+    }
+  }
+
+  /** Closed loop: a request ended (served, refused or rejected), so the next one of the trace starts now. */
+  private release(now: number): void {
+    if (this.closedLoop === undefined || this.released >= this.n) return;
+    this.arrival[this.released] = now;
+    this.heap.push(now, ARRIVAL, this.released++);
+  }
+
+  private onArrival(i: number, now: number): void {
+    const req = this.requests[i];
+    const id = `r${i}`;
+    const seqHashes = this.hasher.seqHashes(req);
+    const demandWin = this.c.fairWindow(now);
+    const tenantName = req.tenant ?? DEFAULT_TENANT;
+    demandWin.demand.set(tenantName, (demandWin.demand.get(tenantName) ?? 0) + req.inputLength);
+    const effects = this.dispatcher.submit(
+      {
+        requestId: id,
+        model: 'sim',
+        seqHashes,
+        promptTokens: req.inputLength,
+        ...(req.tenant !== undefined ? { tenant: req.tenant } : {}),
+        ...(req.priority !== undefined ? { priority: req.priority } : {}),
+        ...(req.sessionId !== undefined ? { sessionId: req.sessionId } : {}),
+        ...(req.sloTtftMs !== undefined ? { sloTtftMs: req.sloTtftMs } : {}),
+      },
+      now,
+    );
+    if (effects.length === 0) this.queuedIds.add(id);
+    this.apply(effects, now);
+    this.arrived++;
+    if (this.opts.onProgress && (this.arrived % this.progressEvery === 0 || this.arrived === this.n)) {
+      this.opts.onProgress(this.arrived, this.n);
+    }
+  }
+
+  private onTransfer(id: number, now: number): void {
+    const t = this.transfers.get(id)!;
+    this.transfers.delete(id);
+    this.workers[t.prefillWorker].engine.releaseHeld(t.legId);
+    this.addDecode(t.requestId, t.i, t.decodeWorker, now, this.requests[t.i].inputLength);
+  }
+
+  private onDeliver(w: number): void {
+    const ws = this.workers[w];
+    const batch = ws.inFlight.shift()!;
+    const r = this.router.applyEvents(ws.key, batch as readonly KvEvent[]);
+    this.c.eventsApplied += r.applied;
+    this.c.eventsRejected += r.rejected;
+  }
+
+  private addDecode(requestId: string, i: number, w: number, now: number, preloaded?: number): boolean {
+    const req = this.requests[i];
     try {
-      workers[w].engine.addRequest(
+      this.workers[w].engine.addRequest(
         { requestId, promptTokens: expandTokensArray(req), maxTokens: Math.max(1, req.outputLength), preloadedTokens: preloaded },
         now,
       );
     } catch (err) {
       if (!(err instanceof EngineInputError)) throw err;
-      engineRejected++;
-      refusals.engine_rejected = (refusals.engine_rejected ?? 0) + 1;
-      apply(dispatcher.finish(requestId, { outcome: 'error' }, now), now);
-      release(now);
+      this.c.engineRejection();
+      this.apply(this.dispatcher.finish(requestId, { outcome: 'error' }, now), now);
+      this.release(now);
       return false;
     }
-    if (!workers[w].busy) startStep(w, now);
+    if (!this.workers[w].busy) this.startStep(w, now);
     return true;
-  };
+  }
 
-  const startStep = (w: number, now: number) => {
-    const ws = workers[w];
+  private startStep(w: number, now: number): void {
+    const ws = this.workers[w];
     const res = ws.engine.step(now);
     if (res.events.length > 0) {
       ws.inFlight.push(res.events);
-      heap.push(now + res.durationMs + delay, DELIVER, w);
+      this.heap.push(now + res.durationMs + this.delay, DELIVER, w);
     }
     if (res.durationMs === 0 && res.outputs.length === 0) {
       // Nothing could be scheduled (nothing waiting, or nothing fits): idle until the next arrival.
@@ -476,266 +615,258 @@ export function runFleet(requests: readonly TraceRequest[], opts: FleetOptions):
     }
     ws.busy = true;
     ws.pendingStep = res;
-    heap.push(now + res.durationMs, STEP_END, w);
-  };
+    this.heap.push(now + res.durationMs, STEP_END, w);
+  }
 
   /** Carries out the dispatcher's effects, in order, then makes sure it is woken when it asks. */
-  const apply = (effects: DispatchEffect[], now: number): void => {
+  private apply(effects: DispatchEffect[], now: number): void {
     for (let k = 0; k < effects.length; k++) {
       const e = effects[k];
       if (e.kind === 'finished') continue;
-      const i = indexOf(e.requestId);
-      if (e.kind === 'reject') {
-        refused++;
-        groupOf(byTenant, e.tenant).refused++;
-        groupOf(byBand, e.band).refused++;
-        refusals[e.code] = (refusals[e.code] ?? 0) + 1;
-        if (queuedIds.delete(e.requestId)) queueWaits.push(e.queuedMs);
-        release(now);
-        continue;
-      }
-      if (e.attempt > 0) retried++;
-      else {
-        const win = fairWindow(now);
-        win.served.set(e.tenant, (win.served.get(e.tenant) ?? 0) + e.decision.promptTokens);
-        if (e.queuedMs > 0) win.contended = true;
-      }
-      if (queuedIds.delete(e.requestId)) queueWaits.push(e.queuedMs);
-      const w = workerOf.get(e.decision.sourceKey)!;
-      if (failRate > 0 && failRng() < failRate) {
-        heap.push(now + failLatency, FAIL, i);
-        continue;
-      }
-      const req = requests[i];
-      if (e.prefill) {
-        // The prefill leg first: one token on the prefill worker, its blocks held for the decode side.
-        const pw = workerOf.get(e.prefill.decision.sourceKey)!;
-        try {
-          workers[pw].engine.addRequest(
-            { requestId: e.prefill.legId, promptTokens: expandTokensArray(req), maxTokens: 1, holdOnFinish: true },
-            now,
-          );
-        } catch (err) {
-          if (!(err instanceof EngineInputError)) throw err;
-          engineRejected++;
-          refusals.engine_rejected = (refusals.engine_rejected ?? 0) + 1;
-          apply(dispatcher.finish(e.requestId, { outcome: 'error' }, now), now);
-          release(now);
-          continue;
-        }
-        prefillLegs.set(e.prefill.legId, { requestId: e.requestId, i, decodeWorker: w, prefillWorker: pw });
-        workers[pw].requests++;
-        if (!workers[pw].busy) startStep(pw, now);
-      } else if (!addDecode(e.requestId, i, w, now)) continue;
-      routed++;
-      workers[w].requests++;
-      const rec: RequestRecord = {
-        index: i,
-        worker: w,
-        arrivalMs: arrival[i],
-        promptTokens: req.inputLength,
-        islBlocks: e.decision.islBlocks,
-        overlapBlocks: e.decision.overlapBlocks,
-        bestOverlapBlocks: e.decision.bestOverlapBlocks,
-        firstTokenMs: NaN,
-        finishMs: NaN,
-        cachedTokens: -1,
-      };
-      recordOf.set(e.requestId, rec);
-      if (opts.keepRequests) records[i] = rec;
+      if (e.kind === 'reject') this.onReject(e, now);
+      else this.onAttempt(e, now);
     }
-    const at = dispatcher.nextWakeAt(now);
-    if (at !== undefined && at < wakeAt) {
-      wakeAt = at;
-      heap.push(Math.max(now, at), WAKE, 0);
+    const at = this.dispatcher.nextWakeAt(now);
+    if (at !== undefined && at < this.wakeAt) {
+      this.wakeAt = at;
+      this.heap.push(Math.max(now, at), WAKE, 0);
     }
-  };
+  }
 
-  const ev = { time: 0, kind: 0, arg: 0 };
-  while (heap.pop(ev)) {
-    const now = ev.time;
-    if (ev.kind === WAKE) {
-      if (now < wakeAt) continue; // superseded by an earlier wake that already ran
-      wakeAt = Infinity;
-      apply(dispatcher.tick(now), now);
-    } else if (ev.kind === FAIL) {
-      apply(dispatcher.failed(`r${ev.arg}`, 'injected engine failure', now), now);
-    } else if (ev.kind === ARRIVAL) {
-      const i = ev.arg;
-      const req = requests[i];
-      const id = `r${i}`;
-      const seqHashes = hasher.seqHashes(req);
-      const demandWin = fairWindow(now);
-      const tenantName = req.tenant ?? DEFAULT_TENANT;
-      demandWin.demand.set(tenantName, (demandWin.demand.get(tenantName) ?? 0) + req.inputLength);
-      const effects = dispatcher.submit(
-        {
-          requestId: id,
-          model: 'sim',
-          seqHashes,
-          promptTokens: req.inputLength,
-          ...(req.tenant !== undefined ? { tenant: req.tenant } : {}),
-          ...(req.priority !== undefined ? { priority: req.priority } : {}),
-          ...(req.sessionId !== undefined ? { sessionId: req.sessionId } : {}),
-          ...(req.sloTtftMs !== undefined ? { sloTtftMs: req.sloTtftMs } : {}),
-        },
+  private onReject(e: DispatchRefusal, now: number): void {
+    const c = this.c;
+    c.refused++;
+    groupOf(c.byTenant, e.tenant).refused++;
+    groupOf(c.byBand, e.band).refused++;
+    c.refusals[e.code] = (c.refusals[e.code] ?? 0) + 1;
+    if (this.queuedIds.delete(e.requestId)) c.queueWaits.push(e.queuedMs);
+    this.release(now);
+  }
+
+  private onAttempt(e: DispatchAttempt, now: number): void {
+    const c = this.c;
+    const i = indexOf(e.requestId);
+    if (e.attempt > 0) c.retried++;
+    else {
+      const win = c.fairWindow(now);
+      win.served.set(e.tenant, (win.served.get(e.tenant) ?? 0) + e.decision.promptTokens);
+      if (e.queuedMs > 0) win.contended = true;
+    }
+    if (this.queuedIds.delete(e.requestId)) c.queueWaits.push(e.queuedMs);
+    const w = this.workerOf.get(e.decision.sourceKey)!;
+    if (this.failRate > 0 && this.failRng() < this.failRate) {
+      this.heap.push(now + this.failLatency, FAIL, i);
+      return;
+    }
+    if (e.prefill) {
+      if (!this.startPrefillLeg(e, e.prefill, i, w, now)) return;
+    } else if (!this.addDecode(e.requestId, i, w, now)) return;
+    c.routed++;
+    this.workers[w].requests++;
+    const rec: RequestRecord = {
+      index: i,
+      worker: w,
+      arrivalMs: this.arrival[i],
+      promptTokens: this.requests[i].inputLength,
+      islBlocks: e.decision.islBlocks,
+      overlapBlocks: e.decision.overlapBlocks,
+      bestOverlapBlocks: e.decision.bestOverlapBlocks,
+      firstTokenMs: NaN,
+      finishMs: NaN,
+      cachedTokens: -1,
+    };
+    this.recordOf.set(e.requestId, rec);
+    if (this.opts.keepRequests) this.records[i] = rec;
+  }
+
+  /** The prefill leg first: one token on the prefill worker, its blocks held for the decode side. */
+  private startPrefillLeg(e: DispatchAttempt, leg: PrefillLeg, i: number, w: number, now: number): boolean {
+    const pw = this.workerOf.get(leg.decision.sourceKey)!;
+    try {
+      this.workers[pw].engine.addRequest(
+        { requestId: leg.legId, promptTokens: expandTokensArray(this.requests[i]), maxTokens: 1, holdOnFinish: true },
         now,
       );
-      if (effects.length === 0) queuedIds.add(id);
-      apply(effects, now);
-      arrived++;
-      if (opts.onProgress && (arrived % progressEvery === 0 || arrived === n)) opts.onProgress(arrived, n);
-    } else if (ev.kind === TRANSFER) {
-      const t = transfers.get(ev.arg)!;
-      transfers.delete(ev.arg);
-      workers[t.prefillWorker].engine.releaseHeld(t.legId);
-      addDecode(t.requestId, t.i, t.decodeWorker, now, requests[t.i].inputLength);
-    } else if (ev.kind === STEP_END) {
-      const w = ev.arg;
-      const ws = workers[w];
-      const res = ws.pendingStep!;
-      ws.pendingStep = null;
-      for (const out of res.outputs) {
-        if (ws.role === 'prefill') {
-          // A prefill leg: its one token is the handoff, not the client's.
-          if (out.firstToken) {
-            const computed = out.promptTokens - out.cachedTokens;
-            ws.prefillTokens += computed;
-            const win = Math.floor(now / windowMs);
-            ws.windowPrefill.set(win, (ws.windowPrefill.get(win) ?? 0) + computed);
-          }
-          if (!out.finished) continue;
-          const leg = prefillLegs.get(out.requestId);
-          if (!leg) continue;
-          prefillLegs.delete(out.requestId);
-          servedCached.set(leg.requestId, out.cachedTokens);
-          apply(dispatcher.prefillDone(leg.requestId, { cachedTokens: out.cachedTokens }, now), now);
-          const dws = workers[leg.decodeWorker];
-          const lacking = Math.max(0, out.promptTokens - dws.engine.prefixHitTokens(expandTokensArray(requests[leg.i])));
-          const ms = ((lacking * transfer.bytesPerToken) / transfer.bytesPerS) * 1000;
-          transferMs.push(ms);
-          const id = transferSeq++;
-          transfers.set(id, { ...leg, legId: out.requestId });
-          heap.push(now + ms, TRANSFER, id);
-          continue;
-        }
-        outputTokens += out.newTokens.length;
-        // Most outputs are plain decode tokens: look the request up only when its lifecycle changes.
-        if (!out.firstToken && !out.finished) continue;
-        const rec = recordOf.get(out.requestId);
-        if (!rec) continue;
-        if (out.firstToken) {
-          apply(dispatcher.firstToken(out.requestId, now), now);
-          rec.firstTokenMs = now;
-          rec.cachedTokens = servedCached.get(out.requestId) ?? out.cachedTokens;
-          const t = now - rec.arrivalMs;
-          ttft.push(t);
-          let b = 0;
-          while (rec.promptTokens >= TTFT_BUCKETS[b].max) b++;
-          ttftBuckets[b].push(t);
-          const tr = requests[rec.index];
-          groupOf(byTenant, tr.tenant ?? DEFAULT_TENANT).ttft.push(t);
-          groupOf(byBand, dispatcher.bandOf(tr.priority ?? 0)).ttft.push(t);
-          const computed = out.promptTokens - out.cachedTokens;
-          ws.prefillTokens += computed;
-          const win = Math.floor(now / windowMs);
-          ws.windowPrefill.set(win, (ws.windowPrefill.get(win) ?? 0) + computed);
-        }
-        if (out.finished) {
-          apply(dispatcher.finish(out.requestId, { outcome: 'ok', cachedTokens: out.cachedTokens }, now), now);
-          rec.finishMs = now;
-          const ttftMs = rec.firstTokenMs - rec.arrivalMs;
-          const perToken = out.completionTokens > 1 ? (now - rec.firstTokenMs) / (out.completionTokens - 1) : NaN;
-          if (Number.isFinite(perToken)) itl.push(perToken);
-          if (ttftMs <= slo.ttftMs && !(perToken > slo.itlMs)) good++;
-          deliveredPrompt += out.promptTokens;
-          deliveredCached += rec.cachedTokens;
-          servedCached.delete(out.requestId);
-          served++;
-          recordOf.delete(out.requestId);
-          finished++;
-          lastFinish = now;
-          release(now);
-          promptTokensTotal += out.promptTokens;
-          engineRatioSum += rec.cachedTokens / out.promptTokens;
-          engineReports++;
-        }
-      }
-      ws.busy = false;
-      if (ws.engine.hasWork()) startStep(w, now);
-    } else {
-      const ws = workers[ev.arg];
-      const batch = ws.inFlight.shift()!;
-      const r = router.applyEvents(ws.key, batch as readonly KvEvent[]);
-      eventsApplied += r.applied;
-      eventsRejected += r.rejected;
+    } catch (err) {
+      if (!(err instanceof EngineInputError)) throw err;
+      this.c.engineRejection();
+      this.apply(this.dispatcher.finish(e.requestId, { outcome: 'error' }, now), now);
+      this.release(now);
+      return false;
     }
+    this.prefillLegs.set(leg.legId, { requestId: e.requestId, i, decodeWorker: w, prefillWorker: pw });
+    this.workers[pw].requests++;
+    if (!this.workers[pw].busy) this.startStep(pw, now);
+    return true;
   }
 
-  const view = router.ledger.view();
-  let queries = 0;
-  let hits = 0;
-  let preemptions = 0;
-  let evicted = 0;
-  let steps = 0;
-  for (const ws of workers) {
-    queries += ws.engine.counters.prefixCacheQueries;
-    hits += ws.engine.counters.prefixCacheHits;
-    preemptions += ws.engine.counters.preemptions;
-    evicted += ws.engine.counters.blocksEvicted;
-    steps += ws.engine.counters.steps;
+  private onStepEnd(w: number, now: number): void {
+    const ws = this.workers[w];
+    const res = ws.pendingStep!;
+    ws.pendingStep = null;
+    for (const out of res.outputs) {
+      if (ws.role === 'prefill') {
+        this.onPrefillOutput(ws, out, now);
+        continue;
+      }
+      this.c.outputTokens += out.newTokens.length;
+      // Most outputs are plain decode tokens: look the request up only when its lifecycle changes.
+      if (!out.firstToken && !out.finished) continue;
+      const rec = this.recordOf.get(out.requestId);
+      if (!rec) continue;
+      if (out.firstToken) this.onFirstToken(ws, rec, out, now);
+      if (out.finished) this.onFinished(rec, out, now);
+    }
+    ws.busy = false;
+    if (ws.engine.hasWork()) this.startStep(w, now);
   }
-  const span = Math.max(1e-9, lastFinish) / 1000;
-  return {
-    name: opts.policy,
-    queue_order: opts.dispatch?.flow?.order ?? 'fair',
-    rate_scale: rateScale,
-    hit: {
-      predicted_request_weighted: view.predicted.requestWeighted,
-      predicted_block_weighted: view.predicted.blockWeighted,
-      available_request_weighted: view.available.requestWeighted,
-      available_block_weighted: view.available.blockWeighted,
-      // In a P/D fleet the decode engines' counters include prompts whose KV they received: the served legs' reports
-      // (the prefill's for a disaggregated request) are the truth there.
-      engine_token_weighted: pdMode ? (deliveredPrompt > 0 ? deliveredCached / deliveredPrompt : NaN) : queries > 0 ? hits / queries : NaN,
-      engine_request_weighted: engineReports > 0 ? engineRatioSum / engineReports : NaN,
-      predicted_token_weighted: view.delivered.predictedTokenWeighted,
-    },
-    ttft_ms: summarize(ttft),
-    ttft_by_bucket: TTFT_BUCKETS.map((b, k) => ({ bucket: b.name, ...summarize(ttftBuckets[k]) })),
-    by_tenant: groups(byTenant),
-    by_band: groups(byBand),
-    fairness: fairnessOf(fairWindows, (t) => opts.dispatch?.flow?.weights?.[t] ?? 1),
-    throughput_tokens_per_s: (promptTokensTotal + outputTokens) / span,
-    output_tokens_per_s: outputTokens / span,
-    imbalance: imbalanceOf(workers.map((w) => w.prefillTokens)),
-    imbalance_windowed: windowedImbalance(workers.map((w) => w.windowPrefill)),
-    preemptions,
-    per_worker: workers.map((w) => ({ worker: w.key, requests: w.requests, prefill_tokens: w.prefillTokens })),
-    blocks_evicted: evicted,
-    requests: { served, queued: queueWaits.length, refused, retried, routed, finished, rejected: refused + engineRejected },
-    refusals,
-    queue_wait_ms: queueSummary(queueWaits),
-    events: { applied: eventsApplied, rejected: eventsRejected },
-    sim: { simulated_s: span, wall_s: (performance.now() - wall0) / 1000, cpu_s: cpuSeconds(cpu0), engine_steps: steps },
-    perRequest: opts.keepRequests ? (records.filter(Boolean) as RequestRecord[]) : undefined,
-    itl_ms: summarize(itl),
-    goodput: { ttft_ms: slo.ttftMs, itl_ms: slo.itlMs, fraction: served > 0 ? good / served : NaN, per_s: good / span },
-    ...(pdMode
-      ? {
-          pd: {
-            prefill_workers: nPrefill,
-            decode_workers: nDecode,
-            min_uncached_tokens: opts.dispatch?.pd?.minUncachedTokens ?? 0,
-            paths: { ...dispatcher.pdStats.paths },
-            decode_only: { ...dispatcher.pdStats.decodeOnly },
-            transferred_tokens: dispatcher.pdStats.transferredTokens,
-            transfer_ms: summarize(transferMs),
-          },
-        }
-      : {}),
-  };
+
+  private countPrefill(ws: WorkerState, computed: number, now: number): void {
+    ws.prefillTokens += computed;
+    const win = Math.floor(now / this.windowMs);
+    ws.windowPrefill.set(win, (ws.windowPrefill.get(win) ?? 0) + computed);
+  }
+
+  /** A prefill leg's output: its one token is the handoff, not the client's; when done, the KV transfer starts. */
+  private onPrefillOutput(ws: WorkerState, out: RequestOutput, now: number): void {
+    if (out.firstToken) this.countPrefill(ws, out.promptTokens - out.cachedTokens, now);
+    if (!out.finished) return;
+    const leg = this.prefillLegs.get(out.requestId);
+    if (!leg) return;
+    this.prefillLegs.delete(out.requestId);
+    this.servedCached.set(leg.requestId, out.cachedTokens);
+    this.apply(this.dispatcher.prefillDone(leg.requestId, { cachedTokens: out.cachedTokens }, now), now);
+    const dws = this.workers[leg.decodeWorker];
+    const lacking = Math.max(0, out.promptTokens - dws.engine.prefixHitTokens(expandTokensArray(this.requests[leg.i])));
+    const ms = ((lacking * this.transfer.bytesPerToken) / this.transfer.bytesPerS) * 1000;
+    this.c.transferMs.push(ms);
+    const id = this.transferSeq++;
+    this.transfers.set(id, { ...leg, legId: out.requestId });
+    this.heap.push(now + ms, TRANSFER, id);
+  }
+
+  private onFirstToken(ws: WorkerState, rec: RequestRecord, out: RequestOutput, now: number): void {
+    const c = this.c;
+    this.apply(this.dispatcher.firstToken(out.requestId, now), now);
+    rec.firstTokenMs = now;
+    rec.cachedTokens = this.servedCached.get(out.requestId) ?? out.cachedTokens;
+    const t = now - rec.arrivalMs;
+    c.ttft.push(t);
+    let b = 0;
+    while (rec.promptTokens >= TTFT_BUCKETS[b].max) b++;
+    c.ttftBuckets[b].push(t);
+    const tr = this.requests[rec.index];
+    groupOf(c.byTenant, tr.tenant ?? DEFAULT_TENANT).ttft.push(t);
+    groupOf(c.byBand, this.dispatcher.bandOf(tr.priority ?? 0)).ttft.push(t);
+    this.countPrefill(ws, out.promptTokens - out.cachedTokens, now);
+  }
+
+  private onFinished(rec: RequestRecord, out: RequestOutput, now: number): void {
+    const c = this.c;
+    this.apply(this.dispatcher.finish(out.requestId, { outcome: 'ok', cachedTokens: out.cachedTokens }, now), now);
+    rec.finishMs = now;
+    const ttftMs = rec.firstTokenMs - rec.arrivalMs;
+    const perToken = out.completionTokens > 1 ? (now - rec.firstTokenMs) / (out.completionTokens - 1) : NaN;
+    if (Number.isFinite(perToken)) c.itl.push(perToken);
+    if (ttftMs <= this.slo.ttftMs && !(perToken > this.slo.itlMs)) c.good++;
+    c.deliveredPrompt += out.promptTokens;
+    c.deliveredCached += rec.cachedTokens;
+    this.servedCached.delete(out.requestId);
+    c.served++;
+    this.recordOf.delete(out.requestId);
+    c.finished++;
+    c.lastFinish = now;
+    this.release(now);
+    c.promptTokensTotal += out.promptTokens;
+    c.engineRatioSum += rec.cachedTokens / out.promptTokens;
+    c.engineReports++;
+  }
+
+  private result(): FleetResult {
+    const { opts, c, workers } = this;
+    const view = this.router.ledger.view();
+    let queries = 0;
+    let hits = 0;
+    let preemptions = 0;
+    let evicted = 0;
+    let steps = 0;
+    for (const ws of workers) {
+      queries += ws.engine.counters.prefixCacheQueries;
+      hits += ws.engine.counters.prefixCacheHits;
+      preemptions += ws.engine.counters.preemptions;
+      evicted += ws.engine.counters.blocksEvicted;
+      steps += ws.engine.counters.steps;
+    }
+    const span = Math.max(1e-9, c.lastFinish) / 1000;
+    const engineHit = this.pdMode
+      ? c.deliveredPrompt > 0
+        ? c.deliveredCached / c.deliveredPrompt
+        : NaN
+      : queries > 0
+        ? hits / queries
+        : NaN;
+    return {
+      name: opts.policy,
+      queue_order: opts.dispatch?.flow?.order ?? 'fair',
+      rate_scale: this.rateScale,
+      hit: {
+        predicted_request_weighted: view.predicted.requestWeighted,
+        predicted_block_weighted: view.predicted.blockWeighted,
+        available_request_weighted: view.available.requestWeighted,
+        available_block_weighted: view.available.blockWeighted,
+        // In a P/D fleet the decode engines' counters include prompts whose KV they received: the served legs' reports
+        // (the prefill's for a disaggregated request) are the truth there.
+        engine_token_weighted: engineHit,
+        engine_request_weighted: c.engineReports > 0 ? c.engineRatioSum / c.engineReports : NaN,
+        predicted_token_weighted: view.delivered.predictedTokenWeighted,
+      },
+      ttft_ms: summarize(c.ttft),
+      ttft_by_bucket: TTFT_BUCKETS.map((b, k) => ({ bucket: b.name, ...summarize(c.ttftBuckets[k]) })),
+      by_tenant: groups(c.byTenant),
+      by_band: groups(c.byBand),
+      fairness: fairnessOf(c.fairWindows, (t) => opts.dispatch?.flow?.weights?.[t] ?? 1),
+      throughput_tokens_per_s: (c.promptTokensTotal + c.outputTokens) / span,
+      output_tokens_per_s: c.outputTokens / span,
+      imbalance: imbalanceOf(workers.map((w) => w.prefillTokens)),
+      imbalance_windowed: windowedImbalance(workers.map((w) => w.windowPrefill)),
+      preemptions,
+      per_worker: workers.map((w) => ({ worker: w.key, requests: w.requests, prefill_tokens: w.prefillTokens })),
+      blocks_evicted: evicted,
+      requests: {
+        served: c.served,
+        queued: c.queueWaits.length,
+        refused: c.refused,
+        retried: c.retried,
+        routed: c.routed,
+        finished: c.finished,
+        rejected: c.refused + c.engineRejected,
+      },
+      refusals: c.refusals,
+      queue_wait_ms: queueSummary(c.queueWaits),
+      events: { applied: c.eventsApplied, rejected: c.eventsRejected },
+      sim: { simulated_s: span, wall_s: (performance.now() - this.wall0) / 1000, cpu_s: cpuSeconds(this.cpu0), engine_steps: steps },
+      perRequest: opts.keepRequests ? (this.records.filter(Boolean) as RequestRecord[]) : undefined,
+      itl_ms: summarize(c.itl),
+      goodput: { ttft_ms: this.slo.ttftMs, itl_ms: this.slo.itlMs, fraction: c.served > 0 ? c.good / c.served : NaN, per_s: c.good / span },
+      ...(this.pdMode ? { pd: this.pdResult(c) } : {}),
+    };
+  }
+
+  private pdResult(c: Tally): NonNullable<FleetResult['pd']> {
+    const stats = this.dispatcher.pdStats;
+    return {
+      prefill_workers: this.nPrefill,
+      decode_workers: this.nDecode,
+      min_uncached_tokens: this.opts.dispatch?.pd?.minUncachedTokens ?? 0,
+      paths: { ...stats.paths },
+      decode_only: { ...stats.decodeOnly },
+      transferred_tokens: stats.transferredTokens,
+      transfer_ms: summarize(c.transferMs),
+    };
+  }
 }
+
+const indexOf = (id: string) => Number(id.slice(1));
 
 function queueSummary(waits: number[]): { p50: number; p99: number; max: number } {
   if (waits.length === 0) return { p50: NaN, p99: NaN, max: NaN };
