@@ -21,7 +21,7 @@ import { createRng, type Rng } from './rng.ts';
 import { LoadOrder } from './scheduling/load-order.ts';
 import { createPolicy, DEFAULT_POLICY, describePolicy, isPolicyName, unknownPolicyMessage } from './scheduling/registry.ts';
 import type { PolicyDescription } from './scheduling/policy.ts';
-import type { Candidate, Policy } from './scheduling/policy.ts';
+import type { Candidate, Policy, Ranking } from './scheduling/policy.ts';
 import { RequestFacts, type FactStores } from './scheduling/facts.ts';
 import {
   ALLOW_FILTER,
@@ -30,6 +30,7 @@ import {
   SOURCE_FILTERS,
   type BusyThresholds,
   type SourceFilterQuery,
+  type SourceRefusal,
 } from './scheduling/filters.ts';
 import {
   parseSourceKey,
@@ -395,41 +396,21 @@ export class KvRouter {
     const promptTokens = req.promptTokens ?? req.tokens?.length ?? seqHashes.length * this.blockSize;
     const requestBlocks = islBlocksOf(promptTokens, this.blockSize);
 
-    // Facts per source (facts.ts), read between the source-level filters (filters.ts): allow and exclude on the key,
-    // busy on the load facts; the overlap of busy sources still counts towards the best overlap any source holds.
     const knobs: KvKnobs = { ...this.knobs, ...req.knobs };
     const facts = new RequestFacts(this.factStores, seqHashes, promptTokens, this.blockSize, knobs, now);
-    const filterQuery: SourceFilterQuery = { allow: req.allow, exclude: req.exclude, busy: this.busy };
-    const candidates: Candidate[] = [];
-    const busySources: string[] = [];
-    const passed = [0, 0, 0];
-    let bestOverlap = 0;
-    const evaluate = (entry: SourceEntry): void => {
-      if (!ALLOW_FILTER.admits(entry.key, filterQuery)) return;
-      passed[0]++;
-      if (!EXCLUDE_FILTER.admits(entry.key, filterQuery)) return;
-      passed[1]++;
-      const load = facts.load(entry);
-      const ov = facts.overlap(entry, load.activePrefixBlocks);
-      if (ov > bestOverlap) bestOverlap = ov;
-      if (!BUSY_FILTER.admits(load, filterQuery)) {
-        busySources.push(entry.key);
-        return;
-      }
-      passed[2]++;
-      candidates.push(facts.candidate(entry, load, ov));
-    };
     const policy = this.policy(policyName);
-    if (!this.selectSampled(policy, filterQuery, seqHashes, facts.view, facts.fromIndex, evaluate)) {
-      for (const entry of this.sources.values()) evaluate(entry);
-    }
+    const { candidates, busySources, bestOverlap, refusal } = this.gather(policy, facts, {
+      allow: req.allow,
+      exclude: req.exclude,
+      busy: this.busy,
+    });
     // "find" covers the event index plus overlay, approx and active-prefix lookups per candidate.
     const t2 = this.clock?.() ?? 0;
-    if (candidates.length === 0) {
+    if (refusal !== undefined) {
       return {
         kind: 'refused',
         requestId: req.requestId,
-        reason: SOURCE_FILTERS[passed.indexOf(0)].refusal,
+        reason: refusal,
         busySources,
         seqHashes,
         promptTokens,
@@ -450,6 +431,75 @@ export class KvRouter {
     const entry = this.byIndex[chosen.source]!;
     const t3 = this.clock?.() ?? 0;
 
+    this.commit(req, chosen, entry, seqHashes, promptTokens, requestBlocks, bestOverlap, now);
+
+    const scored = scoredCandidates(candidates, ranking);
+    const decision: RouteDecision = {
+      kind: 'routed',
+      requestId: req.requestId,
+      source: entry.id,
+      sourceKey: entry.key,
+      policy: policyName,
+      promptTokens,
+      islBlocks: requestBlocks,
+      overlapBlocks: chosen.overlapBlocks,
+      bestOverlapBlocks: bestOverlap,
+      candidates: scored,
+      seqHashes,
+      ...(affinity ? { affinity } : {}),
+      timingsMs: this.clock ? { hash: t1 - t0, find: t2 - t1, select: t3 - t2 } : undefined,
+    };
+    for (const o of this.observers) o.routed?.(decision);
+    return decision;
+  }
+
+  /**
+   * The candidates of one request: each source through the source-level filters (filters.ts), allow and exclude on
+   * its key, busy on its load facts (facts.ts); the overlap of busy sources still counts towards the best overlap any
+   * source holds. Sampled selection (load-ordered policies over large fleets) evaluates only part of the fleet.
+   */
+  private gather(
+    policy: Policy,
+    facts: RequestFacts,
+    q: SourceFilterQuery,
+  ): { candidates: Candidate[]; busySources: string[]; bestOverlap: number; refusal?: SourceRefusal } {
+    const candidates: Candidate[] = [];
+    const busySources: string[] = [];
+    const passed = [0, 0, 0];
+    let bestOverlap = 0;
+    const evaluate = (entry: SourceEntry): void => {
+      if (!ALLOW_FILTER.admits(entry.key, q)) return;
+      passed[0]++;
+      if (!EXCLUDE_FILTER.admits(entry.key, q)) return;
+      passed[1]++;
+      const load = facts.load(entry);
+      const ov = facts.overlap(entry, load.activePrefixBlocks);
+      if (ov > bestOverlap) bestOverlap = ov;
+      if (!BUSY_FILTER.admits(load, q)) {
+        busySources.push(entry.key);
+        return;
+      }
+      passed[2]++;
+      candidates.push(facts.candidate(entry, load, ov));
+    };
+    if (!this.selectSampled(policy, q, facts.seqHashes, facts.view, facts.fromIndex, evaluate)) {
+      for (const entry of this.sources.values()) evaluate(entry);
+    }
+    const refusal = candidates.length === 0 ? SOURCE_FILTERS[passed.indexOf(0)].refusal : undefined;
+    return { candidates, busySources, bestOverlap, ...(refusal ? { refusal } : {}) };
+  }
+
+  /** Records a pick: active load, the load order, the approximate index, the ledger and the request's record. */
+  private commit(
+    req: RouteRequest,
+    chosen: Candidate,
+    entry: SourceEntry,
+    seqHashes: BigUint64Array,
+    promptTokens: number,
+    requestBlocks: number,
+    bestOverlap: number,
+    now: number,
+  ): void {
     this.active.add({
       requestId: req.requestId,
       source: chosen.source,
@@ -471,35 +521,6 @@ export class KvRouter {
       routedAt: now,
       accounted,
     });
-
-    const scored: CandidateScore[] = ranking.order.map((i) => {
-      const c = candidates[i];
-      return {
-        source: c.key,
-        overlapBlocks: c.overlapBlocks,
-        cachedBlocks: c.cachedBlocks,
-        activePrefillTokens: c.activePrefillTokens,
-        activeBlocks: c.activeBlocks,
-        cost: ranking.costs[i],
-      };
-    });
-    const decision: RouteDecision = {
-      kind: 'routed',
-      requestId: req.requestId,
-      source: entry.id,
-      sourceKey: entry.key,
-      policy: policyName,
-      promptTokens,
-      islBlocks: requestBlocks,
-      overlapBlocks: chosen.overlapBlocks,
-      bestOverlapBlocks: bestOverlap,
-      candidates: scored,
-      seqHashes,
-      ...(affinity ? { affinity } : {}),
-      timingsMs: this.clock ? { hash: t1 - t0, find: t2 - t1, select: t3 - t2 } : undefined,
-    };
-    for (const o of this.observers) o.routed?.(decision);
-    return decision;
   }
 
   /**
@@ -815,4 +836,19 @@ export interface RestoreResult {
   sources: number;
   blocks: number;
   rejected: Array<{ key: string; blocks: number; reason: string }>;
+}
+
+/** The candidates in pick order, as a decision reports them. */
+function scoredCandidates(candidates: readonly Candidate[], ranking: Ranking): CandidateScore[] {
+  return ranking.order.map((i) => {
+    const c = candidates[i];
+    return {
+      source: c.key,
+      overlapBlocks: c.overlapBlocks,
+      cachedBlocks: c.cachedBlocks,
+      activePrefillTokens: c.activePrefillTokens,
+      activeBlocks: c.activeBlocks,
+      cost: ranking.costs[i],
+    };
+  });
 }

@@ -55,7 +55,7 @@ export class RequestFacts {
 
   constructor(
     private readonly stores: FactStores,
-    private readonly seqHashes: BigUint64Array,
+    readonly seqHashes: BigUint64Array,
     promptTokens: number,
     blockSize: number,
     knobs: KvKnobs,
