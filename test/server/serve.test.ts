@@ -361,7 +361,10 @@ describe('operations', () => {
     expect(state.router.policies[0]).toMatchObject({
       name: state.router.policy,
       picker: { name: 'banded-min' },
-      scorers: [{ name: 'prefill-load', weight: 'prefillLoadScale' }, { name: 'pressure-decode', weight: '1' }],
+      scorers: [
+        { name: 'prefill-load', weight: 'prefillLoadScale' },
+        { name: 'pressure-decode', weight: '1' },
+      ],
     });
     const page = await fetch(`${s.url}/dashboard`);
     expect(page.status).toBe(200);
