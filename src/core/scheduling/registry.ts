@@ -22,6 +22,8 @@ export const POLICY_NAMES = POLICY_REGISTRY.filter((e) => e.leg === undefined).m
   ...string[],
 ];
 export const DEFAULT_POLICY = 'kv-pressure';
+/** What `kvroute sim` compares when not told: the default, the prefix-only kv policy and a load-blind baseline. */
+export const COMPARED_POLICIES: readonly string[] = [DEFAULT_POLICY, 'kv', 'round-robin'];
 export type PolicyName = string;
 
 export function isPolicyName(name: string): boolean {
