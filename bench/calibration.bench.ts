@@ -1,5 +1,5 @@
 /**
- * Calibration: kvroute's simulator (src/sim/fleet.ts: the real router and dispatcher, mock engines) against figures
+ * Calibration: kvroute's simulator (src/sim/run-fleet.ts: the real router and dispatcher, mock engines) against figures
  * that peers published from their own simulators or clusters on the Mooncake FAST'25 traces. docs/calibration.md
  * states each setup, the differences and the results.
  *
@@ -26,8 +26,8 @@
 import { loadavg } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { POLICY_NAMES } from '../src/core/scheduling/policies.ts';
-import { type FleetOptions, type FleetResult, runFleet } from '../src/sim/fleet.ts';
+import { POLICY_NAMES } from '../src/core/scheduling/registry.ts';
+import { type FleetOptions, type FleetResult, runFleet } from '../src/sim/run-fleet.ts';
 import { computeOracle } from '../src/sim/oracle.ts';
 import { TraceHasher } from '../src/sim/traces/expand.ts';
 import type { TraceRequest } from '../src/sim/traces/format.ts';

@@ -42,15 +42,17 @@ function run(name: string, inputs: ReadonlyArray<ArrayLike<number>>, bs: number,
   // Parity first: a benchmark of two functions that disagree would be meaningless.
   const ref = new BigUint64Array(blocks);
   for (const input of inputs) {
-    hashBlocksNapi(input, 0, input.length, bs, 1337n, null, ref, 0);
-    hashBlocksWasm(input, 0, input.length, bs, 1337n, null, seq, 0);
+    hashBlocksNapi({ tokens: input, from: 0, count: input.length, blockSize: bs, seed: 1337n, parentSeq: null, outSeq: ref, outOffset: 0 });
+    hashBlocksWasm({ tokens: input, from: 0, count: input.length, blockSize: bs, seed: 1337n, parentSeq: null, outSeq: seq, outOffset: 0 });
     for (let b = 0; b < blocks; b++) if (seq[b] !== ref[b]) throw new Error(`${name}: wasm and napi differ at block ${b}`);
   }
   return impls.map(([impl, fn]) => ({
     case: name,
     impl,
     blocks,
-    lat: latency(inputs, calls, (input) => fn(input, 0, input.length, bs, 1337n, null, seq, 0)),
+    lat: latency(inputs, calls, (input) =>
+      fn({ tokens: input, from: 0, count: input.length, blockSize: bs, seed: 1337n, parentSeq: null, outSeq: seq, outOffset: 0 }),
+    ),
   }));
 }
 

@@ -68,7 +68,16 @@ export class NaiveIndex {
       }
       if (this.scratch.length < n) this.scratch = new BigUint64Array(n * 2);
       seqs = this.scratch;
-      hashBlocksInto(ev.tokens, 0, n * this.blockSize, this.blockSize, hashSeed(ev.loraName, ev.cacheSalt), parentSeq, seqs, 0);
+      hashBlocksInto({
+        tokens: ev.tokens,
+        from: 0,
+        count: n * this.blockSize,
+        blockSize: this.blockSize,
+        seed: hashSeed(ev.loraName, ev.cacheSalt),
+        parentSeq,
+        outSeq: seqs,
+        outOffset: 0,
+      });
     }
     for (let i = 0; i < n; i++) {
       const seq = seqs[i];

@@ -155,7 +155,16 @@ export function buildWorkload(trace: readonly TraceRequest[], opt: WorkloadOptio
     if (tokens.length < n * BLOCK) tokens = new Uint32Array(n * BLOCK * 2);
     if (out.length < n) out = new BigUint64Array(n * 2);
     for (let k = 0; k < n; k++) blockTokens(reqKeys[i + k], tokens, k * BLOCK);
-    hashBlocksInto(tokens, 0, n * BLOCK, BLOCK, BASE_SEED, i > a ? seqOf[reqKeys[i - 1]] : null, out, 0);
+    hashBlocksInto({
+      tokens,
+      from: 0,
+      count: n * BLOCK,
+      blockSize: BLOCK,
+      seed: BASE_SEED,
+      parentSeq: i > a ? seqOf[reqKeys[i - 1]] : null,
+      outSeq: out,
+      outOffset: 0,
+    });
     let pLo = i > a ? eid32[2 * reqKeys[i - 1]] : 0x2545f491;
     let pHi = i > a ? eid32[2 * reqKeys[i - 1] + 1] : 0x4f6cdd1d;
     for (let k = 0; k < n; k++) {

@@ -6,7 +6,7 @@
 import { readFile } from 'node:fs/promises';
 import { type Command, Option } from 'commander';
 import pino from 'pino';
-import { POLICY_NAMES } from '../core/scheduling/policies.ts';
+import { POLICY_NAMES } from '../core/scheduling/registry.ts';
 import { addEppOptions, CONFIG_OPTION, eppConfigFromCommand } from '../config/serve.ts';
 import { mapPickerConfig } from '../epp/picker-config.ts';
 import { translateReferenceArgs, type TranslatedArgs } from '../epp/reference.ts';

@@ -11,7 +11,7 @@
 import { z } from 'zod';
 import type { DispatchOptions } from '../core/dispatch/dispatcher.ts';
 import { DEFAULT_KNOBS, type KvRouterOptions, TIER_CREDIT_ON } from '../core/router.ts';
-import { DEFAULT_POLICY, POLICY_NAMES } from '../core/scheduling/policies.ts';
+import { DEFAULT_POLICY, POLICY_NAMES } from '../core/scheduling/registry.ts';
 import { DEFAULT_STORE_ONLY_TTL_MS } from '../core/tiers.ts';
 import { BAND_SPEC_GRAMMAR, bandSchema, numberMapSchema } from './flow-spec.ts';
 import { GROUPS } from './groups.ts';

@@ -6,15 +6,14 @@
  * the same `routerOptionsFrom` / `dispatchOptionsFrom` as the live router.
  */
 import { z } from 'zod';
-import { DEFAULT_POLICY } from '../core/scheduling/policies.ts';
+import { COMPARED_POLICIES } from '../core/scheduling/registry.ts';
 import { ADMISSION, BREAKER, FLOW, ROUTING, ROUTING_DEFAULTS, type RoutingSettings } from './routing.ts';
 import { redefault, sweepOf } from './settings.ts';
 
 export const simSchema = z.strictObject({
   blockSize: ROUTING.blockSize,
   policy: sweepOf(ROUTING.policy, {
-    // The default, the prefix-only kv policy and a load-blind baseline.
-    default: [DEFAULT_POLICY, 'kv', 'round-robin'],
+    default: [...COMPARED_POLICIES],
     help: 'routing policies to compare, comma-separated (a scenario brings its own)',
   }),
   prefillLoadScale: ROUTING.prefillLoadScale,

@@ -10,7 +10,9 @@
 import { xxh3 } from '@node-rs/xxhash';
 import { endianness } from 'node:os';
 import type { MmBlockKey } from './types.ts';
-import { hashBlocksWasm, WASM_MAX_BLOCK_TOKENS } from './wasm/blocks.ts';
+import { type BlockRun, hashBlocksWasm, WASM_MAX_BLOCK_TOKENS } from './wasm/blocks.ts';
+
+export type { BlockRun } from './wasm/blocks.ts';
 
 export const BASE_SEED = 1337n;
 const U64 = (1n << 64n) - 1n;
@@ -90,47 +92,28 @@ export interface BlockHashes {
 }
 
 /**
- * Hashes the full blocks of `tokens[from .. from+count)`, chaining from `parentSeq` (null: the blocks start a
+ * Hashes the full blocks of `tokens[from .. from+count)`, chaining from `parentSeq` (null or absent: the blocks start a
  * sequence). Writes into `outSeq` (and `outLocal`) at `outOffset`. Returns the number of blocks hashed.
  *
  * Blocks of up to 60 tokens (240 bytes, every common engine block size) are hashed in one WebAssembly call for the
  * whole run of blocks; larger blocks take the napi path, two native calls per block.
  */
-export function hashBlocksInto(
-  tokens: ArrayLike<number>,
-  from: number,
-  count: number,
-  blockSize: number,
-  seed: bigint,
-  parentSeq: bigint | null,
-  outSeq: BigUint64Array,
-  outOffset: number,
-  outLocal?: BigUint64Array,
-): number {
-  if (blockSize <= WASM_MAX_BLOCK_TOKENS) {
-    return hashBlocksWasm(tokens, from, count, blockSize, seed, parentSeq, outSeq, outOffset, outLocal);
-  }
-  return hashBlocksNapi(tokens, from, count, blockSize, seed, parentSeq, outSeq, outOffset, outLocal);
+export function hashBlocksInto(run: BlockRun): number {
+  return run.blockSize <= WASM_MAX_BLOCK_TOKENS ? hashBlocksWasm(run) : hashBlocksNapi(run);
 }
 
 /** The reference path through @node-rs/xxhash, one call per hash: any block size. */
-export function hashBlocksNapi(
-  tokens: ArrayLike<number>,
-  from: number,
-  count: number,
-  blockSize: number,
-  seed: bigint,
-  parentSeq: bigint | null,
-  outSeq: BigUint64Array,
-  outOffset: number,
-  outLocal?: BigUint64Array,
-): number {
+export function hashBlocksNapi(run: BlockRun): number {
+  const { tokens, blockSize, seed, outSeq, outLocal } = run;
+  const from = run.from ?? 0;
+  const count = run.count ?? tokens.length - from;
+  const outOffset = run.outOffset ?? 0;
   const blocks = Math.floor(count / blockSize);
   if (blocks === 0) return 0;
   const scratch = shared;
   scratch.load(tokens, from, blocks * blockSize);
   const blockBytes = blockSize * 4;
-  let prev = parentSeq;
+  let prev = run.parentSeq ?? null;
   for (let b = 0; b < blocks; b++) {
     const local = xxh3.xxh64(scratch.u8.subarray(b * blockBytes, (b + 1) * blockBytes), seed);
     const seq = prev === null ? local : chain(prev, local, scratch);
@@ -164,29 +147,37 @@ function localWithKeys(tokens: ArrayLike<number>, from: number, blockSize: numbe
   return xxh3.xxh64(scratch.subarray(0, at), seed);
 }
 
+/** A run of `blocks` full blocks with per-block multimodal keys (`keys[b]` for block b, null for a text-only block). */
+export interface KeyedBlockRun extends Omit<BlockRun, 'count' | 'outLocal'> {
+  readonly blocks: number;
+  readonly keys: readonly (readonly MmBlockKey[] | null)[];
+}
+
 /**
  * Sequence hashes of `blocks` full blocks of tokens[from ..), chained from `parentSeq`, with per-block multimodal
  * keys (`keys[b]` for block b, null for a text-only block). Writes into out[outOffset ..). Text-only runs take the
  * ordinary (WebAssembly) path.
  */
-export function hashBlocksWithKeys(
-  tokens: ArrayLike<number>,
-  from: number,
-  blocks: number,
-  blockSize: number,
-  seed: bigint,
-  parentSeq: bigint | null,
-  keys: readonly (readonly MmBlockKey[] | null)[],
-  out: BigUint64Array,
-  outOffset: number,
-): void {
-  let prev = parentSeq;
+export function hashBlocksWithKeys(run: KeyedBlockRun): void {
+  const { tokens, blocks, blockSize, seed, keys, outSeq: out } = run;
+  const from = run.from ?? 0;
+  const outOffset = run.outOffset ?? 0;
+  let prev = run.parentSeq ?? null;
   let b = 0;
   while (b < blocks) {
     if (!keys[b]) {
       let e = b + 1;
       while (e < blocks && !keys[e]) e++;
-      hashBlocksInto(tokens, from + b * blockSize, (e - b) * blockSize, blockSize, seed, prev, out, outOffset + b);
+      hashBlocksInto({
+        tokens,
+        from: from + b * blockSize,
+        count: (e - b) * blockSize,
+        blockSize,
+        seed,
+        parentSeq: prev,
+        outSeq: out,
+        outOffset: outOffset + b,
+      });
       prev = out[outOffset + e - 1];
       b = e;
       continue;
@@ -204,14 +195,14 @@ export function computeBlockHashes(tokens: ArrayLike<number>, blockSize: number,
   const n = fullBlocks(tokens.length, blockSize);
   const local = new BigUint64Array(n);
   const seq = new BigUint64Array(n);
-  hashBlocksInto(tokens, 0, tokens.length, blockSize, seed, null, seq, 0, local);
+  hashBlocksInto({ tokens, from: 0, count: tokens.length, blockSize, seed, parentSeq: null, outSeq: seq, outOffset: 0, outLocal: local });
   return { local, seq };
 }
 
 /** Sequence hashes only: what routing needs. */
 export function computeSeqHashes(tokens: ArrayLike<number>, blockSize: number, seed: bigint = BASE_SEED): BigUint64Array {
   const seq = new BigUint64Array(fullBlocks(tokens.length, blockSize));
-  hashBlocksInto(tokens, 0, tokens.length, blockSize, seed, null, seq, 0);
+  hashBlocksInto({ tokens, from: 0, count: tokens.length, blockSize, seed, parentSeq: null, outSeq: seq, outOffset: 0 });
   return seq;
 }
 
@@ -236,8 +227,29 @@ export class SeqHasher {
 
   private hashRun(tokens: ArrayLike<number>, from: number, blocks: number): void {
     const keys = this.keysOf?.(this.blocks, blocks) ?? null;
-    if (keys) hashBlocksWithKeys(tokens, from, blocks, this.blockSize, this.seed, this.last(), keys, this.seqBuf, this.blocks);
-    else hashBlocksInto(tokens, from, blocks * this.blockSize, this.blockSize, this.seed, this.last(), this.seqBuf, this.blocks);
+    if (keys)
+      hashBlocksWithKeys({
+        tokens,
+        from,
+        blocks,
+        blockSize: this.blockSize,
+        seed: this.seed,
+        parentSeq: this.last(),
+        keys,
+        outSeq: this.seqBuf,
+        outOffset: this.blocks,
+      });
+    else
+      hashBlocksInto({
+        tokens,
+        from,
+        count: blocks * this.blockSize,
+        blockSize: this.blockSize,
+        seed: this.seed,
+        parentSeq: this.last(),
+        outSeq: this.seqBuf,
+        outOffset: this.blocks,
+      });
   }
 
   /** Tokens seen so far (hashed blocks plus the partial tail). */

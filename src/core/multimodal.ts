@@ -69,7 +69,7 @@ export function computeSeqHashesMm(tokens: ArrayLike<number>, blockSize: number,
   const n = Math.floor(tokens.length / blockSize);
   const out = new BigUint64Array(n);
   const keys = mmBlockKeys(items, 0, n, blockSize);
-  if (!keys) hashBlocksInto(tokens, 0, n * blockSize, blockSize, seed, null, out, 0);
-  else hashBlocksWithKeys(tokens, 0, n, blockSize, seed, null, keys, out, 0);
+  if (!keys) hashBlocksInto({ tokens, from: 0, count: n * blockSize, blockSize, seed, parentSeq: null, outSeq: out, outOffset: 0 });
+  else hashBlocksWithKeys({ tokens, from: 0, blocks: n, blockSize, seed, parentSeq: null, keys, outSeq: out, outOffset: 0 });
   return out;
 }

@@ -18,10 +18,20 @@ import { computeSeqHashesMm } from './multimodal.ts';
 import { isLowerTier, TierIndex } from './tiers.ts';
 import { predictedCachedTokens, ReuseLedger } from './ledger.ts';
 import { createRng, type Rng } from './rng.ts';
-import { PD_POLICY_NAMES } from './scheduling/pd.ts';
 import { LoadOrder } from './scheduling/load-order.ts';
-import { createPolicy, DEFAULT_POLICY, POLICY_NAMES } from './scheduling/policies.ts';
-import type { Candidate, Policy } from './scheduling/policy.ts';
+import { createPolicy, DEFAULT_POLICY, describePolicy, isPolicyName, unknownPolicyMessage } from './scheduling/registry.ts';
+import type { PolicyDescription } from './scheduling/policy.ts';
+import type { Candidate, Policy, Ranking } from './scheduling/policy.ts';
+import { RequestFacts, type FactStores } from './scheduling/facts.ts';
+import {
+  ALLOW_FILTER,
+  BUSY_FILTER,
+  EXCLUDE_FILTER,
+  SOURCE_FILTERS,
+  type BusyThresholds,
+  type SourceFilterQuery,
+  type SourceRefusal,
+} from './scheduling/filters.ts';
 import {
   parseSourceKey,
   sourceKey,
@@ -50,12 +60,7 @@ export const DEFAULT_KNOBS: KvKnobs = {
 /** Tier credits with --tier-credit (docs/engines.md, "Tiers"): REMOTE copies stay at 0 unless --tier-remote-credit. */
 export const TIER_CREDIT_ON = { hostTierCredit: 0.75, diskTierCredit: 0.25 } as const;
 
-export interface BusyThresholds {
-  /** Exclude a source whose active blocks exceed this fraction of its capacity (needs `capacityBlocks`). */
-  readonly activeBlockFraction?: number;
-  /** Exclude a source with more active prefill tokens than this. */
-  readonly activePrefillTokens?: number;
-}
+export type { BusyThresholds } from './scheduling/filters.ts';
 
 export interface KvRouterOptions {
   readonly blockSize: number;
@@ -113,8 +118,6 @@ export interface SourceOptions {
   /** KV capacity in blocks (engine num_gpu_blocks), for the busy fraction. */
   readonly capacityBlocks?: number;
 }
-
-const NO_TIER = { host: 0, disk: 0, remote: 0 } as const;
 
 interface SourceEntry {
   readonly id: SourceId;
@@ -183,6 +186,7 @@ export class KvRouter {
   readonly groups: CacheGroups;
   private readonly overlay: boolean;
   private readonly approx: TtlIndex;
+  private readonly factStores: FactStores;
   private readonly sources = new Map<string, SourceEntry>();
   private readonly byIndex: (SourceEntry | undefined)[] = [];
   private readonly freeIndices: number[] = [];
@@ -211,6 +215,14 @@ export class KvRouter {
     this.active = new ActiveLoad({ graceMs: this.overlay ? (options.overlayGraceMs ?? 2_000) : 0 });
     this.tiers = new TierIndex({ storeOnlyTtlMs: options.storeOnlyTtlMs });
     this.approx = new TtlIndex({ ttlMs: options.approxTtlMs ?? 120_000, capacityPerSource: options.approxCapacityBlocks });
+    this.factStores = {
+      index: this.index,
+      active: this.active,
+      groups: this.groups,
+      approx: this.approx,
+      tiers: this.tiers,
+      overlay: this.overlay,
+    };
     for (const p of options.policies ?? []) this.policies.set(p.name, p);
     this.defaultPolicy = options.policy ?? DEFAULT_POLICY;
     this.policy(this.defaultPolicy); // validate early
@@ -396,90 +408,29 @@ export class KvRouter {
       return { kind: 'refused', requestId: req.requestId, reason: 'duplicate_request', busySources: [] };
     }
     const policyName = req.policy ?? this.defaultPolicy;
-    if (
-      !this.policies.has(policyName) &&
-      !(POLICY_NAMES as readonly string[]).includes(policyName) &&
-      !(PD_POLICY_NAMES as readonly string[]).includes(policyName)
-    ) {
-      throw new RangeError(`unknown policy "${policyName}"; known: ${POLICY_NAMES.join(', ')}`);
-    }
+    if (!this.policies.has(policyName) && !isPolicyName(policyName)) throw new RangeError(unknownPolicyMessage(policyName));
     const t0 = this.clock?.() ?? 0;
     const seqHashes = req.seqHashes ?? this.hashRequest(req.tokens ?? [], req.loraName, req.cacheSalt, req.mmItems);
     const t1 = this.clock?.() ?? 0;
     const promptTokens = req.promptTokens ?? req.tokens?.length ?? seqHashes.length * this.blockSize;
     const requestBlocks = islBlocksOf(promptTokens, this.blockSize);
-    const full = Math.min(seqHashes.length, Math.floor(promptTokens / this.blockSize));
 
-    // Overlap per source: the event index, raised by the overlay (event sources) or the approximate index.
-    const fromIndex = this.index.findMatches(seqHashes);
-    const hybrid = this.groups.active;
-    // vLLM never reuses the prompt's last token (max_cache_hit_length = num_tokens - 1).
-    const hybridCap = Math.min(full, Math.floor(Math.max(0, promptTokens - 1) / this.blockSize));
-    const view = new Uint32Array(seqHashes.buffer, seqHashes.byteOffset, seqHashes.length * 2);
     const knobs: KvKnobs = { ...this.knobs, ...req.knobs };
-    const candidates: Candidate[] = [];
-    const busySources: string[] = [];
-    let bestOverlap = 0;
-    // Source-level filters: allow (the eligible set), exclude (sources a retry moves away from), busy (thresholds).
-    let allowed = 0;
-    let excluded = 0;
     const policy = this.policy(policyName);
     // A policy may model a router without the predicted overlay (its overlap is the event index's alone).
-    const overlay = this.overlay && policy.overlay !== false;
-    const tierCredit = (knobs.hostTierCredit ?? 0) > 0 || (knobs.diskTierCredit ?? 0) > 0 || (knobs.remoteTierCredit ?? 0) > 0;
-    const evaluate = (entry: SourceEntry): void => {
-      if (req.allow && !req.allow.has(entry.key)) return;
-      allowed++;
-      if (req.exclude?.has(entry.key)) {
-        excluded++;
-        return;
-      }
-      const s = entry.index;
-      const activePrefixBlocks = this.active.activePrefix(s, seqHashes, view);
-      let ov = s < fromIndex.length ? fromIndex[s] : 0;
-      if (hybrid && this.groups.isHybrid(s)) {
-        // The hybrid rule (index/groups.ts) at the engine's own cap; the overlay assumes full attention, so not here.
-        ov = this.groups.hit(s, seqHashes, ov, hybridCap);
-      } else if (entry.mode === 'approx') ov = Math.max(ov, this.approx.prefix(s, seqHashes, now, view));
-      else if (overlay && ov < full) {
-        ov = Math.max(ov, this.active.predictedPrefix(s, seqHashes, now, view, activePrefixBlocks));
-      }
-      ov = Math.min(ov, full);
-      if (ov > bestOverlap) bestOverlap = ov;
-      const activeBlocks = this.active.activeBlocks(s);
-      const activePrefillTokens = this.active.prefillTokens(s);
-      if (this.isBusy(entry, activeBlocks, activePrefillTokens)) {
-        busySources.push(entry.key);
-        return;
-      }
-      const tier = tierCredit ? this.tiers.overlap(s, seqHashes, ov, now) : NO_TIER;
-      candidates.push({
-        source: s,
-        key: entry.key,
-        overlapBlocks: ov,
-        hostTierBlocks: tier.host,
-        diskTierBlocks: tier.disk,
-        remoteTierBlocks: tier.remote,
-        cachedBlocks: this.index.cachedBlocks(s),
-        capacityBlocks: entry.capacityBlocks,
-        activePrefillTokens,
-        activeBlocks,
-        activePrefixBlocks,
-        activeRequests: this.active.activeRequests(s),
-        activePartialBlocks: this.active.partialBlocks(s),
-        ...(entry.scraped ? { scraped: entry.scraped } : {}),
-      });
-    };
-    if (!this.selectSampled(policy, req, seqHashes, view, fromIndex, evaluate)) {
-      for (const entry of this.sources.values()) evaluate(entry);
-    }
+    const facts = new RequestFacts(this.factStores, seqHashes, promptTokens, this.blockSize, knobs, now, policy.overlay !== false);
+    const { candidates, busySources, bestOverlap, refusal } = this.gather(policy, facts, {
+      allow: req.allow,
+      exclude: req.exclude,
+      busy: this.busy,
+    });
     // "find" covers the event index plus overlay, approx and active-prefix lookups per candidate.
     const t2 = this.clock?.() ?? 0;
-    if (candidates.length === 0) {
+    if (refusal !== undefined) {
       return {
         kind: 'refused',
         requestId: req.requestId,
-        reason: allowed === 0 ? 'no_sources' : excluded === allowed ? 'all_excluded' : 'all_busy',
+        reason: refusal,
         busySources,
         seqHashes,
         promptTokens,
@@ -495,6 +446,75 @@ export class KvRouter {
     const entry = this.byIndex[chosen.source]!;
     const t3 = this.clock?.() ?? 0;
 
+    this.commit(req, chosen, entry, seqHashes, promptTokens, requestBlocks, bestOverlap, now);
+
+    const scored = scoredCandidates(candidates, ranking);
+    const decision: RouteDecision = {
+      kind: 'routed',
+      requestId: req.requestId,
+      source: entry.id,
+      sourceKey: entry.key,
+      policy: policyName,
+      promptTokens,
+      islBlocks: requestBlocks,
+      overlapBlocks: chosen.overlapBlocks,
+      bestOverlapBlocks: bestOverlap,
+      candidates: scored,
+      seqHashes,
+      ...(affinity ? { affinity } : {}),
+      timingsMs: this.clock ? { hash: t1 - t0, find: t2 - t1, select: t3 - t2 } : undefined,
+    };
+    for (const o of this.observers) o.routed?.(decision);
+    return decision;
+  }
+
+  /**
+   * The candidates of one request: each source through the source-level filters (filters.ts), allow and exclude on
+   * its key, busy on its load facts (facts.ts); the overlap of busy sources still counts towards the best overlap any
+   * source holds. Sampled selection (load-ordered policies over large fleets) evaluates only part of the fleet.
+   */
+  private gather(
+    policy: Policy,
+    facts: RequestFacts,
+    q: SourceFilterQuery,
+  ): { candidates: Candidate[]; busySources: string[]; bestOverlap: number; refusal?: SourceRefusal } {
+    const candidates: Candidate[] = [];
+    const busySources: string[] = [];
+    const passed = [0, 0, 0];
+    let bestOverlap = 0;
+    const evaluate = (entry: SourceEntry): void => {
+      if (!ALLOW_FILTER.admits(entry.key, q)) return;
+      passed[0]++;
+      if (!EXCLUDE_FILTER.admits(entry.key, q)) return;
+      passed[1]++;
+      const load = facts.load(entry);
+      const ov = facts.overlap(entry, load.activePrefixBlocks);
+      if (ov > bestOverlap) bestOverlap = ov;
+      if (!BUSY_FILTER.admits(load, q)) {
+        busySources.push(entry.key);
+        return;
+      }
+      passed[2]++;
+      candidates.push(facts.candidate(entry, load, ov));
+    };
+    if (!this.selectSampled(policy, q, facts.seqHashes, facts.view, facts.fromIndex, evaluate)) {
+      for (const entry of this.sources.values()) evaluate(entry);
+    }
+    const refusal = candidates.length === 0 ? SOURCE_FILTERS[passed.indexOf(0)].refusal : undefined;
+    return { candidates, busySources, bestOverlap, ...(refusal ? { refusal } : {}) };
+  }
+
+  /** Records a pick: active load, the load order, the approximate index, the ledger and the request's record. */
+  private commit(
+    req: RouteRequest,
+    chosen: Candidate,
+    entry: SourceEntry,
+    seqHashes: BigUint64Array,
+    promptTokens: number,
+    requestBlocks: number,
+    bestOverlap: number,
+    now: number,
+  ): void {
     this.active.add({
       requestId: req.requestId,
       source: chosen.source,
@@ -516,35 +536,6 @@ export class KvRouter {
       routedAt: now,
       accounted,
     });
-
-    const scored: CandidateScore[] = ranking.order.map((i) => {
-      const c = candidates[i];
-      return {
-        source: c.key,
-        overlapBlocks: c.overlapBlocks,
-        cachedBlocks: c.cachedBlocks,
-        activePrefillTokens: c.activePrefillTokens,
-        activeBlocks: c.activeBlocks,
-        cost: ranking.costs[i],
-      };
-    });
-    const decision: RouteDecision = {
-      kind: 'routed',
-      requestId: req.requestId,
-      source: entry.id,
-      sourceKey: entry.key,
-      policy: policyName,
-      promptTokens,
-      islBlocks: requestBlocks,
-      overlapBlocks: chosen.overlapBlocks,
-      bestOverlapBlocks: bestOverlap,
-      candidates: scored,
-      seqHashes,
-      ...(affinity ? { affinity } : {}),
-      timingsMs: this.clock ? { hash: t1 - t0, find: t2 - t1, select: t3 - t2 } : undefined,
-    };
-    for (const o of this.observers) o.routed?.(decision);
-    return decision;
   }
 
   /**
@@ -631,7 +622,7 @@ export class KvRouter {
    */
   private selectSampled(
     policy: Policy,
-    req: RouteRequest,
+    filters: SourceFilterQuery,
     seqHashes: BigUint64Array,
     view: Uint32Array,
     fromIndex: ArrayLike<number>,
@@ -656,7 +647,7 @@ export class KvRouter {
       if (cold >= this.coldCandidates) break;
       if (seen.has(s)) continue;
       const entry = this.byIndex[s];
-      if (!entry || (req.allow && !req.allow.has(entry.key)) || req.exclude?.has(entry.key)) continue;
+      if (!entry || !ALLOW_FILTER.admits(entry.key, filters) || !EXCLUDE_FILTER.admits(entry.key, filters)) continue;
       visit(s);
       cold++;
     }
@@ -675,14 +666,6 @@ export class KvRouter {
   private reorder(source: number): void {
     if (!this.byIndex[source]) return;
     this.loadOrder.set(source, this.active.prefillTokens(source) / this.blockSize + this.active.activeBlocks(source));
-  }
-
-  private isBusy(entry: SourceEntry, activeBlocks: number, activePrefillTokens: number): boolean {
-    const { activeBlockFraction, activePrefillTokens: maxPrefill } = this.busy;
-    if (activeBlockFraction !== undefined && entry.capacityBlocks && activeBlocks > activeBlockFraction * entry.capacityBlocks) {
-      return true;
-    }
-    return maxPrefill !== undefined && activePrefillTokens > maxPrefill;
   }
 
   // ---------------------------------------------------------------- lifecycle
@@ -752,6 +735,8 @@ export class KvRouter {
   state(): {
     blockSize: number;
     policy: string;
+    /** The pipeline of every policy this router has run (the default's first): scorers, weights, formulas, picker. */
+    policies: PolicyDescription[];
     knobs: KvKnobs;
     inFlight: number;
     index: ReturnType<KvIndex['stats']>;
@@ -773,6 +758,9 @@ export class KvRouter {
     return {
       blockSize: this.blockSize,
       policy: this.defaultPolicy,
+      policies: [this.policy(this.defaultPolicy), ...[...this.policies.values()].filter((p) => p.name !== this.defaultPolicy)].map(
+        describePolicy,
+      ),
       knobs: this.knobs,
       inFlight: this.records.size,
       index: this.index.stats(),
@@ -863,4 +851,19 @@ export interface RestoreResult {
   sources: number;
   blocks: number;
   rejected: Array<{ key: string; blocks: number; reason: string }>;
+}
+
+/** The candidates in pick order, as a decision reports them. */
+function scoredCandidates(candidates: readonly Candidate[], ranking: Ranking): CandidateScore[] {
+  return ranking.order.map((i) => {
+    const c = candidates[i];
+    return {
+      source: c.key,
+      overlapBlocks: c.overlapBlocks,
+      cachedBlocks: c.cachedBlocks,
+      activePrefillTokens: c.activePrefillTokens,
+      activeBlocks: c.activeBlocks,
+      cost: ranking.costs[i],
+    };
+  });
 }

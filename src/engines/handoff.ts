@@ -1,7 +1,7 @@
 /**
  * The shape every engine's disaggregated handoff has (docs/engines.md "Disaggregated serving"): what the two legs'
  * bodies are built from, what the router knows of each worker of the pair, and the two flows the engines use. The
- * orchestration (sending, waiting, retrying, accounting) is the front ends' (src/server/pd.ts); the bodies are the
+ * orchestration (sending, waiting, retrying, accounting) is the front ends' (src/runtime/prefill-leg.ts, src/server/disagg-attempt.ts); the bodies are the
  * engine's (src/engines/NAME/handoff.ts), so serve and the endpoint picker speak each engine one way.
  */
 import type { OptionalFieldSetting } from '../config/worker-spec.ts';

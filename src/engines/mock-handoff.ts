@@ -1,10 +1,10 @@
 /**
  * The mock engine's side of a disaggregated handoff, per engine (src/engines/NAME/mock.ts): how one engine's prefill or
- * decode server reads a leg's body and what it answers. The mock engine (src/mocker/pd.ts) is the host: it holds the
+ * decode server reads a leg's body and what it answers. The mock engine (src/mocker/disagg-side.ts) is the host: it holds the
  * leases, the bootstrap rooms and the KV pulls the engines' handoffs share, and runs the plan a handoff returns.
  */
 import type { EngineName } from '../core/types.ts';
-import type { SglangDpRouting } from './sglang/mock.ts';
+import type { SglangDpRouting } from './sglang/dp-routing.ts';
 import type { TrtllmDisaggRelease } from './trtllm/protocol.ts';
 
 /** What the OpenAI surface does differently for one request of a P/D leg. */

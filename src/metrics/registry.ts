@@ -2,7 +2,7 @@
  * RouterMetrics: the router's Prometheus surface (GET /metrics) and the totals the live dashboard reads, one file per
  * metric family: requests.ts (requests, refusals, overhead, latencies), reuse.ts (predicted, available and delivered
  * hit rates), events.ts (KV events and stream health), worker-gauges.ts (load and cache per worker, read at scrape
- * time), process.ts (Node.js and the event loop); flow.ts, pd.ts and epp.ts are registered by their users, and
+ * time), process.ts (Node.js and the event loop); flow.ts, disagg.ts and epp.ts are registered by their users, and
  * scrape.ts mirrors the engines' own counters. This class owns the registry, the `worker` label and the dashboard.
  *
  * Per-request series carry one label, `worker` (the router's source key); overall values are `sum without (worker)`.

@@ -14,13 +14,14 @@ import { EngineInputError, type EngineConfig } from './engine/index.ts';
 import type { FaultInjector } from './faults.ts';
 import { vllmError, type Routes } from './http.ts';
 import type { Rank, RankLoop } from './rank-loop.ts';
-import { type Answer, startAnswer } from './responses.ts';
-import type { MockPd, PdPlan } from './pd.ts';
+import { startAnswer } from './responses.ts';
+import type { MockPd, PdPlan } from './disagg-side.ts';
 import { chatMediaParts, MEDIA_MARKER, type MediaPart, withMediaMarkers } from '../tokenizer/multimodal.ts';
 import type { MmItem } from '../core/types.ts';
 import type { MockTokenizer } from './tokenizer.ts';
 import type { ChatPromptInput } from '../tokenizer/chat.ts';
 import { MessagesApi } from './apis/messages.ts';
+import type { RunSpec, Surface } from './apis/surface.ts';
 import { PoolingApis } from './apis/pooling.ts';
 import { ResponsesApi } from './apis/responses.ts';
 
@@ -56,29 +57,7 @@ export function parseGenerationParams(endpoint: Endpoint, body: Record<string, u
   return { maxTokens: maxCompletionTokens ?? maxTokens ?? null, seed, returnTokenIds: r === true };
 }
 
-/** Prompts to run and the answer that consumes their outputs (see OpenAiSurface.run). */
-export interface RunSpec {
-  /** The answer's id; engine request ids derive from it. */
-  readonly id: string;
-  readonly prompts: number[][];
-  /** null: the engine's default (defaultMaxTokens, capped by the context left). */
-  readonly maxTokens: number | null;
-  readonly loraName: string | null;
-  readonly cacheSalt: string | null;
-  readonly seed?: number;
-  /** The request field named in a prompt error. */
-  readonly promptParam: string;
-  /** Starts the answer (headers may go out now) once the requests are in the engine; one sink per prompt. */
-  readonly answer: (arrivalMs: number) => Answer;
-  /** The rank to run on (default: the x-data-parallel-rank header's, or the least loaded). */
-  readonly rank?: Rank;
-  /** One side of a disaggregated pair (chat and completions only): the engine request's id, output and KV. */
-  readonly plan?: PdPlan | null;
-  /** The caller already rolled the fault dice for this request. */
-  readonly faultsChecked?: boolean;
-  /** Multimodal items of the (single) prompt: placeholder tokens already in it. */
-  readonly mmItems?: readonly MmItem[];
-}
+export type { RunSpec } from './apis/surface.ts';
 
 /** Placeholder tokens the mock's "processor" expands every image or audio part into (docs/engines.md). */
 export const MOCK_MM_PLACEHOLDER_TOKENS = 64;
@@ -113,7 +92,7 @@ export const GENERATION_ROUTES = [
   '/v2/rerank',
 ] as const;
 
-export class OpenAiSurface {
+export class OpenAiSurface implements Surface {
   private readonly responses: ResponsesApi;
   private readonly messages: MessagesApi;
   private readonly pooling: PoolingApis;

@@ -12,7 +12,7 @@ import { MockEngine, type EngineConfig } from './engine/index.ts';
 import { FaultInjector } from './faults.ts';
 import { MockHttpServer, type PostHandler } from './http.ts';
 import { GENERATION_ROUTES, OpenAiSurface } from './openai.ts';
-import { MockPd } from './pd.ts';
+import { MockPd } from './disagg-side.ts';
 import { Rank, RankLoop } from './rank-loop.ts';
 import { loadHfTokenizer, SimpleTokenizer, type MockTokenizer } from './tokenizer.ts';
 import type { MockerHandle, MockerOptions, MockerStats } from './types.ts';

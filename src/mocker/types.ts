@@ -1,7 +1,7 @@
 /** The mock engine's public API: its options, live faults, counters and the handle `startMocker` returns. */
 import type { HashType, WireFormat } from '../engines/vllm/events.ts';
 import type { EngineConfig, MockEngine } from './engine/index.ts';
-import type { MockPd, MockPdOptions } from './pd.ts';
+import type { MockPd, MockPdOptions } from './disagg-side.ts';
 
 export interface MockerFaults {
   /** Fraction of event batches not sent on PUB (they still take a seq and stay replayable: a gap to recover). */

@@ -11,7 +11,7 @@ import { parseSourceKey } from '../core/types.ts';
 import { dispatchOptionsFrom, routerOptionsFrom } from '../config/routing.ts';
 import type { ServeConfig } from '../config/serve.ts';
 import { FlowMetrics } from '../metrics/flow.ts';
-import { PdMetrics } from '../metrics/pd.ts';
+import { PdMetrics } from '../metrics/disagg.ts';
 import { RouterMetrics } from '../metrics/registry.ts';
 import type { EngineMirror } from '../metrics/scrape.ts';
 import { LocalTokenizer } from '../tokenizer/local.ts';

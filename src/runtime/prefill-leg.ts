@@ -18,7 +18,7 @@ import type { HandoffClient, HandoffPair, HandoffWorker, SequentialHandoff } fro
 import { engineAdapter } from '../engines/index.ts';
 import { answerAsStream } from '../engines/trtllm/handoff.ts';
 import { DisaggRequestIds, disaggMachineIdOf } from '../engines/trtllm/ids.ts';
-import type { PdMetrics } from '../metrics/pd.ts';
+import type { PdMetrics } from '../metrics/disagg.ts';
 import { readUsage } from '../apis/sse.ts';
 import type { Worker } from './workers.ts';
 

@@ -16,7 +16,7 @@
  * a refusal into its own answer. Every decision is the dispatcher's.
  */
 import type { DispatchAttempt, DispatchRefusal } from '../core/dispatch/dispatcher.ts';
-import { POLICY_NAMES } from '../core/scheduling/policies.ts';
+import { isSelectablePolicy, unknownPolicyMessage } from '../core/scheduling/registry.ts';
 import { badRequest } from '../http/errors.ts';
 import type { RequestMetrics } from '../metrics/registry.ts';
 import type { RemoteTokenizer } from '../tokenizer/remote.ts';
@@ -187,8 +187,8 @@ export async function runRequest<W>(ctx: FlowContext<W>, req: FlowRequest, port:
   const { text, body } = parseBody(req.body, ctx.config.maxJsonDepth);
   const parsed = api.parse(body);
   trace.set({ 'gen_ai.request.model': parsed.model, 'kvroute.stream': parsed.stream });
-  if (parsed.policy && !(POLICY_NAMES as readonly string[]).includes(parsed.policy)) {
-    throw badRequest(`unknown policy "${parsed.policy}"; known: ${POLICY_NAMES.join(', ')}`, 'kvroute.policy');
+  if (parsed.policy && !isSelectablePolicy(parsed.policy)) {
+    throw badRequest(unknownPolicyMessage(parsed.policy), 'kvroute.policy');
   }
   // Every adapter has checked the body is a JSON object.
   const json = body as Record<string, unknown>;

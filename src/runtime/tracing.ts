@@ -10,7 +10,7 @@
  *   first_token       the instant the first token reached the router
  *
  * The provider is the server's own (never the global one), so several servers in one process trace apart. The SDK
- * (tracing-otel.ts) is loaded only when tracing is on.
+ * (tracing-otel.ts) is loaded only when tracing is on (tracing-start.ts).
  */
 import type { Attributes } from '@opentelemetry/api';
 import type { IncomingHttpHeaders } from 'node:http';
@@ -110,10 +110,4 @@ export const NO_TRACE: RequestTrace = {
 export interface RequestTracer {
   request(name: string, headers: IncomingHttpHeaders, attributes: Attributes): RequestTrace;
   close(): Promise<void>;
-}
-
-/** Loads the OpenTelemetry SDK and starts the exporter (only when tracing is on). */
-export async function startTracing(config: TracingConfig): Promise<RequestTracer> {
-  const { OtelTracing } = await import('./tracing-otel.ts');
-  return new OtelTracing(config);
 }

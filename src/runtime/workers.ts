@@ -6,7 +6,7 @@
 import { buildConnector, Pool, request } from 'undici';
 import type { BreakerState } from '../core/dispatch/breaker.ts';
 import type { DispatchEffect, Dispatcher } from '../core/dispatch/dispatcher.ts';
-import type { WorkerState } from '../core/dispatch/fleet.ts';
+import type { WorkerState } from '../core/dispatch/worker-state.ts';
 import { DEFAULT_BOOTSTRAP_PORT, type WorkerSpec } from '../config/worker-spec.ts';
 import type { HandoffFields } from '../engines/handoff.ts';
 import { engineAdapter } from '../engines/index.ts';

@@ -22,7 +22,7 @@ import type { HandoffClient } from '../engines/handoff.ts';
 import { engineAdapter } from '../engines/index.ts';
 import { answerAsStream } from '../engines/trtllm/handoff.ts';
 import type { DisaggRequestIds } from '../engines/trtllm/ids.ts';
-import type { PdMetrics } from '../metrics/pd.ts';
+import type { PdMetrics } from '../metrics/disagg.ts';
 import type { ApiAdapter, RoutedRequest } from '../apis/index.ts';
 import type { AttemptOutcome } from '../runtime/request-flow.ts';
 import {

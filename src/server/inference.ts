@@ -12,7 +12,7 @@ import { readBody } from '../http/body.ts';
 import type { RequestMetrics } from '../metrics/registry.ts';
 import type { ServeConfig } from '../config/serve.ts';
 import type { ApiAdapter } from '../apis/index.ts';
-import type { PdMetrics } from '../metrics/pd.ts';
+import type { PdMetrics } from '../metrics/disagg.ts';
 import type { PdWorker } from '../runtime/prefill-leg.ts';
 import { refusalError } from '../runtime/refusals.ts';
 import { type AttemptOutcome, type FlowContext, runRequest, type SubmittedRequest } from '../runtime/request-flow.ts';

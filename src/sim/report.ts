@@ -2,7 +2,7 @@
  * Presentation of simulator results: the stdout table, the JSON document and an SVG chart drawn by hand (bars for
  * hit rates, bars for TTFT p50/p90 per policy; lines over the rate-scale sweep when there is one).
  */
-import type { FleetResult } from './fleet.ts';
+import type { FleetResult } from './run-fleet.ts';
 import type { OracleResult } from './oracle.ts';
 import type { TraceStats } from './traces/stats.ts';
 

@@ -7,7 +7,7 @@
  * scenario replays the skewed generator on such a fleet and shows the three numbers side by side.
  */
 import type { RoutingSettings } from '../config/routing.ts';
-import type { FleetOptions } from './fleet.ts';
+import type { FleetOptions } from './run-fleet.ts';
 import { AGENTIC_DEFAULTS, generateAgentic, generateNoisyNeighbour, generateSkewed } from './traces/generate.ts';
 import type { TraceRequest } from './traces/format.ts';
 

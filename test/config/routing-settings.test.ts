@@ -14,7 +14,7 @@ import { registerServe } from '../../src/cli/serve.ts';
 import { registerSim, simSettings } from '../../src/cli/sim.ts';
 import { Dispatcher } from '../../src/core/dispatch/dispatcher.ts';
 import { DEFAULT_KNOBS, KvRouter, TIER_CREDIT_ON } from '../../src/core/router.ts';
-import { DEFAULT_POLICY } from '../../src/core/scheduling/policies.ts';
+import { DEFAULT_POLICY } from '../../src/core/scheduling/registry.ts';
 import { DEFAULT_STORE_ONLY_TTL_MS } from '../../src/core/tiers.ts';
 import { dispatchOptionsFrom, ROUTING_DEFAULTS, routerOptionsFrom, routingSchema } from '../../src/config/routing.ts';
 import { DEFAULTS, serveSchema } from '../../src/config/serve.ts';

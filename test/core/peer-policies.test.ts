@@ -5,9 +5,12 @@ import { describe, expect, it } from 'vitest';
 import { computeSeqHashes } from '../../src/core/hashing.ts';
 import { KvRouter } from '../../src/core/router.ts';
 import { createRng } from '../../src/core/rng.ts';
-import { KvPolicy, POLICY_NAMES, createPolicy } from '../../src/core/scheduling/policies.ts';
+import { KvPolicy } from '../../src/core/scheduling/policies.ts';
+import { createPolicy, POLICY_NAMES } from '../../src/core/scheduling/registry.ts';
 import type { Candidate, Policy, PolicyContext } from '../../src/core/scheduling/policy.ts';
-import { PEER_POLICY_NAMES } from '../../src/core/scheduling/peers/index.ts';
+import { PEER_POLICIES } from '../../src/core/scheduling/peers/index.ts';
+
+const PEER_POLICY_NAMES = PEER_POLICIES.map((e) => e.name);
 
 const BS = 16;
 
@@ -270,7 +273,7 @@ describe('scraped engine gauges', () => {
   });
 
   it('the simulator scrapes at the policy interval: between scrapes a policy sees the same stale gauges', async () => {
-    const { runFleet } = await import('../../src/sim/fleet.ts');
+    const { runFleet } = await import('../../src/sim/run-fleet.ts');
     const { generateSharedPrefix } = await import('../../src/sim/traces/generate.ts');
     const seen: Array<{ now: number; scraped: Candidate['scraped'] }> = [];
     const spy: Policy = {

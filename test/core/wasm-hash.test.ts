@@ -12,7 +12,19 @@ function wasmHashes(tokens: ArrayLike<number>, bs: number, seed: bigint) {
   const n = Math.floor(tokens.length / bs);
   const seq = new BigUint64Array(n);
   const local = new BigUint64Array(n);
-  expect(hashBlocksWasm(tokens, 0, tokens.length, bs, seed, null, seq, 0, local)).toBe(n);
+  expect(
+    hashBlocksWasm({
+      tokens,
+      from: 0,
+      count: tokens.length,
+      blockSize: bs,
+      seed,
+      parentSeq: null,
+      outSeq: seq,
+      outOffset: 0,
+      outLocal: local,
+    }),
+  ).toBe(n);
   return { local: dec(local), seq: dec(seq) };
 }
 
@@ -122,8 +134,28 @@ describe('WASM block hasher is bit-identical to the napi path (hashBlocksNapi, t
           const napiLocal = new BigUint64Array(outOffset + blocks);
           const wasmSeq = new BigUint64Array(outOffset + blocks);
           const wasmLocal = new BigUint64Array(outOffset + blocks);
-          const nb = hashBlocksNapi(src, from, count, bs, seed, parent, napiSeq, outOffset, napiLocal);
-          const wb = hashBlocksWasm(src, from, count, bs, seed, parent, wasmSeq, outOffset, wasmLocal);
+          const nb = hashBlocksNapi({
+            tokens: src,
+            from,
+            count,
+            blockSize: bs,
+            seed,
+            parentSeq: parent,
+            outSeq: napiSeq,
+            outOffset,
+            outLocal: napiLocal,
+          });
+          const wb = hashBlocksWasm({
+            tokens: src,
+            from,
+            count,
+            blockSize: bs,
+            seed,
+            parentSeq: parent,
+            outSeq: wasmSeq,
+            outOffset,
+            outLocal: wasmLocal,
+          });
           expect(wb).toBe(nb);
           expect(wb).toBe(blocks);
           expect(dec(wasmSeq)).toEqual(dec(napiSeq));
@@ -141,8 +173,28 @@ describe('WASM block hasher is bit-identical to the napi path (hashBlocksNapi, t
         const blocks = Math.floor(tokens.length / bs);
         const napi = new BigUint64Array(blocks);
         const wasm = new BigUint64Array(blocks);
-        hashBlocksNapi(tokens, 0, tokens.length, bs, 1337n, parent, napi, 0);
-        expect(hashBlocksWasm(tokens, 0, tokens.length, bs, 1337n, parent, wasm, 0)).toBe(blocks);
+        hashBlocksNapi({
+          tokens,
+          from: 0,
+          count: tokens.length,
+          blockSize: bs,
+          seed: 1337n,
+          parentSeq: parent,
+          outSeq: napi,
+          outOffset: 0,
+        });
+        expect(
+          hashBlocksWasm({
+            tokens,
+            from: 0,
+            count: tokens.length,
+            blockSize: bs,
+            seed: 1337n,
+            parentSeq: parent,
+            outSeq: wasm,
+            outOffset: 0,
+          }),
+        ).toBe(blocks);
         expect(dec(wasm)).toEqual(dec(napi));
       }
     }
@@ -151,10 +203,19 @@ describe('WASM block hasher is bit-identical to the napi path (hashBlocksNapi, t
   it('chaining across calls equals one call (parent = last seq of the previous call)', () => {
     const tokens = range(0, 16 * 50);
     const whole = new BigUint64Array(50);
-    hashBlocksWasm(tokens, 0, tokens.length, 16, 1337n, null, whole, 0);
+    hashBlocksWasm({ tokens, from: 0, count: tokens.length, blockSize: 16, seed: 1337n, parentSeq: null, outSeq: whole, outOffset: 0 });
     const parts = new BigUint64Array(50);
-    hashBlocksWasm(tokens, 0, 16 * 20, 16, 1337n, null, parts, 0);
-    hashBlocksWasm(tokens, 16 * 20, 16 * 30, 16, 1337n, parts[19], parts, 20);
+    hashBlocksWasm({ tokens, from: 0, count: 16 * 20, blockSize: 16, seed: 1337n, parentSeq: null, outSeq: parts, outOffset: 0 });
+    hashBlocksWasm({
+      tokens,
+      from: 16 * 20,
+      count: 16 * 30,
+      blockSize: 16,
+      seed: 1337n,
+      parentSeq: parts[19],
+      outSeq: parts,
+      outOffset: 20,
+    });
     expect(dec(parts)).toEqual(dec(whole));
   });
 
@@ -164,12 +225,24 @@ describe('WASM block hasher is bit-identical to the napi path (hashBlocksNapi, t
     const napi = new BigUint64Array(blocks);
     const wasm = new BigUint64Array(blocks);
     const wasmLocal = new BigUint64Array(blocks);
-    hashBlocksNapi(tokens, 0, tokens.length, 16, 1337n, null, napi, 0);
-    expect(hashBlocksWasm(tokens, 0, tokens.length, 16, 1337n, null, wasm, 0, wasmLocal)).toBe(2048);
+    hashBlocksNapi({ tokens, from: 0, count: tokens.length, blockSize: 16, seed: 1337n, parentSeq: null, outSeq: napi, outOffset: 0 });
+    expect(
+      hashBlocksWasm({
+        tokens,
+        from: 0,
+        count: tokens.length,
+        blockSize: 16,
+        seed: 1337n,
+        parentSeq: null,
+        outSeq: wasm,
+        outOffset: 0,
+        outLocal: wasmLocal,
+      }),
+    ).toBe(2048);
     expect(dec(wasm)).toEqual(dec(napi));
     // A smaller call after growth still sees fresh views.
     const small = new BigUint64Array(2);
-    hashBlocksWasm(range(0, 36), 0, 36, 16, 1337n, null, small, 0);
+    hashBlocksWasm({ tokens: range(0, 36), from: 0, count: 36, blockSize: 16, seed: 1337n, parentSeq: null, outSeq: small, outOffset: 0 });
     expect(dec(small)).toEqual(['15310707395893867146', '13769157705258532664']);
   });
 });
@@ -177,28 +250,65 @@ describe('WASM block hasher is bit-identical to the napi path (hashBlocksNapi, t
 describe('WASM block hasher: empty, partial and bad input', () => {
   it('0 tokens and a partial block hash nothing and write nothing', () => {
     const out = BigUint64Array.of(7n, 7n);
-    expect(hashBlocksWasm([], 0, 0, 16, 1337n, null, out, 0)).toBe(0);
-    expect(hashBlocksWasm(range(0, 15), 0, 15, 16, 1337n, 5n, out, 0)).toBe(0);
-    expect(hashBlocksWasm(range(0, 40), 30, 10, 16, 1337n, null, out, 0)).toBe(0);
+    expect(hashBlocksWasm({ tokens: [], from: 0, count: 0, blockSize: 16, seed: 1337n, parentSeq: null, outSeq: out, outOffset: 0 })).toBe(
+      0,
+    );
+    expect(
+      hashBlocksWasm({ tokens: range(0, 15), from: 0, count: 15, blockSize: 16, seed: 1337n, parentSeq: 5n, outSeq: out, outOffset: 0 }),
+    ).toBe(0);
+    expect(
+      hashBlocksWasm({ tokens: range(0, 40), from: 30, count: 10, blockSize: 16, seed: 1337n, parentSeq: null, outSeq: out, outOffset: 0 }),
+    ).toBe(0);
     expect(dec(out)).toEqual(['7', '7']);
   });
 
   it('a trailing partial block is ignored: 47 tokens at bs 16 hash exactly the first 32', () => {
     const a = new BigUint64Array(2);
     const b = new BigUint64Array(2);
-    expect(hashBlocksWasm(range(0, 47), 0, 47, 16, 1337n, null, a, 0)).toBe(2);
-    expect(hashBlocksWasm(range(0, 32), 0, 32, 16, 1337n, null, b, 0)).toBe(2);
+    expect(
+      hashBlocksWasm({ tokens: range(0, 47), from: 0, count: 47, blockSize: 16, seed: 1337n, parentSeq: null, outSeq: a, outOffset: 0 }),
+    ).toBe(2);
+    expect(
+      hashBlocksWasm({ tokens: range(0, 32), from: 0, count: 32, blockSize: 16, seed: 1337n, parentSeq: null, outSeq: b, outOffset: 0 }),
+    ).toBe(2);
     expect(dec(a)).toEqual(dec(b));
   });
 
   it('rejects block sizes it cannot hash and outputs too short, with a RangeError', () => {
     const out = new BigUint64Array(4);
     for (const bs of [0, -1, 1.5, 61, 64, Number.NaN]) {
-      expect(() => hashBlocksWasm(range(0, 128), 0, 128, bs, 1337n, null, out, 0)).toThrow(RangeError);
+      expect(() =>
+        hashBlocksWasm({
+          tokens: range(0, 128),
+          from: 0,
+          count: 128,
+          blockSize: bs,
+          seed: 1337n,
+          parentSeq: null,
+          outSeq: out,
+          outOffset: 0,
+        }),
+      ).toThrow(RangeError);
     }
-    expect(() => hashBlocksWasm(range(0, 80), 0, 80, 16, 1337n, null, out, 0)).toThrow(RangeError);
-    expect(() => hashBlocksWasm(range(0, 64), 0, 64, 16, 1337n, null, out, 1)).toThrow(RangeError);
-    expect(() => hashBlocksWasm(range(0, 64), 0, 64, 16, 1337n, null, out, 0, new BigUint64Array(3))).toThrow(RangeError);
+    expect(() =>
+      hashBlocksWasm({ tokens: range(0, 80), from: 0, count: 80, blockSize: 16, seed: 1337n, parentSeq: null, outSeq: out, outOffset: 0 }),
+    ).toThrow(RangeError);
+    expect(() =>
+      hashBlocksWasm({ tokens: range(0, 64), from: 0, count: 64, blockSize: 16, seed: 1337n, parentSeq: null, outSeq: out, outOffset: 1 }),
+    ).toThrow(RangeError);
+    expect(() =>
+      hashBlocksWasm({
+        tokens: range(0, 64),
+        from: 0,
+        count: 64,
+        blockSize: 16,
+        seed: 1337n,
+        parentSeq: null,
+        outSeq: out,
+        outOffset: 0,
+        outLocal: new BigUint64Array(3),
+      }),
+    ).toThrow(RangeError);
   });
 });
 
@@ -207,24 +317,42 @@ describe('WASM block hasher: token coercion matches the napi path', () => {
     const odd = [-1, 2 ** 32, 2 ** 32 + 5, 1.9, -0.5, Number.NaN, 0xffffffff, 7];
     const napi = new BigUint64Array(2);
     const wasm = new BigUint64Array(2);
-    hashBlocksNapi(odd, 0, 8, 4, 1337n, null, napi, 0);
-    hashBlocksWasm(odd, 0, 8, 4, 1337n, null, wasm, 0);
+    hashBlocksNapi({ tokens: odd, from: 0, count: 8, blockSize: 4, seed: 1337n, parentSeq: null, outSeq: napi, outOffset: 0 });
+    hashBlocksWasm({ tokens: odd, from: 0, count: 8, blockSize: 4, seed: 1337n, parentSeq: null, outSeq: wasm, outOffset: 0 });
     expect(dec(wasm)).toEqual(dec(napi));
     // -1 is 0xffffffff: same hash as the explicit value.
     const a = new BigUint64Array(1);
     const b = new BigUint64Array(1);
-    hashBlocksWasm([-1], 0, 1, 1, 1337n, null, a, 0);
-    hashBlocksWasm(Uint32Array.of(0xffffffff), 0, 1, 1, 1337n, null, b, 0);
+    hashBlocksWasm({ tokens: [-1], from: 0, count: 1, blockSize: 1, seed: 1337n, parentSeq: null, outSeq: a, outOffset: 0 });
+    hashBlocksWasm({
+      tokens: Uint32Array.of(0xffffffff),
+      from: 0,
+      count: 1,
+      blockSize: 1,
+      seed: 1337n,
+      parentSeq: null,
+      outSeq: b,
+      outOffset: 0,
+    });
     expect(a[0]).toBe(b[0]);
   });
 
   it('a count reaching past the end reads missing tokens as 0, as napi does', () => {
     const napi = new BigUint64Array(2);
     const wasm = new BigUint64Array(2);
-    hashBlocksNapi([1, 2, 3], 1, 8, 4, 1337n, null, napi, 0);
-    hashBlocksWasm([1, 2, 3], 1, 8, 4, 1337n, null, wasm, 0);
+    hashBlocksNapi({ tokens: [1, 2, 3], from: 1, count: 8, blockSize: 4, seed: 1337n, parentSeq: null, outSeq: napi, outOffset: 0 });
+    hashBlocksWasm({ tokens: [1, 2, 3], from: 1, count: 8, blockSize: 4, seed: 1337n, parentSeq: null, outSeq: wasm, outOffset: 0 });
     expect(dec(wasm)).toEqual(dec(napi));
-    hashBlocksWasm(Uint32Array.of(1, 2, 3), 1, 8, 4, 1337n, null, wasm, 0);
+    hashBlocksWasm({
+      tokens: Uint32Array.of(1, 2, 3),
+      from: 1,
+      count: 8,
+      blockSize: 4,
+      seed: 1337n,
+      parentSeq: null,
+      outSeq: wasm,
+      outOffset: 0,
+    });
     expect(dec(wasm)).toEqual(dec(napi));
   });
 });

@@ -15,7 +15,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEFAULTS } from '../../src/config/serve.ts';
 import { eppSchema } from '../../src/config/serve.ts';
-import { POLICY_NAMES } from '../../src/core/scheduling/policies.ts';
+import { POLICY_NAMES } from '../../src/core/scheduling/registry.ts';
 import { DESTINATION_HEADER } from '../../src/epp/protocol.ts';
 import { type MockerHandle, startMocker } from '../../src/mocker/server.ts';
 import { FakeKubeApi, pod } from '../fixtures/k8s-api.ts';

@@ -445,7 +445,16 @@ describe('MockEngine', () => {
                 const parentSeq = ev.parent === null ? null : engineToSeq.get(ev.parent)!;
                 expect(parentSeq).not.toBe(undefined);
                 const out = new BigUint64Array(ev.engineIds.length);
-                hashBlocksInto(ev.tokens, 0, ev.tokens.length, bs, hashSeed(ev.loraName, ev.cacheSalt), parentSeq, out, 0);
+                hashBlocksInto({
+                  tokens: ev.tokens,
+                  from: 0,
+                  count: ev.tokens.length,
+                  blockSize: bs,
+                  seed: hashSeed(ev.loraName, ev.cacheSalt),
+                  parentSeq,
+                  outSeq: out,
+                  outOffset: 0,
+                });
                 expect([...out]).toEqual(ev.routerSeqHashes);
                 ev.engineIds.forEach((id, k) => {
                   engineToSeq.set(id, out[k]);

@@ -357,6 +357,15 @@ describe('operations', () => {
     expect(state.workers).toHaveLength(2);
     expect(state.recentDecisions[0].islBlocks).toBe(4);
     expect(state.router.sources).toHaveLength(2);
+    // The pipeline of the policy it ran, from the registry's describe(): scorers with formulas, the picker.
+    expect(state.router.policies[0]).toMatchObject({
+      name: state.router.policy,
+      picker: { name: 'banded-min' },
+      scorers: [
+        { name: 'prefill-load', weight: 'prefillLoadScale' },
+        { name: 'pressure-decode', weight: '1' },
+      ],
+    });
     const page = await fetch(`${s.url}/dashboard`);
     expect(page.status).toBe(200);
     expect(page.headers.get('content-type')).toContain('text/html');

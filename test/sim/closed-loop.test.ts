@@ -1,6 +1,6 @@
 /** The simulator's closed loop (Dynamo replay's --replay-concurrency): timestamps ignored, C requests in flight. */
 import { describe, expect, it } from 'vitest';
-import { runFleet } from '../../src/sim/fleet.ts';
+import { runFleet } from '../../src/sim/run-fleet.ts';
 import { generateMultiTurn } from '../../src/sim/traces/generate.ts';
 
 // Sparse arrivals (one request every ~10 s): an open-loop replay rarely has more than one in flight.

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { computeSeqHashes } from '../../src/core/hashing.ts';
-import { runFleet, type FleetResult } from '../../src/sim/fleet.ts';
+import { runFleet, type FleetResult } from '../../src/sim/run-fleet.ts';
 import { expandTokens } from '../../src/sim/traces/expand.ts';
 import type { TraceRequest } from '../../src/sim/traces/format.ts';
 import { generateMultiTurn, generateSharedPrefix } from '../../src/sim/traces/generate.ts';
@@ -144,7 +144,7 @@ describe('fleet simulator: admission through the core dispatcher', () => {
 
 describe('fleet simulator: tenants and fairness', () => {
   it("max-min fair shares by water-filling, and Jain's index", async () => {
-    const { maxMinShares, jainIndex } = await import('../../src/sim/fleet.ts');
+    const { maxMinShares, jainIndex } = await import('../../src/sim/run-fleet.ts');
     const shares = maxMinShares(
       new Map([
         ['a', 10],

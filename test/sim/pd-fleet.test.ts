@@ -1,6 +1,6 @@
 /** The simulator in P/D mode: the same dispatcher's paths, the transfer cost, ITL and goodput, deterministic. */
 import { describe, expect, it } from 'vitest';
-import { type FleetOptions, runFleet } from '../../src/sim/fleet.ts';
+import { type FleetOptions, runFleet } from '../../src/sim/run-fleet.ts';
 import { generateMultiTurn } from '../../src/sim/traces/generate.ts';
 
 const trace = generateMultiTurn({ requests: 120, seed: 3, rate: 4 });

@@ -3,7 +3,7 @@ import { createRng } from '../../src/core/rng.ts';
 import { KvPolicy, KvPressurePolicy } from '../../src/core/scheduling/policies.ts';
 import type { Candidate, PolicyContext } from '../../src/core/scheduling/policy.ts';
 import { KvRouter } from '../../src/core/router.ts';
-import { runFleet } from '../../src/sim/fleet.ts';
+import { runFleet } from '../../src/sim/run-fleet.ts';
 import { generateSharedPrefix } from '../../src/sim/traces/generate.ts';
 
 function ctx(candidates: Candidate[], requestBlocks: number): PolicyContext {

@@ -4,7 +4,7 @@ import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { runFleet } from '../../src/sim/fleet.ts';
+import { runFleet } from '../../src/sim/run-fleet.ts';
 import { scenario } from '../../src/sim/scenarios.ts';
 
 const run = promisify(execFile);

@@ -1,6 +1,6 @@
 /** The built-in scenarios the league runs: each builds, scales with the fleet, and runs under any policy. */
 import { describe, expect, it } from 'vitest';
-import { runFleet } from '../../src/sim/fleet.ts';
+import { runFleet } from '../../src/sim/run-fleet.ts';
 import { AGENTIC_SCENARIO, NOISY_SCENARIO, SCENARIOS, scenario } from '../../src/sim/scenarios.ts';
 import { traceStats } from '../../src/sim/traces/stats.ts';
 

@@ -32,10 +32,32 @@
  * in order. The core never calls back into a shell.
  */
 import type { FinishedRequest, KvRouter } from '../router.ts';
-import { PD_DECODE_POLICY, PD_PREFILL_POLICY } from '../scheduling/pd.ts';
+import { PD_DECODE_POLICY } from '../scheduling/policies.ts';
+import {
+  DisaggLegs,
+  type LegTracked,
+  type PdOptions,
+  type PdPath,
+  type PdStats,
+  type PrefillLeg,
+  type PrefillReport,
+  type PrefillState,
+} from './disagg-legs.ts';
+
+export {
+  HANDOFF_FAILURES,
+  type HandoffFailure,
+  PD_PATHS,
+  type PdOptions,
+  type PdPath,
+  type PdStats,
+  type PrefillLeg,
+  type PrefillReport,
+} from './disagg-legs.ts';
 import type { KvKnobs, MmItem, RouteDecision } from '../types.ts';
 import type { BreakerOptions, BreakerState } from './breaker.ts';
-import { type EligibilityRefusal, type EngineFlavor, eligibility, type WorkerConfig, type WorkerRole, WorkerState } from './fleet.ts';
+import { type EligibilityRefusal, eligibility, type WorkerRole } from '../scheduling/filters.ts';
+import { type EngineFlavor, type WorkerConfig, WorkerState } from './worker-state.ts';
 import { type PinOptions, PinTable } from './pins.ts';
 import { TokenBudgets } from './budget.ts';
 import { type FlowItem, type FlowOptions, FlowQueue } from './flow.ts';
@@ -70,51 +92,6 @@ export interface DispatchOptions {
 
 /** Tenant of requests that name none. */
 export const DEFAULT_TENANT = 'default';
-
-export interface PdOptions {
-  /**
-   * Conditional disaggregation: a request whose uncached prompt tokens on its decode worker are at most this many is
-   * served there alone (its own prefill). Default 0: every request with an uncached token is disaggregated.
-   */
-  readonly minUncachedTokens?: number;
-  /** Policies of the two legs (default pd-prefill and pd-decode); a peer's P/D routing runs its rule on both. */
-  readonly prefillPolicy?: string;
-  readonly decodePolicy?: string;
-}
-
-/**
- * How a request was served: aggregated (no prefill pool for its model), disaggregated (a prefill and a decode leg),
- * decode_rule (decode alone by the conditional rule), decode_fallback (decode alone: no usable prefill worker).
- */
-export type PdPath = 'aggregated' | 'disaggregated' | 'decode_rule' | 'decode_fallback';
-export const PD_PATHS: readonly PdPath[] = ['aggregated', 'disaggregated', 'decode_rule', 'decode_fallback'];
-
-/** Why a handoff did not go as planned. */
-export type HandoffFailure = 'prefill_failed' | 'no_kv_transfer_params' | 'decode_failed' | 'cancelled';
-export const HANDOFF_FAILURES: readonly HandoffFailure[] = ['prefill_failed', 'no_kv_transfer_params', 'decode_failed', 'cancelled'];
-
-export interface PdStats {
-  /** Requests finished (served, failed or cancelled), by their final path. */
-  readonly paths: Record<PdPath, number>;
-  /** Why a request was served on decode alone: short (the rule), sequences (n > 1), or the prefill pool's refusal. */
-  readonly decodeOnly: Record<string, number>;
-  readonly handoffFailures: Record<HandoffFailure, number>;
-  /** Prompt tokens whose KV was handed from a prefill to a decode worker (the decode leg's first token came). */
-  transferredTokens: number;
-  /** Prefill legs sent again on another prefill worker. */
-  prefillRetries: number;
-}
-
-/** The prefill leg of a disaggregated attempt. */
-export interface PrefillLeg {
-  /** The router's id of this leg (the decode leg keeps the request's id). */
-  readonly legId: string;
-  readonly decision: RouteDecision;
-  readonly workerId: string;
-  readonly trial: boolean;
-  /** 0 for the first prefill leg of the request, then 1, 2, ... */
-  readonly attempt: number;
-}
 
 export interface Submission {
   readonly requestId: string;
@@ -228,21 +205,7 @@ export interface FinishReport {
   readonly outputTokens?: number;
 }
 
-export interface PrefillReport {
-  /** The prefill answer's usage.prompt_tokens_details.cached_tokens (the prefix hit that matters); undefined: unknown. */
-  readonly cachedTokens?: number;
-  /** vLLM: the answer carried kv_transfer_params (without them the decode side recomputes; counted). */
-  readonly transferParams?: boolean;
-}
-
-interface PrefillState {
-  readonly leg: PrefillLeg;
-  readonly worker: WorkerState;
-  done: boolean;
-  cachedTokens?: number;
-}
-
-interface Tracked {
+interface Tracked extends LegTracked {
   readonly sub: Submission;
   /** Attempts dispatched so far. */
   attempts: number;
@@ -324,14 +287,9 @@ export class Dispatcher {
   private readonly sweepMs: number;
   private nextSweepAt = 0;
   private closed = false;
-  private readonly minUncached: number;
-  readonly pdStats: PdStats = {
-    paths: { aggregated: 0, disaggregated: 0, decode_rule: 0, decode_fallback: 0 },
-    decodeOnly: {},
-    handoffFailures: { prefill_failed: 0, no_kv_transfer_params: 0, decode_failed: 0, cancelled: 0 },
-    transferredTokens: 0,
-    prefillRetries: 0,
-  };
+  private readonly legs: DisaggLegs;
+  /** Paths and handoff failures of disaggregated requests (disagg-legs.ts). */
+  readonly pdStats: PdStats;
   readonly pins: PinTable;
 
   constructor(
@@ -339,7 +297,8 @@ export class Dispatcher {
     readonly options: DispatchOptions,
   ) {
     this.sweepMs = options.sweepIntervalMs ?? 10_000;
-    this.minUncached = options.pd?.minUncachedTokens ?? 0;
+    this.legs = new DisaggLegs(router, this.workerStates, options.pd?.minUncachedTokens ?? 0, options.pd?.prefillPolicy);
+    this.pdStats = this.legs.stats;
     this.pins = new PinTable(options.pins ?? { limit: 100_000, ttlMs: 3_600_000 });
     this.queue = new FlowQueue(options.flow);
     this.budgets = new TokenBudgets(options.tokenBudgets ?? {});
@@ -533,7 +492,7 @@ export class Dispatcher {
       // The decode side failed: the prefill's lease (vLLM) or its bootstrap room (SGLang) is lost with it. The prefill
       // worker did its part and is not blamed; the whole pair is routed again.
       this.pdStats.handoffFailures.decode_failed++;
-      this.dropPrefill(t, 'retried');
+      this.legs.drop(t, 'retried');
     }
     for (const k of w.sourceKeys) t.excluded.add(k);
     t.lastError = error;
@@ -638,7 +597,7 @@ export class Dispatcher {
     this.pdStats.handoffFailures.prefill_failed++;
     p.worker.breaker.failure(p.leg.legId, now);
     for (const k of p.worker.sourceKeys) t.prefillExcluded.add(k);
-    this.dropPrefill(t, 'retried');
+    this.legs.drop(t, 'retried');
     t.lastError = error;
     const out: DispatchEffect[] = [];
     const w = t.worker;
@@ -646,7 +605,7 @@ export class Dispatcher {
     let leg: PrefillState | undefined;
     let cause = 'prefill_retries_exhausted';
     if (t.prefillAttempts <= this.options.retries && decision) {
-      const r = this.routePrefill(t, w.engine, now);
+      const r = this.legs.routePrefill(t, w.engine, now);
       if (r.kind === 'routed') leg = r.state;
       else cause = r.kind === 'busy' ? 'prefill_busy' : r.cause;
     }
@@ -658,7 +617,7 @@ export class Dispatcher {
     } else {
       this.router.account(requestId);
       t.path = 'decode_fallback';
-      this.pdStats.decodeOnly[cause] = (this.pdStats.decodeOnly[cause] ?? 0) + 1;
+      this.legs.countDecodeOnly(cause);
       out.push(this.attemptEffect(t, w, decision, t.attempts - 1, false, 'decode_fallback'));
     }
     return this.drain(now, out);
@@ -715,7 +674,7 @@ export class Dispatcher {
         this.tracked.delete(id);
         t.worker.inFlight = Math.max(0, t.worker.inFlight - 1);
         t.worker.breaker.release(id);
-        if (t.prefill) this.dropPrefill(t, 'cancelled');
+        if (t.prefill) this.legs.drop(t, 'cancelled');
       }
     }
     return this.drain(now, out);
@@ -838,7 +797,7 @@ export class Dispatcher {
     t.worker = undefined;
     w.inFlight = Math.max(0, w.inFlight - 1);
     w.breaker.release(t.sub.requestId);
-    if (t.prefill) this.dropPrefill(t, 'retried');
+    if (t.prefill) this.legs.drop(t, 'retried');
     this.router.finish(t.sub.requestId, { outcome: 'retried' }, now);
   }
 
@@ -862,7 +821,7 @@ export class Dispatcher {
   /** The whole pipeline for one try, at this moment: worker filters, then the router's filters, scorers and picker. */
   private tryRoute(t: Tracked, now: number): TryResult {
     const sub = t.sub;
-    const pd = this.hasPrefillPool(sub.model);
+    const pd = this.legs.hasPrefillPool(sub.model);
     // A pin to a worker that left the fleet is void (its state left with it): the request routes like any other.
     const pinned = sub.pinKey !== undefined ? this.pins.lookup(sub.pinKey, now) : undefined;
     t.pinned = pinned !== undefined;
@@ -904,31 +863,10 @@ export class Dispatcher {
     t.promptTokens = result.promptTokens;
     let path: PdPath = 'aggregated';
     if (pd) {
-      const uncached = result.promptTokens - result.overlapBlocks * this.router.blockSize;
-      let onlyCause: string | undefined;
-      if (sub.noHandoff) onlyCause = sub.noHandoff;
-      else if ((sub.sequences ?? 1) > 1) onlyCause = 'sequences';
-      // An unknown prompt (no tokenizer, tokenization failed: 0 tokens) cannot be judged short: it is disaggregated.
-      else if (result.promptTokens > 0 && uncached <= this.minUncached) onlyCause = 'short';
-      if (onlyCause === undefined) {
-        const r = this.routePrefill(t, w.engine, now);
-        if (r.kind === 'busy') {
-          // Every prefill source is busy: the request waits like any busy one (its decode routing is taken back).
-          this.router.withdraw(sub.requestId);
-          return { kind: 'busy' };
-        }
-        if (r.kind === 'routed') {
-          t.prefill = r.state;
-          path = 'disaggregated';
-        } else {
-          onlyCause = r.cause;
-          path = 'decode_fallback';
-        }
-      } else path = 'decode_rule';
-      if (path !== 'disaggregated') {
-        this.router.account(sub.requestId);
-        this.pdStats.decodeOnly[onlyCause!] = (this.pdStats.decodeOnly[onlyCause!] ?? 0) + 1;
-      }
+      const p = this.legs.decodePath(t, result, w.engine, now);
+      // Every prefill source is busy: the request waits like any busy one (its decode routing was taken back).
+      if (p === 'busy') return { kind: 'busy' };
+      path = p;
     }
     t.path = path;
     t.decision = result;
@@ -984,67 +922,9 @@ export class Dispatcher {
     return t.decision;
   }
 
-  /** Whether any worker (in any state) serves the model as a prefill worker: the fleet is disaggregated for it. */
-  private hasPrefillPool(model: string): boolean {
-    for (const w of this.workerStates.values()) if (w.role === 'prefill' && w.serves(model)) return true;
-    return false;
-  }
-
-  /** The prefill leg: the prefill pool of the decode worker's engine flavour, chasing the cache (pd-prefill). */
-  private routePrefill(
-    t: Tracked,
-    engine: EngineFlavor,
-    now: number,
-  ): { kind: 'routed'; state: PrefillState } | { kind: 'busy' } | { kind: 'none'; cause: string } {
-    const sub = t.sub;
-    const el = eligibility(this.workerStates.values(), { model: sub.model, roles: PREFILL_ROLES, subset: sub.subset, engine }, now);
-    if (el.kind === 'ineligible') return { kind: 'none', cause: el.reason };
-    const legId = `${sub.requestId}/prefill${t.prefillAttempts}`;
-    const r = this.router.route(
-      {
-        requestId: legId,
-        seqHashes: t.seqHashes,
-        promptTokens: t.promptTokens,
-        loraName: el.loraName,
-        cacheSalt: sub.cacheSalt,
-        policy: this.options.pd?.prefillPolicy ?? PD_PREFILL_POLICY,
-        knobs: sub.knobs,
-        allow: el.allow,
-        exclude: t.prefillExcluded,
-      },
-      now,
-    );
-    if (r.kind === 'refused') {
-      if (r.reason === 'all_busy') return { kind: 'busy' };
-      return { kind: 'none', cause: r.reason === 'all_excluded' ? 'prefill_retries_exhausted' : r.reason };
-    }
-    const pw = el.workers.get(r.source.workerId)!;
-    pw.inFlight++;
-    const trial = pw.breaker.reserve(legId, now);
-    const leg: PrefillLeg = { legId, decision: r, workerId: pw.id, trial, attempt: t.prefillAttempts++ };
-    return { kind: 'routed', state: { leg, worker: pw, done: false } };
-  }
-
-  /** Closes the prefill leg's record: its delivered cached tokens reach the ledger (a served prefill). */
   private closePrefill(t: Tracked, outcome: 'ok' | 'cancelled', now: number, out: DispatchEffect[]): void {
-    const p = t.prefill;
-    if (!p) return;
-    t.prefill = undefined;
-    p.worker.inFlight = Math.max(0, p.worker.inFlight - 1);
-    if (outcome === 'cancelled') p.worker.breaker.release(p.leg.legId);
-    const f = this.router.finish(p.leg.legId, { outcome, cachedTokens: p.cachedTokens }, now);
+    const f = this.legs.close(t, outcome, now);
     if (f) out.push({ kind: 'finished', request: f });
-  }
-
-  /** Takes the prefill leg back (retried elsewhere) or ends it without a verdict on its worker. */
-  private dropPrefill(t: Tracked, outcome: 'retried' | 'cancelled'): void {
-    const p = t.prefill;
-    if (!p) return;
-    t.prefill = undefined;
-    p.worker.inFlight = Math.max(0, p.worker.inFlight - 1);
-    p.worker.breaker.release(p.leg.legId);
-    if (outcome === 'retried') this.router.withdraw(p.leg.legId);
-    else this.router.finish(p.leg.legId, { outcome: 'cancelled' }, -Infinity);
   }
 
   /**
@@ -1080,5 +960,3 @@ export class Dispatcher {
     return out;
   }
 }
-
-const PREFILL_ROLES: ReadonlySet<WorkerRole> = new Set<WorkerRole>(['prefill']);

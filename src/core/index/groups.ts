@@ -55,9 +55,28 @@ export function hashStoredEvent(ev: StoredEvent, routerBlockSize: number, parent
   if (ev.mmKeys?.some((k) => k !== null)) {
     // Multimodal keys are per engine block: they map onto router blocks only when the two are the same size.
     if (ev.blockSize !== routerBlockSize || ev.mmKeys.length !== n) return null;
-    hashBlocksWithKeys(ev.tokens, 0, blocks, routerBlockSize, seed, parentSeq, ev.mmKeys, out, 0);
+    hashBlocksWithKeys({
+      tokens: ev.tokens,
+      from: 0,
+      blocks,
+      blockSize: routerBlockSize,
+      seed,
+      parentSeq,
+      keys: ev.mmKeys,
+      outSeq: out,
+      outOffset: 0,
+    });
   } else {
-    hashBlocksInto(ev.tokens, 0, blocks * routerBlockSize, routerBlockSize, seed, parentSeq, out, 0);
+    hashBlocksInto({
+      tokens: ev.tokens,
+      from: 0,
+      count: blocks * routerBlockSize,
+      blockSize: routerBlockSize,
+      seed,
+      parentSeq,
+      outSeq: out,
+      outOffset: 0,
+    });
   }
   return out;
 }

@@ -245,7 +245,16 @@ export class KvIndex {
       if (!ev.tokens || ev.tokens.length !== n * ev.blockSize) return this.reject('token_count_mismatch', n);
       if (this.seqScratch.length < routerBlocks) this.seqScratch = new BigUint64Array(routerBlocks * 2);
       seqs = this.seqScratch;
-      hashBlocksInto(ev.tokens, 0, routerBlocks * bs, bs, hashSeed(ev.loraName, ev.cacheSalt), parentSeq, seqs, 0);
+      hashBlocksInto({
+        tokens: ev.tokens,
+        from: 0,
+        count: routerBlocks * bs,
+        blockSize: bs,
+        seed: hashSeed(ev.loraName, ev.cacheSalt),
+        parentSeq,
+        outSeq: seqs,
+        outOffset: 0,
+      });
     }
     state.split = split;
 

@@ -1,15 +1,19 @@
 /**
  * Routing as a pipeline of small named stages (llm-d's filter -> score -> pick; Dynamo's eligibility apart from scoring):
  *
- *   filters   which sources may take the request at all (src/core/dispatch/eligibility.ts for worker-level filters:
- *             model, role, health, breaker, subset; KvRouter.route for source-level ones: exclude, busy)
+ *   filters   which sources may take the request at all (filters.ts: worker-level pin, model, role, health, breaker,
+ *             subset in the Dispatcher; source-level allow, exclude, busy in KvRouter.route)
+ *   facts     what filters and scorers read of each candidate: overlap, tiers, load, capacity (facts.ts)
  *   scorers   cost terms per candidate, each weighted; the policy's cost is their weighted sum (lower is better)
  *   picker    orders the candidates from their costs (first = the pick, the rest = the order for retries)
  *
- * A policy is a named composition of scorers and a picker. Plug-ins may still implement `Policy.rank` directly.
+ * A policy is a named composition of scorers (scorers.ts) and a picker (pickers.ts), registered by name in registry.ts.
+ * Plug-ins may still implement `Policy.rank` directly.
  */
 import type { KvKnobs } from '../types.ts';
-import type { Policy, PolicyContext, Ranking } from './policy.ts';
+import type { Policy, PolicyContext, PolicyDescription, Ranking } from './policy.ts';
+
+export type { PolicyDescription } from './policy.ts';
 
 /** One cost term per candidate; lower is better. */
 export interface Scorer {
@@ -34,13 +38,6 @@ export interface WeightedScorer {
   weight(knobs: KvKnobs): number;
   /** The weight's name in formulas (`prefillLoadScale`, `1`). */
   readonly weightName: string;
-}
-
-export interface PolicyDescription {
-  readonly name: string;
-  readonly cost: string;
-  readonly scorers: ReadonlyArray<{ readonly name: string; readonly weight: string; readonly formula: string }>;
-  readonly picker: { readonly name: string; readonly formula: string };
 }
 
 /** cost(w) = Σ weight_k · scorer_k(w); then the picker orders. No scorers: every cost is NaN. */

@@ -65,6 +65,25 @@ export interface Policy {
   rank(ctx: PolicyContext): Ranking;
   /** Called with the candidate actually chosen (after affinity): policies with their own approximate index learn here. */
   routed?(ctx: PolicyContext, chosen: number): void;
+  /** The policy's stages and formula (composed policies: pipeline.ts); shown by /debug/state and the docs table. */
+  describe?(): PolicyDescription;
+}
+
+export interface PolicyDescription {
+  readonly name: string;
+  readonly cost: string;
+  readonly scorers: ReadonlyArray<{ readonly name: string; readonly weight: string; readonly formula: string }>;
+  readonly picker: { readonly name: string; readonly formula: string };
+}
+
+/** One policy in the registry (registry.ts): a name, a one-line summary and a factory. */
+export interface PolicyEntry {
+  readonly name: string;
+  readonly summary: string;
+  /** The policy of one leg of a disaggregated request, chosen by the Dispatcher, not by requests or settings. */
+  readonly leg?: 'prefill' | 'decode';
+  /** A new instance (a policy may keep state between requests, e.g. round-robin's turn: one per router). */
+  create(): Policy;
 }
 
 /** Indices sorted by cost, ties broken by `tie` then by a seeded shuffle key. */

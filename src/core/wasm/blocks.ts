@@ -78,6 +78,24 @@ function copyOut(src: number, blocks: number, out: BigUint64Array, outOffset: nu
   }
 }
 
+/** One run of full blocks to hash (`hashBlocksInto`, `hashBlocksWasm`, `hashBlocksNapi`). */
+export interface BlockRun {
+  readonly tokens: ArrayLike<number>;
+  /** First token of the run (default 0). */
+  readonly from?: number;
+  /** Tokens in the run (default: to the end of `tokens`); only its full blocks are hashed. */
+  readonly count?: number;
+  readonly blockSize: number;
+  readonly seed: bigint;
+  /** The seq hash the run chains from; null or absent: the run starts a sequence. */
+  readonly parentSeq?: bigint | null;
+  /** Seq hashes are written here from `outOffset` (default 0). */
+  readonly outSeq: BigUint64Array;
+  readonly outOffset?: number;
+  /** Local (unchained) hashes, when wanted, at the same offsets. */
+  readonly outLocal?: BigUint64Array;
+}
+
 /**
  * Same contract as `hashBlocksInto` (src/core/hashing.ts): hashes the full blocks of `tokens[from .. from+count)`
  * with `seed`, chaining from `parentSeq` (null: the blocks start a sequence); writes seq hashes to
@@ -85,17 +103,12 @@ function copyOut(src: number, blocks: number, out: BigUint64Array, outOffset: nu
  * Tokens are taken as unsigned 32-bit (ToUint32, as a Uint32Array store does). Throws RangeError for a block size
  * outside 1..WASM_MAX_BLOCK_TOKENS or an output array too short.
  */
-export function hashBlocksWasm(
-  tokens: ArrayLike<number>,
-  from: number,
-  count: number,
-  blockSize: number,
-  seed: bigint,
-  parentSeq: bigint | null,
-  outSeq: BigUint64Array,
-  outOffset: number,
-  outLocal?: BigUint64Array,
-): number {
+export function hashBlocksWasm(run: BlockRun): number {
+  const { tokens, blockSize, seed, outSeq, outLocal } = run;
+  const from = run.from ?? 0;
+  const count = run.count ?? tokens.length - from;
+  const parentSeq = run.parentSeq ?? null;
+  const outOffset = run.outOffset ?? 0;
   checkBlockSize(blockSize);
   const blocks = Math.floor(count / blockSize);
   if (blocks <= 0) return 0;

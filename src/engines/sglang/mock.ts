@@ -24,9 +24,9 @@
  */
 import { rawMember } from '../raw-json.ts';
 import type { MockHandoff, MockPdHost, MockRankRequest, PdPlan } from '../mock-handoff.ts';
+import type { SglangDpRouting } from './dp-routing.ts';
 
-export const SGLANG_DP_ROUTINGS = ['header', 'body', 'legacy-body', 'room'] as const;
-export type SglangDpRouting = (typeof SGLANG_DP_ROUTINGS)[number];
+export { SGLANG_DP_ROUTINGS, type SglangDpRouting } from './dp-routing.ts';
 
 const rankIn = (v: unknown, ranks: number): number | null =>
   Number.isInteger(v) && (v as number) >= 0 && (v as number) < ranks ? (v as number) : null;

@@ -9,14 +9,14 @@ import { randomBytes } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { parseMessagesRequest } from '../../apis/messages-request.ts';
 import { sendJson } from '../../http/body.ts';
-import type { OpenAiSurface } from '../openai.ts';
+import type { Surface } from './surface.ts';
 import type { Sink } from '../rank-loop.ts';
 import type { Answer } from '../responses.ts';
 import type { MockTokenizer } from '../tokenizer.ts';
 
 export class MessagesApi {
   constructor(
-    private readonly surface: OpenAiSurface,
+    private readonly surface: Surface,
     private readonly tokenizer: MockTokenizer,
     private readonly model: string,
   ) {}

@@ -10,7 +10,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { sendJson } from '../../http/body.ts';
 import { type PoolingApi, type PoolingInput, parsePoolingRequest } from '../../apis/pooling-request.ts';
 import { vllmError } from '../http.ts';
-import type { OpenAiSurface } from '../openai.ts';
+import type { Surface } from './surface.ts';
 import type { Sink } from '../rank-loop.ts';
 import type { MockTokenizer } from '../tokenizer.ts';
 
@@ -38,7 +38,7 @@ function cosine01(a: readonly number[], b: readonly number[]): number {
 
 export class PoolingApis {
   constructor(
-    private readonly surface: OpenAiSurface,
+    private readonly surface: Surface,
     private readonly tokenizer: MockTokenizer,
     private readonly model: string,
   ) {}

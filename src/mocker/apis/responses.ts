@@ -10,7 +10,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { sendJson } from '../../http/body.ts';
 import { parseResponsesRequest } from '../../apis/responses-request.ts';
 import { vllmError } from '../http.ts';
-import type { OpenAiSurface } from '../openai.ts';
+import type { Surface } from './surface.ts';
 import type { Answer } from '../responses.ts';
 import type { Sink } from '../rank-loop.ts';
 import type { MockTokenizer } from '../tokenizer.ts';
@@ -27,7 +27,7 @@ export class ResponsesApi {
   private readonly store = new Map<string, Stored>();
 
   constructor(
-    private readonly surface: OpenAiSurface,
+    private readonly surface: Surface,
     private readonly tokenizer: MockTokenizer,
     private readonly model: string,
     private readonly promptTokensDetails: boolean,

@@ -99,7 +99,16 @@ export class TraceHasher {
         this.misses++;
       }
       writeBlockTokens(ids[b], this.scratch, 0, tokensInBlock);
-      const n = hashBlocksInto(this.scratch, 0, tokensInBlock, bs, this.seed, hasParent ? parent : null, out, filled);
+      const n = hashBlocksInto({
+        tokens: this.scratch,
+        from: 0,
+        count: tokensInBlock,
+        blockSize: bs,
+        seed: this.seed,
+        parentSeq: hasParent ? parent : null,
+        outSeq: out,
+        outOffset: filled,
+      });
       if (tokensInBlock === TRACE_BLOCK_TOKENS) this.remember(ids[b], hasParent, parent, out.slice(filled, filled + n));
       filled += n;
     }

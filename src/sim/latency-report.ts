@@ -2,7 +2,7 @@
  * The latency table `kvroute sim` prints under its report: TTFT and inter-token latency (p50/p90), goodput at the SLO,
  * and for disaggregated fleets the conditional threshold, the paths taken and the KV transfer time.
  */
-import type { FleetResult } from './fleet.ts';
+import type { FleetResult } from './run-fleet.ts';
 
 const ms = (x: number) => (Number.isFinite(x) ? Math.round(x).toLocaleString('en-US') : '-');
 const ms1 = (x: number) => (Number.isFinite(x) ? x.toFixed(1) : '-');
