@@ -1,0 +1,357 @@
+/**
+ * Miss-ratio curves of prefix-cache traffic: what hit rate an LRU prefix cache of C blocks would give on the block-hash
+ * chains the router sees, for every C at once, in bounded memory. Pure and synchronous (the shells feed it).
+ *
+ * Method: SHARDS (Waldspurger, Park, Garthwaite, Ahmad, "Efficient MRC Construction with SHARDS", FAST 2015), spatially
+ * hashed sampling of reuse (stack) distances, fixed-size variant:
+ *   - a block is sampled iff (low 24 bits of its 64-bit hash) < T, out of P = 2^24, so the rate is R = T / P; a block
+ *     is either always or never sampled, which is what keeps reuse distances among sampled blocks meaningful;
+ *   - the stack distance of a sampled reference (distinct blocks touched since its previous touch) is estimated as the
+ *     sum of 1/R over the sampled blocks touched since; each sampled reference weighs 1/R in a histogram of distances;
+ *   - the first blocks of a chain are sampled at a higher rate, R_i = min(1, R · max(1, 16 / (i + 1))) at depth i (a
+ *     block's depth is fixed by its hash, which names its whole prefix, so the decision is still a function of the
+ *     block). Shared system prompts are few blocks that carry much of the reuse; sampling them at R alone makes the
+ *     estimate hinge on whether one or two hot blocks happen to fall under T. Weights use each block's own rate, so the
+ *     estimate stays unbiased (importance sampling) and costs about 0.5 extra sampled blocks per request at R = 0.01;
+ *   - the sample set is bounded (`maxSamples`): past it, the samples with the largest normalised hash value are dropped
+ *     (an eighth of the set at a time) and T is lowered to that value (the rate falls as the working set grows; memory
+ *     does not);
+ *   - distances are summed with a Fenwick tree over touch times (O(log n) per reference), rebuilt when the clock runs
+ *     out of slots or T changes.
+ *
+ * Prefix structure. An engine's prefix cache can use block i of a prompt only if it holds blocks 0..i (its lookup stops
+ * at the first miss), and it evicts a freed request's blocks tail first (vLLM's free queue takes them in reverse). The
+ * estimator models exactly that cache: a request's blocks are looked up in order (distances read before the request
+ * touches anything) and then touched from the last block to the first, so every block is more recent than the blocks
+ * that extend it. Because a sequence hash names its whole prefix, whoever touched block i touched blocks 0..i-1 after
+ * it, so stack distances never decrease along a chain and the top C entries of the LRU stack are always a set of whole
+ * prefixes. The per-block distance recorded is nevertheless the running maximum over the chain's sampled blocks 0..i
+ * (block i counts as a hit at C only if no sampled ancestor would miss at C); under the order above the maximum equals
+ * the block's own distance, and it keeps the "whole chain cached" rule explicit where the nesting is only approximate.
+ * test/core/mrc.test.ts checks the estimate against an exact simulation of an LRU prefix cache (src/sim/lru-prefix.ts).
+ *
+ * The curve is block-weighted like router_kv_overlap_blocks_total / router_kv_isl_blocks_total: hit blocks over prompt
+ * blocks, where the trailing partial block (never matchable) counts in the denominator only.
+ */
+
+/** Hash-space modulus: sampling reads the low 24 bits of a block hash's low word. */
+export const MRC_MODULUS = 1 << 24;
+const MOD_MASK = MRC_MODULUS - 1;
+
+/** The capacity factors (× the fleet's or an engine's KV blocks) that gauges and what-if answers read. */
+export const MRC_FACTORS: readonly number[] = [0.125, 0.25, 0.5, 1, 2, 4, 8, 16];
+
+export const MRC_DEFAULTS = { sampleRate: 0.01, maxSamples: 16_384 } as const;
+
+/** Histogram buckets per doubling of distance (2^(1/32): about 2.2% wide). */
+const BUCKETS_PER_OCTAVE = 32;
+/** Distances up to 2^44 blocks; beyond is treated as the last bucket. */
+const BUCKETS = 1 + 44 * BUCKETS_PER_OCTAVE;
+
+export interface MrcOptions {
+  /** Initial sampling rate R in (0, 1]. */
+  readonly sampleRate: number;
+  /** Bound on sampled blocks tracked; the rate falls past it. */
+  readonly maxSamples: number;
+}
+
+export function validateMrcOptions(o: MrcOptions): void {
+  if (!(o.sampleRate > 0 && o.sampleRate <= 1)) throw new RangeError(`MRC sample rate must be in (0, 1], got ${o.sampleRate}`);
+  if (!Number.isInteger(o.maxSamples) || o.maxSamples < 16) {
+    throw new RangeError(`MRC max samples must be an integer >= 16, got ${o.maxSamples}`);
+  }
+}
+
+/** Histogram bucket of a scaled distance x >= 0. Bucket 0 is [0, 1); bucket b >= 1 is [2^((b-1)/32), 2^(b/32)). */
+function bucketOf(x: number): number {
+  if (x < 1) return 0;
+  const b = 1 + Math.floor(Math.log2(x) * BUCKETS_PER_OCTAVE);
+  return b < BUCKETS ? b : BUCKETS - 1;
+}
+
+function bucketLow(b: number): number {
+  return b === 0 ? 0 : 2 ** ((b - 1) / BUCKETS_PER_OCTAVE);
+}
+
+function bucketHigh(b: number): number {
+  return 2 ** (b / BUCKETS_PER_OCTAVE);
+}
+
+/** A 53-bit map key from the hash's two 32-bit words (the low word whole; sampled keys agree on its low bits). */
+function keyOf(lo: number, hi: number): number {
+  return (hi & 0x1fffff) * 0x1_0000_0000 + lo;
+}
+
+export interface MrcSnapshot {
+  /** Sampled references seen (each weighs 1/R). */
+  readonly sampledRefs: number;
+  /** Prompt blocks and full (matchable) prompt blocks observed, exact (not sampled). */
+  readonly islBlocks: number;
+  readonly fullBlocks: number;
+  readonly requests: number;
+  /** The current sampling rate (falls when the sample set reaches its bound). */
+  readonly sampleRate: number;
+  readonly samples: number;
+}
+
+/** Rate multiplier at chain depth i: shallow blocks (shared prompts) are sampled more often. */
+export function depthBoost(i: number): number {
+  return i < 15 ? 16 / (i + 1) : 1;
+}
+
+/**
+ * One miss-ratio curve. `observe` takes a request's sequence hashes (as the router's u32 view of its BigUint64Array:
+ * low word at 2i, high word at 2i+1) and its prompt length in blocks.
+ */
+export class ShardsMrc {
+  /** Global threshold T (a float: depth boosts scale it). */
+  private threshold: number;
+  private readonly maxSamples: number;
+  /** key -> last touch time (a Fenwick slot). */
+  private readonly lastTouch = new Map<number, number>();
+  /** Depth boost of the sample at each slot (moves with the slot on rebuilds). */
+  private slotBoost: Float64Array;
+  /** Max-heap of sampled blocks by normalised hash value (hash value / boost), to drop the largest when full. */
+  private heapVal: number[] = [];
+  private heapKey: number[] = [];
+  private fenwick: Float64Array;
+  private clock = 0;
+  private readonly hist = new Float64Array(BUCKETS);
+  /** Weight of first references (infinite distance: a miss at any capacity). */
+  private cold = 0;
+  private total = 0;
+  private refs = 0;
+  private isl = 0;
+  private full = 0;
+  private requests = 0;
+  // Scratch for one request's sampled blocks.
+  private readonly scratchKeys: number[] = [];
+  private readonly scratchNorm: number[] = [];
+  private readonly scratchBoost: number[] = [];
+
+  constructor(options: MrcOptions = MRC_DEFAULTS) {
+    validateMrcOptions(options);
+    this.threshold = Math.max(1, options.sampleRate * MRC_MODULUS);
+    this.maxSamples = options.maxSamples;
+    this.fenwick = new Float64Array(2 * options.maxSamples + 2);
+    this.slotBoost = new Float64Array(this.fenwick.length);
+  }
+
+  /** The base sampling rate R (depth 15 and deeper); it falls when the sample set reaches its bound. */
+  get sampleRate(): number {
+    return this.threshold / MRC_MODULUS;
+  }
+
+  /** Observes one request: `view` is the u32 view of its sequence hashes; `promptBlocks` = ceil(prompt tokens / bs). */
+  observe(view: Uint32Array, fullBlocks: number, promptBlocks: number): void {
+    const n = Math.min(fullBlocks, view.length >>> 1);
+    this.requests++;
+    this.isl += Math.max(promptBlocks, n);
+    this.full += n;
+    const keys = this.scratchKeys;
+    const norms = this.scratchNorm;
+    const boosts = this.scratchBoost;
+    keys.length = 0;
+    norms.length = 0;
+    boosts.length = 0;
+    const t = this.threshold;
+    for (let i = 0; i < n; i++) {
+      const lo = view[2 * i];
+      const v = lo & MOD_MASK;
+      const b = i < 15 ? 16 / (i + 1) : 1;
+      const u = v / b;
+      if (u < t) {
+        keys.push(keyOf(lo >>> 0, view[2 * i + 1]));
+        norms.push(u);
+        boosts.push(b);
+      }
+    }
+    if (keys.length === 0) return;
+    // Look-ups first, in chain order, with the running maximum over the chain's sampled blocks.
+    let runMax = 0;
+    let coldFromHere = false;
+    for (let j = 0; j < keys.length; j++) {
+      const weight = this.weightOf(boosts[j]);
+      this.refs++;
+      this.total += weight;
+      const at = this.lastTouch.get(keys[j]);
+      if (coldFromHere || at === undefined) {
+        coldFromHere = true; // an uncached ancestor makes every later block of the chain unusable
+        this.cold += weight;
+        continue;
+      }
+      const d = this.prefix(this.clock) - this.prefix(at);
+      if (d > runMax) runMax = d;
+      this.hist[bucketOf(runMax)] += weight;
+    }
+    // Touches, last block first: a prefix is always more recent than its extensions.
+    for (let j = keys.length - 1; j >= 0; j--) this.touch(keys[j], norms[j], boosts[j]);
+  }
+
+  /** Convenience for BigUint64Array sequence hashes. */
+  observeHashes(seqHashes: BigUint64Array, promptBlocks: number): void {
+    this.observe(new Uint32Array(seqHashes.buffer, seqHashes.byteOffset, seqHashes.length * 2), seqHashes.length, promptBlocks);
+  }
+
+  /**
+   * Block-weighted hit ratio of an LRU prefix cache of `capacityBlocks` blocks on the traffic observed: the weighted
+   * fraction of sampled full-block references within that distance, times full blocks / prompt blocks. NaN before any
+   * sample.
+   */
+  hitRatio(capacityBlocks: number): number {
+    if (this.total === 0 || this.isl === 0) return NaN;
+    if (!(capacityBlocks > 0)) return 0;
+    let w = 0;
+    const cb = bucketOf(capacityBlocks);
+    for (let b = 0; b < cb; b++) w += this.hist[b];
+    // Linear share of the bucket that holds the capacity.
+    const lo = bucketLow(cb);
+    const hi = bucketHigh(cb);
+    w += this.hist[cb] * Math.min(1, Math.max(0, (capacityBlocks - lo) / (hi - lo)));
+    return (w / this.total) * (this.full / this.isl);
+  }
+
+  /** Hit ratio with no capacity limit (every re-reference hits): the curve's asymptote. */
+  hitRatioUnbounded(): number {
+    if (this.total === 0 || this.isl === 0) return NaN;
+    return ((this.total - this.cold) / this.total) * (this.full / this.isl);
+  }
+
+  snapshot(): MrcSnapshot {
+    return {
+      sampledRefs: this.refs,
+      islBlocks: this.isl,
+      fullBlocks: this.full,
+      requests: this.requests,
+      sampleRate: this.sampleRate,
+      samples: this.lastTouch.size,
+    };
+  }
+
+  /**
+   * Approximate heap bytes held: the sample map (~80 B an entry in V8) and heap arrays (2 × 8 B an entry), the Fenwick
+   * tree and slot boosts, the histogram. Bounded through maxSamples.
+   */
+  memoryBytes(): number {
+    return this.lastTouch.size * 96 + this.fenwick.byteLength + this.slotBoost.byteLength + this.hist.byteLength;
+  }
+
+  /** 1 / R_i for a block of the given depth boost at the current threshold. */
+  private weightOf(boost: number): number {
+    return MRC_MODULUS / Math.min(MRC_MODULUS, this.threshold * boost);
+  }
+
+  private prefix(i: number): number {
+    let s = 0;
+    const f = this.fenwick;
+    for (; i > 0; i -= i & -i) s += f[i];
+    return s;
+  }
+
+  private add(i: number, d: number): void {
+    const f = this.fenwick;
+    for (; i < f.length; i += i & -i) f[i] += d;
+  }
+
+  private touch(key: number, norm: number, boost: number): void {
+    if (this.clock + 1 >= this.fenwick.length) this.rebuild();
+    const at = this.lastTouch.get(key);
+    if (at !== undefined) {
+      this.add(at, -this.weightOf(this.slotBoost[at]));
+      this.slotBoost[at] = 0;
+    } else if (norm >= this.threshold) return; // dropped by a lowered threshold while this request was read
+    const now = ++this.clock;
+    this.slotBoost[now] = boost;
+    this.add(now, this.weightOf(boost));
+    this.lastTouch.set(key, now);
+    if (at === undefined) {
+      this.heapPush(norm, key);
+      if (this.lastTouch.size > this.maxSamples) this.shrink();
+    }
+  }
+
+  /**
+   * Drops the samples with the largest normalised hash value, an eighth of the bound at a time (so the O(n) rebuild
+   * that re-weights the survivors is amortised), lowering the threshold to the last value dropped.
+   */
+  private shrink(): void {
+    const target = this.maxSamples - Math.max(1, this.maxSamples >>> 3);
+    while (this.lastTouch.size > target && this.heapVal.length > 0) {
+      const top = this.heapVal[0];
+      this.threshold = top;
+      while (this.heapVal.length > 0 && this.heapVal[0] >= top) {
+        const key = this.heapPop();
+        const at = this.lastTouch.get(key);
+        if (at !== undefined) {
+          this.slotBoost[at] = 0;
+          this.lastTouch.delete(key);
+        }
+      }
+    }
+    if (!(this.threshold > 0)) this.threshold = Number.MIN_VALUE;
+    this.rebuild();
+  }
+
+  /** Renumbers live touch times 1..n in order and rebuilds the tree with the current weights. */
+  private rebuild(): void {
+    const entries = [...this.lastTouch.entries()].sort((a, b) => a[1] - b[1]);
+    const size = Math.max(this.fenwick.length, 2 * entries.length + 2);
+    const oldBoost = this.slotBoost;
+    this.fenwick = new Float64Array(size);
+    this.slotBoost = new Float64Array(size);
+    let t = 0;
+    for (const [key, at] of entries) {
+      t++;
+      this.lastTouch.set(key, t);
+      this.slotBoost[t] = oldBoost[at];
+      this.fenwick[t] = this.weightOf(oldBoost[at]);
+    }
+    // O(n) Fenwick construction: push each node's sum to its parent.
+    const f = this.fenwick;
+    for (let i = 1; i < f.length; i++) {
+      const j = i + (i & -i);
+      if (j < f.length) f[j] += f[i];
+    }
+    this.clock = t;
+  }
+  private heapPush(val: number, key: number): void {
+    const hv = this.heapVal;
+    const hk = this.heapKey;
+    let i = hv.length;
+    hv.push(val);
+    hk.push(key);
+    while (i > 0) {
+      const p = (i - 1) >> 1;
+      if (hv[p] >= val) break;
+      hv[i] = hv[p];
+      hk[i] = hk[p];
+      i = p;
+    }
+    hv[i] = val;
+    hk[i] = key;
+  }
+
+  private heapPop(): number {
+    const hv = this.heapVal;
+    const hk = this.heapKey;
+    const topKey = hk[0];
+    const lastVal = hv.pop() as number;
+    const lastKey = hk.pop() as number;
+    const n = hv.length;
+    if (n === 0) return topKey;
+    let i = 0;
+    for (;;) {
+      const l = 2 * i + 1;
+      if (l >= n) break;
+      const r = l + 1;
+      const c = r < n && hv[r] > hv[l] ? r : l;
+      if (hv[c] <= lastVal) break;
+      hv[i] = hv[c];
+      hk[i] = hk[c];
+      i = c;
+    }
+    hv[i] = lastVal;
+    hk[i] = lastKey;
+    return topKey;
+  }
+}
