@@ -123,9 +123,9 @@ describe('ShardsMrc prefix rule', () => {
     expect(m.snapshot()).toMatchObject({ requests: 2, islBlocks: 8, fullBlocks: 6, sampledRefs: 6 });
   });
 
-  it('samples spatially: a block is sampled every time or never (a first block at 16 times the rate)', () => {
-    const m = new ShardsMrc({ sampleRate: 1 / 32, maxSamples: 1024 });
-    const t = (16 / 32) * MRC_MODULUS;
+  it('samples spatially: a block is sampled every time or never (a first block at 256 times the rate)', () => {
+    const m = new ShardsMrc({ sampleRate: 1 / 512, maxSamples: 1024 });
+    const t = (256 / 512) * MRC_MODULUS;
     const inside = BigUint64Array.from([BigInt(t - 1) | (9n << 32n)]);
     const outside = BigUint64Array.from([BigInt(t) | (9n << 32n)]);
     m.observeHashes(outside, 1);
