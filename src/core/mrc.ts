@@ -371,7 +371,8 @@ export class ShardsMrc {
 /** One point of a what-if answer. */
 export interface MrcPoint {
   readonly factor: number;
-  readonly blocks: number;
+  /** The capacity in blocks (null when the capacity it multiplies is unknown). */
+  readonly blocks: number | null;
   /** Block-weighted hit ratio predicted at that capacity (null: no sampled traffic yet). */
   readonly hit: number | null;
 }
@@ -481,14 +482,14 @@ export class MrcBook {
         blocks: known ? blocks : null,
         curve: factors.map((f) => ({
           factor: f,
-          blocks: known ? f * blocks : NaN,
+          blocks: known ? f * blocks : null,
           hit: known ? nullIfNaN(e.mrc.hitRatio(f * blocks)) : null,
         })),
       };
     }
     const fb = fleetBlocks > 0 ? fleetBlocks : null;
     const curveOf = (m: ShardsMrc): MrcPoint[] =>
-      factors.map((f) => ({ factor: f, blocks: fb === null ? NaN : f * fb, hit: fb === null ? null : nullIfNaN(m.hitRatio(f * fb)) }));
+      factors.map((f) => ({ factor: f, blocks: fb === null ? null : f * fb, hit: fb === null ? null : nullIfNaN(m.hitRatio(f * fb)) }));
     const engineMean = (blocksOf: (own: number) => number): number | null => {
       let num = 0;
       let den = 0;
@@ -516,7 +517,7 @@ export class MrcBook {
       fleet: curveOf(this.fleet),
       models,
       untrackedModelRequests: this.untracked,
-      scaleUp: factors.map((k) => ({ factor: k, blocks: fb === null ? NaN : k * fb, hit: engineMean((own) => k * own) })),
+      scaleUp: factors.map((k) => ({ factor: k, blocks: fb === null ? null : k * fb, hit: engineMean((own) => k * own) })),
       engines,
       hostTier:
         hostBlocksPerEngine !== undefined && hostBlocksPerEngine >= 0
