@@ -5,6 +5,7 @@
  *   npm run bench:mrc                                   conversation + synthetic Mooncake traces and a generated agentic
  *                                                       trace; 64-token blocks; a fleet of 4 engines x 512k tokens
  *   npm run bench:mrc -- --block-size 16 --limit 4000   the router's default block size on the first 4,000 requests
+ *   npm run bench:mrc -- --parts shared,cost            leave out the simulator runs (the slow part)
  *
  * Tables (one run prints them side by side):
  *   shared     predicted hit of one LRU prefix cache of 0.5x, 1x, 2x, 4x the fleet's blocks, read off one curve, against
@@ -12,8 +13,8 @@
  *   per-engine the fleet simulator (src/sim/fleet.ts: router, dispatcher, mock engines) run once at 1x; each engine's
  *              routed stream feeds its own curve, read at k x its capacity; then the simulator is run again with engines
  *              of k x capacity and the engines' delivered hit (cached tokens / block size over prompt blocks) is measured
- *   cost       per request: route() (hash + match + select, 8 sources) against observe() on three curves (fleet, model,
- *              engine: what the live tap feeds), same prompts; and the curves' memory
+ *   cost       per request: route() (hash + match + select, 8 sources) against observe() on the curves the live tap feeds (fleet and
+ *              engine; a model has its own curve only once a second model is seen), same prompts; and their memory
  * Goals (issue 27): |predicted - measured| <= 0.03; cost <= 5% of route().
  */
 import { parseArgs } from 'node:util';
@@ -37,7 +38,7 @@ const { values } = parseArgs({
     'sample-rate': { type: 'string', default: String(MRC_DEFAULTS.sampleRate) },
     'max-samples': { type: 'string', default: String(MRC_DEFAULTS.maxSamples) },
     'agentic-requests': { type: 'string', default: '8000' },
-    'skip-fleet': { type: 'boolean', default: false },
+    parts: { type: 'string', default: 'shared,engine,cost' },
   },
 });
 const BS = Number(values['block-size']);
@@ -47,6 +48,7 @@ const PER_ENGINE = Math.floor(Number(values['capacity-tokens']) / BS);
 const FLEET = WORKERS * PER_ENGINE;
 const OPTS = { sampleRate: Number(values['sample-rate']), maxSamples: Number(values['max-samples']) };
 const FACTORS = [0.5, 1, 2, 4];
+const PARTS = new Set(values.parts!.split(','));
 
 const traces: [string, TraceRequest[]][] = [
   ['conversation', (await loadTrace('data/traces/mooncake_conversation_trace.jsonl.gz', { limit: LIMIT })).requests],
@@ -64,31 +66,33 @@ const sign = (x: number) => `${x >= 0 ? '+' : ''}${x.toFixed(3)}`;
 let worstShared = 0;
 let worstEngine = 0;
 
-console.log('\nshared LRU prefix cache of k x the fleet (block-weighted hit): predicted by the curve vs exact');
-console.log('trace          k    exact  predicted   error   sampled refs  final rate  samples   curve memory');
 const hashed = new Map<string, { seq: BigUint64Array; isl: number }[]>();
-for (const [name, trace] of traces) {
-  const hasher = new TraceHasher(BS);
-  const stream = trace.map((r) => ({ seq: hasher.seqHashes(r), isl: islBlocks(r.inputLength, BS) }));
-  hashed.set(name, stream);
-  const mrc = new ShardsMrc(OPTS);
-  for (const r of stream) mrc.observeHashes(r.seq, r.isl);
-  const snap = mrc.snapshot();
-  for (const k of FACTORS) {
-    const cache = new LruPrefixCache(Math.round(k * FLEET));
-    for (const r of stream) cache.access(r.seq, r.isl);
-    const p = mrc.hitRatio(k * FLEET);
-    worstShared = Math.max(worstShared, Math.abs(p - cache.hitRatio));
-    console.log(
-      `${name.padEnd(13)} ${String(k).padStart(3)}  ${f3(cache.hitRatio)}  ${f3(p).padStart(9)}  ${sign(p - cache.hitRatio).padStart(6)}  ` +
-        `${String(snap.sampledRefs).padStart(13)}  ${snap.sampleRate.toFixed(5).padStart(10)}  ${String(snap.samples).padStart(7)}  ` +
-        `${(mrc.memoryBytes() / 1024).toFixed(0).padStart(9)} KiB`,
-    );
+if (PARTS.has('shared') || PARTS.has('engine')) {
+  console.log('\nshared LRU prefix cache of k x the fleet (block-weighted hit): predicted by the curve vs exact');
+  console.log('trace          k    exact  predicted   error   sampled refs  final rate  samples   curve memory');
+  for (const [name, trace] of traces) {
+    const hasher = new TraceHasher(BS);
+    const stream = trace.map((r) => ({ seq: hasher.seqHashes(r), isl: islBlocks(r.inputLength, BS) }));
+    hashed.set(name, stream);
+    const mrc = new ShardsMrc(OPTS);
+    for (const r of stream) mrc.observeHashes(r.seq, r.isl);
+    const snap = mrc.snapshot();
+    for (const k of PARTS.has('shared') ? FACTORS : []) {
+      const cache = new LruPrefixCache(Math.round(k * FLEET));
+      for (const r of stream) cache.access(r.seq, r.isl);
+      const p = mrc.hitRatio(k * FLEET);
+      worstShared = Math.max(worstShared, Math.abs(p - cache.hitRatio));
+      console.log(
+        `${name.padEnd(13)} ${String(k).padStart(3)}  ${f3(cache.hitRatio)}  ${f3(p).padStart(9)}  ${sign(p - cache.hitRatio).padStart(6)}  ` +
+          `${String(snap.sampledRefs).padStart(13)}  ${snap.sampleRate.toFixed(5).padStart(10)}  ${String(snap.samples).padStart(7)}  ` +
+          `${(mrc.memoryBytes() / 1024).toFixed(0).padStart(9)} KiB`,
+      );
+    }
   }
+  console.log(`worst |error| ${worstShared.toFixed(3)} (goal <= 0.03)`);
 }
-console.log(`worst |error| ${worstShared.toFixed(3)} (goal <= 0.03)`);
 
-if (!values['skip-fleet']) {
+if (PARTS.has('engine')) {
   console.log(`\nper-engine curves under the router's own routing (${WORKERS} engines, policy ${DEFAULT_POLICY}, trace timestamps)`);
   console.log('trace          k    measured  predicted   error   (engines of k x capacity; curves from the 1x run)');
   for (const [name, trace] of traces) {
@@ -139,12 +143,13 @@ if (!values['skip-fleet']) {
 }
 
 // Cost: route() vs the tap's three observe() calls, on the conversation trace's prompts.
-{
+if (PARTS.has('cost')) {
   const trace = traces[0][1].slice(0, 1500);
   const router = new KvRouter({ blockSize: BS, seed: 1 });
   for (let s = 0; s < 8; s++) router.addSource({ workerId: `w${s}`, dpRank: 0 });
   const prompts = trace.map(expandTokensArray);
-  const curves = [new ShardsMrc(OPTS), new ShardsMrc(OPTS), new ShardsMrc(OPTS)];
+  // One model: the tap feeds the fleet curve and the engine curve (src/core/mrc.ts MrcBook), two observe() calls.
+  const curves = [new ShardsMrc(OPTS), new ShardsMrc(OPTS)];
   let routeNs = 0;
   let tapNs = 0;
   const rounds = 3;
@@ -173,9 +178,9 @@ if (!values['skip-fleet']) {
   );
   console.log(`  route()                      ${(routeNs / n / 1000).toFixed(1)} us`);
   console.log(
-    `  observe() x 3 curves         ${(tapNs / n / 1000).toFixed(2)} us   = ${((100 * tapNs) / routeNs).toFixed(1)}% of route() (goal <= 5%)`,
+    `  observe() x 2 curves         ${(tapNs / n / 1000).toFixed(2)} us   = ${((100 * tapNs) / routeNs).toFixed(1)}% of route() (goal <= 5%)`,
   );
   console.log(
-    `  memory of the 3 curves       ${(mem / 1024).toFixed(0)} KiB (bound per curve ~ max samples x 96 B + 2 x 16 B x max samples)`,
+    `  memory of the 2 curves       ${(mem / 1024).toFixed(0)} KiB (bound per curve ~ max samples x 96 B + 2 x 16 B x max samples)`,
   );
 }

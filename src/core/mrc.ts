@@ -122,6 +122,8 @@ export class ShardsMrc {
   private readonly lastTouch = new Map<number, number>();
   /** Depth boost of the sample at each slot (moves with the slot on rebuilds). */
   private slotBoost: Float64Array;
+  /** Sample key at each slot (0 when free: keys of sampled blocks are never 0 in practice, and a free slot has boost 0). */
+  private slotKey: Float64Array;
   /** Max-heap of sampled blocks by normalised hash value (hash value / boost), to drop the largest when full. */
   private heapVal: number[] = [];
   private heapKey: number[] = [];
@@ -145,8 +147,9 @@ export class ShardsMrc {
     this.threshold = Math.max(1, options.sampleRate * MRC_MODULUS);
     this.maxSamples = options.maxSamples;
     this.ownOnly = options.chainRule === 'own';
-    this.fenwick = new Float64Array(2 * options.maxSamples + 2);
+    this.fenwick = new Float64Array(4 * options.maxSamples + 2);
     this.slotBoost = new Float64Array(this.fenwick.length);
+    this.slotKey = new Float64Array(this.fenwick.length);
   }
 
   /** The base sampling rate R (depth 15 and deeper); it falls when the sample set reaches its bound. */
@@ -167,21 +170,33 @@ export class ShardsMrc {
     norms.length = 0;
     boosts.length = 0;
     const t = this.threshold;
-    for (let i = 0; i < n; i++) {
+    // Depth-boosted part: v / (BOOST / (i + 1)) < t, as a product; then the plain test.
+    const tB = t * BOOST;
+    const head = Math.min(n, BOOST_DEPTH);
+    for (let i = 0; i < head; i++) {
       const lo = view[2 * i];
       const v = lo & MOD_MASK;
-      const b = i < BOOST_DEPTH ? BOOST / (i + 1) : 1;
-      const u = v / b;
-      if (u < t) {
+      if (v * (i + 1) < tB) {
+        const b = BOOST / (i + 1);
         keys.push(keyOf(lo >>> 0, view[2 * i + 1]));
-        norms.push(u);
+        norms.push(v / b);
         boosts.push(b);
+      }
+    }
+    for (let i = head; i < n; i++) {
+      const lo = view[2 * i];
+      const v = lo & MOD_MASK;
+      if (v < t) {
+        keys.push(keyOf(lo >>> 0, view[2 * i + 1]));
+        norms.push(v);
+        boosts.push(1);
       }
     }
     if (keys.length === 0) return;
     // Look-ups first, in chain order, with the running maximum over the chain's sampled blocks.
     let runMax = 0;
     let coldFromHere = false;
+    const newest = this.prefix(this.clock); // no touch happens during the look-ups
     for (let j = 0; j < keys.length; j++) {
       const weight = this.weightOf(boosts[j]);
       this.refs++;
@@ -192,7 +207,7 @@ export class ShardsMrc {
         this.cold += weight;
         continue;
       }
-      const d = this.prefix(this.clock) - this.prefix(at);
+      const d = newest - this.prefix(at);
       if (d > runMax || this.ownOnly) runMax = d;
       this.hist[bucketOf(runMax)] += weight;
     }
@@ -242,10 +257,10 @@ export class ShardsMrc {
 
   /**
    * Approximate heap bytes held: the sample map (~80 B an entry in V8) and heap arrays (2 × 8 B an entry), the Fenwick
-   * tree and slot boosts, the histogram. Bounded through maxSamples.
+   * tree, slot boosts and keys (3 x 8 B x 4 x maxSamples), the histogram. Bounded through maxSamples.
    */
   memoryBytes(): number {
-    return this.lastTouch.size * 96 + this.fenwick.byteLength + this.slotBoost.byteLength + this.hist.byteLength;
+    return this.lastTouch.size * 96 + this.fenwick.byteLength + this.slotBoost.byteLength + this.slotKey.byteLength + this.hist.byteLength;
   }
 
   /** 1 / R_i for a block of the given depth boost at the current threshold. */
@@ -274,6 +289,7 @@ export class ShardsMrc {
     } else if (norm >= this.threshold) return; // dropped by a lowered threshold while this request was read
     const now = ++this.clock;
     this.slotBoost[now] = boost;
+    this.slotKey[now] = key;
     this.add(now, this.weightOf(boost));
     this.lastTouch.set(key, now);
     if (at === undefined) {
@@ -283,11 +299,11 @@ export class ShardsMrc {
   }
 
   /**
-   * Drops the samples with the largest normalised hash value, an eighth of the bound at a time (so the O(n) rebuild
-   * that re-weights the survivors is amortised), lowering the threshold to the last value dropped.
+   * Drops the samples with the largest normalised hash value, a quarter of the bound at a time (so the O(n) pass that
+   * re-weights the survivors is amortised), lowering the threshold to the last value dropped.
    */
   private shrink(): void {
-    const target = this.maxSamples - Math.max(1, this.maxSamples >>> 3);
+    const target = this.maxSamples - Math.max(1, this.maxSamples >>> 2);
     while (this.lastTouch.size > target && this.heapVal.length > 0) {
       const top = this.heapVal[0];
       this.threshold = top;
@@ -301,31 +317,40 @@ export class ShardsMrc {
       }
     }
     if (!(this.threshold > 0)) this.threshold = Number.MIN_VALUE;
-    this.rebuild();
+    this.reweight();
   }
 
-  /** Renumbers live touch times 1..n in order and rebuilds the tree with the current weights. */
+  /** Renumbers live touch times 1..n in order (slot order is time order: no sort) and rebuilds the tree. */
   private rebuild(): void {
-    const entries = [...this.lastTouch.entries()].sort((a, b) => a[1] - b[1]);
-    const size = Math.max(this.fenwick.length, 2 * entries.length + 2);
+    const size = Math.max(this.fenwick.length, 4 * this.lastTouch.size + 2);
     const oldBoost = this.slotBoost;
-    this.fenwick = new Float64Array(size);
+    const oldKey = this.slotKey;
     this.slotBoost = new Float64Array(size);
+    this.slotKey = new Float64Array(size);
     let t = 0;
-    for (const [key, at] of entries) {
+    for (let at = 1; at <= this.clock; at++) {
+      if (oldBoost[at] === 0) continue;
       t++;
-      this.lastTouch.set(key, t);
       this.slotBoost[t] = oldBoost[at];
-      this.fenwick[t] = this.weightOf(oldBoost[at]);
+      this.slotKey[t] = oldKey[at];
+      this.lastTouch.set(oldKey[at], t);
     }
-    // O(n) Fenwick construction: push each node's sum to its parent.
+    this.clock = t;
+    this.fenwick = new Float64Array(size);
+    this.reweight();
+  }
+
+  /** Rebuilds the tree in place from the slots' boosts at the current threshold (O(n) construction). */
+  private reweight(): void {
     const f = this.fenwick;
+    f.fill(0);
+    for (let i = 1; i <= this.clock; i++) if (this.slotBoost[i] !== 0) f[i] = this.weightOf(this.slotBoost[i]);
     for (let i = 1; i < f.length; i++) {
       const j = i + (i & -i);
       if (j < f.length) f[j] += f[i];
     }
-    this.clock = t;
   }
+
   private heapPush(val: number, key: number): void {
     const hv = this.heapVal;
     const hk = this.heapKey;
@@ -418,6 +443,8 @@ export class MrcBook {
   private readonly models = new Map<string, ShardsMrc>();
   private readonly engines = new Map<string, { mrc: ShardsMrc; islBlocks: number }>();
   private untracked = 0;
+  /** The first model seen; its own curve exists only once another model has been seen. */
+  private soleModel: string | undefined;
 
   constructor(
     readonly options: MrcOptions = MRC_DEFAULTS,
@@ -431,13 +458,18 @@ export class MrcBook {
     const view = new Uint32Array(seqHashes.buffer, seqHashes.byteOffset, seqHashes.length * 2);
     const full = seqHashes.length;
     this.fleet.observe(view, full, promptBlocks);
-    let m = this.models.get(model);
-    if (!m && this.models.size < this.maxModels) {
-      m = new ShardsMrc(this.options);
-      this.models.set(model, m);
+    // While one model has all the traffic, its curve is the fleet's (no second copy on the hot path); a second model
+    // starts its own curve from then on, and the first model's from its next request, both counting from that point.
+    if (this.soleModel === undefined) this.soleModel = model;
+    if (model !== this.soleModel || this.models.size > 0) {
+      let m = this.models.get(model);
+      if (!m && this.models.size < this.maxModels) {
+        m = new ShardsMrc(this.options);
+        this.models.set(model, m);
+      }
+      if (m) m.observe(view, full, promptBlocks);
+      else this.untracked++;
     }
-    if (m) m.observe(view, full, promptBlocks);
-    else this.untracked++;
     let e = this.engines.get(sourceKey);
     if (!e) {
       e = { mrc: new ShardsMrc(this.options), islBlocks: 0 };
@@ -504,6 +536,7 @@ export class MrcBook {
       return den > 0 ? num / den : null;
     };
     const models: Record<string, MrcPoint[]> = {};
+    if (this.models.size === 0 && this.soleModel !== undefined) models[this.soleModel] = curveOf(this.fleet);
     for (const [name, m] of [...this.models].sort(([a], [b]) => (a < b ? -1 : 1))) models[name] = curveOf(m);
     const snap = this.fleet.snapshot();
     return {

@@ -78,7 +78,7 @@ describe('ShardsMrc against an exact LRU prefix cache', () => {
     }
     expect(peak).toBeLessThanOrEqual(2048);
     expect(m.sampleRate).toBeLessThan(0.5);
-    expect(m.memoryBytes()).toBeLessThan(2048 * 96 + 2 * 8 * (2 * 2048 + 2) + 8 * 1500);
+    expect(m.memoryBytes()).toBeLessThan(2048 * 96 + 3 * 8 * (4 * 2048 + 2) + 8 * 1500);
     for (const f of [1, 2, 4]) {
       const cap = Math.round(f * fleet);
       expect(Math.abs(m.hitRatio(cap) - exact(agentic, cap)), `factor ${f}`).toBeLessThan(0.05);
