@@ -268,6 +268,11 @@ const CASES: DocCase[] = [
     },
   },
   { doc: 'kvroute trace gen --kind agentic --seed 7 --out agentic.jsonl', coveredBy: 'test/sim/agentic.test.ts' },
+  { doc: 'kvroute serve --mrc-sample-rate 1 --mrc-max-samples 16384', coveredBy: 'test/server/mrc-process.test.ts' },
+  {
+    doc: 'kvroute hitrate --router http://localhost:8000 --what-if --host-blocks 65536',
+    coveredBy: 'test/server/mrc-process.test.ts',
+  },
   {
     doc: 'kvroute sim --trace agentic:requests=1000 --workers 8 --policy kv,round-robin',
     coveredBy: 'test/sim/agentic.test.ts',
