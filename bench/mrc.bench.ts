@@ -180,7 +180,5 @@ if (PARTS.has('cost')) {
   console.log(
     `  observe() x 2 curves         ${(tapNs / n / 1000).toFixed(2)} us   = ${((100 * tapNs) / routeNs).toFixed(1)}% of route() (goal <= 5%)`,
   );
-  console.log(
-    `  memory of the 2 curves       ${(mem / 1024).toFixed(0)} KiB (bound per curve ~ max samples x 96 B + 2 x 16 B x max samples)`,
-  );
+  console.log(`  memory of the 2 curves       ${(mem / 1024).toFixed(0)} KiB (per curve at most ~ max samples x 150 B + 11 KiB)`);
 }

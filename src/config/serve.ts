@@ -294,7 +294,7 @@ export const serveSchema = z.strictObject({
   mrcMaxSamples: withDefault(integer({ min: 16, max: 16_777_216 }), MRC_DEFAULTS.maxSamples, {
     flag: '--mrc-max-samples <n>',
     env: 'KVROUTE_MRC_MAX_SAMPLES',
-    help: 'miss-ratio curve: sampled blocks per curve (fleet, each model, each engine), about 130 bytes each; the memory bound',
+    help: 'miss-ratio curve: sampled blocks per curve (fleet, each model, each engine), about 150 bytes each; the memory bound',
     group: GROUPS.observability,
   }),
   logLevel: withDefault(choice(LOG_LEVELS), 'info', {

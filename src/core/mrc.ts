@@ -36,6 +36,8 @@
  * blocks, where the trailing partial block (never matchable) counts in the denominator only.
  */
 
+import { U64Map } from './index/u64-map.ts';
+
 /** Hash-space modulus: sampling reads the low 24 bits of a block hash's low word. */
 export const MRC_MODULUS = 1 << 24;
 const MOD_MASK = MRC_MODULUS - 1;
@@ -84,11 +86,6 @@ function bucketHigh(b: number): number {
   return 2 ** (b / BUCKETS_PER_OCTAVE);
 }
 
-/** A 53-bit map key from the hash's two 32-bit words (the low word whole; sampled keys agree on its low bits). */
-function keyOf(lo: number, hi: number): number {
-  return (hi & 0x1fffff) * 0x1_0000_0000 + lo;
-}
-
 export interface MrcSnapshot {
   /** Sampled references seen (each weighs 1/R). */
   readonly sampledRefs: number;
@@ -118,15 +115,19 @@ export class ShardsMrc {
   private threshold: number;
   private readonly maxSamples: number;
   private readonly ownOnly: boolean;
-  /** key -> last touch time (a Fenwick slot). */
-  private readonly lastTouch = new Map<number, number>();
+  /** Sampled block hash (lo, hi) -> last touch time (a Fenwick slot). A typed-array table: no allocation per look-up. */
+  private readonly lastTouch = new U64Map(1024);
   /** Depth boost of the sample at each slot (moves with the slot on rebuilds). */
   private slotBoost: Float64Array;
-  /** Sample key at each slot (0 when free: keys of sampled blocks are never 0 in practice, and a free slot has boost 0). */
-  private slotKey: Float64Array;
+  /** Sample hash halves at each slot (meaningless where the slot's boost is 0: free). */
+  private slotLo: Int32Array;
+  private slotHi: Int32Array;
   /** Max-heap of sampled blocks by normalised hash value (hash value / boost), to drop the largest when full. */
   private heapVal: number[] = [];
-  private heapKey: number[] = [];
+  private heapLo: number[] = [];
+  private heapHi: number[] = [];
+  private poppedLo = 0;
+  private poppedHi = 0;
   private fenwick: Float64Array;
   private clock = 0;
   private readonly hist = new Float64Array(BUCKETS);
@@ -138,7 +139,8 @@ export class ShardsMrc {
   private full = 0;
   private requests = 0;
   // Scratch for one request's sampled blocks.
-  private readonly scratchKeys: number[] = [];
+  private readonly scratchLo: number[] = [];
+  private readonly scratchHi: number[] = [];
   private readonly scratchNorm: number[] = [];
   private readonly scratchBoost: number[] = [];
 
@@ -149,7 +151,8 @@ export class ShardsMrc {
     this.ownOnly = options.chainRule === 'own';
     this.fenwick = new Float64Array(4 * options.maxSamples + 2);
     this.slotBoost = new Float64Array(this.fenwick.length);
-    this.slotKey = new Float64Array(this.fenwick.length);
+    this.slotLo = new Int32Array(this.fenwick.length);
+    this.slotHi = new Int32Array(this.fenwick.length);
   }
 
   /** The base sampling rate R (depth 15 and deeper); it falls when the sample set reaches its bound. */
@@ -163,10 +166,12 @@ export class ShardsMrc {
     this.requests++;
     this.isl += Math.max(promptBlocks, n);
     this.full += n;
-    const keys = this.scratchKeys;
+    const los = this.scratchLo;
+    const his = this.scratchHi;
     const norms = this.scratchNorm;
     const boosts = this.scratchBoost;
-    keys.length = 0;
+    los.length = 0;
+    his.length = 0;
     norms.length = 0;
     boosts.length = 0;
     const t = this.threshold;
@@ -178,7 +183,8 @@ export class ShardsMrc {
       const v = lo & MOD_MASK;
       if (v * (i + 1) < tB) {
         const b = BOOST / (i + 1);
-        keys.push(keyOf(lo >>> 0, view[2 * i + 1]));
+        los.push(lo | 0);
+        his.push(view[2 * i + 1] | 0);
         norms.push(v / b);
         boosts.push(b);
       }
@@ -187,22 +193,23 @@ export class ShardsMrc {
       const lo = view[2 * i];
       const v = lo & MOD_MASK;
       if (v < t) {
-        keys.push(keyOf(lo >>> 0, view[2 * i + 1]));
+        los.push(lo | 0);
+        his.push(view[2 * i + 1] | 0);
         norms.push(v);
         boosts.push(1);
       }
     }
-    if (keys.length === 0) return;
+    if (los.length === 0) return;
     // Look-ups first, in chain order, with the running maximum over the chain's sampled blocks.
     let runMax = 0;
     let coldFromHere = false;
     const newest = this.prefix(this.clock); // no touch happens during the look-ups
-    for (let j = 0; j < keys.length; j++) {
+    for (let j = 0; j < los.length; j++) {
       const weight = this.weightOf(boosts[j]);
       this.refs++;
       this.total += weight;
-      const at = this.lastTouch.get(keys[j]);
-      if (coldFromHere || at === undefined) {
+      const at = this.lastTouch.get(los[j], his[j]);
+      if (coldFromHere || at < 0) {
         coldFromHere = true; // an uncached ancestor makes every later block of the chain unusable
         this.cold += weight;
         continue;
@@ -212,7 +219,7 @@ export class ShardsMrc {
       this.hist[bucketOf(runMax)] += weight;
     }
     // Touches, last block first: a prefix is always more recent than its extensions.
-    for (let j = keys.length - 1; j >= 0; j--) this.touch(keys[j], norms[j], boosts[j]);
+    for (let j = los.length - 1; j >= 0; j--) this.touch(los[j], his[j], norms[j], boosts[j]);
   }
 
   /** Convenience for BigUint64Array sequence hashes. */
@@ -256,11 +263,19 @@ export class ShardsMrc {
   }
 
   /**
-   * Approximate heap bytes held: the sample map (~80 B an entry in V8) and heap arrays (2 × 8 B an entry), the Fenwick
-   * tree, slot boosts and keys (3 x 8 B x 4 x maxSamples), the histogram. Bounded through maxSamples.
+   * Bytes held: the sample table (U64Map, 12 B a cell at 50-80% load), the eviction heap (3 × 8 B an entry), the
+   * Fenwick tree and slot arrays (16 + 8 + 4 + 4 B × 4 × maxSamples), the histogram (11 KiB). Bounded through maxSamples.
    */
   memoryBytes(): number {
-    return this.lastTouch.size * 96 + this.fenwick.byteLength + this.slotBoost.byteLength + this.slotKey.byteLength + this.hist.byteLength;
+    return (
+      this.lastTouch.byteLength +
+      this.heapVal.length * 24 +
+      this.fenwick.byteLength +
+      this.slotBoost.byteLength +
+      this.slotLo.byteLength +
+      this.slotHi.byteLength +
+      this.hist.byteLength
+    );
   }
 
   /** 1 / R_i for a block of the given depth boost at the current threshold. */
@@ -280,20 +295,23 @@ export class ShardsMrc {
     for (; i < f.length; i += i & -i) f[i] += d;
   }
 
-  private touch(key: number, norm: number, boost: number): void {
+  private touch(lo: number, hi: number, norm: number, boost: number): void {
     if (this.clock + 1 >= this.fenwick.length) this.rebuild();
-    const at = this.lastTouch.get(key);
-    if (at !== undefined) {
+    const pos = this.lastTouch.find(lo, hi);
+    const at = pos >= 0 ? this.lastTouch.valueAt(pos) : -1;
+    if (at >= 0) {
       this.add(at, -this.weightOf(this.slotBoost[at]));
       this.slotBoost[at] = 0;
     } else if (norm >= this.threshold) return; // dropped by a lowered threshold while this request was read
     const now = ++this.clock;
     this.slotBoost[now] = boost;
-    this.slotKey[now] = key;
+    this.slotLo[now] = lo;
+    this.slotHi[now] = hi;
     this.add(now, this.weightOf(boost));
-    this.lastTouch.set(key, now);
-    if (at === undefined) {
-      this.heapPush(norm, key);
+    if (pos >= 0) this.lastTouch.setAt(pos, now);
+    else {
+      this.lastTouch.set(lo, hi, now);
+      this.heapPush(norm, lo, hi);
       if (this.lastTouch.size > this.maxSamples) this.shrink();
     }
   }
@@ -308,12 +326,9 @@ export class ShardsMrc {
       const top = this.heapVal[0];
       this.threshold = top;
       while (this.heapVal.length > 0 && this.heapVal[0] >= top) {
-        const key = this.heapPop();
-        const at = this.lastTouch.get(key);
-        if (at !== undefined) {
-          this.slotBoost[at] = 0;
-          this.lastTouch.delete(key);
-        }
+        this.heapPop();
+        const at = this.lastTouch.delete(this.poppedLo, this.poppedHi);
+        if (at >= 0) this.slotBoost[at] = 0;
       }
     }
     if (!(this.threshold > 0)) this.threshold = Number.MIN_VALUE;
@@ -324,16 +339,19 @@ export class ShardsMrc {
   private rebuild(): void {
     const size = Math.max(this.fenwick.length, 4 * this.lastTouch.size + 2);
     const oldBoost = this.slotBoost;
-    const oldKey = this.slotKey;
+    const oldLo = this.slotLo;
+    const oldHi = this.slotHi;
     this.slotBoost = new Float64Array(size);
-    this.slotKey = new Float64Array(size);
+    this.slotLo = new Int32Array(size);
+    this.slotHi = new Int32Array(size);
     let t = 0;
     for (let at = 1; at <= this.clock; at++) {
       if (oldBoost[at] === 0) continue;
       t++;
       this.slotBoost[t] = oldBoost[at];
-      this.slotKey[t] = oldKey[at];
-      this.lastTouch.set(oldKey[at], t);
+      this.slotLo[t] = oldLo[at];
+      this.slotHi[t] = oldHi[at];
+      this.lastTouch.set(oldLo[at], oldHi[at], t);
     }
     this.clock = t;
     this.fenwick = new Float64Array(size);
@@ -351,31 +369,39 @@ export class ShardsMrc {
     }
   }
 
-  private heapPush(val: number, key: number): void {
+  private heapPush(val: number, lo: number, hi: number): void {
     const hv = this.heapVal;
-    const hk = this.heapKey;
+    const hl = this.heapLo;
+    const hh = this.heapHi;
     let i = hv.length;
     hv.push(val);
-    hk.push(key);
+    hl.push(lo);
+    hh.push(hi);
     while (i > 0) {
       const p = (i - 1) >> 1;
       if (hv[p] >= val) break;
       hv[i] = hv[p];
-      hk[i] = hk[p];
+      hl[i] = hl[p];
+      hh[i] = hh[p];
       i = p;
     }
     hv[i] = val;
-    hk[i] = key;
+    hl[i] = lo;
+    hh[i] = hi;
   }
 
-  private heapPop(): number {
+  /** Removes the top of the heap into poppedLo / poppedHi. */
+  private heapPop(): void {
     const hv = this.heapVal;
-    const hk = this.heapKey;
-    const topKey = hk[0];
+    const hl = this.heapLo;
+    const hh = this.heapHi;
+    this.poppedLo = hl[0];
+    this.poppedHi = hh[0];
     const lastVal = hv.pop() as number;
-    const lastKey = hk.pop() as number;
+    const lastLo = hl.pop() as number;
+    const lastHi = hh.pop() as number;
     const n = hv.length;
-    if (n === 0) return topKey;
+    if (n === 0) return;
     let i = 0;
     for (;;) {
       const l = 2 * i + 1;
@@ -384,15 +410,15 @@ export class ShardsMrc {
       const c = r < n && hv[r] > hv[l] ? r : l;
       if (hv[c] <= lastVal) break;
       hv[i] = hv[c];
-      hk[i] = hk[c];
+      hl[i] = hl[c];
+      hh[i] = hh[c];
       i = c;
     }
     hv[i] = lastVal;
-    hk[i] = lastKey;
-    return topKey;
+    hl[i] = lastLo;
+    hh[i] = lastHi;
   }
 }
-
 /** One point of a what-if answer. */
 export interface MrcPoint {
   readonly factor: number;
