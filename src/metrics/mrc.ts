@@ -4,13 +4,17 @@
  * src/runtime/mrc-feed.ts. Absent (no series) until some traffic was sampled and some engine's capacity is known.
  */
 import { Gauge, type Registry } from 'prom-client';
-import { MRC_METHOD } from '../core/mrc.ts';
-import type { MrcFeed } from '../runtime/mrc-feed.ts';
+import { MRC_METHOD, type MrcReport } from '../core/mrc.ts';
+
+/** What the gauges read (src/runtime/mrc-feed.ts in the router). */
+export interface MrcSource {
+  report(): MrcReport;
+}
 
 /** The label of the fleet-wide curve (all models together). */
 export const MRC_ALL_MODELS = '_all';
 
-export function registerMrcGauges(registry: Registry, prefix: string, feed: MrcFeed, sampleRate: number, maxSamples: number): void {
+export function registerMrcGauges(registry: Registry, prefix: string, feed: MrcSource, sampleRate: number, maxSamples: number): void {
   const registers = [registry];
   new Gauge({
     name: `${prefix}router_kv_mrc_hit_ratio`,
