@@ -13,13 +13,14 @@
  *   per-engine the fleet simulator (src/sim/fleet.ts: router, dispatcher, mock engines) run once at 1x; each engine's
  *              routed stream feeds its own curve, read at k x its capacity; then the simulator is run again with engines
  *              of k x capacity and the engines' delivered hit (cached tokens / block size over prompt blocks) is measured
- *   cost       per request: route() (hash + match + select, 8 sources) against observe() on the curves the live tap feeds (fleet and
- *              engine; a model has its own curve only once a second model is seen), same prompts; and their memory
+ *   cost       per request: route() (hash + match + select, 8 sources) against MrcBook.observe(), what the live tap runs
+ *              (one pass over the hashes for the fleet curve and the chosen engine's; a model has its own curve only once
+ *              a second model is seen), same prompts; and the memory of all curves (fleet + 8 engines)
  * Goals (issue 27): |predicted - measured| <= 0.03; cost <= 5% of route().
  */
 import { parseArgs } from 'node:util';
 import { islBlocks } from '../src/core/hashing.ts';
-import { MRC_DEFAULTS, ShardsMrc } from '../src/core/mrc.ts';
+import { MRC_DEFAULTS, MrcBook, ShardsMrc } from '../src/core/mrc.ts';
 import { KvRouter } from '../src/core/router.ts';
 import { DEFAULT_POLICY } from '../src/core/scheduling/policies.ts';
 import { runFleet } from '../src/sim/fleet.ts';
@@ -148,8 +149,8 @@ if (PARTS.has('cost')) {
   const router = new KvRouter({ blockSize: BS, seed: 1 });
   for (let s = 0; s < 8; s++) router.addSource({ workerId: `w${s}`, dpRank: 0 });
   const prompts = trace.map(expandTokensArray);
-  // One model: the tap feeds the fleet curve and the engine curve (src/core/mrc.ts MrcBook), two observe() calls.
-  const curves = [new ShardsMrc(OPTS), new ShardsMrc(OPTS)];
+  // What the live tap runs per request (src/runtime/mrc-feed.ts): MrcBook.observe, one model, the chosen engine's curve.
+  const book = new MrcBook(OPTS);
   let routeNs = 0;
   let tapNs = 0;
   const rounds = 3;
@@ -159,11 +160,9 @@ if (PARTS.has('cost')) {
       const d = router.route({ requestId: `r${round}-${i}`, tokens: prompts[i] }, i);
       const t1 = process.hrtime.bigint();
       if (d.kind !== 'routed') throw new Error('refused');
-      const seq = d.seqHashes;
-      const view = new Uint32Array(seq.buffer, seq.byteOffset, seq.length * 2);
       const isl = islBlocks(prompts[i].length, BS);
       const t2 = process.hrtime.bigint();
-      for (const c of curves) c.observe(view, seq.length, isl);
+      book.observe('model', d.sourceKey, d.seqHashes, isl);
       const t3 = process.hrtime.bigint();
       router.finish(`r${round}-${i}`, { cachedTokens: 0 }, i);
       if (round === 0) continue; // warm-up
@@ -172,13 +171,13 @@ if (PARTS.has('cost')) {
     }
   }
   const n = prompts.length * (rounds - 1);
-  const mem = curves.reduce((a, c) => a + c.memoryBytes(), 0);
+  const mem = book.memoryBytes();
   console.log(
     `\ncost per request (${n} requests of the conversation trace, mean ${(prompts.reduce((a, p) => a + p.length, 0) / prompts.length).toFixed(0)} tokens, 8 sources)`,
   );
   console.log(`  route()                      ${(routeNs / n / 1000).toFixed(1)} us`);
   console.log(
-    `  observe() x 2 curves         ${(tapNs / n / 1000).toFixed(2)} us   = ${((100 * tapNs) / routeNs).toFixed(1)}% of route() (goal <= 5%)`,
+    `  MrcBook.observe()            ${(tapNs / n / 1000).toFixed(2)} us   = ${((100 * tapNs) / routeNs).toFixed(1)}% of route() (goal <= 5%)`,
   );
-  console.log(`  memory of the 2 curves       ${(mem / 1024).toFixed(0)} KiB (per curve at most ~ max samples x 150 B + 11 KiB)`);
+  console.log(`  memory of the curves (1+8)   ${(mem / 1024).toFixed(0)} KiB (per curve at most ~ max samples x 150 B + 11 KiB)`);
 }

@@ -98,6 +98,68 @@ export interface MrcSnapshot {
   readonly samples: number;
 }
 
+/** A request's blocks that pass the sampling test at some threshold: position, hash halves, the 24-bit value. */
+export interface Candidates {
+  count: number;
+  /** Full blocks of the request (the pass's length). */
+  blocks: number;
+  index: Int32Array;
+  lo: Int32Array;
+  hi: Int32Array;
+  value: Int32Array;
+}
+
+function newCandidates(size: number): Candidates {
+  return {
+    count: 0,
+    blocks: 0,
+    index: new Int32Array(size),
+    lo: new Int32Array(size),
+    hi: new Int32Array(size),
+    value: new Int32Array(size),
+  };
+}
+
+/** Shared scratch (the core is synchronous: one request is collected and consumed before the next). */
+let SCRATCH_CANDIDATES = newCandidates(256);
+
+/**
+ * One pass over a request's hashes: the blocks sampled at threshold `t` (depth-boosted, as ShardsMrc samples). Callers
+ * with several curves pass the highest of their thresholds; each curve keeps those under its own.
+ */
+export function collectCandidates(view: Uint32Array, fullBlocks: number, t: number, out: Candidates = SCRATCH_CANDIDATES): Candidates {
+  const n = Math.min(fullBlocks, view.length >>> 1);
+  let c = out;
+  c.count = 0;
+  c.blocks = n;
+  // Depth-boosted part: v / (BOOST / (i + 1)) < t, as a product; then the plain test.
+  const tB = t * BOOST;
+  const head = Math.min(n, BOOST_DEPTH);
+  for (let i = 0; i < n; i++) {
+    const lo = view[2 * i];
+    const v = lo & MOD_MASK;
+    if (i < head ? v * (i + 1) < tB : v < t) {
+      if (c.count === c.index.length) {
+        const bigger = newCandidates(2 * c.count);
+        bigger.index.set(c.index);
+        bigger.lo.set(c.lo);
+        bigger.hi.set(c.hi);
+        bigger.value.set(c.value);
+        bigger.count = c.count;
+        bigger.blocks = n;
+        if (c === SCRATCH_CANDIDATES) SCRATCH_CANDIDATES = bigger;
+        c = bigger;
+      }
+      const k = c.count++;
+      c.index[k] = i;
+      c.lo[k] = lo | 0;
+      c.hi[k] = view[2 * i + 1] | 0;
+      c.value[k] = v;
+    }
+  }
+  return c;
+}
+
 /** Depth boost: R_i = min(1, R * BOOST / (i + 1)) for the first BOOST blocks of a chain. */
 const BOOST = 256;
 const BOOST_DEPTH = BOOST - 1;
@@ -162,7 +224,21 @@ export class ShardsMrc {
 
   /** Observes one request: `view` is the u32 view of its sequence hashes; `promptBlocks` = ceil(prompt tokens / bs). */
   observe(view: Uint32Array, fullBlocks: number, promptBlocks: number): void {
-    const n = Math.min(fullBlocks, view.length >>> 1);
+    const c = collectCandidates(view, fullBlocks, this.threshold, SCRATCH_CANDIDATES);
+    this.observeCandidates(c, fullBlocks, promptBlocks);
+  }
+
+  /** The threshold T (candidates collected at a T at least this high serve this curve). */
+  get sampleThreshold(): number {
+    return this.threshold;
+  }
+
+  /**
+   * Observes one request from its candidate blocks, collected (collectCandidates) at a threshold at least this curve's:
+   * several curves fed the same request share the one pass over its hashes.
+   */
+  observeCandidates(c: Candidates, fullBlocks: number, promptBlocks: number): void {
+    const n = Math.min(fullBlocks, c.blocks);
     this.requests++;
     this.isl += Math.max(promptBlocks, n);
     this.full += n;
@@ -175,28 +251,15 @@ export class ShardsMrc {
     norms.length = 0;
     boosts.length = 0;
     const t = this.threshold;
-    // Depth-boosted part: v / (BOOST / (i + 1)) < t, as a product; then the plain test.
-    const tB = t * BOOST;
-    const head = Math.min(n, BOOST_DEPTH);
-    for (let i = 0; i < head; i++) {
-      const lo = view[2 * i];
-      const v = lo & MOD_MASK;
-      if (v * (i + 1) < tB) {
-        const b = BOOST / (i + 1);
-        los.push(lo | 0);
-        his.push(view[2 * i + 1] | 0);
-        norms.push(v / b);
+    for (let k = 0; k < c.count; k++) {
+      const i = c.index[k];
+      const b = i < BOOST_DEPTH ? BOOST / (i + 1) : 1;
+      const norm = c.value[k] / b;
+      if (norm < t) {
+        los.push(c.lo[k]);
+        his.push(c.hi[k]);
+        norms.push(norm);
         boosts.push(b);
-      }
-    }
-    for (let i = head; i < n; i++) {
-      const lo = view[2 * i];
-      const v = lo & MOD_MASK;
-      if (v < t) {
-        los.push(lo | 0);
-        his.push(view[2 * i + 1] | 0);
-        norms.push(v);
-        boosts.push(1);
       }
     }
     if (los.length === 0) return;
@@ -483,25 +546,32 @@ export class MrcBook {
   observe(model: string, sourceKey: string, seqHashes: BigUint64Array, promptBlocks: number): void {
     const view = new Uint32Array(seqHashes.buffer, seqHashes.byteOffset, seqHashes.length * 2);
     const full = seqHashes.length;
-    this.fleet.observe(view, full, promptBlocks);
     // While one model has all the traffic, its curve is the fleet's (no second copy on the hot path); a second model
     // starts its own curve from then on, and the first model's from its next request, both counting from that point.
     if (this.soleModel === undefined) this.soleModel = model;
+    let m: ShardsMrc | undefined;
     if (model !== this.soleModel || this.models.size > 0) {
-      let m = this.models.get(model);
+      // The first model keeps its place among the tracked ones (its curve counts from its next request).
+      if (this.models.size === 0) this.models.set(this.soleModel, new ShardsMrc(this.options));
+      m = this.models.get(model);
       if (!m && this.models.size < this.maxModels) {
         m = new ShardsMrc(this.options);
         this.models.set(model, m);
       }
-      if (m) m.observe(view, full, promptBlocks);
-      else this.untracked++;
+      if (!m) this.untracked++;
     }
     let e = this.engines.get(sourceKey);
     if (!e) {
       e = { mrc: new ShardsMrc(this.options), islBlocks: 0 };
       this.engines.set(sourceKey, e);
     }
-    e.mrc.observe(view, full, promptBlocks);
+    // One pass over the hashes for every curve fed: at the highest threshold among them.
+    let t = Math.max(this.fleet.sampleThreshold, e.mrc.sampleThreshold);
+    if (m) t = Math.max(t, m.sampleThreshold);
+    const c = collectCandidates(view, full, t);
+    this.fleet.observeCandidates(c, full, promptBlocks);
+    m?.observeCandidates(c, full, promptBlocks);
+    e.mrc.observeCandidates(c, full, promptBlocks);
     e.islBlocks += Math.max(promptBlocks, full);
   }
 

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { islBlocks } from '../../src/core/hashing.ts';
-import { MRC_MODULUS, ShardsMrc } from '../../src/core/mrc.ts';
+import { MRC_MODULUS, MrcBook, ShardsMrc } from '../../src/core/mrc.ts';
 import { LruPrefixCache } from '../../src/sim/lru-prefix.ts';
 import { TraceHasher } from '../../src/sim/traces/expand.ts';
 import { generateAgentic, generateMultiTurn } from '../../src/sim/traces/generate.ts';
@@ -153,5 +153,53 @@ describe('ShardsMrc options', () => {
     m.observeHashes(new BigUint64Array(0), 1);
     expect(m.snapshot()).toMatchObject({ requests: 2, islBlocks: 1, fullBlocks: 0, sampledRefs: 0 });
     expect(m.hitRatio(10)).toBeNaN();
+  });
+});
+
+describe('MrcBook (the curves the live router keeps)', () => {
+  const stream = chains(generateAgentic({ requests: 600, seed: 11 }));
+  const options = { sampleRate: 1, maxSamples: 1 << 20 };
+
+  it('fleet, per-engine and scale-up answers equal separately fed curves; one shared pass changes nothing', () => {
+    const book = new MrcBook(options);
+    const fleet = new ShardsMrc(options);
+    const perEngine = [new ShardsMrc(options), new ShardsMrc(options)];
+    const isl = [0, 0];
+    stream.forEach((r, i) => {
+      book.observe('m', `w${i % 2}`, r.seq, r.isl);
+      fleet.observeHashes(r.seq, r.isl);
+      perEngine[i % 2].observeHashes(r.seq, r.isl);
+      isl[i % 2] += r.isl;
+    });
+    const capacity = (key: string) => (key === 'w0' ? 2000 : key === 'w1' ? 1000 : undefined);
+    const r = book.report(capacity, 500);
+    expect(r.fleetBlocks).toBe(3000);
+    for (const p of r.fleet) expect(p.hit).toBeCloseTo(fleet.hitRatio(p.factor * 3000), 12);
+    // One model: its curve is the fleet's.
+    expect(r.models).toEqual({ m: r.fleet });
+    for (const p of r.scaleUp) {
+      const want = (perEngine[0].hitRatio(p.factor * 2000) * isl[0] + perEngine[1].hitRatio(p.factor * 1000) * isl[1]) / (isl[0] + isl[1]);
+      expect(p.hit).toBeCloseTo(want, 12);
+    }
+    const host = (perEngine[0].hitRatio(2500) * isl[0] + perEngine[1].hitRatio(1500) * isl[1]) / (isl[0] + isl[1]);
+    expect(r.hostTier).toEqual({ hostBlocksPerEngine: 500, hit: expect.closeTo(host, 12) });
+    expect(r.engines.w0.blocks).toBe(2000);
+    expect(book.report(capacity).hostTier).toBeNull();
+  });
+
+  it('a second model gets its own curve; models beyond the bound are counted, not tracked; unknown capacity gives no answers', () => {
+    const book = new MrcBook(options, 2);
+    stream.slice(0, 100).forEach((r) => book.observe('a', 'w0', r.seq, r.isl));
+    stream.slice(100, 200).forEach((r) => book.observe('b', 'w0', r.seq, r.isl));
+    stream.slice(200, 230).forEach((r) => book.observe('c', 'w0', r.seq, r.isl));
+    const none = book.report(() => undefined);
+    expect(none.fleetBlocks).toBeNull();
+    expect(none.fleet.every((p) => p.hit === null && p.blocks === null)).toBe(true);
+    const r = book.report(() => 4000);
+    expect(Object.keys(r.models)).toEqual(['a', 'b']);
+    expect(r.untrackedModelRequests).toBe(30);
+    expect(r.requests).toBe(230);
+    book.forgetEngine('w0');
+    expect(book.report(() => 4000).fleetBlocks).toBeNull();
   });
 });
