@@ -189,9 +189,9 @@ describe('MrcBook (the curves the live router keeps)', () => {
 
   it('a second model gets its own curve; models beyond the bound are counted, not tracked; unknown capacity gives no answers', () => {
     const book = new MrcBook(options, 2);
-    stream.slice(0, 100).forEach((r) => book.observe('a', 'w0', r.seq, r.isl));
-    stream.slice(100, 200).forEach((r) => book.observe('b', 'w0', r.seq, r.isl));
-    stream.slice(200, 230).forEach((r) => book.observe('c', 'w0', r.seq, r.isl));
+    for (const r of stream.slice(0, 100)) book.observe('a', 'w0', r.seq, r.isl);
+    for (const r of stream.slice(100, 200)) book.observe('b', 'w0', r.seq, r.isl);
+    for (const r of stream.slice(200, 230)) book.observe('c', 'w0', r.seq, r.isl);
     const none = book.report(() => undefined);
     expect(none.fleetBlocks).toBeNull();
     expect(none.fleet.every((p) => p.hit === null && p.blocks === null)).toBe(true);
