@@ -1,9 +1,11 @@
 import { readFile } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { Command } from 'commander';
+import { type Command, InvalidArgumentError } from 'commander';
+import type { MrcReport } from '../core/mrc.ts';
 import { durationArg } from '../config/parsers.ts';
 import { buildReport, formatReport, reportJson, ScrapeError } from '../metrics/hitrate-report.ts';
 import { metricsUrl } from '../metrics/scrape.ts';
+import { formatWhatIf } from '../metrics/what-if.ts';
 
 /** --window: "60s", "2m", "500ms", "1h" or a bare number of seconds -> seconds. */
 export const parseDuration = durationArg('--window');
@@ -46,6 +48,39 @@ interface HitrateOptions {
   from?: string;
   to?: string;
   prefix?: string;
+  whatIf?: boolean;
+  hostBlocks?: number;
+  adminToken?: string;
+}
+
+/** --host-blocks: an integer >= 0. */
+function hostBlocksArg(v: string): number {
+  const n = Number(v);
+  if (v.trim() === '' || !Number.isInteger(n) || n < 0) throw new InvalidArgumentError(`--host-blocks must be an integer >= 0, got "${v}"`);
+  return n;
+}
+
+async function whatIf(opts: HitrateOptions): Promise<MrcReport> {
+  const base = opts.router!.replace(/\/+$/, '');
+  const target = `${base}/debug/mrc${opts.hostBlocks !== undefined ? `?host_blocks=${opts.hostBlocks}` : ''}`;
+  const token = opts.adminToken ?? process.env.KVROUTE_ADMIN_TOKEN;
+  let res: Response;
+  try {
+    res = await fetch(target, { signal: AbortSignal.timeout(10_000), headers: token ? { authorization: `Bearer ${token}` } : {} });
+  } catch (err) {
+    throw new Error(`cannot read ${target}: ${(err as Error).cause ?? (err as Error).message}`);
+  }
+  const body = await res.text();
+  if (!res.ok) {
+    let message = body.slice(0, 300);
+    try {
+      message = (JSON.parse(body) as { error?: { message?: string } }).error?.message ?? message;
+    } catch {
+      /* not JSON: the raw text */
+    }
+    throw new Error(`${target}: HTTP ${res.status}: ${message}`);
+  }
+  return JSON.parse(body) as MrcReport;
 }
 
 export function registerHitrate(program: Command): void {
@@ -69,11 +104,19 @@ export function registerHitrate(program: Command): void {
     .option('--to <file>', 'offline: second saved scrape')
     .option('--prefix <prefix>', 'metric name prefix (detected from the scrape when omitted)')
     .option('--json', 'print the report as JSON (no data -> null, never 0)')
+    .option(
+      '--what-if',
+      "what more KV capacity, a host tier or bigger engines would buy, from the router's live miss-ratio curves " +
+        '(GET /debug/mrc; docs/cache-sizing.md); needs --router, no window',
+    )
+    .option('--host-blocks <n>', '--what-if: also answer for a host (CPU offload) tier of this many blocks per engine', hostBlocksArg)
+    .option('--admin-token <token>', "--what-if: the router's admin token when API keys protect it (or KVROUTE_ADMIN_TOKEN)")
     .addHelpText(
       'after',
       '\nExamples:\n  kvroute hitrate --router http://localhost:8000 --window 60s\n' +
         '  curl -s localhost:8000/metrics > a.prom; sleep 300; curl -s localhost:8000/metrics > b.prom\n' +
-        '  kvroute hitrate --from a.prom --to b.prom',
+        '  kvroute hitrate --from a.prom --to b.prom\n' +
+        '  kvroute hitrate --router http://localhost:8000 --what-if --host-blocks 65536',
     )
     .action(async (opts: HitrateOptions) => {
       const fail = (msg: string, code = 1) => {
@@ -81,6 +124,17 @@ export function registerHitrate(program: Command): void {
         process.exitCode = code;
       };
       const offline = opts.from !== undefined || opts.to !== undefined;
+      if (opts.whatIf) {
+        if (!opts.router || offline) return fail('--what-if reads a live router: give --router URL (not --from/--to)', 2);
+        try {
+          const report = await whatIf(opts);
+          process.stdout.write(opts.json ? `${JSON.stringify(report, null, 2)}\n` : formatWhatIf(report));
+        } catch (err) {
+          return fail((err as Error).message, 1);
+        }
+        return;
+      }
+      if (opts.hostBlocks !== undefined) return fail('--host-blocks goes with --what-if', 2);
       if (offline && (opts.from === undefined || opts.to === undefined)) return fail('--from and --to go together', 2);
       if (offline && opts.router) return fail('use either --router (live) or --from/--to (offline), not both', 2);
       if (!offline && !opts.router) return fail('--router URL is required (or --from A.prom --to B.prom)', 2);

@@ -5,6 +5,7 @@
  */
 import type { Command } from 'commander';
 import { z } from 'zod';
+import { MRC_DEFAULTS } from '../core/mrc.ts';
 import { GROUPS } from './groups.ts';
 import { K8S } from './k8s.ts';
 import { LOG_LEVELS } from './parsers.ts';
@@ -280,6 +281,20 @@ export const serveSchema = z.strictObject({
     flag: '--engine-metrics-interval-ms <ms>',
     env: 'KVROUTE_ENGINE_METRICS_INTERVAL_MS',
     help: "period of scraping the engines' /metrics into router_engine_* series (0 disables)",
+    group: GROUPS.observability,
+  }),
+  mrcSampleRate: withDefault(number({ min: 0, max: 1 }), MRC_DEFAULTS.sampleRate, {
+    flag: '--mrc-sample-rate <x>',
+    env: 'KVROUTE_MRC_SAMPLE_RATE',
+    help:
+      'miss-ratio curve (what more KV cache would buy, docs/cache-sizing.md): starting rate of SHARDS block sampling; it ' +
+      'falls when a curve holds --mrc-max-samples; 0 turns the curves off',
+    group: GROUPS.observability,
+  }),
+  mrcMaxSamples: withDefault(integer({ min: 16, max: 16_777_216 }), MRC_DEFAULTS.maxSamples, {
+    flag: '--mrc-max-samples <n>',
+    env: 'KVROUTE_MRC_MAX_SAMPLES',
+    help: 'miss-ratio curve: sampled blocks per curve (fleet, each model, each engine), about 150 bytes each; the memory bound',
     group: GROUPS.observability,
   }),
   logLevel: withDefault(choice(LOG_LEVELS), 'info', {

@@ -302,6 +302,11 @@ export class KvRouter {
     return true;
   }
 
+  /** A source's KV capacity in blocks, when known (configured or learned from the engine). */
+  capacityOf(key: string): number | undefined {
+    return this.sources.get(key)?.capacityBlocks;
+  }
+
   hasSource(key: string): boolean {
     return this.sources.has(key);
   }

@@ -12,6 +12,7 @@ import { dispatchOptionsFrom, routerOptionsFrom } from '../config/routing.ts';
 import type { ServeConfig } from '../config/serve.ts';
 import { FlowMetrics } from '../metrics/flow.ts';
 import { PdMetrics } from '../metrics/disagg.ts';
+import { registerMrcGauges } from '../metrics/mrc.ts';
 import { RouterMetrics } from '../metrics/registry.ts';
 import type { EngineMirror } from '../metrics/scrape.ts';
 import { LocalTokenizer } from '../tokenizer/local.ts';
@@ -19,6 +20,7 @@ import { RemoteTokenizer } from '../tokenizer/remote.ts';
 import { inlineTokenizer, type TokenizerService, threadTokenizer } from '../tokenizer/service.ts';
 import { ServerEvents } from './events.ts';
 import { Lifecycle } from './lifecycle.ts';
+import { MrcFeed } from './mrc-feed.ts';
 import { LOG_REDACT_PATHS } from './security/index.ts';
 import { type Worker, WorkerSet } from './workers.ts';
 
@@ -39,6 +41,8 @@ export interface RouterCore {
   readonly flowMetrics: FlowMetrics;
   readonly pd: PdMetrics;
   readonly events: ServerEvents;
+  /** The miss-ratio curves (null with --mrc-sample-rate 0). */
+  readonly mrc: MrcFeed | null;
   /** The local tokenizer, when the mode is local. */
   readonly tokenizer: TokenizerService | null;
   /** The engines tokenize (render endpoints or /tokenize), when the mode says so. */
@@ -78,6 +82,11 @@ export async function composeRouter(config: ServeConfig, options: ComposeOptions
   );
   metrics.setDecodeSources((key) => dispatcher.worker(parseSourceKey(key).workerId)?.role === 'decode');
   const lifecycle = new Lifecycle(dispatcher, metrics, flowMetrics, log);
+  const mrc =
+    config.mrcSampleRate > 0
+      ? new MrcFeed(lifecycle, router, { sampleRate: config.mrcSampleRate, maxSamples: config.mrcMaxSamples })
+      : null;
+  if (mrc) registerMrcGauges(metrics.registry, metrics.prefix, mrc, config.mrcSampleRate, config.mrcMaxSamples);
   // --tokenizer-mode: local needs --tokenizer; render and remote ask the engines (and ignore local files).
   const mode = config.tokenizerMode ?? (config.tokenizerDir || options.tokenizer ? 'local' : config.remoteTokenize ? 'remote' : null);
   if (mode === 'local' && !config.tokenizerDir && !options.tokenizer) {
@@ -153,6 +162,7 @@ export async function composeRouter(config: ServeConfig, options: ComposeOptions
     flowMetrics,
     pd,
     events,
+    mrc,
     tokenizer,
     remote,
     tokenizingWorker,

@@ -6,7 +6,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Logger } from 'pino';
 import { sendJson } from '../http/body.ts';
-import { HttpError, sendError } from '../http/errors.ts';
+import { badRequest, HttpError, sendError } from '../http/errors.ts';
 import { dashboardHandler } from '../metrics/dashboard.ts';
 import { anthropicPath, ROUTED_PATHS } from '../apis/index.ts';
 import { sendAnthropicError } from '../apis/messages-request.ts';
@@ -81,6 +81,9 @@ export function serveRoutes(deps: RouteDeps): ServeRoutes {
         case '/debug/state':
           authorizeDebug(req, admin);
           return sendJson(res, 200, await debugState(deps));
+        case '/debug/mrc':
+          authorizeDebug(req, admin);
+          return sendJson(res, 200, mrcReport(core, url.slice(path.length)));
       }
     }
     if (path.startsWith('/admin/')) return handleAdmin(admin, req, res, path);
@@ -129,6 +132,23 @@ export function serveRoutes(deps: RouteDeps): ServeRoutes {
   }
 
   return { handle, observabilityOnly };
+}
+
+/**
+ * /debug/mrc[?host_blocks=N]: the miss-ratio curves' what-if answers (docs/cache-sizing.md); N adds the answer for a
+ * host tier of N blocks per engine. Aggregates only: no prompt, no hash.
+ */
+function mrcReport(core: RouterCore, query: string): unknown {
+  if (!core.mrc) throw new HttpError(404, 'the miss-ratio curves are off (--mrc-sample-rate 0)', 'not_found_error', 'not_found');
+  const raw = new URLSearchParams(query).get('host_blocks');
+  let host: number | undefined;
+  if (raw !== null) {
+    host = Number(raw);
+    if (raw.trim() === '' || !Number.isInteger(host) || host < 0) {
+      throw badRequest(`host_blocks must be an integer >= 0, got "${raw}"`, 'host_blocks');
+    }
+  }
+  return core.mrc.report(host);
 }
 
 /** /debug/state: settings (secrets left out), the core's state, workers, events, queue, tokenizer, recent decisions. */

@@ -273,6 +273,11 @@ const CASES: DocCase[] = [
     doc: 'kvroute sim --league --league-fleets 8 --policy kv-pressure,dynamo --ablation',
     coveredBy: 'test/sim/league-cli.test.ts',
   },
+  { doc: 'kvroute serve --mrc-sample-rate 1 --mrc-max-samples 16384', coveredBy: 'test/server/mrc-process.test.ts' },
+  {
+    doc: 'kvroute hitrate --router http://localhost:8000 --what-if --host-blocks 65536',
+    coveredBy: 'test/server/mrc-process.test.ts',
+  },
   {
     doc: 'kvroute sim --trace agentic:requests=1000 --workers 8 --policy kv,round-robin',
     coveredBy: 'test/sim/agentic.test.ts',

@@ -3,6 +3,8 @@ import { describe, expect, it } from 'vitest';
 import { KvRouter } from '../../src/core/router.ts';
 import { RouterMetrics } from '../../src/metrics/registry.ts';
 import { EngineMirror } from '../../src/metrics/scrape.ts';
+import { MrcBook } from '../../src/core/mrc.ts';
+import { registerMrcGauges } from '../../src/metrics/mrc.ts';
 
 interface Target {
   expr: string;
@@ -29,6 +31,8 @@ function exportedNames(): Set<string> {
   const router = new KvRouter({ blockSize: 16 });
   const metrics = new RouterMetrics({ router });
   new EngineMirror({ registry: metrics.registry, targets: () => [] });
+  // The miss-ratio gauges are registered by the composition (src/runtime/compose.ts) next to these.
+  registerMrcGauges(metrics.registry, '', { report: () => new MrcBook().report(() => undefined) }, 0.1, 8192);
   const names = new Set<string>();
   for (const m of metrics.registry.getMetricsAsArray()) {
     const { name, type } = m as unknown as { name: string; type: string };

@@ -149,6 +149,8 @@ export interface SessionOutcome {
 export interface DispatchAttempt {
   readonly kind: 'dispatch';
   readonly requestId: string;
+  /** The model the request asked for (its submission's). */
+  readonly model: string;
   /** 0 for the first attempt, then 1, 2, ... for retries. */
   readonly attempt: number;
   readonly decision: RouteDecision;
@@ -902,6 +904,7 @@ export class Dispatcher {
     return {
       kind: 'dispatch',
       requestId: t.sub.requestId,
+      model: t.sub.model,
       attempt,
       decision,
       workerId: w.id,

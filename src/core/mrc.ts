@@ -1,0 +1,657 @@
+/**
+ * Miss-ratio curves of prefix-cache traffic: what hit rate an LRU prefix cache of C blocks would give on the block-hash
+ * chains the router sees, for every C at once, in bounded memory. Pure and synchronous (the shells feed it).
+ *
+ * Method: SHARDS (Waldspurger, Park, Garthwaite, Ahmad, "Efficient MRC Construction with SHARDS", FAST 2015), spatially
+ * hashed sampling of reuse (stack) distances, fixed-size variant:
+ *   - a block is sampled iff (low 24 bits of its 64-bit hash) < T, out of P = 2^24, so the rate is R = T / P; a block
+ *     is either always or never sampled, which is what keeps reuse distances among sampled blocks meaningful;
+ *   - the stack distance of a sampled reference (distinct blocks touched since its previous touch) is estimated as the
+ *     sum of 1/R over the sampled blocks touched since; each sampled reference weighs 1/R in a histogram of distances;
+ *   - the first blocks of a chain are sampled at a higher rate, R_i = min(1, R · max(1, 256 / (i + 1))) at depth i (a
+ *     block's depth is fixed by its hash, which names its whole prefix, so the decision is still a function of the
+ *     block). Shared system prompts are few blocks that carry much of the reuse; sampling them at R alone makes the
+ *     estimate hinge on whether one or two hot blocks happen to fall under T (on the Mooncake conversation trace at a
+ *     final rate of 0.017 the error at 0.5x capacity was -0.035 with a boost of 16 and -0.010 with 256). Weights use
+ *     each block's own rate, so the estimate stays unbiased (importance sampling); the cost is about R · 256 · ln(depth)
+ *     extra sampled blocks per request, and the sample bound still holds (the base rate falls further instead);
+ *   - the sample set is bounded (`maxSamples`): past it, the samples with the largest normalised hash value are dropped
+ *     (an eighth of the set at a time) and T is lowered to that value (the rate falls as the working set grows; memory
+ *     does not);
+ *   - distances are summed with a Fenwick tree over touch times (O(log n) per reference), rebuilt when the clock runs
+ *     out of slots or T changes.
+ *
+ * Prefix structure. An engine's prefix cache can use block i of a prompt only if it holds blocks 0..i (its lookup stops
+ * at the first miss), and it evicts a freed request's blocks tail first (vLLM's free queue takes them in reverse). The
+ * estimator models exactly that cache: a request's blocks are looked up in order (distances read before the request
+ * touches anything) and then touched from the last block to the first, so every block is more recent than the blocks
+ * that extend it. Because a sequence hash names its whole prefix, whoever touched block i touched blocks 0..i-1 after
+ * it, so stack distances never decrease along a chain and the top C entries of the LRU stack are always a set of whole
+ * prefixes. The per-block distance recorded is nevertheless the running maximum over the chain's sampled blocks 0..i
+ * (block i counts as a hit at C only if no sampled ancestor would miss at C); under the order above the maximum equals
+ * the block's own distance, and it keeps the "whole chain cached" rule explicit where the nesting is only approximate.
+ * test/core/mrc.test.ts checks the estimate against an exact simulation of an LRU prefix cache (src/sim/lru-prefix.ts).
+ *
+ * The curve is block-weighted like router_kv_overlap_blocks_total / router_kv_isl_blocks_total: hit blocks over prompt
+ * blocks, where the trailing partial block (never matchable) counts in the denominator only.
+ */
+
+import { U64Map } from './index/u64-map.ts';
+
+/** Hash-space modulus: sampling reads the low 24 bits of a block hash's low word. */
+export const MRC_MODULUS = 1 << 24;
+const MOD_MASK = MRC_MODULUS - 1;
+
+/** The capacity factors (× the fleet's or an engine's KV blocks) that gauges and what-if answers read. */
+export const MRC_FACTORS: readonly number[] = [0.125, 0.25, 0.5, 1, 2, 4, 8, 16];
+
+export const MRC_DEFAULTS = { sampleRate: 0.1, maxSamples: 8192 } as const;
+
+/** Histogram buckets per doubling of distance (2^(1/32): about 2.2% wide). */
+const BUCKETS_PER_OCTAVE = 32;
+/** Distances up to 2^44 blocks; beyond is treated as the last bucket. */
+const BUCKETS = 1 + 44 * BUCKETS_PER_OCTAVE;
+
+export interface MrcOptions {
+  /** Initial sampling rate R in (0, 1]. */
+  readonly sampleRate: number;
+  /** Bound on sampled blocks tracked; the rate falls past it. */
+  readonly maxSamples: number;
+  /**
+   * 'max' (default): a block's distance is the running maximum over its chain's sampled blocks (the chain rule);
+   * 'own': its own distance only (an ablation for the benchmark).
+   */
+  readonly chainRule?: 'max' | 'own';
+}
+
+export function validateMrcOptions(o: MrcOptions): void {
+  if (!(o.sampleRate > 0 && o.sampleRate <= 1)) throw new RangeError(`MRC sample rate must be in (0, 1], got ${o.sampleRate}`);
+  if (!Number.isInteger(o.maxSamples) || o.maxSamples < 16) {
+    throw new RangeError(`MRC max samples must be an integer >= 16, got ${o.maxSamples}`);
+  }
+}
+
+/** Histogram bucket of a scaled distance x >= 0. Bucket 0 is [0, 1); bucket b >= 1 is [2^((b-1)/32), 2^(b/32)). */
+function bucketOf(x: number): number {
+  if (x < 1) return 0;
+  const b = 1 + Math.floor(Math.log2(x) * BUCKETS_PER_OCTAVE);
+  return b < BUCKETS ? b : BUCKETS - 1;
+}
+
+function bucketLow(b: number): number {
+  return b === 0 ? 0 : 2 ** ((b - 1) / BUCKETS_PER_OCTAVE);
+}
+
+function bucketHigh(b: number): number {
+  return 2 ** (b / BUCKETS_PER_OCTAVE);
+}
+
+export interface MrcSnapshot {
+  /** Sampled references seen (each weighs 1/R). */
+  readonly sampledRefs: number;
+  /** Prompt blocks and full (matchable) prompt blocks observed, exact (not sampled). */
+  readonly islBlocks: number;
+  readonly fullBlocks: number;
+  readonly requests: number;
+  /** The current sampling rate (falls when the sample set reaches its bound). */
+  readonly sampleRate: number;
+  readonly samples: number;
+}
+
+/** A request's blocks that pass the sampling test at some threshold: position, hash halves, the 24-bit value. */
+export interface Candidates {
+  count: number;
+  /** Full blocks of the request (the pass's length). */
+  blocks: number;
+  index: Int32Array;
+  lo: Int32Array;
+  hi: Int32Array;
+  value: Int32Array;
+}
+
+function newCandidates(size: number): Candidates {
+  return {
+    count: 0,
+    blocks: 0,
+    index: new Int32Array(size),
+    lo: new Int32Array(size),
+    hi: new Int32Array(size),
+    value: new Int32Array(size),
+  };
+}
+
+/** Shared scratch (the core is synchronous: one request is collected and consumed before the next). */
+let SCRATCH_CANDIDATES = newCandidates(256);
+
+/**
+ * One pass over a request's hashes: the blocks sampled at threshold `t` (depth-boosted, as ShardsMrc samples). Callers
+ * with several curves pass the highest of their thresholds; each curve keeps those under its own.
+ */
+export function collectCandidates(view: Uint32Array, fullBlocks: number, t: number, out: Candidates = SCRATCH_CANDIDATES): Candidates {
+  const n = Math.min(fullBlocks, view.length >>> 1);
+  let c = out;
+  c.count = 0;
+  c.blocks = n;
+  // Depth-boosted part: v / (BOOST / (i + 1)) < t, as a product; then the plain test.
+  const tB = t * BOOST;
+  const head = Math.min(n, BOOST_DEPTH);
+  for (let i = 0; i < n; i++) {
+    const lo = view[2 * i];
+    const v = lo & MOD_MASK;
+    if (i < head ? v * (i + 1) < tB : v < t) {
+      if (c.count === c.index.length) {
+        const bigger = newCandidates(2 * c.count);
+        bigger.index.set(c.index);
+        bigger.lo.set(c.lo);
+        bigger.hi.set(c.hi);
+        bigger.value.set(c.value);
+        bigger.count = c.count;
+        bigger.blocks = n;
+        if (c === SCRATCH_CANDIDATES) SCRATCH_CANDIDATES = bigger;
+        c = bigger;
+      }
+      const k = c.count++;
+      c.index[k] = i;
+      c.lo[k] = lo | 0;
+      c.hi[k] = view[2 * i + 1] | 0;
+      c.value[k] = v;
+    }
+  }
+  return c;
+}
+
+/** Depth boost: R_i = min(1, R * BOOST / (i + 1)) for the first BOOST blocks of a chain. */
+const BOOST = 256;
+const BOOST_DEPTH = BOOST - 1;
+/** Rate multiplier at chain depth i: shallow blocks (shared prompts) are sampled more often. */
+export function depthBoost(i: number): number {
+  return i < BOOST_DEPTH ? BOOST / (i + 1) : 1;
+}
+
+/**
+ * One miss-ratio curve. `observe` takes a request's sequence hashes (as the router's u32 view of its BigUint64Array:
+ * low word at 2i, high word at 2i+1) and its prompt length in blocks.
+ */
+export class ShardsMrc {
+  /** Global threshold T (a float: depth boosts scale it). */
+  private threshold: number;
+  private readonly maxSamples: number;
+  private readonly ownOnly: boolean;
+  /** Sampled block hash (lo, hi) -> last touch time (a Fenwick slot). A typed-array table: no allocation per look-up. */
+  private readonly lastTouch = new U64Map(1024);
+  /** Depth boost of the sample at each slot (moves with the slot on rebuilds). */
+  private slotBoost: Float64Array;
+  /** Sample hash halves at each slot (meaningless where the slot's boost is 0: free). */
+  private slotLo: Int32Array;
+  private slotHi: Int32Array;
+  /** Max-heap of sampled blocks by normalised hash value (hash value / boost), to drop the largest when full. */
+  private heapVal: number[] = [];
+  private heapLo: number[] = [];
+  private heapHi: number[] = [];
+  private poppedLo = 0;
+  private poppedHi = 0;
+  private fenwick: Float64Array;
+  private clock = 0;
+  private readonly hist = new Float64Array(BUCKETS);
+  /** Weight of first references (infinite distance: a miss at any capacity). */
+  private cold = 0;
+  private total = 0;
+  private refs = 0;
+  private isl = 0;
+  private full = 0;
+  private requests = 0;
+  // Scratch for one request's sampled blocks.
+  private readonly scratchLo: number[] = [];
+  private readonly scratchHi: number[] = [];
+  private readonly scratchNorm: number[] = [];
+  private readonly scratchBoost: number[] = [];
+
+  constructor(options: MrcOptions = MRC_DEFAULTS) {
+    validateMrcOptions(options);
+    this.threshold = Math.max(1, options.sampleRate * MRC_MODULUS);
+    this.maxSamples = options.maxSamples;
+    this.ownOnly = options.chainRule === 'own';
+    this.fenwick = new Float64Array(4 * options.maxSamples + 2);
+    this.slotBoost = new Float64Array(this.fenwick.length);
+    this.slotLo = new Int32Array(this.fenwick.length);
+    this.slotHi = new Int32Array(this.fenwick.length);
+  }
+
+  /** The base sampling rate R (depth 15 and deeper); it falls when the sample set reaches its bound. */
+  get sampleRate(): number {
+    return this.threshold / MRC_MODULUS;
+  }
+
+  /** Observes one request: `view` is the u32 view of its sequence hashes; `promptBlocks` = ceil(prompt tokens / bs). */
+  observe(view: Uint32Array, fullBlocks: number, promptBlocks: number): void {
+    const c = collectCandidates(view, fullBlocks, this.threshold, SCRATCH_CANDIDATES);
+    this.observeCandidates(c, fullBlocks, promptBlocks);
+  }
+
+  /** The threshold T (candidates collected at a T at least this high serve this curve). */
+  get sampleThreshold(): number {
+    return this.threshold;
+  }
+
+  /**
+   * Observes one request from its candidate blocks, collected (collectCandidates) at a threshold at least this curve's:
+   * several curves fed the same request share the one pass over its hashes.
+   */
+  observeCandidates(c: Candidates, fullBlocks: number, promptBlocks: number): void {
+    const n = Math.min(fullBlocks, c.blocks);
+    this.requests++;
+    this.isl += Math.max(promptBlocks, n);
+    this.full += n;
+    const los = this.scratchLo;
+    const his = this.scratchHi;
+    const norms = this.scratchNorm;
+    const boosts = this.scratchBoost;
+    los.length = 0;
+    his.length = 0;
+    norms.length = 0;
+    boosts.length = 0;
+    const t = this.threshold;
+    for (let k = 0; k < c.count; k++) {
+      const i = c.index[k];
+      const b = i < BOOST_DEPTH ? BOOST / (i + 1) : 1;
+      const norm = c.value[k] / b;
+      if (norm < t) {
+        los.push(c.lo[k]);
+        his.push(c.hi[k]);
+        norms.push(norm);
+        boosts.push(b);
+      }
+    }
+    if (los.length === 0) return;
+    // Look-ups first, in chain order, with the running maximum over the chain's sampled blocks.
+    let runMax = 0;
+    let coldFromHere = false;
+    const newest = this.prefix(this.clock); // no touch happens during the look-ups
+    for (let j = 0; j < los.length; j++) {
+      const weight = this.weightOf(boosts[j]);
+      this.refs++;
+      this.total += weight;
+      const at = this.lastTouch.get(los[j], his[j]);
+      if (coldFromHere || at < 0) {
+        coldFromHere = true; // an uncached ancestor makes every later block of the chain unusable
+        this.cold += weight;
+        continue;
+      }
+      const d = newest - this.prefix(at);
+      if (d > runMax || this.ownOnly) runMax = d;
+      this.hist[bucketOf(runMax)] += weight;
+    }
+    // Touches, last block first: a prefix is always more recent than its extensions.
+    for (let j = los.length - 1; j >= 0; j--) this.touch(los[j], his[j], norms[j], boosts[j]);
+  }
+
+  /** Convenience for BigUint64Array sequence hashes. */
+  observeHashes(seqHashes: BigUint64Array, promptBlocks: number): void {
+    this.observe(new Uint32Array(seqHashes.buffer, seqHashes.byteOffset, seqHashes.length * 2), seqHashes.length, promptBlocks);
+  }
+
+  /**
+   * Block-weighted hit ratio of an LRU prefix cache of `capacityBlocks` blocks on the traffic observed: the weighted
+   * fraction of sampled full-block references within that distance, times full blocks / prompt blocks. NaN before any
+   * sample.
+   */
+  hitRatio(capacityBlocks: number): number {
+    if (this.total === 0 || this.isl === 0) return NaN;
+    if (!(capacityBlocks > 0)) return 0;
+    let w = 0;
+    const cb = bucketOf(capacityBlocks);
+    for (let b = 0; b < cb; b++) w += this.hist[b];
+    // Linear share of the bucket that holds the capacity.
+    const lo = bucketLow(cb);
+    const hi = bucketHigh(cb);
+    w += this.hist[cb] * Math.min(1, Math.max(0, (capacityBlocks - lo) / (hi - lo)));
+    return (w / this.total) * (this.full / this.isl);
+  }
+
+  /** Hit ratio with no capacity limit (every re-reference hits): the curve's asymptote. */
+  hitRatioUnbounded(): number {
+    if (this.total === 0 || this.isl === 0) return NaN;
+    return ((this.total - this.cold) / this.total) * (this.full / this.isl);
+  }
+
+  snapshot(): MrcSnapshot {
+    return {
+      sampledRefs: this.refs,
+      islBlocks: this.isl,
+      fullBlocks: this.full,
+      requests: this.requests,
+      sampleRate: this.sampleRate,
+      samples: this.lastTouch.size,
+    };
+  }
+
+  /**
+   * Bytes held: the sample table (U64Map, 12 B a cell at 50-80% load), the eviction heap (3 × 8 B an entry), the
+   * Fenwick tree and slot arrays (16 + 8 + 4 + 4 B × 4 × maxSamples), the histogram (11 KiB). Bounded through maxSamples.
+   */
+  memoryBytes(): number {
+    return (
+      this.lastTouch.byteLength +
+      this.heapVal.length * 24 +
+      this.fenwick.byteLength +
+      this.slotBoost.byteLength +
+      this.slotLo.byteLength +
+      this.slotHi.byteLength +
+      this.hist.byteLength
+    );
+  }
+
+  /** 1 / R_i for a block of the given depth boost at the current threshold. */
+  private weightOf(boost: number): number {
+    return MRC_MODULUS / Math.min(MRC_MODULUS, this.threshold * boost);
+  }
+
+  private prefix(i: number): number {
+    let s = 0;
+    const f = this.fenwick;
+    for (; i > 0; i -= i & -i) s += f[i];
+    return s;
+  }
+
+  private add(i: number, d: number): void {
+    const f = this.fenwick;
+    for (; i < f.length; i += i & -i) f[i] += d;
+  }
+
+  private touch(lo: number, hi: number, norm: number, boost: number): void {
+    if (this.clock + 1 >= this.fenwick.length) this.rebuild();
+    const pos = this.lastTouch.find(lo, hi);
+    const at = pos >= 0 ? this.lastTouch.valueAt(pos) : -1;
+    if (at >= 0) {
+      this.add(at, -this.weightOf(this.slotBoost[at]));
+      this.slotBoost[at] = 0;
+    } else if (norm >= this.threshold) return; // dropped by a lowered threshold while this request was read
+    const now = ++this.clock;
+    this.slotBoost[now] = boost;
+    this.slotLo[now] = lo;
+    this.slotHi[now] = hi;
+    this.add(now, this.weightOf(boost));
+    if (pos >= 0) this.lastTouch.setAt(pos, now);
+    else {
+      this.lastTouch.set(lo, hi, now);
+      this.heapPush(norm, lo, hi);
+      if (this.lastTouch.size > this.maxSamples) this.shrink();
+    }
+  }
+
+  /**
+   * Drops the samples with the largest normalised hash value, a quarter of the bound at a time (so the O(n) pass that
+   * re-weights the survivors is amortised), lowering the threshold to the last value dropped.
+   */
+  private shrink(): void {
+    const target = this.maxSamples - Math.max(1, this.maxSamples >>> 2);
+    while (this.lastTouch.size > target && this.heapVal.length > 0) {
+      const top = this.heapVal[0];
+      this.threshold = top;
+      while (this.heapVal.length > 0 && this.heapVal[0] >= top) {
+        this.heapPop();
+        const at = this.lastTouch.delete(this.poppedLo, this.poppedHi);
+        if (at >= 0) this.slotBoost[at] = 0;
+      }
+    }
+    if (!(this.threshold > 0)) this.threshold = Number.MIN_VALUE;
+    this.reweight();
+  }
+
+  /** Renumbers live touch times 1..n in order (slot order is time order: no sort) and rebuilds the tree. */
+  private rebuild(): void {
+    const size = Math.max(this.fenwick.length, 4 * this.lastTouch.size + 2);
+    const oldBoost = this.slotBoost;
+    const oldLo = this.slotLo;
+    const oldHi = this.slotHi;
+    this.slotBoost = new Float64Array(size);
+    this.slotLo = new Int32Array(size);
+    this.slotHi = new Int32Array(size);
+    let t = 0;
+    for (let at = 1; at <= this.clock; at++) {
+      if (oldBoost[at] === 0) continue;
+      t++;
+      this.slotBoost[t] = oldBoost[at];
+      this.slotLo[t] = oldLo[at];
+      this.slotHi[t] = oldHi[at];
+      this.lastTouch.set(oldLo[at], oldHi[at], t);
+    }
+    this.clock = t;
+    this.fenwick = new Float64Array(size);
+    this.reweight();
+  }
+
+  /** Rebuilds the tree in place from the slots' boosts at the current threshold (O(n) construction). */
+  private reweight(): void {
+    const f = this.fenwick;
+    f.fill(0);
+    for (let i = 1; i <= this.clock; i++) if (this.slotBoost[i] !== 0) f[i] = this.weightOf(this.slotBoost[i]);
+    for (let i = 1; i < f.length; i++) {
+      const j = i + (i & -i);
+      if (j < f.length) f[j] += f[i];
+    }
+  }
+
+  private heapPush(val: number, lo: number, hi: number): void {
+    const hv = this.heapVal;
+    const hl = this.heapLo;
+    const hh = this.heapHi;
+    let i = hv.length;
+    hv.push(val);
+    hl.push(lo);
+    hh.push(hi);
+    while (i > 0) {
+      const p = (i - 1) >> 1;
+      if (hv[p] >= val) break;
+      hv[i] = hv[p];
+      hl[i] = hl[p];
+      hh[i] = hh[p];
+      i = p;
+    }
+    hv[i] = val;
+    hl[i] = lo;
+    hh[i] = hi;
+  }
+
+  /** Removes the top of the heap into poppedLo / poppedHi. */
+  private heapPop(): void {
+    const hv = this.heapVal;
+    const hl = this.heapLo;
+    const hh = this.heapHi;
+    this.poppedLo = hl[0];
+    this.poppedHi = hh[0];
+    const lastVal = hv.pop() as number;
+    const lastLo = hl.pop() as number;
+    const lastHi = hh.pop() as number;
+    const n = hv.length;
+    if (n === 0) return;
+    let i = 0;
+    for (;;) {
+      const l = 2 * i + 1;
+      if (l >= n) break;
+      const r = l + 1;
+      const c = r < n && hv[r] > hv[l] ? r : l;
+      if (hv[c] <= lastVal) break;
+      hv[i] = hv[c];
+      hl[i] = hl[c];
+      hh[i] = hh[c];
+      i = c;
+    }
+    hv[i] = lastVal;
+    hl[i] = lastLo;
+    hh[i] = lastHi;
+  }
+}
+/** One point of a what-if answer. */
+export interface MrcPoint {
+  readonly factor: number;
+  /** The capacity in blocks (null when the capacity it multiplies is unknown). */
+  readonly blocks: number | null;
+  /** Block-weighted hit ratio predicted at that capacity (null: no sampled traffic yet). */
+  readonly hit: number | null;
+}
+
+export interface MrcReport {
+  readonly method: string;
+  readonly sampleRate: number;
+  readonly maxSamples: number;
+  readonly requests: number;
+  readonly sampledRefs: number;
+  readonly memoryBytes: number;
+  /** The fleet's KV blocks today (sum over sources of known capacity); null when no capacity is known. */
+  readonly fleetBlocks: number | null;
+  /** Shared LRU prefix cache of factor x the fleet's blocks, fleet-wide traffic. */
+  readonly fleet: readonly MrcPoint[];
+  /** Per model, the same factors of the fleet's blocks (each model's traffic alone in a cache of that size). */
+  readonly models: Readonly<Record<string, readonly MrcPoint[]>>;
+  /** Models beyond the tracked number: their traffic counts fleet-wide only. */
+  readonly untrackedModelRequests: number;
+  /**
+   * Scale up under today's routing: every engine k x its own capacity, each fed the stream routed to it; the fleet's
+   * hit is the prompt-block-weighted mean over engines of known capacity.
+   */
+  readonly scaleUp: readonly MrcPoint[];
+  /** Per engine (source key): its capacity and the same factors of it. */
+  readonly engines: Readonly<Record<string, { readonly blocks: number | null; readonly curve: readonly MrcPoint[] }>>;
+  /** With a host tier: each engine's own blocks plus `hostBlocksPerEngine` (null without a host size). */
+  readonly hostTier: { readonly hostBlocksPerEngine: number; readonly hit: number | null } | null;
+}
+
+export const MRC_METHOD =
+  'SHARDS (Waldspurger et al., FAST 2015): spatially hashed sampling of block hashes, fixed-size sample set; LRU prefix ' +
+  'cache, a block counts only when its whole chain is cached; block-weighted (hit blocks / prompt blocks)';
+
+const nullIfNaN = (x: number): number | null => (Number.isFinite(x) ? x : null);
+
+/**
+ * The curves the live router keeps: fleet-wide, per model (bounded count) and per engine (source). Fed each routed
+ * request once (its first attempt); read on demand. Pure.
+ */
+export class MrcBook {
+  readonly fleet: ShardsMrc;
+  private readonly models = new Map<string, ShardsMrc>();
+  private readonly engines = new Map<string, { mrc: ShardsMrc; islBlocks: number }>();
+  private untracked = 0;
+  /** The first model seen; its own curve exists only once another model has been seen. */
+  private soleModel: string | undefined;
+
+  constructor(
+    readonly options: MrcOptions = MRC_DEFAULTS,
+    /** Models with their own curve; further models count fleet-wide only. */
+    readonly maxModels = 32,
+  ) {
+    this.fleet = new ShardsMrc(options);
+  }
+
+  observe(model: string, sourceKey: string, seqHashes: BigUint64Array, promptBlocks: number): void {
+    const view = new Uint32Array(seqHashes.buffer, seqHashes.byteOffset, seqHashes.length * 2);
+    const full = seqHashes.length;
+    // While one model has all the traffic, its curve is the fleet's (no second copy on the hot path); a second model
+    // starts its own curve from then on, and the first model's from its next request, both counting from that point.
+    if (this.soleModel === undefined) this.soleModel = model;
+    let m: ShardsMrc | undefined;
+    if (model !== this.soleModel || this.models.size > 0) {
+      // The first model keeps its place among the tracked ones (its curve counts from its next request).
+      if (this.models.size === 0) this.models.set(this.soleModel, new ShardsMrc(this.options));
+      m = this.models.get(model);
+      if (!m && this.models.size < this.maxModels) {
+        m = new ShardsMrc(this.options);
+        this.models.set(model, m);
+      }
+      if (!m) this.untracked++;
+    }
+    let e = this.engines.get(sourceKey);
+    if (!e) {
+      e = { mrc: new ShardsMrc(this.options), islBlocks: 0 };
+      this.engines.set(sourceKey, e);
+    }
+    // One pass over the hashes for every curve fed: at the highest threshold among them.
+    let t = Math.max(this.fleet.sampleThreshold, e.mrc.sampleThreshold);
+    if (m) t = Math.max(t, m.sampleThreshold);
+    const c = collectCandidates(view, full, t);
+    this.fleet.observeCandidates(c, full, promptBlocks);
+    m?.observeCandidates(c, full, promptBlocks);
+    e.mrc.observeCandidates(c, full, promptBlocks);
+    e.islBlocks += Math.max(promptBlocks, full);
+  }
+
+  engineKeys(): string[] {
+    return [...this.engines.keys()];
+  }
+
+  /** Forgets an engine's curve (the source left the fleet). */
+  forgetEngine(sourceKey: string): void {
+    this.engines.delete(sourceKey);
+  }
+
+  memoryBytes(): number {
+    let n = this.fleet.memoryBytes();
+    for (const m of this.models.values()) n += m.memoryBytes();
+    for (const e of this.engines.values()) n += e.mrc.memoryBytes();
+    return n;
+  }
+
+  /**
+   * What more cache would buy. `capacity(sourceKey)`: an engine's KV blocks today (undefined when unknown); the fleet's
+   * blocks are their sum over the engines seen. `hostBlocksPerEngine`: a host tier's size per engine, for that answer.
+   */
+  report(
+    capacity: (sourceKey: string) => number | undefined,
+    hostBlocksPerEngine?: number,
+    factors: readonly number[] = MRC_FACTORS,
+  ): MrcReport {
+    let fleetBlocks = 0;
+    const engines: Record<string, { blocks: number | null; curve: MrcPoint[] }> = {};
+    for (const [key, e] of this.engines) {
+      const blocks = capacity(key);
+      const known = blocks !== undefined && blocks > 0;
+      if (known) fleetBlocks += blocks;
+      engines[key] = {
+        blocks: known ? blocks : null,
+        curve: factors.map((f) => ({
+          factor: f,
+          blocks: known ? f * blocks : null,
+          hit: known ? nullIfNaN(e.mrc.hitRatio(f * blocks)) : null,
+        })),
+      };
+    }
+    const fb = fleetBlocks > 0 ? fleetBlocks : null;
+    const curveOf = (m: ShardsMrc): MrcPoint[] =>
+      factors.map((f) => ({ factor: f, blocks: fb === null ? null : f * fb, hit: fb === null ? null : nullIfNaN(m.hitRatio(f * fb)) }));
+    const engineMean = (blocksOf: (own: number) => number): number | null => {
+      let num = 0;
+      let den = 0;
+      for (const [key, e] of this.engines) {
+        const own = capacity(key);
+        if (own === undefined || !(own > 0)) continue;
+        const h = e.mrc.hitRatio(blocksOf(own));
+        if (!Number.isFinite(h)) continue;
+        num += h * e.islBlocks;
+        den += e.islBlocks;
+      }
+      return den > 0 ? num / den : null;
+    };
+    const models: Record<string, MrcPoint[]> = {};
+    if (this.models.size === 0 && this.soleModel !== undefined) models[this.soleModel] = curveOf(this.fleet);
+    for (const [name, m] of [...this.models].sort(([a], [b]) => (a < b ? -1 : 1))) models[name] = curveOf(m);
+    const snap = this.fleet.snapshot();
+    return {
+      method: MRC_METHOD,
+      sampleRate: this.fleet.sampleRate,
+      maxSamples: this.options.maxSamples,
+      requests: snap.requests,
+      sampledRefs: snap.sampledRefs,
+      memoryBytes: this.memoryBytes(),
+      fleetBlocks: fb,
+      fleet: curveOf(this.fleet),
+      models,
+      untrackedModelRequests: this.untracked,
+      scaleUp: factors.map((k) => ({ factor: k, blocks: fb === null ? null : k * fb, hit: engineMean((own) => k * own) })),
+      engines,
+      hostTier:
+        hostBlocksPerEngine !== undefined && hostBlocksPerEngine >= 0
+          ? { hostBlocksPerEngine, hit: engineMean((own) => own + hostBlocksPerEngine) }
+          : null,
+    };
+  }
+}

@@ -1,0 +1,205 @@
+import { describe, expect, it } from 'vitest';
+import { islBlocks } from '../../src/core/hashing.ts';
+import { MRC_MODULUS, MrcBook, ShardsMrc } from '../../src/core/mrc.ts';
+import { LruPrefixCache } from '../../src/sim/lru-prefix.ts';
+import { TraceHasher } from '../../src/sim/traces/expand.ts';
+import { generateAgentic, generateMultiTurn } from '../../src/sim/traces/generate.ts';
+import type { TraceRequest } from '../../src/sim/traces/format.ts';
+
+const BS = 64;
+
+function chainsAt(trace: readonly TraceRequest[], bs: number): { seq: BigUint64Array; isl: number }[] {
+  const hasher = new TraceHasher(bs);
+  return trace.map((r) => ({ seq: hasher.seqHashes(r), isl: islBlocks(r.inputLength, bs) }));
+}
+
+const chains = (trace: readonly TraceRequest[]) => chainsAt(trace, BS);
+
+/** Exact block-weighted hit of an LRU prefix cache of `cap` blocks over the stream. */
+function exact(stream: readonly { seq: BigUint64Array; isl: number }[], cap: number): number {
+  const c = new LruPrefixCache(cap);
+  for (const r of stream) c.access(r.seq, r.isl);
+  return c.hitRatio;
+}
+
+function estimate(stream: readonly { seq: BigUint64Array; isl: number }[], sampleRate: number, maxSamples: number): ShardsMrc {
+  const m = new ShardsMrc({ sampleRate, maxSamples });
+  for (const r of stream) m.observeHashes(r.seq, r.isl);
+  return m;
+}
+
+function unique(hashes: number[]): BigUint64Array {
+  // Low 24 bits zero, so a block is sampled at any rate: the test controls which blocks exist, not the sampler.
+  return BigUint64Array.from(hashes.map((h) => BigInt(h) << 24n));
+}
+
+describe('ShardsMrc against an exact LRU prefix cache', () => {
+  const agentic = chains(generateAgentic({ requests: 2500, seed: 7 }));
+  let total = 0;
+  for (const r of agentic) total += r.seq.length;
+  // A "fleet" the size of 1/20 of the blocks referenced, so 0.5x..4x spans most of the curve.
+  const fleet = Math.round(total / 20);
+
+  it('at rate 1 (every block) matches the exact simulation at 1/8x..16x', () => {
+    const m = estimate(agentic, 1, 1 << 22);
+    for (const f of [0.125, 0.5, 1, 2, 4, 16]) {
+      const cap = Math.round(f * fleet);
+      expect(Math.abs(m.hitRatio(cap) - exact(agentic, cap)), `factor ${f}`).toBeLessThan(0.01);
+    }
+  });
+
+  it('sampled at 5% stays within 0.03 of the exact simulation at 0.5x, 1x, 2x, 4x', () => {
+    const m = estimate(agentic, 0.05, 1 << 20);
+    expect(m.sampleRate).toBeCloseTo(0.05, 6);
+    for (const f of [0.5, 1, 2, 4]) {
+      const cap = Math.round(f * fleet);
+      const e = exact(agentic, cap);
+      expect(Math.abs(m.hitRatio(cap) - e), `factor ${f}: exact ${e}`).toBeLessThan(0.03);
+    }
+  });
+
+  it('multi-turn chat (16-token blocks): sampled at 10%, within 0.03 of exact', () => {
+    const chat = chainsAt(generateMultiTurn({ requests: 1200, seed: 3 }), 16);
+    let n = 0;
+    for (const r of chat) n += r.seq.length;
+    const m = estimate(chat, 0.1, 1 << 20);
+    for (const f of [0.02, 0.05, 0.3]) {
+      const cap = Math.round(f * n);
+      expect(Math.abs(m.hitRatio(cap) - exact(chat, cap)), `capacity ${cap}`).toBeLessThan(0.03);
+    }
+  });
+
+  it('fixed-size: the sample set never passes its bound, the rate falls, the curve stays close', () => {
+    const m = new ShardsMrc({ sampleRate: 1, maxSamples: 2048 });
+    let peak = 0;
+    for (const r of agentic) {
+      m.observeHashes(r.seq, r.isl);
+      peak = Math.max(peak, m.snapshot().samples);
+    }
+    expect(peak).toBeLessThanOrEqual(2048);
+    expect(m.sampleRate).toBeLessThan(0.5);
+    expect(m.memoryBytes()).toBeLessThan(2048 * 96 + 3 * 8 * (4 * 2048 + 2) + 8 * 1500);
+    for (const f of [1, 2, 4]) {
+      const cap = Math.round(f * fleet);
+      expect(Math.abs(m.hitRatio(cap) - exact(agentic, cap)), `factor ${f}`).toBeLessThan(0.05);
+    }
+  });
+
+  it('is monotone in capacity and bounded by the unbounded-cache asymptote', () => {
+    const m = estimate(agentic, 0.05, 1 << 20);
+    let prev = 0;
+    for (const f of [0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 1000]) {
+      const h = m.hitRatio(f * fleet);
+      expect(h).toBeGreaterThanOrEqual(prev);
+      prev = h;
+    }
+    expect(prev).toBeLessThanOrEqual(m.hitRatioUnbounded() + 1e-12);
+    expect(m.hitRatio(0)).toBe(0);
+  });
+});
+
+describe('ShardsMrc prefix rule', () => {
+  it('a block whose ancestor was evicted is a miss (running maximum over the chain), as in the exact cache', () => {
+    // [a, b] once, then b re-touched under other parents (a stream that does not nest), then [a, b] again.
+    const stream = [{ seq: unique([1, 2]), isl: 2 }];
+    for (let k = 0; k < 20; k++) stream.push({ seq: unique([100 + k, 2]), isl: 2 });
+    stream.push({ seq: unique([1, 2]), isl: 2 });
+    const m = estimate(stream, 1, 1024);
+    // Capacity 4: `a` is long gone, so the last request hits nothing although `b` is recent (a per-block curve
+    // without the chain rule would count b). Capacity 100: both hit, 2 of 44 prompt blocks.
+    expect(exact(stream, 4)).toBe(0);
+    expect(m.hitRatio(4)).toBe(0);
+    expect(exact(stream, 100)).toBeCloseTo(2 / 44, 12);
+    expect(m.hitRatio(100)).toBeCloseTo(2 / 44, 12);
+  });
+
+  it('counts the trailing partial block in the denominator only', () => {
+    const m = new ShardsMrc({ sampleRate: 1, maxSamples: 1024 });
+    const seq = unique([5, 6, 7]);
+    m.observeHashes(seq, 4);
+    m.observeHashes(seq, 4);
+    // 3 of 8 prompt blocks hit (the second request's full blocks).
+    expect(m.hitRatio(100)).toBeCloseTo(3 / 8, 10);
+    expect(m.snapshot()).toMatchObject({ requests: 2, islBlocks: 8, fullBlocks: 6, sampledRefs: 6 });
+  });
+
+  it('samples spatially: a block is sampled every time or never (a first block at 256 times the rate)', () => {
+    const m = new ShardsMrc({ sampleRate: 1 / 512, maxSamples: 1024 });
+    const t = (256 / 512) * MRC_MODULUS;
+    const inside = BigUint64Array.from([BigInt(t - 1) | (9n << 32n)]);
+    const outside = BigUint64Array.from([BigInt(t) | (9n << 32n)]);
+    m.observeHashes(outside, 1);
+    m.observeHashes(outside, 1);
+    expect(m.snapshot().sampledRefs).toBe(0);
+    expect(m.hitRatio(10)).toBeNaN();
+    m.observeHashes(inside, 1);
+    m.observeHashes(inside, 1);
+    expect(m.snapshot().sampledRefs).toBe(2);
+  });
+});
+
+describe('ShardsMrc options', () => {
+  it('refuses a rate outside (0, 1] and a tiny or fractional bound with a clear error', () => {
+    expect(() => new ShardsMrc({ sampleRate: 0, maxSamples: 1024 })).toThrow(/sample rate must be in \(0, 1\]/);
+    expect(() => new ShardsMrc({ sampleRate: 1.5, maxSamples: 1024 })).toThrow(RangeError);
+    expect(() => new ShardsMrc({ sampleRate: Number.NaN, maxSamples: 1024 })).toThrow(RangeError);
+    expect(() => new ShardsMrc({ sampleRate: 0.1, maxSamples: 8 })).toThrow(/max samples must be an integer >= 16/);
+    expect(() => new ShardsMrc({ sampleRate: 0.1, maxSamples: 100.5 })).toThrow(RangeError);
+  });
+
+  it('takes empty and short prompts without counting phantom blocks', () => {
+    const m = new ShardsMrc({ sampleRate: 1, maxSamples: 1024 });
+    m.observeHashes(new BigUint64Array(0), 0);
+    m.observeHashes(new BigUint64Array(0), 1);
+    expect(m.snapshot()).toMatchObject({ requests: 2, islBlocks: 1, fullBlocks: 0, sampledRefs: 0 });
+    expect(m.hitRatio(10)).toBeNaN();
+  });
+});
+
+describe('MrcBook (the curves the live router keeps)', () => {
+  const stream = chains(generateAgentic({ requests: 600, seed: 11 }));
+  const options = { sampleRate: 1, maxSamples: 1 << 20 };
+
+  it('fleet, per-engine and scale-up answers equal separately fed curves; one shared pass changes nothing', () => {
+    const book = new MrcBook(options);
+    const fleet = new ShardsMrc(options);
+    const perEngine = [new ShardsMrc(options), new ShardsMrc(options)];
+    const isl = [0, 0];
+    stream.forEach((r, i) => {
+      book.observe('m', `w${i % 2}`, r.seq, r.isl);
+      fleet.observeHashes(r.seq, r.isl);
+      perEngine[i % 2].observeHashes(r.seq, r.isl);
+      isl[i % 2] += r.isl;
+    });
+    const capacity = (key: string) => (key === 'w0' ? 2000 : key === 'w1' ? 1000 : undefined);
+    const r = book.report(capacity, 500);
+    expect(r.fleetBlocks).toBe(3000);
+    for (const p of r.fleet) expect(p.hit).toBeCloseTo(fleet.hitRatio(p.factor * 3000), 12);
+    // One model: its curve is the fleet's.
+    expect(r.models).toEqual({ m: r.fleet });
+    for (const p of r.scaleUp) {
+      const want = (perEngine[0].hitRatio(p.factor * 2000) * isl[0] + perEngine[1].hitRatio(p.factor * 1000) * isl[1]) / (isl[0] + isl[1]);
+      expect(p.hit).toBeCloseTo(want, 12);
+    }
+    const host = (perEngine[0].hitRatio(2500) * isl[0] + perEngine[1].hitRatio(1500) * isl[1]) / (isl[0] + isl[1]);
+    expect(r.hostTier).toEqual({ hostBlocksPerEngine: 500, hit: expect.closeTo(host, 12) });
+    expect(r.engines.w0.blocks).toBe(2000);
+    expect(book.report(capacity).hostTier).toBeNull();
+  });
+
+  it('a second model gets its own curve; models beyond the bound are counted, not tracked; unknown capacity gives no answers', () => {
+    const book = new MrcBook(options, 2);
+    for (const r of stream.slice(0, 100)) book.observe('a', 'w0', r.seq, r.isl);
+    for (const r of stream.slice(100, 200)) book.observe('b', 'w0', r.seq, r.isl);
+    for (const r of stream.slice(200, 230)) book.observe('c', 'w0', r.seq, r.isl);
+    const none = book.report(() => undefined);
+    expect(none.fleetBlocks).toBeNull();
+    expect(none.fleet.every((p) => p.hit === null && p.blocks === null)).toBe(true);
+    const r = book.report(() => 4000);
+    expect(Object.keys(r.models)).toEqual(['a', 'b']);
+    expect(r.untrackedModelRequests).toBe(30);
+    expect(r.requests).toBe(230);
+    book.forgetEngine('w0');
+    expect(book.report(() => 4000).fleetBlocks).toBeNull();
+  });
+});
