@@ -19,7 +19,9 @@ import { resolveSettings } from '../config/settings.ts';
 import { runSettings, type SimSettings, simSchema } from '../config/sim.ts';
 import type { DispatchOptions } from '../core/dispatch/dispatcher.ts';
 import type { KvKnobs } from '../core/types.ts';
+import { PEER_POLICIES } from '../core/scheduling/peers/index.ts';
 import { bandedMin } from '../core/scheduling/pickers.ts';
+import { DEFAULT_POLICY } from '../core/scheduling/registry.ts';
 import { PREFILL_LOAD, pressureDecode } from '../core/scheduling/scorers.ts';
 import { ComposedPolicy, type Scorer, unitWeight } from '../core/scheduling/pipeline.ts';
 import type { Policy } from '../core/scheduling/policy.ts';
@@ -53,22 +55,10 @@ export interface LeagueEntry {
   readonly noOverlay?: boolean;
 }
 
-export const KVROUTE_DEFAULT = 'kv-pressure';
+export const KVROUTE_DEFAULT = DEFAULT_POLICY;
 
-/** kvroute's default first, then each peer's default, then kvroute's model of Dynamo's cost and round-robin. */
-export const LEAGUE_POLICIES = [
-  KVROUTE_DEFAULT,
-  'dynamo',
-  'llmd',
-  'llmd-baseline',
-  'smg',
-  'smg-legacy',
-  'aibrix',
-  'ps-kvaware',
-  'ps-prefixaware',
-  'kv',
-  'round-robin',
-] as const;
+/** kvroute's default first, then each peer's default (the registry's peer entries), then kvroute's `kv` and round-robin. */
+export const LEAGUE_POLICIES: readonly string[] = [KVROUTE_DEFAULT, ...PEER_POLICIES.map((e) => e.name), 'kv', 'round-robin'];
 
 export function entryFor(policy: string): LeagueEntry {
   return { label: policy, policy, sessions: policy === KVROUTE_DEFAULT };
