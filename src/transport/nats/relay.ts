@@ -13,6 +13,13 @@
  * the engine to replay from L; if the engine still holds batch L with the same fingerprint, it is the same engine
  * process and the relay resumes at L + 1 (no reset). Otherwise it publishes a reset and rebuilds the source from the
  * engine's replay buffer (as far as it reaches) and the live stream.
+ *
+ * Stream gone back: a nats-server killed before its file store flushed loses the newest messages, acknowledged or
+ * not, and reuses their sequences after a restart. After every reconnect (and whenever a publish finds the subject's
+ * last sequence behind its own) the relay checks that the subject's last message is the last one it had acknowledged;
+ * when it is not, the source is started again as a restarted relay would: resumed after the last engine batch the
+ * stream still holds (the lost batches are published again from the engine's replay buffer), or reset and rebuilt
+ * when the engine no longer has it. Counted as `discontinuities`.
  */
 import { connect, InvalidArgumentError, type NatsConnection } from '@nats-io/transport-node';
 import { jetstream, JetStreamApiCodes, JetStreamApiError, type JetStreamClient } from '@nats-io/jetstream';
@@ -92,6 +99,8 @@ export interface RelayRankStats {
   overflows: number;
   /** Publishes rejected because another writer had published on the subject meanwhile. */
   conflicts: number;
+  /** Times acknowledged messages of this source were found gone from the stream (NATS lost them): source restarted. */
+  discontinuities: number;
   /** Messages dropped because NATS refused their size (the source was reset instead). */
   dropped: number;
   pending: number;
@@ -157,15 +166,22 @@ class RankPipe {
   private inflight: { items: EventItem[]; data: Uint8Array; msgId: string; blocks: number; batches: number } | null = null;
   private pumping = false;
   private closed = false;
-  private msgCounter = 0;
   private readonly fps = new Map<bigint, number>();
   private priming: Array<{ seq: bigint; batch: DecodedBatch }> | null = [];
   /** Last engine batch published and acknowledged: the resume point a restarted relay verifies. */
   lastPublished: { seq: bigint; fp: number } | null = null;
+  /** Message id of the last message acknowledged on the subject ('' when it had none, null before any). */
+  private lastAckedMsgId: string | null = null;
+  /** Set after a reconnect: check the subject still ends with our last acknowledged message before publishing on. */
+  private needVerify = false;
+  private wakePump: (() => void) | null = null;
+  /** Ends the wait for an in-flight publish when NATS reconnects (its reply may never come: retried, by id). */
+  private interruptPublish: (() => void) | null = null;
 
   constructor(
     private readonly relay: NatsRelay,
     readonly dpRank: number,
+    carried?: RelayRankStats,
   ) {
     this.subject = eventSubject(relay.workerId, dpRank);
     this.key = sourceKey({ workerId: relay.workerId, dpRank });
@@ -180,11 +196,65 @@ class RankPipe {
       duplicates: 0,
       overflows: 0,
       conflicts: 0,
+      discontinuities: 0,
       dropped: 0,
       pending: 0,
       lastStreamSeq: 0,
       start: 'starting',
     };
+    // A pipe started again after a discontinuity keeps its counters.
+    if (carried) Object.assign(this.stats, { ...carried, pending: 0, lastStreamSeq: 0, start: 'starting' });
+  }
+
+  /** NATS is back: verify the subject before the next publish, and retry now rather than after the backoff. */
+  reconnected(): void {
+    this.needVerify = true;
+    this.wakePump?.();
+    this.interruptPublish?.();
+    if (!this.pumping && !this.closed) void this.pump();
+  }
+
+  /**
+   * Does the subject still end with the last message we had acknowledged? 'ok', 'lost' (the stream went back:
+   * acknowledged messages are gone), or 'other' (another writer's message is last: handled as a conflict).
+   */
+  private async verify(): Promise<'ok' | 'lost' | 'other'> {
+    const r = this.relay;
+    const last = await r.plane.jsm.streams.getMessage(STREAM, { last_by_subj: this.subject });
+    const id = last?.header?.get('Nats-Msg-Id') ?? '';
+    if (this.inflight && last && id === this.inflight.msgId) {
+      this.acked(last.seq, id);
+      return 'ok';
+    }
+    if (this.lastAckedMsgId === null) return last === null ? 'ok' : last.seq > this.stats.lastStreamSeq ? 'other' : 'lost';
+    if (last && last.seq === this.stats.lastStreamSeq && id === this.lastAckedMsgId) return 'ok';
+    if (last && last.seq > this.stats.lastStreamSeq) return 'other';
+    return (await this.purged()) ? 'ok' : 'lost';
+  }
+
+  /**
+   * The subject ends before our last acknowledged message: purged by a snapshot (the stream now starts after it:
+   * nothing lost; the subject's end is adopted) or lost (false)?
+   */
+  private async purged(): Promise<boolean> {
+    const jsm = this.relay.plane.jsm;
+    const first = (await jsm.streams.info(STREAM)).state.first_seq;
+    if (this.stats.lastStreamSeq >= first) return false;
+    const last = await jsm.streams.getMessage(STREAM, { last_by_subj: this.subject });
+    this.stats.lastStreamSeq = last?.seq ?? 0;
+    this.lastAckedMsgId = last ? (last.header?.get('Nats-Msg-Id') ?? '') : null;
+    return true;
+  }
+
+  /** The stream lost acknowledged messages of this source: start the source again (resume or reset). */
+  private lost(why: string): void {
+    const r = this.relay;
+    this.stats.discontinuities++;
+    r.log.error(
+      { source: this.key, subject: this.subject, lastStreamSeq: this.stats.lastStreamSeq, why },
+      `messages of ${this.key} acknowledged by JetStream are gone from the stream (${why}): starting the source again from the engine's replay`,
+    );
+    void r.restartPipe(this);
   }
 
   private push(item: EventItem): void {
@@ -244,6 +314,7 @@ class RankPipe {
 
   async start(): Promise<void> {
     const r = this.relay;
+    this.priming = [];
     const events = r.pollUrl ? `${r.pollUrl}/kv_cache_events` : rankEndpoint(r.events, this.dpRank);
     const replayEp = r.replay ? rankEndpoint(r.replay, this.dpRank) : null;
     const inner = replayEp ? replayClient(replayEp, { timeoutMs: r.replayTimeoutMs }) : null;
@@ -288,6 +359,7 @@ class RankPipe {
     const stored = await r.plane.jsm.streams.getMessage(STREAM, { last_by_subj: this.subject }).catch(() => null);
     if (stored) {
       this.stats.lastStreamSeq = stored.seq;
+      this.lastAckedMsgId = stored.header?.get('Nats-Msg-Id') ?? '';
       const msg = decodeEventMessage(stored.data);
       last = null;
       for (const it of msg?.items ?? []) {
@@ -347,17 +419,42 @@ class RankPipe {
     const r = this.relay;
     let backoff = 50;
     try {
-      while (!this.closed && (this.inflight || this.outbox.length > 0)) {
+      while (!this.closed && (this.needVerify || this.inflight || this.outbox.length > 0)) {
+        if (this.needVerify) {
+          try {
+            const v = await this.verify();
+            this.needVerify = false;
+            if (v === 'lost') {
+              this.lost('checked after a reconnect');
+              return;
+            }
+          } catch {
+            if (this.closed) break;
+            await this.sleep(backoff);
+            backoff = Math.min(backoff * 2, 500);
+            continue;
+          }
+          if (!this.inflight && this.outbox.length === 0) break;
+        }
         if (!this.inflight) this.inflight = this.take();
         const m = this.inflight;
         try {
-          const ack = await r.js.publish(this.subject, m.data, {
+          const publish = r.js.publish(this.subject, m.data, {
             msgID: m.msgId,
             expect: { lastSubjectSequence: this.stats.lastStreamSeq },
             timeout: r.publishTimeoutMs,
           });
+          // A publish sent around a reconnect may never be answered: stop waiting when NATS is back, and verify the
+          // subject before sending it again (the message id makes a second copy a duplicate).
+          const interrupted = new Promise<null>((resolve) => {
+            this.interruptPublish = () => resolve(null);
+          });
+          publish.catch(() => {});
+          const ack = await Promise.race([publish, interrupted]);
+          this.interruptPublish = null;
+          if (ack === null) continue;
           if (ack.duplicate) this.stats.duplicates++;
-          this.acked(ack.seq);
+          this.acked(ack.seq, m.msgId);
           backoff = 50;
         } catch (err) {
           if (this.closed) break;
@@ -365,8 +462,24 @@ class RankPipe {
             // Either our previous attempt landed and its ack was lost, or another writer published on the subject.
             const lastMsg = await r.plane.jsm.streams.getMessage(STREAM, { last_by_subj: this.subject }).catch(() => null);
             if (lastMsg && lastMsg.header.get('Nats-Msg-Id') === m.msgId) {
-              this.acked(lastMsg.seq);
+              this.acked(lastMsg.seq, m.msgId);
               continue;
+            }
+            // The subject ends before our last acknowledged message (or at another message in its place): purged by
+            // a snapshot, or the stream went back; not another writer.
+            const lastId = lastMsg?.header?.get('Nats-Msg-Id') ?? '';
+            if (
+              this.lastAckedMsgId !== null &&
+              (!lastMsg ||
+                lastMsg.seq < this.stats.lastStreamSeq ||
+                (lastMsg.seq === this.stats.lastStreamSeq && lastId !== this.lastAckedMsgId))
+            ) {
+              // Purged by a snapshot (the stream starts after it) is no loss: publish on from the subject's end.
+              const purged = await this.purged().catch(() => null);
+              if (purged === null) continue; // NATS unreachable again: the next attempt asks again
+              if (purged) continue;
+              this.lost('the subject ends before our last acknowledged message');
+              return;
             }
             this.stats.conflicts++;
             r.log.error(
@@ -396,8 +509,8 @@ class RankPipe {
               `publish to ${this.subject} failed: retrying`,
             );
           }
-          await sleep(backoff);
-          backoff = Math.min(backoff * 2, 2000);
+          await this.sleep(backoff);
+          backoff = Math.min(backoff * 2, 1000);
         }
       }
     } finally {
@@ -405,10 +518,26 @@ class RankPipe {
     }
   }
 
-  private acked(seq: number): void {
+  /** A backoff wait that a reconnect ends early. */
+  private sleep(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const t = setTimeout(() => {
+        this.wakePump = null;
+        resolve();
+      }, ms);
+      this.wakePump = () => {
+        clearTimeout(t);
+        this.wakePump = null;
+        resolve();
+      };
+    });
+  }
+
+  private acked(seq: number, msgId: string): void {
     const m = this.inflight!;
     this.inflight = null;
     this.stats.lastStreamSeq = seq;
+    this.lastAckedMsgId = msgId;
     this.stats.messages++;
     this.stats.batches += m.batches;
     this.stats.blocks += m.blocks;
@@ -448,7 +577,7 @@ class RankPipe {
       items,
       data: encodeEventMessage(items),
       // <worker>:<dp>:<engine seqs>, made unique per relay process (resets carry no engine seq).
-      msgId: `${r.workerId}:${this.dpRank}:${span}:${r.relayId}.${this.msgCounter++}`,
+      msgId: `${r.workerId}:${this.dpRank}:${span}:${r.relayId}.${r.msgCounter++}`,
       blocks,
       batches,
     };
@@ -466,12 +595,30 @@ class RankPipe {
 
   async close(): Promise<void> {
     this.closed = true;
+    this.wakePump?.();
     this.ingest?.close();
     await this.zmq?.close();
   }
 
   health(): SourceHealth | null {
     return this.ingest ? this.ingest.health() : null;
+  }
+
+  /** Polled engines: no replay to resume from, so the source is reset on the subject's current end. */
+  resetAfterLoss(): void {
+    this.needVerify = false;
+    this.inflight = null; // events before the reset: the reset clears them anyway
+    this.lastAckedMsgId = null;
+    this.stats.lastStreamSeq = 0;
+    void this.relay.plane.jsm.streams
+      .getMessage(STREAM, { last_by_subj: this.subject })
+      .catch(() => null)
+      .then((m) => {
+        this.stats.lastStreamSeq = m?.seq ?? 0;
+        this.lastAckedMsgId = m ? (m.header?.get('Nats-Msg-Id') ?? '') : null;
+        this.outbox.unshift({ kind: 'reset', reason: 'stream_discontinuity' });
+        if (!this.pumping) void this.pump();
+      });
   }
 }
 
@@ -496,6 +643,8 @@ export class NatsRelay {
   js!: JetStreamClient;
   plane!: EventPlane;
   private ownsConnection = false;
+  /** Message number of the relay process (not per pipe: a pipe started again must not reuse a message id). */
+  msgCounter = 0;
   private readonly pipes: RankPipe[] = [];
   private poll: TrtllmPoll | null = null;
   private heartbeat: NodeJS.Timeout | null = null;
@@ -605,6 +754,36 @@ export class NatsRelay {
       } else if (s.type === 'reconnect') {
         this.connected = true;
         this.log.info({ worker: this.workerId }, 'relay reconnected to NATS');
+        for (const p of this.pipes) p.reconnected();
+      }
+    }
+  }
+
+  /**
+   * Starts one source again after its acknowledged messages were lost from the stream, as a restarted relay would
+   * (resume after the last batch the stream holds, else reset + rebuild). A polled engine (no replay, one poll for
+   * every rank) gets a reset instead.
+   */
+  async restartPipe(old: RankPipe): Promise<void> {
+    const i = this.pipes.indexOf(old);
+    if (i < 0 || this.closed) return;
+    if (this.pollUrl !== null) {
+      old.resetAfterLoss();
+      return;
+    }
+    await old.close();
+    let wait = 100;
+    while (!this.closed) {
+      const next = new RankPipe(this, old.dpRank, old.stats);
+      this.pipes[i] = next;
+      try {
+        await next.start();
+        return;
+      } catch (err) {
+        await next.close();
+        this.log.warn({ source: old.key, err: String(err) }, `restarting ${old.key} failed: retrying`);
+        await sleep(wait);
+        wait = Math.min(wait * 2, 2000);
       }
     }
   }
