@@ -344,6 +344,7 @@ class RankPipe {
         { source: { workerId: r.workerId, dpRank: this.dpRank }, endpoint: events, topic: r.topic, flavor: r.wire },
         {
           onBatch: (seq, batch) => {
+            this.lastBatchAt = Date.now();
             if (batch.ok) this.remember(seq, batch);
             if (this.priming) this.priming.push({ seq, batch });
             else this.ingest.onBatch(seq, batch);
@@ -583,6 +584,17 @@ class RankPipe {
     };
   }
 
+  /** When the last engine batch arrived over ZMQ (0: none yet). */
+  lastBatchAt = 0;
+
+  /**
+   * Resolves once no engine batch has arrived for `quietMs` (or at `deadline`): batches the engine already sent may
+   * still sit in the ZMQ socket, and a shutdown that ignored them would leave them unpublished.
+   */
+  async settle(quietMs: number, deadline: number): Promise<void> {
+    while (Date.now() < deadline && Date.now() - this.lastBatchAt < quietMs) await sleep(10);
+  }
+
   /** Resolves when everything queued so far has been acknowledged (or the timeout passes). */
   async drain(timeoutMs: number): Promise<boolean> {
     const end = Date.now() + timeoutMs;
@@ -811,7 +823,12 @@ export class NatsRelay {
     this.closed = true;
     if (this.heartbeat) clearInterval(this.heartbeat);
     await this.poll?.close();
-    if (options.drainMs) await this.drain(options.drainMs);
+    if (options.drainMs) {
+      // Read what the engine already sent (still in the ZMQ sockets), then wait for it to be acknowledged.
+      const deadline = Date.now() + options.drainMs;
+      await Promise.all(this.pipes.map((p) => p.settle(100, deadline)));
+      await this.drain(Math.max(0, deadline - Date.now()));
+    }
     await Promise.all(this.pipes.map((p) => p.close()));
     // Final resume points, so the next relay of this worker can resume without a reset.
     if (!options.deregister && this.plane) await this.plane.registry.put(this.workerId, encodeWorkerEntry(this.entry())).catch(() => {});
