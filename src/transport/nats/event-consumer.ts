@@ -15,7 +15,7 @@
  */
 import { DeliverPolicy, type ConsumerMessages, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
 import type { ObjectStore } from '@nats-io/obj';
-import type { KvRouter } from '../../core/router.ts';
+import { type KvRouter, resetLosesEvents } from '../../core/router.ts';
 import { sourceKey } from '../../core/types.ts';
 import type { LogSink } from '../../log.ts';
 import { decodeEventMessage, STREAM, subjectSource } from './protocol.ts';
@@ -186,10 +186,14 @@ export class EventConsumer {
         if (it.kind === 'reset') {
           c.resets++;
           router.resetSource(key);
+          // The relay names why: a start or restart it rebuilt fully leaves the source whole, anything else lost events.
+          if (resetLosesEvents(it.reason)) router.markDegraded(key, it.reason, Date.now());
+          else router.markHealed(key);
         } else {
           const r = router.applyEvents(key, it.events);
           c.blocksApplied += r.applied;
           c.blocksRejected += r.rejected;
+          if (it.events.some((e) => e.kind === 'cleared')) router.markHealed(key);
         }
       }
     }
@@ -266,6 +270,8 @@ export class EventConsumer {
     } else {
       this.d.log.error({ first }, 'no snapshot covers the missing events: every source reset (cold until new events)');
       this.stats.appliedSeq = Math.max(0, first - 1);
+      for (const key of router.sourceKeys())
+        router.markDegraded(key, notAfter < Number.POSITIVE_INFINITY ? 'stream_discontinuity' : 'stream_gap', Date.now());
     }
   }
 

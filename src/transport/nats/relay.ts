@@ -175,6 +175,8 @@ class RankPipe {
   /** Set after a reconnect: check the subject still ends with our last acknowledged message before publishing on. */
   private needVerify = false;
   private wakePump: (() => void) | null = null;
+  /** The backlog overflowed: the source is being started again (replay), later batches are dropped meanwhile. */
+  private overflowed = false;
   /** Ends the wait for an in-flight publish when NATS reconnects (its reply may never come: retried, by id). */
   private interruptPublish: (() => void) | null = null;
 
@@ -182,6 +184,8 @@ class RankPipe {
     private readonly relay: NatsRelay,
     readonly dpRank: number,
     carried?: RelayRankStats,
+    /** A pipe started again: the last batch its predecessor had acknowledged (when snapshots purged the subject). */
+    private readonly resumeHint: { seq: bigint; fp: number } | null = null,
   ) {
     this.subject = eventSubject(relay.workerId, dpRank);
     this.key = sourceKey({ workerId: relay.workerId, dpRank });
@@ -258,9 +262,23 @@ class RankPipe {
   }
 
   private push(item: EventItem): void {
+    if (this.overflowed) return; // the source is being started again: these batches come back from the replay
     if (this.outbox.length >= this.relay.maxPendingItems) {
-      // The replicas cannot be told what was dropped; a reset makes them treat the source as cold instead.
       this.stats.overflows++;
+      if (this.relay.replay !== null) {
+        // The backlog is dropped, not lost: the source starts again once NATS answers, resumed after the last batch
+        // the stream holds, and the engine's replay buffer gives the dropped batches back (or the restart resets).
+        this.relay.log.error(
+          { source: this.key, pending: this.outbox.length },
+          `relay backlog of ${this.key} overflowed: dropped; the source starts again from the engine's replay`,
+        );
+        this.overflowed = true;
+        this.outbox = [];
+        this.stats.pending = 0;
+        setImmediate(() => void this.relay.restartPipe(this));
+        return;
+      }
+      // No replay: the replicas cannot be told what was dropped; a reset makes them treat the source as cold instead.
       this.relay.log.error(
         { source: this.key, pending: this.outbox.length },
         `relay backlog of ${this.key} overflowed: publishing a reset`,
@@ -356,7 +374,7 @@ class RankPipe {
 
     // Where did the previous relay of this source stop?
     // The stream's last message on the subject, or (when snapshots purged it) the registry's resume point.
-    let last: { seq: bigint; fp: number } | null = r.previousResume.get(this.dpRank) ?? null;
+    let last: { seq: bigint; fp: number } | null = this.resumeHint ?? r.previousResume.get(this.dpRank) ?? null;
     const stored = await r.plane.jsm.streams.getMessage(STREAM, { last_by_subj: this.subject }).catch(() => null);
     if (stored) {
       this.stats.lastStreamSeq = stored.seq;
@@ -401,12 +419,18 @@ class RankPipe {
     } else {
       // Unknown what replicas hold for this source versus what the engine holds: clear, then rebuild from seq 0.
       this.stats.start = 'reset';
-      this.onReset(known ? 'relay_restart' : 'relay_start');
+      let whole = false;
       if (replayEp) {
         const res = await requestReplay(replayEp, 0n, collect, { timeoutMs: r.replayTimeoutMs });
         if (!res.ok)
           r.log.warn({ source: this.key, reason: res.reason }, `catch-up replay of ${this.key} failed: starting from live events`);
+        // The rebuild is whole when the engine's buffer still reaches its first batch (or it has sent none yet).
+        whole = res.ok && (collected.length === 0 || collected[0].seq === 0n);
       }
+      // The reason tells the replicas whether the source is whole after it (relay_start, relay_restart) or events the
+      // engine sent before are missing (…_partial: degraded until the engine clears or restarts).
+      const base = known ? 'relay_restart' : 'relay_start';
+      this.onReset(whole ? base : `${base}_partial`);
       for (const c of collected) feed(c.seq, c.batch);
     }
     const early = this.priming ?? [];
@@ -786,9 +810,11 @@ export class NatsRelay {
     await old.close();
     let wait = 100;
     while (!this.closed) {
-      const next = new RankPipe(this, old.dpRank, old.stats);
+      const next = new RankPipe(this, old.dpRank, old.stats, old.lastPublished);
       this.pipes[i] = next;
       try {
+        // Where the stream ends must be known before the source starts again: wait for NATS to answer.
+        await this.plane.jsm.streams.info(STREAM);
         await next.start();
         return;
       } catch (err) {
