@@ -171,7 +171,9 @@ describe('failure behaviour', () => {
     expect(engines.every((e) => e.relay!.stats()[0].overflows === 0)).toBe(true);
   });
 
-  it('a relay whose queue overflows while NATS is down drops it and, once NATS is back, takes it back from the engine’s replay', { timeout: 90_000 }, async () => {
+  it('a relay whose queue overflows while NATS is down drops it and, once NATS is back, takes it back from the engine’s replay', {
+    timeout: 90_000,
+  }, async () => {
     const e = await startEngine('ovf');
     try {
       const relay = await startRelay(nats, e, { maxPendingItems: 3 });
@@ -203,7 +205,9 @@ describe('failure behaviour', () => {
     }
   });
 
-  it('without a replay endpoint an overflow resets the worker: cold, never wrong, and degraded on every replica', { timeout: 90_000 }, async () => {
+  it('without a replay endpoint an overflow resets the worker: cold, never wrong, and degraded on every replica', {
+    timeout: 90_000,
+  }, async () => {
     const e = await startEngine('ovf2');
     try {
       const relay = await startRelay(nats, e, { maxPendingItems: 3, replay: null });
