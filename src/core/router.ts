@@ -131,7 +131,7 @@ interface SourceEntry {
  * engine's first batch, an engine restart (its cache starts empty). Any other reset lost events: the source is
  * degraded until healed.
  */
-const WHOLE_RESETS: ReadonlySet<string> = new Set(['relay_start', 'relay_restart', 'restart']);
+const WHOLE_RESETS: ReadonlySet<string> = new Set(['relay_start', 'relay_restart', 'restart', 'resync']);
 
 /** Whether a reset with this reason lost events (the index is then missing blocks the engine holds). */
 export function resetLosesEvents(reason: string): boolean {
@@ -322,6 +322,11 @@ export class KvRouter {
     if (!entry?.degraded) return false;
     entry.degraded = undefined;
     return true;
+  }
+
+  /** The worker and rank of a source key (undefined when unknown). */
+  sourceId(key: string): SourceId | undefined {
+    return this.sources.get(key)?.id;
   }
 
   /** Degraded sources by key. */

@@ -21,7 +21,7 @@
  * stream still holds (the lost batches are published again from the engine's replay buffer), or reset and rebuilt
  * when the engine no longer has it. Counted as `discontinuities`.
  */
-import { connect, InvalidArgumentError, type NatsConnection } from '@nats-io/transport-node';
+import { connect, InvalidArgumentError, type NatsConnection, type Subscription } from '@nats-io/transport-node';
 import { jetstream, JetStreamApiCodes, JetStreamApiError, type JetStreamClient } from '@nats-io/jetstream';
 import { randomBytes } from 'node:crypto';
 import { sourceKey, type KvEvent } from '../../core/types.ts';
@@ -43,6 +43,7 @@ import {
   encodeWorkerEntry,
   eventSubject,
   REGISTRY_BUCKET,
+  resyncSubject,
   STREAM,
   type EventItem,
   type WorkerEntry,
@@ -186,6 +187,8 @@ class RankPipe {
     carried?: RelayRankStats,
     /** A pipe started again: the last batch its predecessor had acknowledged (when snapshots purged the subject). */
     private readonly resumeHint: { seq: bigint; fp: number } | null = null,
+    /** Asked by a replica to rebuild: reset and replay from the engine's first batch, never resume. */
+    private readonly rebuild = false,
   ) {
     this.subject = eventSubject(relay.workerId, dpRank);
     this.key = sourceKey({ workerId: relay.workerId, dpRank });
@@ -396,7 +399,7 @@ class RankPipe {
       collected.push({ seq, batch: b });
     };
     let resumed = false;
-    if (replayEp && last && last.seq >= 0n) {
+    if (replayEp && last && last.seq >= 0n && !this.rebuild) {
       const res = await requestReplay(replayEp, last.seq, collect, { timeoutMs: r.replayTimeoutMs });
       const first = collected[0];
       resumed =
@@ -429,7 +432,7 @@ class RankPipe {
       }
       // The reason tells the replicas whether the source is whole after it (relay_start, relay_restart) or events the
       // engine sent before are missing (…_partial: degraded until the engine clears or restarts).
-      const base = known ? 'relay_restart' : 'relay_start';
+      const base = this.rebuild ? 'resync' : known ? 'relay_restart' : 'relay_start';
       this.onReset(whole ? base : `${base}_partial`);
       for (const c of collected) feed(c.seq, c.batch);
     }
@@ -687,6 +690,10 @@ export class NatsRelay {
   private closed = false;
   /** NATS connection state, for health and logs. */
   connected = false;
+  /** Rebuilds done at a replica's request. */
+  rebuilds = 0;
+  private lastRebuildAt = 0;
+  private resyncSub: Subscription | null = null;
   disconnects = 0;
 
   constructor(private readonly opts: RelayOptions) {
@@ -771,6 +778,25 @@ export class NatsRelay {
       });
       this.poll.start();
     }
+    // Replicas whose view of this worker is incomplete ask for a rebuild; several ask at once: one rebuild per 2 s.
+    this.resyncSub = this.nc.subscribe(resyncSubject(this.workerId), {
+      callback: (err, msg) => {
+        if (err || this.closed || Date.now() - this.lastRebuildAt < 2000) return;
+        this.lastRebuildAt = Date.now();
+        this.rebuilds++;
+        let why = '';
+        try {
+          why = String((JSON.parse(new TextDecoder().decode(msg.data)) as { reason?: unknown }).reason ?? '');
+        } catch {
+          // a request without a readable reason still counts
+        }
+        this.log.warn(
+          { worker: this.workerId, reason: why },
+          `a replica asked to rebuild ${this.workerId}: reset and replay from the engine`,
+        );
+        for (const p of [...this.pipes]) void this.restartPipe(p, true);
+      },
+    });
     const hb = this.opts.heartbeatMs ?? 2000;
     this.heartbeat = setInterval(() => {
       this.plane.registry.put(this.workerId, encodeWorkerEntry(this.entry())).catch((err) => {
@@ -800,9 +826,10 @@ export class NatsRelay {
    * (resume after the last batch the stream holds, else reset + rebuild). A polled engine (no replay, one poll for
    * every rank) gets a reset instead.
    */
-  async restartPipe(old: RankPipe): Promise<void> {
+  async restartPipe(old: RankPipe, rebuild = false): Promise<void> {
     const i = this.pipes.indexOf(old);
     if (i < 0 || this.closed) return;
+    if (rebuild && (this.pollUrl !== null || this.replay === null)) return; // no replay to rebuild from
     if (this.pollUrl !== null) {
       old.resetAfterLoss();
       return;
@@ -810,7 +837,7 @@ export class NatsRelay {
     await old.close();
     let wait = 100;
     while (!this.closed) {
-      const next = new RankPipe(this, old.dpRank, old.stats, old.lastPublished);
+      const next = new RankPipe(this, old.dpRank, old.stats, old.lastPublished, rebuild);
       this.pipes[i] = next;
       try {
         // Where the stream ends must be known before the source starts again: wait for NATS to answer.
@@ -848,6 +875,7 @@ export class NatsRelay {
     if (this.closed) return;
     this.closed = true;
     if (this.heartbeat) clearInterval(this.heartbeat);
+    this.resyncSub?.unsubscribe();
     await this.poll?.close();
     if (options.drainMs) {
       // Read what the engine already sent (still in the ZMQ sockets), then wait for it to be acknowledged.
