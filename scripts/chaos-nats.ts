@@ -12,13 +12,16 @@
  *   relay-stop        a relay SIGSTOPped past the replicas' worker heartbeat TTL (3 s), then SIGCONT
  *   snapshot-corrupt  the stored snapshot corrupted (or truncated, alternately), then a replica restarted onto it
  *   engine-restart    an engine restarted (empty cache, event ids from 0)
+ *   partition         (root only: `ip netns`) a third replica runs in a network namespace of its own, joined to this
+ *                     host by a veth pair; its link is taken down for 4 s (no route to NATS), then up again. The
+ *                     namespace and the veth pair are made at the start and removed at the end.
  *
  * After each fault the traffic stops (the quiet period) and every replica's index is compared with every engine's
  * actual block set, exactly, until equal (healed: time measured from the start of the quiet period) or 20 s (not
  * healed). Requests lost are engine requests that failed or got no answer in 10 s. Prints one line per round and a
  * summary; exit code 1 when a round did not heal or a request was lost.
  */
-import { type ChildProcess, fork, spawn } from 'node:child_process';
+import { type ChildProcess, execFileSync, fork, spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { connect } from '@nats-io/transport-node';
 import { Objm } from '@nats-io/obj';
@@ -35,8 +38,69 @@ const HEAL_TIMEOUT_MS = 20_000;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 
-export const FAULTS = ['nats-restart', 'relay-kill', 'replica-kill', 'burst', 'relay-stop', 'snapshot-corrupt', 'engine-restart'] as const;
+export const FAULTS = [
+  'nats-restart',
+  'relay-kill',
+  'replica-kill',
+  'burst',
+  'relay-stop',
+  'snapshot-corrupt',
+  'engine-restart',
+  'partition',
+] as const;
 export type Fault = (typeof FAULTS)[number];
+
+/** A network namespace with a veth pair to this host: made, cut, healed and removed with `ip`. */
+class NetNs {
+  readonly ns = `kvr${process.pid}`;
+  readonly hostIf = `kvh${process.pid}`.slice(0, 15);
+  readonly nsIf = `kvn${process.pid}`.slice(0, 15);
+  readonly hostIp = '10.231.7.1';
+  readonly nsIp = '10.231.7.2';
+  private made = false;
+
+  private static ip(args: string[]): void {
+    execFileSync('ip', args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  }
+
+  /** Makes the namespace and the veth pair; false (nothing left behind) when this user may not. */
+  make(): boolean {
+    try {
+      NetNs.ip(['netns', 'add', this.ns]);
+      this.made = true;
+      NetNs.ip(['link', 'add', this.hostIf, 'type', 'veth', 'peer', 'name', this.nsIf]);
+      NetNs.ip(['link', 'set', this.nsIf, 'netns', this.ns]);
+      NetNs.ip(['addr', 'add', `${this.hostIp}/30`, 'dev', this.hostIf]);
+      NetNs.ip(['link', 'set', this.hostIf, 'up']);
+      NetNs.ip(['netns', 'exec', this.ns, 'ip', 'addr', 'add', `${this.nsIp}/30`, 'dev', this.nsIf]);
+      NetNs.ip(['netns', 'exec', this.ns, 'ip', 'link', 'set', this.nsIf, 'up']);
+      NetNs.ip(['netns', 'exec', this.ns, 'ip', 'link', 'set', 'lo', 'up']);
+      return true;
+    } catch {
+      this.remove();
+      return false;
+    }
+  }
+
+  cut(down: boolean): void {
+    NetNs.ip(['link', 'set', this.hostIf, down ? 'down' : 'up']);
+  }
+
+  remove(): void {
+    if (!this.made) return;
+    this.made = false;
+    for (const args of [
+      ['link', 'del', this.hostIf],
+      ['netns', 'del', this.ns],
+    ]) {
+      try {
+        NetNs.ip(args);
+      } catch {
+        // already gone
+      }
+    }
+  }
+}
 
 // ------------------------------------------------------------------------------------------ child: one replica
 
@@ -91,7 +155,11 @@ function percentile(xs: number[], p: number): number {
 
 export async function runNatsChaos(rounds: number, log: (s: string) => void): Promise<NatsChaosReport> {
   const script = fileURLToPath(import.meta.url);
-  const nats = new NatsServer();
+  const netns = new NetNs();
+  const partitions = netns.make();
+  if (!partitions) log('chaos-nats: partition rounds skipped: `ip netns add` is not permitted here (needs root / CAP_NET_ADMIN)');
+  const faults = FAULTS.filter((f) => f !== 'partition' || partitions);
+  const nats = new NatsServer({ host: partitions ? '0.0.0.0' : '127.0.0.1' });
   await nats.start();
   const engines: MockerHandle[] = [];
   for (let i = 0; i < 3; i++) {
@@ -130,11 +198,28 @@ export async function runNatsChaos(rounds: number, log: (s: string) => void): Pr
     return p;
   };
   const replicas: Replica[] = [];
-  const startReplica = async (id: string): Promise<Replica> => {
-    const proc = fork(script, ['--nats-replica-child', nats.url, id], {
-      execArgv: ['--import', 'tsx'],
-      stdio: ['ignore', 'ignore', 'inherit', 'ipc'],
-    });
+  const startReplica = async (id: string, inNs = false): Promise<Replica> => {
+    const proc = inNs
+      ? spawn(
+          'ip',
+          [
+            'netns',
+            'exec',
+            netns.ns,
+            process.execPath,
+            '--import',
+            'tsx',
+            script,
+            '--nats-replica-child',
+            `nats://${netns.hostIp}:${nats.port}`,
+            id,
+          ],
+          { cwd: ROOT, stdio: ['ignore', 'ignore', 'inherit', 'ipc'] },
+        )
+      : fork(script, ['--nats-replica-child', nats.url, id], {
+          execArgv: ['--import', 'tsx'],
+          stdio: ['ignore', 'ignore', 'inherit', 'ipc'],
+        });
     children.add(proc);
     proc.once('exit', () => children.delete(proc));
     await new Promise<void>((resolve, reject) => {
@@ -222,6 +307,7 @@ export async function runNatsChaos(rounds: number, log: (s: string) => void): Pr
   try {
     for (let i = 0; i < engines.length; i++) startRelay(i);
     replicas.push(await startReplica('rep0'), await startReplica('rep1'));
+    if (partitions) replicas.push(await startReplica('rep-ns', true));
 
     /** Compares every replica with every engine; '' when all equal. */
     const compare = async (): Promise<string> => {
@@ -268,7 +354,7 @@ export async function runNatsChaos(rounds: number, log: (s: string) => void): Pr
     );
     let snapshotFlip = 0;
     for (let round = 0; round < rounds; round++) {
-      const fault = FAULTS[round % FAULTS.length];
+      const fault = faults[round % faults.length];
       const target = round % engines.length;
       startTraffic();
       await sleep(800);
@@ -284,7 +370,7 @@ export async function runNatsChaos(rounds: number, log: (s: string) => void): Pr
           startRelay(target);
           break;
         case 'replica-kill': {
-          const r = replicas[round % replicas.length];
+          const r = replicas[round % 2]; // rep0 or rep1 (rep-ns is cut off by the partition rounds)
           await kill(r.proc);
           await sleep(300);
           replicas[replicas.indexOf(r)] = await startReplica(r.id);
@@ -314,13 +400,18 @@ export async function runNatsChaos(rounds: number, log: (s: string) => void): Pr
           } finally {
             await nc.close();
           }
-          const r = replicas[round % replicas.length];
+          const r = replicas[round % 2]; // rep0 or rep1 (rep-ns is cut off by the partition rounds)
           await kill(r.proc);
           replicas[replicas.indexOf(r)] = await startReplica(r.id);
           break;
         }
         case 'engine-restart':
           await engines[target].restart();
+          break;
+        case 'partition':
+          netns.cut(true);
+          await sleep(4000);
+          netns.cut(false);
           break;
       }
       await sleep(500);
@@ -337,6 +428,7 @@ export async function runNatsChaos(rounds: number, log: (s: string) => void): Pr
     await Promise.all([...children].map((p) => kill(p)));
     await Promise.all(engines.map((e) => e.close()));
     await nats.dispose();
+    netns.remove();
   }
   report.requests = requests;
   report.lost = lost;
