@@ -25,7 +25,29 @@ beforeAll(async () => {
   await nats.start();
   for (let i = 0; i < 2; i++) engines.push(await startEngine(`eng${i}`, 256));
   replicas.push(await startReplica(nats, 'rep0'));
-  for (const e of engines) await startRelay(nats, e);
+  const relayLog = process.env.KVROUTE_TEST_LOG
+    ? {
+        info: (o: object, m: string) =>
+          console.log(
+            'relay',
+            m,
+            JSON.stringify(o, (_k, v) => (typeof v === 'bigint' ? String(v) : v)),
+          ),
+        warn: (o: object, m: string) =>
+          console.log(
+            'relay',
+            m,
+            JSON.stringify(o, (_k, v) => (typeof v === 'bigint' ? String(v) : v)),
+          ),
+        error: (o: object, m: string) =>
+          console.log(
+            'relay',
+            m,
+            JSON.stringify(o, (_k, v) => (typeof v === 'bigint' ? String(v) : v)),
+          ),
+      }
+    : undefined;
+  for (const e of engines) await startRelay(nats, e, relayLog ? { log: relayLog } : {});
 });
 
 afterAll(async () => {

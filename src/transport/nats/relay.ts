@@ -328,6 +328,25 @@ class RankPipe {
     this.push({ kind: 'reset', reason });
   }
 
+  /** Highest seq fed from the replay at start, and those batches' fingerprints (cleared once live passes it). */
+  private fedUpTo: bigint | null = null;
+  private readonly fedFps = new Map<bigint, number>();
+
+  /**
+   * A live batch the start's replay already fed (the live socket delivers it after the replay returned it): dropped,
+   * or the tracker would take the repeated seq for an engine restart. A batch with another fingerprint at that seq
+   * is a new engine process and goes on.
+   */
+  private alreadyFed(seq: bigint, batch: DecodedBatch): boolean {
+    if (this.fedUpTo === null) return false;
+    if (seq > this.fedUpTo) {
+      this.fedUpTo = null;
+      this.fedFps.clear();
+      return false;
+    }
+    return batch.ok && this.fedFps.get(seq) === batchFingerprint(batch.events);
+  }
+
   private remember(seq: bigint, batch: DecodedBatch): void {
     if (this.fps.size > 50_000) this.fps.clear(); // batches that were never delivered (reset away): forget them
     this.fps.set(seq, batchFingerprint(batch.events));
@@ -368,7 +387,7 @@ class RankPipe {
             this.lastBatchAt = Date.now();
             if (batch.ok) this.remember(seq, batch);
             if (this.priming) this.priming.push({ seq, batch });
-            else this.ingest.onBatch(seq, batch);
+            else if (!this.alreadyFed(seq, batch)) this.ingest.onBatch(seq, batch);
           },
           onBadFrame: (kind, detail) => this.ingest.onBadFrame(kind, detail),
           onConnection: (c) => this.ingest.setConnected(c),
@@ -410,6 +429,8 @@ class RankPipe {
     const feed = (seq: bigint, batch: DecodedBatch) => {
       if (lastFed !== null && seq <= lastFed) return;
       lastFed = seq;
+      this.fedUpTo = seq;
+      if (batch.ok) this.fedFps.set(seq, batchFingerprint(batch.events));
       this.ingest.onBatch(seq, batch);
     };
     if (resumed) {
