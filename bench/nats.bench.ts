@@ -74,6 +74,15 @@ async function relaySide(): Promise<void> {
     // Yield now and then so the relay (same process) gets the CPU to keep up; ZMQ buffers the rest.
     if (i % 64 === 63) await sleep(0);
   }
+  // Every batch sent must have left ZMQ before the relay is drained and closed: drain() covers only what the relay
+  // has read, and closing with batches still in the socket lost them (the replica then waited for blocks that never
+  // came). The relay's ingest names the last engine seq it delivered.
+  const lastSent = String(frames.length - 1);
+  const readBy = Date.now() + 120_000;
+  while (relay.health()[0]?.lastSeq !== lastSent) {
+    if (Date.now() > readBy) throw new Error(`relay read up to seq ${relay.health()[0]?.lastSeq} of ${lastSent} in 120 s`);
+    await sleep(2);
+  }
   await relay.drain(120_000);
   process.stdout.write(`DONE ${JSON.stringify({ sendMs: Date.now() - start, stats: relay.stats() })}\n`);
   await relay.close();

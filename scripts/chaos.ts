@@ -11,6 +11,7 @@
  *   npm run chaos                 # 150 s soak
  *   npm run chaos -- --short      # 30 s (CI; also CHAOS_SHORT=1)
  *   npm run chaos -- --overload [--connections 10000]   # router in a child process, N concurrent connections
+ *   npm run chaos -- --nats [--rounds 20]   # the NATS event plane under faults (scripts/chaos-nats.ts)
  *
  * Exit code 1 when a check fails.
  */
@@ -698,6 +699,14 @@ async function main(): Promise<void> {
     ];
     for (const c of checks) log(`${c.ok ? 'PASS' : 'FAIL'}  ${c.name}: ${c.detail}`);
     process.exit(checks.every((c) => c.ok) ? 0 : 1);
+  }
+  if (args.includes('--nats')) {
+    const { runNatsChaos } = await import('./chaos-nats.ts');
+    const i = args.indexOf('--rounds');
+    const rounds = i >= 0 ? Number(args[i + 1]) : 20;
+    if (!Number.isInteger(rounds) || rounds < 1) throw new Error(`--rounds must be a positive integer, got ${args[i + 1]}`);
+    const r = await runNatsChaos(rounds, log);
+    process.exit(r.lost === 0 && r.rounds.every((x) => x.healedMs !== null) ? 0 : 1);
   }
   const short = args.includes('--short') || process.env.CHAOS_SHORT === '1';
   const r = await runChaos({ ...(short ? SHORT : LONG), log });

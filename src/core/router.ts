@@ -127,12 +127,36 @@ interface SourceEntry {
   capacityBlocks?: number;
   /** The engine's own gauges as last scraped (setEngineMetrics), for policies that read them. */
   scraped?: EngineMetrics;
+  /** Events of this source were lost and could not be replayed: its index is not the engine's cache until healed. */
+  degraded?: SourceDegraded;
 }
 
 /** Engine gauges a metrics-scraping policy reads (vllm:num_requests_waiting, vllm:kv_cache_usage_perc). */
 export interface EngineMetrics {
   readonly waiting: number;
   readonly kvUsage: number;
+}
+
+/**
+ * Reset reasons that leave a source's index whole: a relay's first start or a restart whose replay reached the
+ * engine's first batch, an engine restart (its cache starts empty). Any other reset lost events: the source is
+ * degraded until healed.
+ */
+const WHOLE_RESETS: ReadonlySet<string> = new Set(['relay_start', 'relay_restart', 'restart', 'resync']);
+
+/** Whether a reset with this reason lost events (the index is then missing blocks the engine holds). */
+export function resetLosesEvents(reason: string): boolean {
+  return !WHOLE_RESETS.has(reason);
+}
+
+/** Why and since when a source's index is not to be trusted (events lost, not replayed). */
+export interface SourceDegraded {
+  /** Routing clock (ms) of the first loss since the source was last known whole. */
+  readonly since: number;
+  /** The latest loss's reason (a reset reason: relay_backlog_overflow, stream_gap, replay_too_old, ...). */
+  readonly reason: string;
+  /** Losses since it was last known whole. */
+  readonly losses: number;
 }
 
 /** What finish() knows about a request: for metrics and the prediction-error histogram. */
@@ -316,6 +340,38 @@ export class KvRouter {
   }
 
   /** The engine restarted or its event stream broke beyond repair: it is cold as far as we know. */
+  /**
+   * Events of `key` were lost and not replayed: its index is incomplete (after a reset, blocks the engine holds are
+   * missing) until `markHealed`. Shown in `state()` (the source's `degraded`); routing goes on with what is known.
+   */
+  markDegraded(key: string, reason: string, now = this.lastNow): boolean {
+    const entry = this.sources.get(key);
+    if (!entry) return false;
+    const d = entry.degraded;
+    entry.degraded = { since: d?.since ?? now, reason, losses: (d?.losses ?? 0) + 1 };
+    return true;
+  }
+
+  /** The source's index is whole again (rebuilt from a full replay, the engine cleared its cache or restarted). */
+  markHealed(key: string): boolean {
+    const entry = this.sources.get(key);
+    if (!entry?.degraded) return false;
+    entry.degraded = undefined;
+    return true;
+  }
+
+  /** The worker and rank of a source key (undefined when unknown). */
+  sourceId(key: string): SourceId | undefined {
+    return this.sources.get(key)?.id;
+  }
+
+  /** Degraded sources by key. */
+  degradedSources(): Map<string, SourceDegraded> {
+    const out = new Map<string, SourceDegraded>();
+    for (const e of this.sources.values()) if (e.degraded) out.set(e.key, e.degraded);
+    return out;
+  }
+
   resetSource(key: string): boolean {
     const entry = this.sources.get(key);
     if (!entry) return false;
@@ -758,6 +814,8 @@ export class KvRouter {
       activeBlocks: number;
       activePrefillTokens: number;
       capacityBlocks?: number;
+      /** Null while the source's index is trusted; else since when (routing clock, ms) and why it is not. */
+      degraded: SourceDegraded | null;
     }>;
   } {
     return {
@@ -781,6 +839,7 @@ export class KvRouter {
         activeBlocks: this.active.activeBlocks(e.index),
         activePrefillTokens: this.active.prefillTokens(e.index),
         capacityBlocks: e.capacityBlocks,
+        degraded: e.degraded ?? null,
       })),
     };
   }

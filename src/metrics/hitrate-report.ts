@@ -238,6 +238,11 @@ export interface HitRateReport {
   readonly engineSource: 'mirror' | 'direct' | 'none';
   readonly resets: string[];
   readonly notes: string[];
+  /**
+   * Workers whose KV events were lost and not replayed in either scrape (router_kv_event_source_degraded): the
+   * router's predictions for them are not to be trusted until healed, nor the gaps against the engine.
+   */
+  readonly degraded: Array<{ worker: string; reason: string }>;
   readonly verdict: string;
 }
 
@@ -372,6 +377,13 @@ export function buildReport(input: ReportInput): HitRateReport {
   else if ((overall.engineQueries ?? 0) === 0) notes.push('engine counters present but no prompt tokens queried in the window');
   if (resets.length > 0) notes.push(`counter resets (restart) between the scrapes: ${resets.join(', ')}; counted from zero`);
 
+  const degraded = new Map<string, string>();
+  for (const s of [...pa.samples, ...pb.samples]) {
+    if (s.name === `${b.prefix}router_kv_event_source_degraded` && s.value === 1 && s.labels.worker) {
+      degraded.set(s.labels.worker, s.labels.reason ?? 'unknown');
+    }
+  }
+
   const o = ratesOf('overall', overall);
   const workers = [...workerDeltas].sort(([x], [y]) => (x < y ? -1 : x > y ? 1 : 0)).map(([name, d]) => ratesOf(name, d));
   return {
@@ -382,6 +394,7 @@ export function buildReport(input: ReportInput): HitRateReport {
     engineSource,
     resets,
     notes,
+    degraded: [...degraded].map(([worker, reason]) => ({ worker, reason })),
     verdict: verdictOf(o, engineSource),
   };
 }
@@ -434,6 +447,12 @@ export function formatReport(r: HitRateReport): string {
     'avail = best overlap in the fleet; delivered = cached_tokens/prompt_tokens from usage reports, "pred (same)" = router prediction for those requests.',
   );
   for (const n of r.notes) out.push(`note: ${n}`);
+  for (const d of r.degraded) {
+    out.push(
+      `WARNING: worker ${d.worker}: KV events were lost and not replayed (${d.reason}); the router's view of its cache is incomplete, ` +
+        'so its predicted figures (and the overall ones) are not to be trusted until it is healed (GET /debug/state: degraded)',
+    );
+  }
   out.push('');
   out.push(`verdict: ${r.verdict}`);
   return `${out.join('\n')}\n`;

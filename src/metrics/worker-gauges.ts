@@ -59,6 +59,21 @@ export function registerWorkerGauges(registry: Registry, p: string, from: Worker
     blind.get(s.source) ? 1 : 0,
   );
   new Gauge({
+    name: `${p}router_kv_event_source_degraded`,
+    help:
+      "1 while the worker's KV events were lost and not replayed (its index is not the engine's cache until healed), by the latest loss's reason; " +
+      'value 0 series are not kept. GET /debug/state shows since when.',
+    labelNames: ['worker', 'reason'],
+    registers,
+    collect() {
+      this.reset();
+      for (const s of router.state().sources) if (s.degraded) this.set({ worker: label(s.source), reason: s.degraded.reason }, 1);
+    },
+  });
+  sourceGauge('router_kv_event_source_losses', 'Event losses of the worker since its index was last known whole (0 when healed).', (s) =>
+    s.degraded ? s.degraded.losses : 0,
+  );
+  new Gauge({
     name: `${p}router_kv_index_blocks`,
     help: 'Distinct blocks in the event index (all workers).',
     registers,

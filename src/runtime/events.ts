@@ -4,7 +4,7 @@
  * the event streams' health copied into metrics every 2 s (cumulative totals; metrics add the increase).
  */
 import type { Logger } from 'pino';
-import type { KvRouter } from '../core/router.ts';
+import { type KvRouter, resetLosesEvents } from '../core/router.ts';
 import type { KvEvent } from '../core/types.ts';
 import { engineAdapter } from '../engines/index.ts';
 import { EventIngest } from '../transport/event-ingest.ts';
@@ -28,9 +28,15 @@ export class ServerEvents {
   private ensure(): EventIngest {
     this.ingest ??= new EventIngest({
       routerBlockSize: this.blockSize,
-      sink: (key: string, events: KvEvent[]) => this.metrics.eventsApplied(key, this.router.applyEvents(key, events, Date.now())),
+      sink: (key: string, events: KvEvent[]) => {
+        this.metrics.eventsApplied(key, this.router.applyEvents(key, events, Date.now()));
+        // The engine cleared its cache: what the index holds from here is the engine's cache again.
+        if (events.some((e) => e.kind === 'cleared')) this.router.markHealed(key);
+      },
       onReset: (key: string, reason: string) => {
         this.router.resetSource(key); // counted for metrics by the health poll
+        if (resetLosesEvents(reason)) this.router.markDegraded(key, reason, Date.now());
+        else this.router.markHealed(key);
         this.log.warn({ source: key, reason }, 'KV event stream reset: source treated as cold');
       },
       log: {

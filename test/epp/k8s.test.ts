@@ -59,9 +59,9 @@ describe('kvroute epp --k8s-pool', () => {
     envoy = new EnvoySide(picker.address);
     const e = envoy;
     await eventually(async () => (await e.check('readiness')).status === 1, 15_000);
-    // The worker set lists a worker (and readiness serves) while its add is still running; discovery counts it once
-    // the add returns (read once, this failed at load 9).
-    await eventually(async () => metric(await metricsText(picker!), 'router_k8s_workers') === 1);
+    // Ready only once the first list's workers are added (a ready picker with no worker would give the gateway 503s):
+    // read once, right after readiness (test/discovery/k8s-ready.test.ts holds the add back to prove the order).
+    expect(metric(await metricsText(picker), 'router_k8s_workers')).toBe(1);
     let seed = 0;
     const pick = async () => {
       const r = await e.roundTrip({ body: JSON.stringify({ model: 'm', prompt: randomTokens(64, ++seed), max_tokens: 2 }) });

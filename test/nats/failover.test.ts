@@ -171,7 +171,9 @@ describe('failure behaviour', () => {
     expect(engines.every((e) => e.relay!.stats()[0].overflows === 0)).toBe(true);
   });
 
-  it('a relay whose queue overflows while NATS is down resets its worker: cold, never wrong', { timeout: 90_000 }, async () => {
+  it('a relay whose queue overflows while NATS is down drops it and, once NATS is back, takes it back from the engine’s replay', {
+    timeout: 90_000,
+  }, async () => {
     const e = await startEngine('ovf');
     try {
       const relay = await startRelay(nats, e, { maxPendingItems: 3 });
@@ -181,6 +183,39 @@ describe('failure behaviour', () => {
         // Eventual consistency, not a timing goal: a loaded CI machine (the whole suite in parallel) needs longer.
         30_000,
         'ovf indexed',
+      );
+      const resetsBefore = relay.stats()[0].resets;
+      await nats.stop();
+      for (let i = 0; i < 12; i++) await complete(e.mocker.url, gen.next());
+      await until(() => relay.stats()[0].overflows > 0, 5000, 'overflow');
+      expect(relay.stats()[0].pending).toBeLessThanOrEqual(3); // bounded: dropped, not kept
+      await nats.start();
+      // Nothing lost: every replica's index equals the engine's cache, with no reset (the source was resumed).
+      await until(
+        () => replicas.every((r) => sameSet(blocksOf(r.router, 'ovf'), e.mocker.engine.cachedSeqHashes())),
+        30_000,
+        'ovf healed from the replay',
+      );
+      expect(relay.stats()[0].resets).toBe(resetsBefore);
+      expect(relay.stats()[0].start).toBe('resumed');
+      for (const r of replicas) expect(r.router.degradedSources().has('ovf')).toBe(false);
+    } finally {
+      await e.relay?.close({ deregister: true });
+      await e.mocker.close();
+    }
+  });
+
+  it('without a replay endpoint an overflow resets the worker: cold, never wrong, and degraded on every replica', {
+    timeout: 90_000,
+  }, async () => {
+    const e = await startEngine('ovf2');
+    try {
+      const relay = await startRelay(nats, e, { maxPendingItems: 3, replay: null });
+      for (let i = 0; i < 5; i++) await complete(e.mocker.url, gen.next());
+      await until(
+        () => replicas.every((r) => sameSet(blocksOf(r.router, 'ovf2'), e.mocker.engine.cachedSeqHashes())),
+        30_000,
+        'ovf2 indexed',
       );
       await nats.stop();
       for (let i = 0; i < 12; i++) await complete(e.mocker.url, gen.next());
@@ -194,9 +229,10 @@ describe('failure behaviour', () => {
       );
       const truth = e.mocker.engine.cachedSeqHashes();
       for (const r of replicas) {
-        const mine = blocksOf(r.router, 'ovf');
+        const mine = blocksOf(r.router, 'ovf2');
         for (const b of mine) expect(truth.has(b)).toBe(true); // nothing the engine does not hold
         expect(mine.size).toBeLessThan(truth.size); // what was dropped is unknown, not invented
+        expect(r.router.degradedSources().get('ovf2')?.reason).toBe('relay_backlog_overflow');
       }
     } finally {
       await e.relay?.close({ deregister: true });

@@ -41,8 +41,11 @@ export class NatsServer {
   port = 0;
   private proc: ChildProcess | null = null;
 
-  /** `maxPayload`: the server's max_payload in bytes (default 1 MiB), set through a config file. */
-  constructor(private readonly options: { maxPayload?: number } = {}) {}
+  /**
+   * `maxPayload`: the server's max_payload in bytes (default 1 MiB), set through a config file. `host`: the listen
+   * address (default 127.0.0.1; the NATS soak listens on every address so a replica in a network namespace reaches it).
+   */
+  constructor(private readonly options: { maxPayload?: number; host?: string } = {}) {}
 
   get url(): string {
     return `nats://127.0.0.1:${this.port}`;
@@ -50,7 +53,7 @@ export class NatsServer {
 
   async start(): Promise<void> {
     if (this.port === 0) this.port = await freePort();
-    const args = ['-js', '-sd', this.dir, '-a', '127.0.0.1', '-p', String(this.port)];
+    const args = ['-js', '-sd', this.dir, '-a', this.options.host ?? '127.0.0.1', '-p', String(this.port)];
     if (this.options.maxPayload !== undefined) {
       const conf = join(this.dir, 'server.conf');
       writeFileSync(conf, `max_payload: ${this.options.maxPayload}\n`);

@@ -142,7 +142,10 @@ export class K8sDiscovery {
     this.custom = opts.kubeConfig.makeApiClient(CustomObjectsApi);
   }
 
-  /** True once the pods have been listed (and, with a pool, the pool found): the worker set reflects the cluster. */
+  /**
+   * True once the pods have been listed (and, with a pool, the pool found) and the workers of that first list are in
+   * the worker table: readiness must not say SERVING while the sink is still adding them (a gateway would get 503s).
+   */
   get synced(): boolean {
     return this.podsSynced;
   }
@@ -253,9 +256,8 @@ export class K8sDiscovery {
     if (!next) {
       await this.retirePodWatch();
       this.pods.clear();
+      await this.reconcile();
       this.podsSynced = true;
-      this.reconcile();
-      await this.chain;
       return;
     }
     if (!this.podWatch || prev?.selector.text !== next.selector.text) {
@@ -290,8 +292,12 @@ export class K8sDiscovery {
       onSync: (items) => {
         this.pods.clear();
         for (const obj of items) this.remember('ADDED', obj);
-        this.podsSynced = true;
-        this.reconcile();
+        // Synced once this list's workers are applied, not when it arrives (the sink's add is asynchronous).
+        const applied = this.reconcile();
+        if (!this.podsSynced)
+          void applied.then(() => {
+            this.podsSynced = true;
+          });
       },
       onEvent: (type, obj) => {
         this.remember(type, obj);
@@ -324,7 +330,7 @@ export class K8sDiscovery {
   }
 
   /** The desired worker set from the pods known now, applied as a difference (serialised: add/remove are async). */
-  private reconcile(): void {
+  private reconcile(): Promise<void> {
     const desired = new Map<string, WorkerSpec>();
     const target = this.target;
     const notRouted: Record<NotRoutedReason, number> = { encode_only: 0 };
@@ -351,6 +357,7 @@ export class K8sDiscovery {
     }
     this.notRouted = notRouted;
     this.chain = this.chain.then(() => this.apply(desired));
+    return this.chain;
   }
 
   /** Logs once per key (bounded, like countBad's). */

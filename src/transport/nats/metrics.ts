@@ -27,6 +27,16 @@ const COUNTERS: ReadonlyArray<readonly [string, CounterKey, string]> = [
     'streamGaps',
     'Times stream messages this replica needed were gone (retention or purge): resynchronised.',
   ],
+  [
+    'router_nats_stream_discontinuities_total',
+    'streamDiscontinuities',
+    'Times the stream went back (messages this replica applied lost or their sequences reused, e.g. nats-server killed before it flushed): consumed again from the last message both agree on.',
+  ],
+  [
+    'router_nats_resync_requests_total',
+    'resyncRequests',
+    'Rebuilds asked of relays for workers whose index here is incomplete (degraded).',
+  ],
   ['router_nats_disconnects_total', 'disconnects', 'Times the replica lost NATS and routed on its current view (degraded).'],
   [
     'router_nats_lifecycle_published_total',

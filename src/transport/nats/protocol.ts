@@ -25,6 +25,16 @@ export const LEASE_KEY = 'snapshot';
 export const SNAPSHOT_BUCKET = 'kvroute-snapshots';
 export const SNAPSHOT_NAME = 'index';
 export const LOAD_SUBJECT = 'kvroute.load';
+/**
+ * Core NATS, `kvroute.resync.<worker>`: a replica whose view of a worker is incomplete (events lost, not replayed; the
+ * worker removed and back) asks its relay to rebuild it: the relay publishes a reset and the engine's replay from its
+ * first batch, for every replica. Payload: JSON { replica, reason }.
+ */
+export const RESYNC_PREFIX = 'kvroute.resync';
+
+export function resyncSubject(workerId: string): string {
+  return `${RESYNC_PREFIX}.${workerId}`;
+}
 
 /** Worker ids become subject tokens and KV keys: keep them to a safe alphabet. */
 const WORKER_ID = /^[A-Za-z0-9_-]{1,128}$/;

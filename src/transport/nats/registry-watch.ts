@@ -23,6 +23,8 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 export class RegistryWatch {
   private readonly workers = new Map<string, { entry: WorkerEntry; seenAt: number }>();
+  /** Workers removed while their relay may have kept publishing: back, their blocks are unknown (degraded). */
+  private readonly removed = new Set<string>();
   private closed = false;
   private connectedSince: number;
   readonly stats = { workersRemoved: 0 };
@@ -87,7 +89,10 @@ export class RegistryWatch {
     for (const dp of entry.dpRanks) {
       const id = { workerId: key, dpRank: dp };
       if (!router.hasSource(sourceKey(id))) router.addSource(id, { mode: 'events' });
+      // Its blocks were dropped when it was removed; the engine kept them: unknown until its relay rebuilds it.
+      if (this.removed.has(key)) router.markDegraded(sourceKey(id), 'worker_rejoined', this.d.now());
     }
+    this.removed.delete(key);
     if (
       !known ||
       known.entry.url !== entry.url ||
@@ -101,6 +106,7 @@ export class RegistryWatch {
   private drop(workerId: string, why: string): void {
     if (!this.workers.delete(workerId)) return;
     this.d.router.removeWorker(workerId);
+    if (why !== 'deregistered') this.removed.add(workerId);
     this.stats.workersRemoved++;
     this.d.log.warn({ worker: workerId, why }, `worker ${workerId} removed (${why})`);
     this.d.onWorker?.(workerId, null);

@@ -13,8 +13,15 @@
  * the engine to replay from L; if the engine still holds batch L with the same fingerprint, it is the same engine
  * process and the relay resumes at L + 1 (no reset). Otherwise it publishes a reset and rebuilds the source from the
  * engine's replay buffer (as far as it reaches) and the live stream.
+ *
+ * Stream gone back: a nats-server killed before its file store flushed loses the newest messages, acknowledged or
+ * not, and reuses their sequences after a restart. After every reconnect (and whenever a publish finds the subject's
+ * last sequence behind its own) the relay checks that the subject's last message is the last one it had acknowledged;
+ * when it is not, the source is started again as a restarted relay would: resumed after the last engine batch the
+ * stream still holds (the lost batches are published again from the engine's replay buffer), or reset and rebuilt
+ * when the engine no longer has it. Counted as `discontinuities`.
  */
-import { connect, InvalidArgumentError, type NatsConnection } from '@nats-io/transport-node';
+import { connect, InvalidArgumentError, type NatsConnection, type Subscription } from '@nats-io/transport-node';
 import { jetstream, JetStreamApiCodes, JetStreamApiError, type JetStreamClient } from '@nats-io/jetstream';
 import { randomBytes } from 'node:crypto';
 import { sourceKey, type KvEvent } from '../../core/types.ts';
@@ -36,6 +43,7 @@ import {
   encodeWorkerEntry,
   eventSubject,
   REGISTRY_BUCKET,
+  resyncSubject,
   STREAM,
   type EventItem,
   type WorkerEntry,
@@ -92,6 +100,8 @@ export interface RelayRankStats {
   overflows: number;
   /** Publishes rejected because another writer had published on the subject meanwhile. */
   conflicts: number;
+  /** Times acknowledged messages of this source were found gone from the stream (NATS lost them): source restarted. */
+  discontinuities: number;
   /** Messages dropped because NATS refused their size (the source was reset instead). */
   dropped: number;
   pending: number;
@@ -157,15 +167,28 @@ class RankPipe {
   private inflight: { items: EventItem[]; data: Uint8Array; msgId: string; blocks: number; batches: number } | null = null;
   private pumping = false;
   private closed = false;
-  private msgCounter = 0;
   private readonly fps = new Map<bigint, number>();
   private priming: Array<{ seq: bigint; batch: DecodedBatch }> | null = [];
   /** Last engine batch published and acknowledged: the resume point a restarted relay verifies. */
   lastPublished: { seq: bigint; fp: number } | null = null;
+  /** Message id of the last message acknowledged on the subject ('' when it had none, null before any). */
+  private lastAckedMsgId: string | null = null;
+  /** Set after a reconnect: check the subject still ends with our last acknowledged message before publishing on. */
+  private needVerify = false;
+  private wakePump: (() => void) | null = null;
+  /** The backlog overflowed: the source is being started again (replay), later batches are dropped meanwhile. */
+  private overflowed = false;
+  /** Ends the wait for an in-flight publish when NATS reconnects (its reply may never come: retried, by id). */
+  private interruptPublish: (() => void) | null = null;
 
   constructor(
     private readonly relay: NatsRelay,
     readonly dpRank: number,
+    carried?: RelayRankStats,
+    /** A pipe started again: the last batch its predecessor had acknowledged (when snapshots purged the subject). */
+    private readonly resumeHint: { seq: bigint; fp: number } | null = null,
+    /** Asked by a replica to rebuild: reset and replay from the engine's first batch, never resume. */
+    private readonly rebuild = false,
   ) {
     this.subject = eventSubject(relay.workerId, dpRank);
     this.key = sourceKey({ workerId: relay.workerId, dpRank });
@@ -180,17 +203,85 @@ class RankPipe {
       duplicates: 0,
       overflows: 0,
       conflicts: 0,
+      discontinuities: 0,
       dropped: 0,
       pending: 0,
       lastStreamSeq: 0,
       start: 'starting',
     };
+    // A pipe started again after a discontinuity keeps its counters.
+    if (carried) Object.assign(this.stats, { ...carried, pending: 0, lastStreamSeq: 0, start: 'starting' });
+  }
+
+  /** NATS is back: verify the subject before the next publish, and retry now rather than after the backoff. */
+  reconnected(): void {
+    this.needVerify = true;
+    this.wakePump?.();
+    this.interruptPublish?.();
+    if (!this.pumping && !this.closed) void this.pump();
+  }
+
+  /**
+   * Does the subject still end with the last message we had acknowledged? 'ok', 'lost' (the stream went back:
+   * acknowledged messages are gone), or 'other' (another writer's message is last: handled as a conflict).
+   */
+  private async verify(): Promise<'ok' | 'lost' | 'other'> {
+    const r = this.relay;
+    const last = await r.plane.jsm.streams.getMessage(STREAM, { last_by_subj: this.subject });
+    const id = last?.header?.get('Nats-Msg-Id') ?? '';
+    if (this.inflight && last && id === this.inflight.msgId) {
+      this.acked(last.seq, id);
+      return 'ok';
+    }
+    if (this.lastAckedMsgId === null) return last === null ? 'ok' : last.seq > this.stats.lastStreamSeq ? 'other' : 'lost';
+    if (last && last.seq === this.stats.lastStreamSeq && id === this.lastAckedMsgId) return 'ok';
+    if (last && last.seq > this.stats.lastStreamSeq) return 'other';
+    return (await this.purged()) ? 'ok' : 'lost';
+  }
+
+  /**
+   * The subject ends before our last acknowledged message: purged by a snapshot (the stream now starts after it:
+   * nothing lost; the subject's end is adopted) or lost (false)?
+   */
+  private async purged(): Promise<boolean> {
+    const jsm = this.relay.plane.jsm;
+    const first = (await jsm.streams.info(STREAM)).state.first_seq;
+    if (this.stats.lastStreamSeq >= first) return false;
+    const last = await jsm.streams.getMessage(STREAM, { last_by_subj: this.subject });
+    this.stats.lastStreamSeq = last?.seq ?? 0;
+    this.lastAckedMsgId = last ? (last.header?.get('Nats-Msg-Id') ?? '') : null;
+    return true;
+  }
+
+  /** The stream lost acknowledged messages of this source: start the source again (resume or reset). */
+  private lost(why: string): void {
+    const r = this.relay;
+    this.stats.discontinuities++;
+    r.log.error(
+      { source: this.key, subject: this.subject, lastStreamSeq: this.stats.lastStreamSeq, why },
+      `messages of ${this.key} acknowledged by JetStream are gone from the stream (${why}): starting the source again from the engine's replay`,
+    );
+    void r.restartPipe(this);
   }
 
   private push(item: EventItem): void {
+    if (this.overflowed) return; // the source is being started again: these batches come back from the replay
     if (this.outbox.length >= this.relay.maxPendingItems) {
-      // The replicas cannot be told what was dropped; a reset makes them treat the source as cold instead.
       this.stats.overflows++;
+      if (this.relay.replay !== null) {
+        // The backlog is dropped, not lost: the source starts again once NATS answers, resumed after the last batch
+        // the stream holds, and the engine's replay buffer gives the dropped batches back (or the restart resets).
+        this.relay.log.error(
+          { source: this.key, pending: this.outbox.length },
+          `relay backlog of ${this.key} overflowed: dropped; the source starts again from the engine's replay`,
+        );
+        this.overflowed = true;
+        this.outbox = [];
+        this.stats.pending = 0;
+        setImmediate(() => void this.relay.restartPipe(this));
+        return;
+      }
+      // No replay: the replicas cannot be told what was dropped; a reset makes them treat the source as cold instead.
       this.relay.log.error(
         { source: this.key, pending: this.outbox.length },
         `relay backlog of ${this.key} overflowed: publishing a reset`,
@@ -237,6 +328,25 @@ class RankPipe {
     this.push({ kind: 'reset', reason });
   }
 
+  /** Highest seq fed from the replay at start, and those batches' fingerprints (cleared once live passes it). */
+  private fedUpTo: bigint | null = null;
+  private readonly fedFps = new Map<bigint, number>();
+
+  /**
+   * A live batch the start's replay already fed (the live socket delivers it after the replay returned it): dropped,
+   * or the tracker would take the repeated seq for an engine restart. A batch with another fingerprint at that seq
+   * is a new engine process and goes on.
+   */
+  private alreadyFed(seq: bigint, batch: DecodedBatch): boolean {
+    if (this.fedUpTo === null) return false;
+    if (seq > this.fedUpTo) {
+      this.fedUpTo = null;
+      this.fedFps.clear();
+      return false;
+    }
+    return batch.ok && this.fedFps.get(seq) === batchFingerprint(batch.events);
+  }
+
   private remember(seq: bigint, batch: DecodedBatch): void {
     if (this.fps.size > 50_000) this.fps.clear(); // batches that were never delivered (reset away): forget them
     this.fps.set(seq, batchFingerprint(batch.events));
@@ -244,6 +354,7 @@ class RankPipe {
 
   async start(): Promise<void> {
     const r = this.relay;
+    this.priming = [];
     const events = r.pollUrl ? `${r.pollUrl}/kv_cache_events` : rankEndpoint(r.events, this.dpRank);
     const replayEp = r.replay ? rankEndpoint(r.replay, this.dpRank) : null;
     const inner = replayEp ? replayClient(replayEp, { timeoutMs: r.replayTimeoutMs }) : null;
@@ -273,9 +384,10 @@ class RankPipe {
         { source: { workerId: r.workerId, dpRank: this.dpRank }, endpoint: events, topic: r.topic, flavor: r.wire },
         {
           onBatch: (seq, batch) => {
+            this.lastBatchAt = Date.now();
             if (batch.ok) this.remember(seq, batch);
             if (this.priming) this.priming.push({ seq, batch });
-            else this.ingest.onBatch(seq, batch);
+            else if (!this.alreadyFed(seq, batch)) this.ingest.onBatch(seq, batch);
           },
           onBadFrame: (kind, detail) => this.ingest.onBadFrame(kind, detail),
           onConnection: (c) => this.ingest.setConnected(c),
@@ -284,10 +396,11 @@ class RankPipe {
 
     // Where did the previous relay of this source stop?
     // The stream's last message on the subject, or (when snapshots purged it) the registry's resume point.
-    let last: { seq: bigint; fp: number } | null = r.previousResume.get(this.dpRank) ?? null;
+    let last: { seq: bigint; fp: number } | null = this.resumeHint ?? r.previousResume.get(this.dpRank) ?? null;
     const stored = await r.plane.jsm.streams.getMessage(STREAM, { last_by_subj: this.subject }).catch(() => null);
     if (stored) {
       this.stats.lastStreamSeq = stored.seq;
+      this.lastAckedMsgId = stored.header?.get('Nats-Msg-Id') ?? '';
       const msg = decodeEventMessage(stored.data);
       last = null;
       for (const it of msg?.items ?? []) {
@@ -305,7 +418,7 @@ class RankPipe {
       collected.push({ seq, batch: b });
     };
     let resumed = false;
-    if (replayEp && last && last.seq >= 0n) {
+    if (replayEp && last && last.seq >= 0n && !this.rebuild) {
       const res = await requestReplay(replayEp, last.seq, collect, { timeoutMs: r.replayTimeoutMs });
       const first = collected[0];
       resumed =
@@ -316,6 +429,8 @@ class RankPipe {
     const feed = (seq: bigint, batch: DecodedBatch) => {
       if (lastFed !== null && seq <= lastFed) return;
       lastFed = seq;
+      this.fedUpTo = seq;
+      if (batch.ok) this.fedFps.set(seq, batchFingerprint(batch.events));
       this.ingest.onBatch(seq, batch);
     };
     if (resumed) {
@@ -328,12 +443,18 @@ class RankPipe {
     } else {
       // Unknown what replicas hold for this source versus what the engine holds: clear, then rebuild from seq 0.
       this.stats.start = 'reset';
-      this.onReset(known ? 'relay_restart' : 'relay_start');
+      let whole = false;
       if (replayEp) {
         const res = await requestReplay(replayEp, 0n, collect, { timeoutMs: r.replayTimeoutMs });
         if (!res.ok)
           r.log.warn({ source: this.key, reason: res.reason }, `catch-up replay of ${this.key} failed: starting from live events`);
+        // The rebuild is whole when the engine's buffer still reaches its first batch (or it has sent none yet).
+        whole = res.ok && (collected.length === 0 || collected[0].seq === 0n);
       }
+      // The reason tells the replicas whether the source is whole after it (relay_start, relay_restart) or events the
+      // engine sent before are missing (…_partial: degraded until the engine clears or restarts).
+      const base = this.rebuild ? 'resync' : known ? 'relay_restart' : 'relay_start';
+      this.onReset(whole ? base : `${base}_partial`);
       for (const c of collected) feed(c.seq, c.batch);
     }
     const early = this.priming ?? [];
@@ -347,17 +468,42 @@ class RankPipe {
     const r = this.relay;
     let backoff = 50;
     try {
-      while (!this.closed && (this.inflight || this.outbox.length > 0)) {
+      while (!this.closed && (this.needVerify || this.inflight || this.outbox.length > 0)) {
+        if (this.needVerify) {
+          try {
+            const v = await this.verify();
+            this.needVerify = false;
+            if (v === 'lost') {
+              this.lost('checked after a reconnect');
+              return;
+            }
+          } catch {
+            if (this.closed) break;
+            await this.sleep(backoff);
+            backoff = Math.min(backoff * 2, 500);
+            continue;
+          }
+          if (!this.inflight && this.outbox.length === 0) break;
+        }
         if (!this.inflight) this.inflight = this.take();
         const m = this.inflight;
         try {
-          const ack = await r.js.publish(this.subject, m.data, {
+          const publish = r.js.publish(this.subject, m.data, {
             msgID: m.msgId,
             expect: { lastSubjectSequence: this.stats.lastStreamSeq },
             timeout: r.publishTimeoutMs,
           });
+          // A publish sent around a reconnect may never be answered: stop waiting when NATS is back, and verify the
+          // subject before sending it again (the message id makes a second copy a duplicate).
+          const interrupted = new Promise<null>((resolve) => {
+            this.interruptPublish = () => resolve(null);
+          });
+          publish.catch(() => {});
+          const ack = await Promise.race([publish, interrupted]);
+          this.interruptPublish = null;
+          if (ack === null) continue;
           if (ack.duplicate) this.stats.duplicates++;
-          this.acked(ack.seq);
+          this.acked(ack.seq, m.msgId);
           backoff = 50;
         } catch (err) {
           if (this.closed) break;
@@ -365,8 +511,24 @@ class RankPipe {
             // Either our previous attempt landed and its ack was lost, or another writer published on the subject.
             const lastMsg = await r.plane.jsm.streams.getMessage(STREAM, { last_by_subj: this.subject }).catch(() => null);
             if (lastMsg && lastMsg.header.get('Nats-Msg-Id') === m.msgId) {
-              this.acked(lastMsg.seq);
+              this.acked(lastMsg.seq, m.msgId);
               continue;
+            }
+            // The subject ends before our last acknowledged message (or at another message in its place): purged by
+            // a snapshot, or the stream went back; not another writer.
+            const lastId = lastMsg?.header?.get('Nats-Msg-Id') ?? '';
+            if (
+              this.lastAckedMsgId !== null &&
+              (!lastMsg ||
+                lastMsg.seq < this.stats.lastStreamSeq ||
+                (lastMsg.seq === this.stats.lastStreamSeq && lastId !== this.lastAckedMsgId))
+            ) {
+              // Purged by a snapshot (the stream starts after it) is no loss: publish on from the subject's end.
+              const purged = await this.purged().catch(() => null);
+              if (purged === null) continue; // NATS unreachable again: the next attempt asks again
+              if (purged) continue;
+              this.lost('the subject ends before our last acknowledged message');
+              return;
             }
             this.stats.conflicts++;
             r.log.error(
@@ -396,8 +558,8 @@ class RankPipe {
               `publish to ${this.subject} failed: retrying`,
             );
           }
-          await sleep(backoff);
-          backoff = Math.min(backoff * 2, 2000);
+          await this.sleep(backoff);
+          backoff = Math.min(backoff * 2, 1000);
         }
       }
     } finally {
@@ -405,10 +567,26 @@ class RankPipe {
     }
   }
 
-  private acked(seq: number): void {
+  /** A backoff wait that a reconnect ends early. */
+  private sleep(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const t = setTimeout(() => {
+        this.wakePump = null;
+        resolve();
+      }, ms);
+      this.wakePump = () => {
+        clearTimeout(t);
+        this.wakePump = null;
+        resolve();
+      };
+    });
+  }
+
+  private acked(seq: number, msgId: string): void {
     const m = this.inflight!;
     this.inflight = null;
     this.stats.lastStreamSeq = seq;
+    this.lastAckedMsgId = msgId;
     this.stats.messages++;
     this.stats.batches += m.batches;
     this.stats.blocks += m.blocks;
@@ -448,10 +626,21 @@ class RankPipe {
       items,
       data: encodeEventMessage(items),
       // <worker>:<dp>:<engine seqs>, made unique per relay process (resets carry no engine seq).
-      msgId: `${r.workerId}:${this.dpRank}:${span}:${r.relayId}.${this.msgCounter++}`,
+      msgId: `${r.workerId}:${this.dpRank}:${span}:${r.relayId}.${r.msgCounter++}`,
       blocks,
       batches,
     };
+  }
+
+  /** When the last engine batch arrived over ZMQ (0: none yet). */
+  lastBatchAt = 0;
+
+  /**
+   * Resolves once no engine batch has arrived for `quietMs` (or at `deadline`): batches the engine already sent may
+   * still sit in the ZMQ socket, and a shutdown that ignored them would leave them unpublished.
+   */
+  async settle(quietMs: number, deadline: number): Promise<void> {
+    while (Date.now() < deadline && Date.now() - this.lastBatchAt < quietMs) await sleep(10);
   }
 
   /** Resolves when everything queued so far has been acknowledged (or the timeout passes). */
@@ -466,12 +655,30 @@ class RankPipe {
 
   async close(): Promise<void> {
     this.closed = true;
+    this.wakePump?.();
     this.ingest?.close();
     await this.zmq?.close();
   }
 
   health(): SourceHealth | null {
     return this.ingest ? this.ingest.health() : null;
+  }
+
+  /** Polled engines: no replay to resume from, so the source is reset on the subject's current end. */
+  resetAfterLoss(): void {
+    this.needVerify = false;
+    this.inflight = null; // events before the reset: the reset clears them anyway
+    this.lastAckedMsgId = null;
+    this.stats.lastStreamSeq = 0;
+    void this.relay.plane.jsm.streams
+      .getMessage(STREAM, { last_by_subj: this.subject })
+      .catch(() => null)
+      .then((m) => {
+        this.stats.lastStreamSeq = m?.seq ?? 0;
+        this.lastAckedMsgId = m ? (m.header?.get('Nats-Msg-Id') ?? '') : null;
+        this.outbox.unshift({ kind: 'reset', reason: 'stream_discontinuity' });
+        if (!this.pumping) void this.pump();
+      });
   }
 }
 
@@ -496,12 +703,18 @@ export class NatsRelay {
   js!: JetStreamClient;
   plane!: EventPlane;
   private ownsConnection = false;
+  /** Message number of the relay process (not per pipe: a pipe started again must not reuse a message id). */
+  msgCounter = 0;
   private readonly pipes: RankPipe[] = [];
   private poll: TrtllmPoll | null = null;
   private heartbeat: NodeJS.Timeout | null = null;
   private closed = false;
   /** NATS connection state, for health and logs. */
   connected = false;
+  /** Rebuilds done at a replica's request. */
+  rebuilds = 0;
+  private lastRebuildAt = 0;
+  private resyncSub: Subscription | null = null;
   disconnects = 0;
 
   constructor(private readonly opts: RelayOptions) {
@@ -586,6 +799,25 @@ export class NatsRelay {
       });
       this.poll.start();
     }
+    // Replicas whose view of this worker is incomplete ask for a rebuild; several ask at once: one rebuild per 2 s.
+    this.resyncSub = this.nc.subscribe(resyncSubject(this.workerId), {
+      callback: (err, msg) => {
+        if (err || this.closed || Date.now() - this.lastRebuildAt < 2000) return;
+        this.lastRebuildAt = Date.now();
+        this.rebuilds++;
+        let why = '';
+        try {
+          why = String((JSON.parse(new TextDecoder().decode(msg.data)) as { reason?: unknown }).reason ?? '');
+        } catch {
+          // a request without a readable reason still counts
+        }
+        this.log.warn(
+          { worker: this.workerId, reason: why },
+          `a replica asked to rebuild ${this.workerId}: reset and replay from the engine`,
+        );
+        for (const p of [...this.pipes]) void this.restartPipe(p, true);
+      },
+    });
     const hb = this.opts.heartbeatMs ?? 2000;
     this.heartbeat = setInterval(() => {
       this.plane.registry.put(this.workerId, encodeWorkerEntry(this.entry())).catch((err) => {
@@ -605,6 +837,39 @@ export class NatsRelay {
       } else if (s.type === 'reconnect') {
         this.connected = true;
         this.log.info({ worker: this.workerId }, 'relay reconnected to NATS');
+        for (const p of this.pipes) p.reconnected();
+      }
+    }
+  }
+
+  /**
+   * Starts one source again after its acknowledged messages were lost from the stream, as a restarted relay would
+   * (resume after the last batch the stream holds, else reset + rebuild). A polled engine (no replay, one poll for
+   * every rank) gets a reset instead.
+   */
+  async restartPipe(old: RankPipe, rebuild = false): Promise<void> {
+    const i = this.pipes.indexOf(old);
+    if (i < 0 || this.closed) return;
+    if (rebuild && (this.pollUrl !== null || this.replay === null)) return; // no replay to rebuild from
+    if (this.pollUrl !== null) {
+      old.resetAfterLoss();
+      return;
+    }
+    await old.close();
+    let wait = 100;
+    while (!this.closed) {
+      const next = new RankPipe(this, old.dpRank, old.stats, old.lastPublished, rebuild);
+      this.pipes[i] = next;
+      try {
+        // Where the stream ends must be known before the source starts again: wait for NATS to answer.
+        await this.plane.jsm.streams.info(STREAM);
+        await next.start();
+        return;
+      } catch (err) {
+        await next.close();
+        this.log.warn({ source: old.key, err: String(err) }, `restarting ${old.key} failed: retrying`);
+        await sleep(wait);
+        wait = Math.min(wait * 2, 2000);
       }
     }
   }
@@ -631,8 +896,14 @@ export class NatsRelay {
     if (this.closed) return;
     this.closed = true;
     if (this.heartbeat) clearInterval(this.heartbeat);
+    this.resyncSub?.unsubscribe();
     await this.poll?.close();
-    if (options.drainMs) await this.drain(options.drainMs);
+    if (options.drainMs) {
+      // Read what the engine already sent (still in the ZMQ sockets), then wait for it to be acknowledged.
+      const deadline = Date.now() + options.drainMs;
+      await Promise.all(this.pipes.map((p) => p.settle(100, deadline)));
+      await this.drain(Math.max(0, deadline - Date.now()));
+    }
     await Promise.all(this.pipes.map((p) => p.close()));
     // Final resume points, so the next relay of this worker can resume without a reset.
     if (!options.deregister && this.plane) await this.plane.registry.put(this.workerId, encodeWorkerEntry(this.entry())).catch(() => {});

@@ -23,7 +23,7 @@ import type { RouteDecision } from '../../core/types.ts';
 import { consoleLog, type LogSink } from '../../log.ts';
 import { EventConsumer, type EventConsumerStats } from './event-consumer.ts';
 import { PeerLoad, type PeerLoadStats } from './peer-load.ts';
-import { LOAD_SUBJECT, STREAM, type LoadMessage, type WorkerEntry } from './protocol.ts';
+import { LOAD_SUBJECT, resyncSubject, STREAM, type LoadMessage, type WorkerEntry } from './protocol.ts';
 import { RegistryWatch } from './registry-watch.ts';
 import { ensureEventPlane, type StreamLimits } from './setup.ts';
 import { SnapshotLease, type SnapshotLeaseStats, type SnapshotWrite } from './snapshot-lease.ts';
@@ -70,6 +70,8 @@ export interface ReplicaStats extends EventConsumerStats, PeerLoadStats, Snapsho
   /** Reason code of the last refusal, '' when none. */
   lastSnapshotError: SnapshotLoadRefusal | '';
   workersRemoved: number;
+  /** Rebuilds asked of relays for degraded workers. */
+  resyncRequests: number;
 }
 
 /** The shell's defaults for the injected clock and id source. */
@@ -109,6 +111,7 @@ export class NatsReplica {
     snapshotBlocks: 0,
     snapshotErrors: 0,
     lastSnapshotError: '' as SnapshotLoadRefusal | '',
+    resyncRequests: 0,
   };
 
   constructor(private readonly opts: ReplicaOptions = {}) {
@@ -264,7 +267,38 @@ export class NatsReplica {
     this.peers.publishLifecycle(m);
   }
 
+  /** Last resync request per worker (ms) and the wait before the next (3 s, doubling to 60 s while it stays degraded). */
+  private readonly resyncAsked = new Map<string, { at: number; waitMs: number }>();
+
+  /**
+   * Asks the relays of degraded sources to rebuild them, only while connected. A relay without a replay endpoint
+   * cannot: the source stays degraded (shown, counted) and is asked for less and less often.
+   */
+  private askResync(): void {
+    if (this.c.degraded || !this.readyFlag) return;
+    const now = this.now();
+    const workers = new Map<string, string>();
+    for (const [key, d] of this.router.degradedSources()) {
+      const workerId = this.router.sourceId(key)?.workerId;
+      if (workerId) workers.set(workerId, d.reason);
+    }
+    for (const id of this.resyncAsked.keys()) if (!workers.has(id)) this.resyncAsked.delete(id);
+    for (const [workerId, reason] of workers) {
+      const last = this.resyncAsked.get(workerId);
+      if (last && now - last.at < last.waitMs) continue;
+      this.resyncAsked.set(workerId, { at: now, waitMs: last ? Math.min(60_000, last.waitMs * 2) : 3000 });
+      this.c.resyncRequests++;
+      this.log.warn({ worker: workerId, reason }, `index of ${workerId} incomplete (${reason}): asking its relay to rebuild it`);
+      try {
+        this.nc.publish(resyncSubject(workerId), JSON.stringify({ replica: this.replicaId, reason }));
+      } catch {
+        // NATS going away: asked again at a later tick
+      }
+    }
+  }
+
   private tick(): void {
+    this.askResync();
     this.peers.tick();
     // Only judge relays by their heartbeats while we could have heard them.
     this.registry.tick(this.c.degraded);
