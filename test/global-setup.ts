@@ -3,7 +3,7 @@
  *  - builds dist/: tests that start `kvroute` as a process run bin/kvroute.mjs, which runs the compiled CLI, since that
  *    is what ships. Incremental (dist/.tsbuildinfo), so an up-to-date build costs ~2 s.
  *  - finds or fetches Chromium and nats-server (test/fixtures/test-binaries.ts) and hands their paths to the tests as
- *    KVROUTE_CHROMIUM and KVROUTE_NATS_SERVER (test workers inherit this process's environment).
+ *    KVR_TEST_CHROMIUM and KVR_TEST_NATS_SERVER (test workers inherit this process's environment).
  *  - marks the run (KVR_TEST_RUN), ends orphans of earlier runs, and at teardown every process this run left
  *    (test/fixtures/process-sweep.ts).
  */
@@ -22,8 +22,8 @@ export default async function setup(): Promise<() => void> {
   const tsc = createRequire(import.meta.url).resolve('typescript/bin/tsc');
   const r = spawnSync(process.execPath, [tsc, '-p', 'tsconfig.build.json'], { cwd: root, encoding: 'utf8' });
   if (r.status !== 0) throw new Error(`npm run build failed (exit ${r.status}):\n${r.stdout}${r.stderr}`);
-  process.env.KVROUTE_NATS_SERVER = ensureNatsServer();
-  process.env.KVROUTE_CHROMIUM = await ensureChromium();
+  process.env.KVR_TEST_NATS_SERVER = ensureNatsServer();
+  process.env.KVR_TEST_CHROMIUM = await ensureChromium();
   return () => {
     const left = sweepRun(mark);
     if (left > 0) process.stderr.write(`test teardown: ended ${left} processes the tests left running\n`);

@@ -10,7 +10,7 @@ import { join } from 'node:path';
 
 export function natsBinary(): string {
   // Under vitest the global setup has found or fetched one (test/fixtures/test-binaries.ts).
-  if (process.env.KVROUTE_NATS_SERVER) return process.env.KVROUTE_NATS_SERVER;
+  if (process.env.KVR_TEST_NATS_SERVER) return process.env.KVR_TEST_NATS_SERVER;
   return existsSync('/usr/sbin/nats-server') ? '/usr/sbin/nats-server' : 'nats-server';
 }
 
