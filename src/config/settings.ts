@@ -245,13 +245,16 @@ export const FLAGS_ONLY: OptionSources = { env: false, file: false };
 function helpText(key: string, entry: SettingEntry, sources: OptionSources): string {
   const notes: string[] = [];
   if (entry.kind.range) notes.push(entry.kind.range);
+  // A switch's default is its form (--x: off, --no-x: on): its value shows only beside its variable.
+  const shownDefault =
+    entry.default !== undefined &&
+    !(Array.isArray(entry.default) && entry.default.length === 0) &&
+    !(entry.kind.arg === 'switch' && sources.env === false);
   if (sources.required?.includes(key)) notes.push('required');
-  else if (entry.default !== undefined && !(Array.isArray(entry.default) && entry.default.length === 0)) {
-    notes.push(`default: ${entry.kind.show(entry.default)}`);
-  }
+  else if (shownDefault) notes.push(`default: ${entry.kind.show(entry.default)}`);
   if (sources.env !== false) notes.push(`env: ${entry.env}${entry.kind.arg === 'switch' ? '=true|false' : ''}`);
   if (sources.file !== false) notes.push(`config: ${key}`);
-  return `${entry.help} (${notes.join('; ')})`;
+  return notes.length > 0 ? `${entry.help} (${notes.join('; ')})` : entry.help;
 }
 
 /**
