@@ -11,7 +11,7 @@ import { startMocker, type MockerHandle, type MockerOptions } from '../mocker/se
 import { DEFAULT_FIRST_PRINCIPLES, DEFAULT_POLYNOMIAL, type TimingModel } from '../mocker/engine/index.ts';
 
 /** The mocker's settings, from the family (src/config/mocker.ts), with what only the layers above config know. */
-const MOCKER = mockerSchema({
+export const MOCKER = mockerSchema({
   engines: ENGINE_NAMES,
   defaultEngine: DEFAULT_ENGINE,
   trtllmReleases: TRTLLM_DISAGG_RELEASES,

@@ -15,7 +15,7 @@ import { checkWorkerId } from '../transport/nats/protocol.ts';
 import type { LogSink } from '../log.ts';
 
 /** The relay's settings, from the family (src/config/relay.ts), with the engine names of the registry. */
-const RELAY = relaySchema(ENGINE_NAMES, DEFAULT_ENGINE);
+export const RELAY = relaySchema(ENGINE_NAMES, DEFAULT_ENGINE);
 
 /** Resolved: --nats is required, so present. */
 type RelayCliOptions = z.output<typeof RELAY> & { nats: string };

@@ -47,7 +47,7 @@ export interface Kind<S extends z.ZodType = z.ZodType> {
 export interface SettingMeta {
   /** commander flags, e.g. "-p, --port <n>" or "--no-remote-tokenize". */
   readonly flag: string;
-  /** The environment variable, KVROUTE_*. */
+  /** The environment variable, KVROUTE_*; empty for a setting only a flags-only command takes (relay, mocker). */
   readonly env: string;
   readonly help: string;
   /** --help section. */
