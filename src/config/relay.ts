@@ -6,6 +6,7 @@
  */
 import { z } from 'zod';
 import { ENGINE_SIDE, zmqEndpoint } from './engine-side.ts';
+import { namesText } from './parsers.ts';
 import { ROUTING } from './routing.ts';
 import { serveSchema } from './serve.ts';
 import { bytes, choice, integer, optional, text, withDefault } from './settings.ts';
@@ -40,7 +41,7 @@ export function relaySchema<const E extends readonly [string, ...string[]]>(engi
     flavor: withDefault(choice(engines), defaultEngine as never, {
       flag: '--flavor <name>',
       env: '',
-      help: "the engine: its event layout; trtllm without --events polls --url's POST /kv_cache_events",
+      help: `the engine (${namesText(engines)}): its event layout; trtllm without --events polls --url's POST /kv_cache_events`,
     }),
     role: ENGINE_SIDE.role,
     bootstrapPort: optional(integer({ min: 1, max: 65535 }), {
