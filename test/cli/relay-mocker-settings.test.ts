@@ -4,13 +4,14 @@
  * --help lists every option with its range and default.
  */
 import { execFile, spawn } from 'node:child_process';
+import { Command } from 'commander';
 import { once } from 'node:events';
 import { createInterface } from 'node:readline';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
-import { MOCKER } from '../../src/cli/mocker.ts';
+import { MOCKER, registerMocker } from '../../src/cli/mocker.ts';
 import { RELAY } from '../../src/cli/relay.ts';
-import { settingsOf } from '../../src/config/settings.ts';
+import { settingsFrom, settingsOf } from '../../src/config/settings.ts';
 import { K8S_SETTINGS } from '../../src/config/k8s.ts';
 
 const exec = promisify(execFile);
@@ -137,5 +138,21 @@ describe('kvroute relay and kvroute mocker: settings from the one family', () =>
     expect(relay.get('--flavor <name>')).toContain('default: vllm');
     expect(relay.get('--log-level <level>')).toContain('default: info');
     expect(relay.get('-b, --block-size <n>')).toContain('default: 16');
+  });
+
+  it('the mocker reads variadic lists, --no-* switches and the hybrid layout from its flags', () => {
+    const program = new Command().exitOverride();
+    registerMocker(program);
+    const mocker = program.commands.find((c) => c.name() === 'mocker')!.exitOverride();
+    mocker.parseOptions(['--lora-modules', 'a', 'b', '--no-enable-prefix-caching', '--zmq-connect', '--hybrid', 'full,sliding:64']);
+    const keys = ['loraModules', 'enablePrefixCaching', 'zmqConnect', 'hybrid', 'promptTokensDetails', 'model'] as const;
+    expect(settingsFrom(mocker, MOCKER, keys).config).toEqual({
+      loraModules: ['a', 'b'],
+      enablePrefixCaching: false,
+      zmqConnect: true,
+      hybrid: [{ kind: 'full_attention' }, { kind: 'sliding_window', slidingWindow: 64 }],
+      promptTokensDetails: true,
+      model: 'mock-model',
+    });
   });
 });
