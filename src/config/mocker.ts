@@ -8,7 +8,7 @@ import { z } from 'zod';
 import { ENGINE_SIDE, triple, zmqEndpoint } from './engine-side.ts';
 import { ROUTING } from './routing.ts';
 import { serveSchema } from './serve.ts';
-import { choice, custom, flag, integer, list, number, optional, redefault, text, withDefault } from './settings.ts';
+import { choice, custom, flag, integer, list, number, optional, port, redefault, text, withDefault } from './settings.ts';
 
 type Names = readonly [string, ...string[]];
 type Coefficients = [number, number, number];
@@ -248,7 +248,7 @@ function pdSettings<const E extends Names, const T extends Names, const S extend
       env: '',
       help: "P/D: KV bytes per token moved (default: the timing model's, 147456 for an 8B model)",
     }),
-    bootstrapPort: withDefault(integer({ min: 0, max: 65535 }), 8998, {
+    bootstrapPort: withDefault(port(), 8998, {
       flag: '--bootstrap-port <n>',
       env: '',
       help: 'SGLang prefill: bootstrap server port (--disaggregation-bootstrap-port; 0 = a free port)',

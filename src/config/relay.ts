@@ -9,7 +9,7 @@ import { ENGINE_SIDE, zmqEndpoint } from './engine-side.ts';
 import { namesText } from './parsers.ts';
 import { ROUTING } from './routing.ts';
 import { serveSchema } from './serve.ts';
-import { bytes, choice, integer, optional, text, withDefault } from './settings.ts';
+import { bytes, choice, integer, optional, port, text, withDefault } from './settings.ts';
 
 export function relaySchema<const E extends readonly [string, ...string[]]>(engines: E, defaultEngine: E[number]) {
   return z.strictObject({
@@ -44,7 +44,7 @@ export function relaySchema<const E extends readonly [string, ...string[]]>(engi
       help: `the engine (${namesText(engines)}): its event layout; trtllm without --events polls --url's POST /kv_cache_events`,
     }),
     role: ENGINE_SIDE.role,
-    bootstrapPort: optional(integer({ min: 1, max: 65535 }), {
+    bootstrapPort: optional(port(1), {
       flag: '--bootstrap-port <n>',
       env: '',
       help: 'SGLang prefill workers: the bootstrap port, published in the registry',

@@ -131,6 +131,11 @@ export function integer(range: Range = {}): Kind<z.ZodNumber> {
   return { schema, accepts, range: accepts, fromText: (t) => intText(t) ?? t, show: String, arg: 'value' };
 }
 
+/** A TCP port: 0 (any free port) to 65535, or from `min` (1: a port another process listens on). */
+export function port(min: 0 | 1 = 0): Kind<z.ZodNumber> {
+  return integer({ min, max: 65535 });
+}
+
 export function number(range: Range = {}): Kind<z.ZodNumber> {
   let schema = z.number();
   if (range.min !== undefined) schema = range.minExclusive ? schema.gt(range.min) : schema.min(range.min);
