@@ -4,34 +4,21 @@
  */
 import type { Command } from 'commander';
 import pino, { type Logger } from 'pino';
-import { bytesArg, choiceArg, intArg, LOG_LEVELS, zmqEndpointArg } from '../config/parsers.ts';
+import type { z } from 'zod';
 import { K8S_SETTINGS } from '../config/k8s.ts';
+import { relaySchema } from '../config/relay.ts';
 import { addServeOptions, serveSettingsFrom } from '../config/serve.ts';
-import { FLAGS_ONLY } from '../config/settings.ts';
-import { ENGINE_NAMES, type EngineName, engineAdapter, engineNamesText } from '../engines/index.ts';
+import { addSettingsOptions, FLAGS_ONLY, settingsFrom } from '../config/settings.ts';
+import { DEFAULT_ENGINE, ENGINE_NAMES, engineAdapter } from '../engines/index.ts';
 import { NatsRelay } from '../transport/nats/relay.ts';
 import { checkWorkerId } from '../transport/nats/protocol.ts';
 import type { LogSink } from '../log.ts';
 
-interface RelayCliOptions {
-  nats: string;
-  worker?: string;
-  events?: string;
-  replay?: string;
-  dp: number;
-  model?: string;
-  url?: string;
-  flavor: EngineName;
-  role?: 'prefill' | 'decode' | 'both';
-  bootstrapPort?: number;
-  topic: string;
-  heartbeatMs: number;
-  maxAgeS: number;
-  maxBytes: number;
-  replicas: number;
-  statsEveryS: number;
-  logLevel: string;
-}
+/** The relay's settings, from the family (src/config/relay.ts), with the engine names of the registry. */
+export const RELAY = relaySchema(ENGINE_NAMES, DEFAULT_ENGINE);
+
+/** Resolved: --nats is required, so present. */
+type RelayCliOptions = z.output<typeof RELAY> & { nats: string };
 
 const sink = (log: Logger): LogSink => ({
   info: (o: object, m: string) => log.info(o, m),
@@ -48,14 +35,14 @@ function stopSignal(): Promise<void> {
 }
 
 /** `--k8s-selector` / `--k8s-pool`: one relay per discovered pod (worker id = pod name), added and removed with the pods. */
-async function relayDiscovered(opts: RelayCliOptions, blockSize: number, settings: ReturnType<typeof k8sSettingsOf>): Promise<void> {
+async function relayDiscovered(opts: RelayCliOptions, settings: ReturnType<typeof k8sSettingsOf>): Promise<void> {
   const log = pino({ level: opts.logLevel, base: undefined });
   const { FleetRelay } = await import('../transport/nats/fleet-relay.ts');
   const { discoveryFromSettings } = await import('../discovery/k8s/index.ts');
   const fleet = new FleetRelay(
     opts.nats.split(','),
     {
-      blockSize,
+      blockSize: opts.blockSize,
       topic: opts.topic,
       heartbeatMs: opts.heartbeatMs,
       limits: { maxAgeMs: opts.maxAgeS * 1000, maxBytes: opts.maxBytes, replicas: opts.replicas },
@@ -107,47 +94,13 @@ export function registerRelay(program: Command): void {
         'relays every Ready pod it discovers (worker id = pod name, ports and role from the pod: docs/kubernetes.md) and ' +
         'deregisters pods that leave.',
     )
-    .requiredOption('--nats <url>', 'NATS server URL(s), comma-separated (nats://host:4222)')
-    .option('--worker <id>', 'worker id, as the router names it ([A-Za-z0-9_-], no dots); required without --k8s-*')
-    .option(
-      '--events <endpoint>',
-      "rank 0's KV event endpoint (vLLM kv-events-config endpoint, connectable form); required without --k8s-*, " +
-        'except for --flavor trtllm, whose events are polled from --url',
-      zmqEndpointArg('--events', { connectable: true }),
-    )
-    .option(
-      '--replay <endpoint>',
-      "rank 0's replay endpoint (vLLM replay_endpoint); without it gaps reset the worker",
-      zmqEndpointArg('--replay', { connectable: true }),
-    )
-    .option('--dp <n>', 'data-parallel ranks (rank r uses the ports + r)', intArg('--dp', { min: 1 }), 1)
-    .option('--model <name>', 'served model name, published in the registry')
-    .option('--url <url>', "the engine's OpenAI base URL (http://host:8000), published for the router's proxy")
-    .option(
-      '--flavor <name>',
-      `the engine (${engineNamesText()}): its event layout; trtllm without --events polls --url's POST /kv_cache_events`,
-      choiceArg('--flavor', ENGINE_NAMES),
-      'vllm',
-    )
-    .option(
-      '--role <role>',
-      'disaggregated serving: the worker role published in the registry (prefill, decode or both)',
-      choiceArg('--role', ['prefill', 'decode', 'both'] as const),
-    )
-    .option(
-      '--bootstrap-port <n>',
-      'SGLang prefill workers: the bootstrap port, published in the registry',
-      intArg('--bootstrap-port', { min: 1, max: 65535 }),
-    )
-    .option('--topic <topic>', 'ZMQ topic prefix to subscribe to', '')
-    .option('--heartbeat-ms <n>', 'registry heartbeat period', intArg('--heartbeat-ms', { min: 1 }), 2000)
-    .option('--max-age-s <n>', 'stream retention by age (when the stream is created)', intArg('--max-age-s', { min: 1 }), 3600)
-    .option('--max-bytes <n>', 'stream retention by size, e.g. 1gb (when the stream is created)', bytesArg('--max-bytes'), 1024 ** 3)
-    .option('--replicas <n>', 'JetStream replicas of the stream and buckets (when created)', intArg('--replicas', { min: 1 }), 1)
-    .option('--stats-every-s <n>', 'log publishing counters this often', intArg('--stats-every-s', { min: 1 }), 60)
-    .option('--log-level <level>', 'pino log level', choiceArg('--log-level', LOG_LEVELS), 'info');
-  // The router's block size, as serve declares it (flags only); discovery as serve's, from flags and KVROUTE_*.
-  addServeOptions(relay, ['blockSize'], FLAGS_ONLY);
+    .addHelpText(
+      'after',
+      "\nThe relay's own options are flags only (KVROUTE_* variables configure the router); its Kubernetes discovery reads " +
+        'KVROUTE_K8S_* as serve does.',
+    );
+  // The relay's settings, the block size and log level among them as serve defines them; discovery as serve's.
+  addSettingsOptions(relay, RELAY, undefined, { ...FLAGS_ONLY, required: ['nats'], group: false });
   addServeOptions(relay, K8S_SETTINGS, { file: false });
   relay
     .addHelpText(
@@ -156,8 +109,9 @@ export function registerRelay(program: Command): void {
         '    --model Qwen/Qwen3-8B --url http://vllm-0:8000\n' +
         '  kvroute relay --nats nats://nats:4222 --k8s-selector app=vllm   # every Ready pod of the namespace',
     )
-    .action(async (opts: RelayCliOptions, cmd: Command) => {
-      const { blockSize } = serveSettingsFrom(cmd, ['blockSize']);
+    .action(async (_opts: unknown, cmd: Command) => {
+      // Checked here, not while commander parses: a bad value is one line naming the flag (exit 2, src/cli/main.ts).
+      const opts = settingsFrom(cmd, RELAY, Object.keys(RELAY.shape) as Array<keyof RelayCliOptions & string>).config as RelayCliOptions;
       const settings = k8sSettingsOf(cmd);
       const discovering = settings.k8sPool !== undefined || settings.k8sSelector !== undefined;
       const usage = (msg: string) => {
@@ -171,7 +125,7 @@ export function registerRelay(program: Command): void {
         if (opts.worker !== undefined || opts.events !== undefined) {
           return usage('--worker and --events name one engine: with --k8s-selector or --k8s-pool the pods give them');
         }
-        return relayDiscovered(opts, blockSize, settings);
+        return relayDiscovered(opts, settings);
       }
       const polled = opts.events === undefined && engineAdapter(opts.flavor).events.httpPoll;
       if (polled && opts.url === undefined) {
@@ -195,7 +149,7 @@ export function registerRelay(program: Command): void {
         dpRanks: opts.dp,
         model: opts.model ?? null,
         url: opts.url ?? null,
-        blockSize,
+        blockSize: opts.blockSize,
         flavor: opts.flavor,
         role: opts.role,
         bootstrapPort: opts.bootstrapPort,

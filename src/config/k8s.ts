@@ -5,7 +5,7 @@
  */
 import { z } from 'zod';
 import { GROUPS } from './groups.ts';
-import { choice, custom, integer, list, optional, text, withDefault } from './settings.ts';
+import { choice, custom, list, optional, port, text, withDefault } from './settings.ts';
 
 // Label selectors: the equality-based and existence forms (`a=b`, `a==b`, `a!=b`, `a`, `!a`), comma-separated.
 
@@ -79,7 +79,7 @@ export const POOL_GROUPS = {
 } as const;
 export type PoolGroup = keyof typeof POOL_GROUPS;
 
-const port = integer({ min: 0, max: 65535 });
+const anyPort = port();
 
 /** An InferencePool's spec.targetPorts holds at most this many ports (api/v1/inferencepool_types.go). */
 export const MAX_TARGET_PORTS = 8;
@@ -158,13 +158,13 @@ export const K8S = {
       'port instead; a pool gives its target ports)',
     group: GROUPS.k8s,
   }),
-  k8sEventsPort: withDefault(port, 5557, {
+  k8sEventsPort: withDefault(anyPort, 5557, {
     flag: '--k8s-events-port <n>',
     env: 'KVROUTE_K8S_EVENTS_PORT',
     help: "discovered pods' ZMQ KV-event port (annotation kvroute.io/events-port overrides it; 0: approximate mode)",
     group: GROUPS.k8s,
   }),
-  k8sReplayPort: withDefault(port, 5558, {
+  k8sReplayPort: withDefault(anyPort, 5558, {
     flag: '--k8s-replay-port <n>',
     env: 'KVROUTE_K8S_REPLAY_PORT',
     help: "discovered pods' ZMQ replay port (annotation kvroute.io/replay-port overrides it; 0: none)",

@@ -131,26 +131,6 @@ export function numberArg(name: string, range: Range = {}, options: { infinity?:
   };
 }
 
-/** commander parser: exactly `count` comma-separated numbers ("x2,x1,x0"). */
-export function numbersArg(name: string, count: number): (text: string) => number[] {
-  return (text) => {
-    const xs = text.split(',').map(numberText);
-    return xs.length === count && xs.every((x) => x !== undefined)
-      ? (xs as number[])
-      : fail(name, `${count} comma-separated numbers`, text);
-  };
-}
-
-/** commander parser: a size like 32mb, 512kb or 1048576, at least `min` bytes. */
-export function bytesArg(name: string, min = 1): (text: string) => number {
-  return (text) => {
-    const n = bytesText(text);
-    return n !== undefined && n >= min
-      ? n
-      : fail(name, `a size like 32mb, 512kb or 1048576${min > 1 ? ` (at least ${min} bytes)` : ''}`, text);
-  };
-}
-
 /** commander parser: a positive duration (60s, 2m, 500ms, 1h, or seconds) -> seconds. */
 export function durationArg(name: string): (text: string) => number {
   return (text) => {
@@ -162,15 +142,6 @@ export function durationArg(name: string): (text: string) => number {
 /** commander parser: one of `choices`. */
 export function choiceArg<T extends string>(name: string, choices: readonly T[]): (text: string) => T {
   return (text) => ((choices as readonly string[]).includes(text) ? (text as T) : fail(name, `one of ${choices.join(', ')}`, text));
-}
-
-/** commander parser: a ZMQ endpoint (tcp://*:5557, ipc://..., or "none" when `none` is allowed). */
-export function zmqEndpointArg(name: string, options: { none?: boolean; connectable?: boolean } = {}): (text: string) => string {
-  const pattern = options.connectable ? /^tcp:\/\/[^:/*]+:\d+$/ : ZMQ_ENDPOINT;
-  const accepts = options.connectable
-    ? 'a tcp://host:port endpoint'
-    : `a ZMQ endpoint like tcp://*:5557${options.none ? ' (or "none")' : ''}`;
-  return (text) => ((options.none && text === 'none') || pattern.test(text) ? text : fail(name, accepts, text));
 }
 
 /** commander parser: comma-separated numbers, each within `range` ("0.5,1,2"). */

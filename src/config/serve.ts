@@ -23,6 +23,7 @@ import {
   longFlag,
   number,
   optional,
+  port,
   readConfigFile,
   resolveSettings,
   type OptionSources,
@@ -39,7 +40,7 @@ import { WORKER_SPEC_GRAMMAR, workerSchema } from './worker-spec.ts';
 
 export { parseWorkerSpec, type WorkerSpec, workerFromUnknown } from './worker-spec.ts';
 
-const port = integer({ min: 0, max: 65535 });
+const anyPort = port();
 const ms = (min = 0) => integer({ min });
 
 /** rps[,burst], checked by the parser the server uses. */
@@ -92,7 +93,7 @@ export const serveSchema = z.strictObject({
     },
   ),
   host: withDefault(text(), '127.0.0.1', { flag: '--host <addr>', env: 'KVROUTE_HOST', help: 'listen address', group: GROUPS.listen }),
-  port: withDefault(port, 8080, {
+  port: withDefault(anyPort, 8080, {
     flag: '-p, --port <n>',
     env: 'KVROUTE_PORT',
     help: 'listen port (0 = any free port)',
@@ -261,7 +262,7 @@ export const serveSchema = z.strictObject({
     help: 'listen address of the separate /metrics and /dashboard listener (needs --metrics-port; default: --host)',
     group: GROUPS.observability,
   }),
-  metricsPort: optional(port, {
+  metricsPort: optional(anyPort, {
     flag: '--metrics-port <n>',
     env: 'KVROUTE_METRICS_PORT',
     help: 'serve /metrics and /dashboard on this port instead of the main one (0 = any free port)',
@@ -401,19 +402,19 @@ export const serveSchema = z.strictObject({
  * @ebab6879) and the picker's own bound on its wait.
  */
 export const eppSchema = serveSchema.extend({
-  port: withDefault(port, 9002, {
+  port: withDefault(anyPort, 9002, {
     flag: '-p, --port <n>',
     env: 'KVROUTE_PORT',
     help: "the ext_proc gRPC port (the reference picker's --grpc-port, accepted too; 0 = any free port)",
     group: GROUPS.listen,
   }),
-  metricsPort: withDefault(port, 9090, {
+  metricsPort: withDefault(anyPort, 9090, {
     flag: '--metrics-port <n>',
     env: 'KVROUTE_METRICS_PORT',
     help: 'the port of /metrics and /health (0 = any free port)',
     group: GROUPS.observability,
   }),
-  grpcHealthPort: withDefault(port, 9003, {
+  grpcHealthPort: withDefault(anyPort, 9003, {
     flag: '--grpc-health-port <n>',
     env: 'KVROUTE_GRPC_HEALTH_PORT',
     help: 'gRPC health checking in plaintext for kubelet probes (services liveness, readiness, inference-extension; 0 = any free port)',

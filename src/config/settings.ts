@@ -47,7 +47,7 @@ export interface Kind<S extends z.ZodType = z.ZodType> {
 export interface SettingMeta {
   /** commander flags, e.g. "-p, --port <n>" or "--no-remote-tokenize". */
   readonly flag: string;
-  /** The environment variable, KVROUTE_*. */
+  /** The environment variable, KVROUTE_*; empty for a setting only a flags-only command takes (relay, mocker). */
   readonly env: string;
   readonly help: string;
   /** --help section. */
@@ -129,6 +129,11 @@ export function integer(range: Range = {}): Kind<z.ZodNumber> {
   if (range.max !== undefined) schema = schema.max(range.max);
   const accepts = describeInt(range);
   return { schema, accepts, range: accepts, fromText: (t) => intText(t) ?? t, show: String, arg: 'value' };
+}
+
+/** A TCP port: 0 (any free port) to 65535, or from `min` (1: a port another process listens on). */
+export function port(min: 0 | 1 = 0): Kind<z.ZodNumber> {
+  return integer({ min, max: 65535 });
 }
 
 export function number(range: Range = {}): Kind<z.ZodNumber> {
@@ -245,13 +250,16 @@ export const FLAGS_ONLY: OptionSources = { env: false, file: false };
 function helpText(key: string, entry: SettingEntry, sources: OptionSources): string {
   const notes: string[] = [];
   if (entry.kind.range) notes.push(entry.kind.range);
+  // A switch's default is its form (--x: off, --no-x: on): its value shows only beside its variable.
+  const shownDefault =
+    entry.default !== undefined &&
+    !(Array.isArray(entry.default) && entry.default.length === 0) &&
+    !(entry.kind.arg === 'switch' && sources.env === false);
   if (sources.required?.includes(key)) notes.push('required');
-  else if (entry.default !== undefined && !(Array.isArray(entry.default) && entry.default.length === 0)) {
-    notes.push(`default: ${entry.kind.show(entry.default)}`);
-  }
+  else if (shownDefault) notes.push(`default: ${entry.kind.show(entry.default)}`);
   if (sources.env !== false) notes.push(`env: ${entry.env}${entry.kind.arg === 'switch' ? '=true|false' : ''}`);
   if (sources.file !== false) notes.push(`config: ${key}`);
-  return `${entry.help} (${notes.join('; ')})`;
+  return notes.length > 0 ? `${entry.help} (${notes.join('; ')})` : entry.help;
 }
 
 /**

@@ -3,7 +3,6 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import {
   boolText,
-  bytesArg,
   bytesText,
   choiceArg,
   describeInt,
@@ -14,11 +13,9 @@ import {
   intText,
   numberArg,
   numberListArg,
-  numbersArg,
   numberText,
   splitList,
   UsageError,
-  zmqEndpointArg,
 } from '../../src/config/parsers.ts';
 
 describe('text -> value', () => {
@@ -99,27 +96,15 @@ describe('commander parsers', () => {
     refuses(numberArg('--fp-mfu', { min: 0.001, max: 1 }), '1.5', '--fp-mfu must be a number in [0.001, 1], got "1.5"');
     expect(numberArg('--rate', { min: 0, minExclusive: true }, { infinity: true })('inf')).toBe(Infinity);
     refuses(numberArg('--rate', { min: 0, minExclusive: true }), 'inf', '--rate must be a number > 0, got "inf"');
-    expect(numbersArg('--prefill-poly', 3)('1,2,3')).toEqual([1, 2, 3]);
-    refuses(numbersArg('--prefill-poly', 3), '1,2', '--prefill-poly must be 3 comma-separated numbers, got "1,2"');
     expect(numberListArg('--rate-scale', { min: 0, minExclusive: true })('0.5,1,2')).toEqual([0.5, 1, 2]);
     refuses(
       numberListArg('--rate-scale', { min: 0, minExclusive: true }),
       '1,0',
       '--rate-scale must be comma-separated numbers, each > 0, got "1,0"',
     );
-    expect(bytesArg('--max-bytes')('1gb')).toBe(1024 ** 3);
-    refuses(bytesArg('--max-bytes'), '0', '--max-bytes must be a size like 32mb, 512kb or 1048576, got "0"');
     expect(durationArg('--window')('2m')).toBe(120);
     refuses(durationArg('--window'), '0s', '--window must be a positive duration like 60s, 2m, 500ms or 1h, got "0s"');
     expect(choiceArg('--flavor', ['vllm', 'sglang'])('sglang')).toBe('sglang');
     refuses(choiceArg('--flavor', ['vllm', 'sglang']), 'trt', '--flavor must be one of vllm, sglang, got "trt"');
-    expect(zmqEndpointArg('--zmq-endpoint', { none: true })('none')).toBe('none');
-    refuses(zmqEndpointArg('--zmq-endpoint'), 'none', '--zmq-endpoint must be a ZMQ endpoint like tcp://*:5557, got "none"');
-    expect(zmqEndpointArg('--events', { connectable: true })('tcp://gpu1:5557')).toBe('tcp://gpu1:5557');
-    refuses(
-      zmqEndpointArg('--events', { connectable: true }),
-      'tcp://*:5557',
-      '--events must be a tcp://host:port endpoint, got "tcp://*:5557"',
-    );
   });
 });
