@@ -9,6 +9,7 @@ import { KvPolicy } from '../../src/core/scheduling/policies.ts';
 import { createPolicy, POLICY_NAMES } from '../../src/core/scheduling/registry.ts';
 import type { Candidate, Policy, PolicyContext } from '../../src/core/scheduling/policy.ts';
 import { PEER_POLICIES } from '../../src/core/scheduling/peers/index.ts';
+import { cand } from '../fixtures/routing.ts';
 
 const PEER_POLICY_NAMES = PEER_POLICIES.map((e) => e.name);
 
@@ -31,20 +32,6 @@ function ctx(candidates: Candidate[], promptTokens: number, o: Partial<PolicyCon
     ...o,
   };
 }
-
-const cand = (source: number, o: Partial<Candidate> = {}): Candidate => ({
-  source,
-  key: `w${source}`,
-  overlapBlocks: 0,
-  cachedBlocks: 0,
-  capacityBlocks: 100_000,
-  activePrefillTokens: 0,
-  activeBlocks: 0,
-  activePrefixBlocks: 0,
-  activeRequests: 0,
-  activePartialBlocks: 0,
-  ...o,
-});
 
 /** Routes a request through `policy` as the router would: rank, then tell it the pick. */
 function route(policy: Policy, c: PolicyContext): number {

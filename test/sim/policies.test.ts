@@ -5,6 +5,7 @@ import type { Candidate, PolicyContext } from '../../src/core/scheduling/policy.
 import { KvRouter } from '../../src/core/router.ts';
 import { runFleet } from '../../src/sim/run-fleet.ts';
 import { generateSharedPrefix } from '../../src/sim/traces/generate.ts';
+import { cand } from '../fixtures/routing.ts';
 
 function ctx(candidates: Candidate[], requestBlocks: number): PolicyContext {
   return {
@@ -17,19 +18,6 @@ function ctx(candidates: Candidate[], requestBlocks: number): PolicyContext {
     rng: createRng(1),
   };
 }
-
-const cand = (source: number, o: Partial<Candidate>): Candidate => ({
-  source,
-  key: `w${source}`,
-  overlapBlocks: 0,
-  cachedBlocks: 0,
-  capacityBlocks: 100_000,
-  activePrefillTokens: 0,
-  activeBlocks: 0,
-  activePrefixBlocks: 0,
-  activeRequests: 0,
-  ...o,
-});
 
 describe('kv-pressure (the default policy)', () => {
   // Next turn of a conversation: 100 blocks, 90 cached on w0, which is still decoding a 300-block context; w1 idle.
