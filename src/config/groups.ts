@@ -8,6 +8,7 @@ export const GROUPS = {
   clients: 'Client limits:',
   health: 'Worker health and circuit breaker:',
   observability: 'Metrics and logs:',
+  record: 'Traffic recording (docs/cache-sizing.md#record-and-replay):',
   flow: 'Flow control, tenants and sessions (docs/flow-control.md):',
   scaleOut: 'Scale-out (NATS JetStream):',
   mock: 'Embedded mock fleet (when no worker is given):',

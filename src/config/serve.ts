@@ -298,6 +298,35 @@ export const serveSchema = z.strictObject({
     help: 'miss-ratio curve: sampled blocks per curve (fleet, each model, each engine), about 150 bytes each; the memory bound',
     group: GROUPS.observability,
   }),
+  record: optional(text(), {
+    flag: '--record <file>',
+    env: 'KVROUTE_RECORD',
+    help:
+      'record the traffic as a replayable trace without text (docs/cache-sizing.md#record-and-replay): per request the ' +
+      "arrival time, the router's block hash chain, input and output lengths, tenant, priority, session, model; a name " +
+      'ending in .gz is gzip-compressed; replay with kvroute sim --trace FILE. Off unless given',
+    group: GROUPS.record,
+  }),
+  recordMaxBytes: withDefault(bytes(4096), 256 * 1024 * 1024, {
+    flag: '--record-max-bytes <size>',
+    env: 'KVROUTE_RECORD_MAX_BYTES',
+    help: 'recording: bytes written to one file (after compression) before it is rotated: FILE becomes FILE.1, FILE.1 FILE.2, ...',
+    group: GROUPS.record,
+  }),
+  recordFiles: withDefault(integer({ min: 1, max: 1000 }), 4, {
+    flag: '--record-files <n>',
+    env: 'KVROUTE_RECORD_FILES',
+    help: 'recording: files kept, FILE included; the oldest is deleted at rotation, so the disk held is at most n x --record-max-bytes',
+    group: GROUPS.record,
+  }),
+  recordBufferBytes: withDefault(bytes(1024), 8 * 1024 * 1024, {
+    flag: '--record-buffer-bytes <size>',
+    env: 'KVROUTE_RECORD_BUFFER_BYTES',
+    help:
+      'recording: lines waiting for the disk at most; past it a request is not recorded and counted in ' +
+      'router_record_dropped_total{reason="buffer_full"} (the request itself never waits for the disk)',
+    group: GROUPS.record,
+  }),
   logLevel: withDefault(choice(LOG_LEVELS), 'info', {
     flag: '--log-level <level>',
     env: 'KVROUTE_LOG_LEVEL',

@@ -77,7 +77,7 @@ function listenHttp(server: HttpServer, port: number, host: string, scheme: 'htt
 const hostPort = (host: string, port: number) => `${host.includes(':') ? `[${host}]` : host}:${port}`;
 
 export async function startEpp(config: EppConfig, options: EppOptions = {}): Promise<RunningEpp> {
-  const core = await composeRouter(config, options);
+  const core = await composeRouter(config, { ...options, frontEnd: 'epp' });
   const { log, metrics, workers } = core;
   const eppMetrics = new EppMetrics(metrics.registry, metrics.prefix);
   let closing = false;

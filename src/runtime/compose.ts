@@ -13,6 +13,7 @@ import type { ServeConfig } from '../config/serve.ts';
 import { FlowMetrics } from '../metrics/flow.ts';
 import { PdMetrics } from '../metrics/disagg.ts';
 import { registerMrcGauges } from '../metrics/mrc.ts';
+import { RecordMetrics } from '../metrics/record.ts';
 import { RouterMetrics } from '../metrics/registry.ts';
 import type { EngineMirror } from '../metrics/scrape.ts';
 import { LocalTokenizer } from '../tokenizer/local.ts';
@@ -21,11 +22,14 @@ import { inlineTokenizer, type TokenizerService, threadTokenizer } from '../toke
 import { ServerEvents } from './events.ts';
 import { Lifecycle } from './lifecycle.ts';
 import { MrcFeed } from './mrc-feed.ts';
+import { TrafficRecorder } from './recorder.ts';
 import { LOG_REDACT_PATHS } from './security/index.ts';
 import { type Worker, WorkerSet } from './workers.ts';
 
 export interface ComposeOptions {
   readonly logger?: Logger;
+  /** The front end, named in a --record file's header (default serve). */
+  readonly frontEnd?: 'serve' | 'epp';
   /** Pre-loaded tokenizer (tests share one instead of loading per server). */
   readonly tokenizer?: LocalTokenizer | null;
 }
@@ -43,6 +47,8 @@ export interface RouterCore {
   readonly events: ServerEvents;
   /** The miss-ratio curves (null with --mrc-sample-rate 0). */
   readonly mrc: MrcFeed | null;
+  /** The traffic recorder (--record FILE), null when off. */
+  readonly recorder: TrafficRecorder | null;
   /** The local tokenizer, when the mode is local. */
   readonly tokenizer: TokenizerService | null;
   /** The engines tokenize (render endpoints or /tokenize), when the mode says so. */
@@ -87,6 +93,21 @@ export async function composeRouter(config: ServeConfig, options: ComposeOptions
       ? new MrcFeed(lifecycle, router, { sampleRate: config.mrcSampleRate, maxSamples: config.mrcMaxSamples })
       : null;
   if (mrc) registerMrcGauges(metrics.registry, metrics.prefix, mrc, config.mrcSampleRate, config.mrcMaxSamples);
+  const recorder = config.record
+    ? new TrafficRecorder(
+        {
+          path: config.record,
+          maxBytes: config.recordMaxBytes,
+          files: config.recordFiles,
+          bufferBytes: config.recordBufferBytes,
+          blockSize: config.blockSize,
+          source: options.frontEnd ?? 'serve',
+        },
+        new RecordMetrics(metrics.registry, metrics.prefix),
+        log,
+      )
+    : null;
+  recorder?.attach(lifecycle);
   // --tokenizer-mode: local needs --tokenizer; render and remote ask the engines (and ignore local files).
   const mode = config.tokenizerMode ?? (config.tokenizerDir || options.tokenizer ? 'local' : config.remoteTokenize ? 'remote' : null);
   if (mode === 'local' && !config.tokenizerDir && !options.tokenizer) {
@@ -139,6 +160,7 @@ export async function composeRouter(config: ServeConfig, options: ComposeOptions
   const close = (): Promise<void> => {
     closed ??= (async () => {
       lifecycle.close();
+      await recorder?.close();
       await mirror?.stop();
       await tokenizer?.close();
       await workers.destroy();
@@ -163,6 +185,7 @@ export async function composeRouter(config: ServeConfig, options: ComposeOptions
     pd,
     events,
     mrc,
+    recorder,
     tokenizer,
     remote,
     tokenizingWorker,

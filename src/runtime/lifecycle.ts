@@ -32,6 +32,10 @@ export class Lifecycle {
 
   /** Told of every attempt dispatched (a NATS replica shares the sessions it pins). */
   private readonly dispatchListeners: ((a: DispatchAttempt) => void)[] = [];
+  /** Told of every submission and every finish (the traffic recorder, src/runtime/recorder.ts). */
+  private readonly submitListeners: ((sub: Submission, now: number) => void)[] = [];
+  private readonly refuseListeners: ((r: DispatchRefusal) => void)[] = [];
+  private readonly finishListeners: ((requestId: string, report: FinishReport, outputTokens: number | undefined) => void)[] = [];
 
   constructor(
     readonly dispatcher: Dispatcher,
@@ -45,8 +49,24 @@ export class Lifecycle {
     this.dispatchListeners.push(listener);
   }
 
+  onSubmit(listener: (sub: Submission, now: number) => void): void {
+    this.submitListeners.push(listener);
+  }
+
+  onRefuse(listener: (r: DispatchRefusal) => void): void {
+    this.refuseListeners.push(listener);
+  }
+
+  onFinish(listener: (requestId: string, report: FinishReport, outputTokens: number | undefined) => void): void {
+    this.finishListeners.push(listener);
+  }
+
   /** Routes (or queues) a request; resolves with its first attempt or its refusal, or 'aborted' if the client left. */
   submit(sub: Submission, signal: AbortSignal): Promise<NextStep> {
+    if (this.submitListeners.length > 0) {
+      const now = this.now();
+      for (const l of this.submitListeners) l(sub, now);
+    }
     return this.wait(sub.requestId, signal, () => this.dispatcher.submit(sub, this.now()));
   }
 
@@ -81,6 +101,7 @@ export class Lifecycle {
   }
 
   finish(requestId: string, report: FinishReport, outputTokens?: number): void {
+    for (const l of this.finishListeners) l(requestId, report, outputTokens);
     this.finishedExtra.set(requestId, outputTokens);
     this.apply(this.dispatcher.finish(requestId, { ...report, ...(outputTokens ? { outputTokens } : {}) }, this.now()));
     this.finishedExtra.delete(requestId);
@@ -97,7 +118,10 @@ export class Lifecycle {
       if (e.kind === 'dispatch') {
         this.flow.dispatched(e);
         for (const l of this.dispatchListeners) l(e);
-      } else this.flow.refused(e);
+      } else {
+        this.flow.refused(e);
+        for (const l of this.refuseListeners) l(e);
+      }
       const waiter = this.waiters.get(e.requestId);
       if (!waiter) {
         // Nobody waits: the handler left (its client did) between the dispatcher's decision and now. Give it back.
