@@ -26,6 +26,7 @@ import {
   renderLeagueSvg,
   runLeague,
 } from '../sim/league.ts';
+import type { RecordHeader } from '../core/traffic-record.ts';
 import { TraceHasher } from '../sim/traces/expand.ts';
 import type { TraceRequest } from '../sim/traces/format.ts';
 import { loadTrace } from '../sim/traces/reader.ts';
@@ -86,7 +87,9 @@ export function registerSim(program: Command): void {
     )
     .option(
       '--trace <file>',
-      'Mooncake-format JSONL trace (see `kvroute trace gen`), or a generated one by name: KIND[:key=value,...], e.g. agentic or agentic:requests=5000 (drawn with --seed)',
+      'Mooncake-format JSONL trace (see `kvroute trace gen`), a recording of `kvroute serve --record FILE` (told by its header; ' +
+        "replayed on the router's recorded block hashes at the recorded block size), or a generated one by name: " +
+        'KIND[:key=value,...], e.g. agentic or agentic:requests=5000 (drawn with --seed); plain or gzip',
     )
     .option(
       '--scenario <name>',
@@ -182,6 +185,7 @@ export function registerSim(program: Command): void {
         '  kvroute sim --trace data/traces/mooncake_conversation_trace.jsonl.gz --workers 8 --block-size 512 --gpu-blocks 8192 \\\n' +
         '      --policy kv,round-robin,random,least-loaded,prefix-hash --json out.json --plot out.svg\n' +
         '  kvroute sim --trace t.jsonl --policy kv,round-robin --rate-scale 0.5,1,2,4\n' +
+        '  kvroute sim --trace traffic.jsonl --workers 12 --gpu-blocks 16384 --policy kv-pressure,dynamo  # a recording (serve --record)\n' +
         '  kvroute sim --scenario seed\n' +
         '  kvroute sim --scenario noisy-neighbour                       # FIFO vs fair queuing, per-tenant TTFT, fairness\n' +
         '  kvroute sim --scenario noisy-neighbour --exclude-tenant noisy  # the same tenants without the flood',
@@ -193,7 +197,7 @@ export function registerSim(program: Command): void {
       const input = await simInput(o, cmd);
       if (typeof input === 'string') return;
       const { requests, source, settings, fleet } = input;
-      if (512 % settings.blockSize !== 0) {
+      if (!input.recorded && 512 % settings.blockSize !== 0) {
         process.stderr.write(
           `kvroute sim: note: block size ${settings.blockSize} does not divide 512; trace blocks straddle router blocks\n`,
         );
@@ -231,6 +235,8 @@ interface SimInput {
   readonly settings: SimSettings;
   /** The fleet without its routing: each run adds its router and dispatcher options. */
   readonly fleet: Omit<FleetOptions, 'policy' | 'onProgress' | 'router' | 'dispatch'>;
+  /** The trace is a recording of `kvroute serve --record` (replayed on its own hashes and block size). */
+  readonly recorded: boolean;
 }
 
 /**
@@ -246,6 +252,7 @@ async function simInput(o: SimCliOptions, cmd: Command): Promise<SimInput | stri
   let settings: SimSettings;
   let requests: TraceRequest[];
   let source: string;
+  let recording: RecordHeader | undefined;
   let sc: Scenario | undefined;
   try {
     ({ settings, scenario: sc } = simSettings(flagValues(cmd, simSchema), o.scenario, o.workers));
@@ -267,6 +274,17 @@ async function simInput(o: SimCliOptions, cmd: Command): Promise<SimInput | stri
     try {
       const loaded = await loadTrace(o.trace!, { limit: o.limit });
       requests = loaded.requests;
+      const rec = loaded.stats.recording;
+      if (rec) {
+        // A recording is replayed on its own hashes, so at its own block size.
+        if (cmd.getOptionValueSource('blockSize') === 'cli' && settings.blockSize !== rec.blockSize) {
+          return refuse(
+            `--block-size ${settings.blockSize}: ${o.trace} was recorded at block size ${rec.blockSize} (its hashes are of ${rec.blockSize}-token blocks); drop --block-size or give ${rec.blockSize}`,
+          );
+        }
+        settings = { ...settings, blockSize: rec.blockSize };
+        recording = rec;
+      }
       if (loaded.stats.badLines > 0) {
         process.stderr.write(
           `kvroute sim: skipped ${loaded.stats.badLines} bad lines of ${o.trace}: ${[...loaded.stats.bad].map(([k, v]) => `${k} ${v}`).join(', ')}\n`,
@@ -275,7 +293,9 @@ async function simInput(o: SimCliOptions, cmd: Command): Promise<SimInput | stri
     } catch (err) {
       return refuse(`cannot read trace ${o.trace}: ${(err as Error).message}`, 1);
     }
-    source = o.trace!;
+    source = recording
+      ? `${o.trace!} (recorded by kvroute ${recording.source || 'serve'} from ${recording.startedAt}, block size ${recording.blockSize})`
+      : o.trace!;
   }
   if (o.excludeTenant) requests = requests.filter((r) => !o.excludeTenant!.includes(r.tenant ?? 'default'));
   if (o.limit !== undefined) requests = requests.slice(0, o.limit);
@@ -298,7 +318,7 @@ async function simInput(o: SimCliOptions, cmd: Command): Promise<SimInput | stri
         }
       : {}),
   };
-  return { requests, source, settings, fleet };
+  return { requests, source, settings, fleet, recorded: recording !== undefined };
 }
 
 /**

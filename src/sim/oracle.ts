@@ -10,7 +10,8 @@
  *   request-weighted = mean(reused / len(hash_ids))         (mean of ratios; what a histogram gives)
  * Variants that were checked and do NOT reproduce them: capping reuse at floor(input_length/512) full blocks
  * (0.3660 / 0.3821 on conversation), token-weighted min(reused*512, len)/len (0.3736 / 0.4094), dividing by full
- * blocks (0.3819 / 0.4794). Any id reuse (not only the leading run) gives the same figures as prefix reuse on both
+ * blocks (0.3819 / 0.4794). On a recording (`kvroute serve --record`) the blocks are its router hashes at the
+ * recorded block size and the denominator its full blocks. Any id reuse (not only the leading run) gives the same figures as prefix reuse on both
  * traces, because an id names its whole prefix.
  */
 import type { TraceRequest } from './traces/format.ts';
@@ -25,7 +26,7 @@ export interface OracleResult {
 
 /** Incremental oracle, so the simulator can feed requests as it replays them. */
 export class Oracle {
-  private readonly seen = new Set<number>();
+  private readonly seen = new Set<number | bigint>();
   private requests = 0;
   private isl = 0;
   private reused = 0;
@@ -33,10 +34,11 @@ export class Oracle {
 
   /** Adds a request in trace order; returns its reusable leading blocks. */
   add(req: TraceRequest): number {
-    const ids = req.hashIds;
+    // A recording's blocks are its router hashes at the recorded block size (full blocks only).
+    const ids: ArrayLike<number | bigint> = req.blockHashes ?? req.hashIds;
     let k = 0;
     while (k < ids.length && this.seen.has(ids[k])) k++;
-    for (const id of ids) this.seen.add(id);
+    for (let j = 0; j < ids.length; j++) this.seen.add(ids[j]);
     this.requests++;
     this.isl += ids.length;
     this.reused += k;

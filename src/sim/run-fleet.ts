@@ -41,7 +41,7 @@ import {
   type StepResult,
 } from '../mocker/engine/index.ts';
 import { EventHeap } from './heap.ts';
-import { expandTokensArray, TraceHasher } from './traces/expand.ts';
+import { expandTokensArray, RecordedPrompts, TraceHasher } from './traces/expand.ts';
 import type { TraceRequest } from './traces/format.ts';
 import { percentileSorted } from './traces/stats.ts';
 
@@ -409,6 +409,8 @@ class FleetRun {
   private readonly workers: WorkerState[] = [];
   private readonly workerOf = new Map<string, number>();
   private readonly hasher: TraceHasher;
+  /** Set when the trace is a recording (requests carry `blockHashes`). */
+  private readonly recorded: RecordedPrompts | null;
   private readonly heap = new EventHeap();
   private readonly n: number;
   private readonly arrival: Float64Array;
@@ -464,6 +466,7 @@ class FleetRun {
     this.addWorkers(nWorkers);
     const bs = opts.blockSize;
     this.hasher = opts.hasher && opts.hasher.blockSize === bs ? opts.hasher : new TraceHasher(bs);
+    this.recorded = requests.some((r) => r.blockHashes !== undefined) ? new RecordedPrompts(bs) : null;
     this.n = requests.length;
     this.arrival = new Float64Array(this.n);
     this.closedLoop = opts.concurrency;
@@ -555,7 +558,8 @@ class FleetRun {
   private onArrival(i: number, now: number): void {
     const req = this.requests[i];
     const id = `r${i}`;
-    const seqHashes = this.hasher.seqHashes(req);
+    // A recorded request is routed on the router hashes the live router computed (src/core/traffic-record.ts).
+    const seqHashes = req.blockHashes ?? this.hasher.seqHashes(req);
     const demandWin = this.c.fairWindow(now);
     const tenantName = req.tenant ?? DEFAULT_TENANT;
     demandWin.demand.set(tenantName, (demandWin.demand.get(tenantName) ?? 0) + req.inputLength);
@@ -587,10 +591,24 @@ class FleetRun {
     this.addDecode(t.requestId, t.i, t.decodeWorker, now, this.requests[t.i].inputLength);
   }
 
+  /** The prompt tokens an engine model gets for request `i`: expanded trace ids, or a recording's pseudo-tokens. */
+  private promptOf(i: number): number[] {
+    const req = this.requests[i];
+    return this.recorded && req.blockHashes ? this.recorded.tokens(req, i) : expandTokensArray(req);
+  }
+
   private onDeliver(w: number): void {
     const ws = this.workers[w];
     const batch = ws.inFlight.shift()!;
-    const r = this.router.applyEvents(ws.key, batch as readonly KvEvent[]);
+    const rec = this.recorded;
+    // A recording's blocks reach the router under their recorded hashes (the ones its requests are routed on).
+    const events = rec
+      ? batch.map(
+          (ev): KvEvent =>
+            ev.kind === 'stored' ? { ...ev, tokens: null, seqHashes: BigUint64Array.from(ev.routerSeqHashes, (h) => rec.recorded(h)) } : ev,
+        )
+      : (batch as readonly KvEvent[]);
+    const r = this.router.applyEvents(ws.key, events);
     this.c.eventsApplied += r.applied;
     this.c.eventsRejected += r.rejected;
   }
@@ -599,7 +617,7 @@ class FleetRun {
     const req = this.requests[i];
     try {
       this.workers[w].engine.addRequest(
-        { requestId, promptTokens: expandTokensArray(req), maxTokens: Math.max(1, req.outputLength), preloadedTokens: preloaded },
+        { requestId, promptTokens: this.promptOf(i), maxTokens: Math.max(1, req.outputLength), preloadedTokens: preloaded },
         now,
       );
     } catch (err) {
@@ -695,10 +713,7 @@ class FleetRun {
   private startPrefillLeg(e: DispatchAttempt, leg: PrefillLeg, i: number, w: number, now: number): boolean {
     const pw = this.workerOf.get(leg.decision.sourceKey)!;
     try {
-      this.workers[pw].engine.addRequest(
-        { requestId: leg.legId, promptTokens: expandTokensArray(this.requests[i]), maxTokens: 1, holdOnFinish: true },
-        now,
-      );
+      this.workers[pw].engine.addRequest({ requestId: leg.legId, promptTokens: this.promptOf(i), maxTokens: 1, holdOnFinish: true }, now);
     } catch (err) {
       if (!(err instanceof EngineInputError)) throw err;
       this.c.engineRejection();
@@ -749,7 +764,7 @@ class FleetRun {
     this.servedCached.set(leg.requestId, out.cachedTokens);
     this.apply(this.dispatcher.prefillDone(leg.requestId, { cachedTokens: out.cachedTokens }, now), now);
     const dws = this.workers[leg.decodeWorker];
-    const lacking = Math.max(0, out.promptTokens - dws.engine.prefixHitTokens(expandTokensArray(this.requests[leg.i])));
+    const lacking = Math.max(0, out.promptTokens - dws.engine.prefixHitTokens(this.promptOf(leg.i)));
     const ms = ((lacking * this.transfer.bytesPerToken) / this.transfer.bytesPerS) * 1000;
     this.c.transferMs.push(ms);
     const id = this.transferSeq++;

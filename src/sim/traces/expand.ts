@@ -143,3 +143,67 @@ export function expandTokensArray(req: TraceRequest): number[] {
   }
   return tokens;
 }
+
+/**
+ * A recorded request (`kvroute serve --record`) for the engine models: the router's recorded hash chain is what the
+ * simulated router routes on, but a mock engine caches tokens. Each recorded block becomes `blockSize` pseudo-tokens
+ * drawn from its 64-bit hash (even positions from its low half, odd from its high half), so two blocks get the same
+ * tokens only if their hashes agree; since a recorded hash names its whole prefix, the engines see exactly the
+ * recording's sharing structure at the recorded block size. The tail past the last full block is drawn from the
+ * request's index (never shared; engines never cache a partial block).
+ *
+ * `RecordedPrompts` also keeps the way back: the router hash the engine's events will carry for each pseudo block ->
+ * the recorded hash, so the events reach the simulated router in the recording's own hashes.
+ */
+export class RecordedPrompts {
+  /** Engine-side (pseudo-token) router hash -> recorded hash. */
+  private readonly back = new Map<bigint, bigint>();
+  /** Recorded chains already mapped, by their last hash (it names the whole chain). */
+  private readonly mapped = new Set<bigint>();
+
+  constructor(readonly blockSize: number) {}
+
+  /** The prompt of recorded request `index` as pseudo-token ids; its blocks' hashes are remembered for `recorded`. */
+  tokens(req: TraceRequest, index: number): number[] {
+    const bs = this.blockSize;
+    const hashes = req.blockHashes!;
+    const n = req.inputLength;
+    const tokens: number[] = new Array(n);
+    for (let b = 0; b < hashes.length; b++) {
+      const h = hashes[b];
+      let lo = blockSeed(Number(h & 0xffffffffn));
+      let hi = blockSeed(Number(h >> 32n) ^ 0x68e31da4);
+      const from = b * bs;
+      for (let j = 0; j < bs; j += 2) {
+        lo ^= lo << 13;
+        lo ^= lo >>> 17;
+        lo ^= lo << 5;
+        tokens[from + j] = TOKEN_BASE + (lo & TOKEN_MASK);
+        if (j + 1 < bs) {
+          hi ^= hi << 13;
+          hi ^= hi >>> 17;
+          hi ^= hi << 5;
+          tokens[from + j + 1] = TOKEN_BASE + (hi & TOKEN_MASK);
+        }
+      }
+    }
+    let x = blockSeed(index ^ 0x1b873593);
+    for (let k = hashes.length * bs; k < n; k++) {
+      x ^= x << 13;
+      x ^= x >>> 17;
+      x ^= x << 5;
+      tokens[k] = TOKEN_BASE + (x & TOKEN_MASK);
+    }
+    if (hashes.length > 0 && !this.mapped.has(hashes[hashes.length - 1])) {
+      this.mapped.add(hashes[hashes.length - 1]);
+      const pseudo = computeSeqHashes(Uint32Array.from(tokens.slice(0, hashes.length * bs)), bs, BASE_SEED);
+      for (let b = 0; b < hashes.length; b++) this.back.set(pseudo[b], hashes[b]);
+    }
+    return tokens;
+  }
+
+  /** The recorded hash of an engine block (the engine's own for blocks no recording named: those filled by decode). */
+  recorded(engineSeqHash: bigint): bigint {
+    return this.back.get(engineSeqHash) ?? engineSeqHash;
+  }
+}

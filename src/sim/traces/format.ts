@@ -6,6 +6,8 @@
  * "session_id" and "slo_ttft_ms"; readers ignore what they do not know and check what they do.
  */
 
+import type { RecordHeader } from '../../core/traffic-record.ts';
+
 /** Block size of the trace's hash ids, fixed by the format. */
 export const TRACE_BLOCK_TOKENS = 512;
 
@@ -20,12 +22,21 @@ export interface TraceRequest {
   readonly priority?: number;
   readonly sessionId?: string;
   readonly sloTtftMs?: number;
+  /**
+   * A recorded request (`kvroute serve --record`, src/core/traffic-record.ts): the router's own sequence hashes of its
+   * full blocks at the recording's block size. They are routed on directly; `hashIds` is then empty.
+   */
+  readonly blockHashes?: BigUint64Array;
+  /** The model a recorded request asked for. */
+  readonly model?: string;
 }
 
 export type BadLineReason = 'invalid_json' | 'not_an_object' | 'bad_field' | 'hash_ids_length';
 
 /** Counters of a read: bad lines are counted by reason, never thrown. */
 export class TraceReadStats {
+  /** The header of a recorded trace (src/core/traffic-record.ts); absent for a Mooncake-format trace. */
+  recording?: RecordHeader;
   lines = 0;
   requests = 0;
   blankLines = 0;
