@@ -82,6 +82,8 @@ export class TrafficRecorder {
     lifecycle.onDispatch((a) => this.dispatched(a));
     lifecycle.onRefuse((r) => this.refused(r));
     lifecycle.onFinish((id, report, outputTokens) => this.finished(id, report, outputTokens));
+    // The file (and its header) exists from the start, traffic or not.
+    this.kick();
   }
 
   submitted(sub: Submission, now: number): void {
@@ -141,21 +143,26 @@ export class TrafficRecorder {
     }
     this.queue.push(line);
     this.queuedBytes += line.length;
+    this.kick();
+  }
+
+  /** Starts the write loop unless it runs; lines queued after its last look start it again. */
+  private kick(): void {
     this.writing ??= this.drain().finally(() => {
       this.writing = null;
-      // Lines queued after the loop's last look.
-      if (this.queue.length > 0 && !this.closed) this.writing ??= this.drain().finally(() => (this.writing = null));
+      if (this.queue.length > 0 && !this.closed) this.kick();
     });
   }
 
   /** Writes what is queued, then stops; the next line starts it again. */
   private async drain(): Promise<void> {
+    if (!this.started) {
+      this.started = true;
+      // A previous recording under the same name is kept: rotated away like a full file.
+      if (await exists(this.options.path)) await this.rotate();
+      await this.openFile();
+    }
     while (this.queue.length > 0) {
-      if (!this.started) {
-        this.started = true;
-        // A previous recording under the same name is kept: rotated away like a full file.
-        if (await exists(this.options.path)) await this.rotate();
-      }
       if (!this.file) await this.openFile();
       if (!this.file) {
         this.dropQueued('write_error');
