@@ -274,14 +274,14 @@ const CASES: DocCase[] = [
     coveredBy: 'test/sim/league-cli.test.ts',
   },
   { doc: 'kvroute serve --mrc-sample-rate 1 --mrc-max-samples 16384', coveredBy: 'test/server/mrc-process.test.ts' },
-  { doc: 'kvroute serve --record traffic.jsonl --record-max-bytes 64mb --record-files 4', coveredBy: 'test/e2e/record-replay.test.ts' },
+  { doc: 'kvroute serve --record traffic.jsonl --record-max-bytes 64mb --record-files 4', coveredBy: 'test/server/record-process.test.ts' },
   {
     doc: 'kvroute sim --trace traffic.jsonl --workers 3 --gpu-blocks 256 --policy kv-pressure --json replay.json',
-    coveredBy: 'test/e2e/record-replay.test.ts',
+    coveredBy: 'test/server/record-process.test.ts',
   },
   {
     doc: 'kvroute sim --trace traffic.jsonl --workers 6 --gpu-blocks 256 --policy kv-pressure,dynamo,round-robin',
-    coveredBy: 'test/e2e/record-replay.test.ts',
+    coveredBy: 'test/server/record-process.test.ts',
   },
   {
     doc: 'kvroute hitrate --router http://localhost:8000 --what-if --host-blocks 65536',
