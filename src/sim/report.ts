@@ -91,7 +91,7 @@ export function formatReport(rep: SimReport): string {
     '',
     table(header, rows, sweep ? 2 : 1),
     '',
-    `oracle (infinite shared cache, 512-token trace blocks): block-weighted ${f3(rep.oracle.block_weighted)}, request-weighted ${f3(rep.oracle.request_weighted)}`,
+    `oracle (infinite shared cache, ${t.source.includes('(recorded by kvroute') ? `the recording's ${rep.fleet.block_size}-token blocks` : '512-token trace blocks'}): block-weighted ${f3(rep.oracle.block_weighted)}, request-weighted ${f3(rep.oracle.request_weighted)}`,
     'pred = overlap on the chosen worker at routing time; avail = best overlap in the fleet; engine = prefix-cache hits/queries',
     '(tokens) summed over the engines; req-w = mean of per-request ratios, blk-w/tok-w = ratio of sums.',
     '',
