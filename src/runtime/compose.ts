@@ -13,7 +13,7 @@ import type { ServeConfig } from '../config/serve.ts';
 import { FlowMetrics } from '../metrics/flow.ts';
 import { PdMetrics } from '../metrics/disagg.ts';
 import { registerMrcGauges } from '../metrics/mrc.ts';
-import { registerTokenizerGauges, type TokenizerCacheGauges } from '../metrics/tokenizer.ts';
+import { registerTableGauges, registerTokenizerGauges, type TokenizerCacheGauges } from '../metrics/memory.ts';
 import { RouterMetrics } from '../metrics/registry.ts';
 import type { EngineMirror } from '../metrics/scrape.ts';
 import { LocalTokenizer } from '../tokenizer/local.ts';
@@ -95,9 +95,16 @@ export async function composeRouter(config: ServeConfig, options: ComposeOptions
     throw new Error("--tokenizer-mode local needs --tokenizer <dir> (the model's tokenizer.json and tokenizer_config.json)");
   }
   const tokenizer = mode === 'local' ? await buildTokenizer(config, options, log) : null;
-  const remote = mode === 'render' || mode === 'remote' ? new RemoteTokenizer({ mode: mode === 'render' ? 'render' : 'tokenize', cacheBytes: Math.floor(config.tokenizerCacheMb * 2 ** 20) })
+  const remote =
+    mode === 'render' || mode === 'remote'
+      ? new RemoteTokenizer({ mode: mode === 'render' ? 'render' : 'tokenize', cacheBytes: Math.floor(config.tokenizerCacheMb * 2 ** 20) })
       : null;
-  registerTokenizerGauges(metrics.registry, metrics.prefix, async () => (tokenizer ? (await tokenizer.info()).cache : remote?.cacheInfo) as TokenizerCacheGauges | undefined);
+  registerTableGauges(metrics.registry, metrics.prefix, dispatcher);
+  registerTokenizerGauges(
+    metrics.registry,
+    metrics.prefix,
+    async () => (tokenizer ? (await tokenizer.info()).cache : remote?.cacheInfo) as TokenizerCacheGauges | undefined,
+  );
   const events = new ServerEvents(router, metrics, log, config.blockSize);
 
   const workers = new WorkerSet(

@@ -63,7 +63,10 @@ export async function threadTokenizer(dir: string, options?: LocalTokenizerOptio
   // (bench/RESULTS.md "Memory: bytes, not characters"). The old generation is not capped: a cap turns a spike (one
   // huge prompt) into ERR_WORKER_OUT_OF_MEMORY, which ends the thread and every tokenization after it; the segment
   // cache's byte budget is the bound instead.
-  const worker = new Worker(THREAD_ENTRY, { workerData: { dir, options }, resourceLimits: { maxYoungGenerationSizeMb: THREAD_YOUNG_GENERATION_MB } });
+  const worker = new Worker(THREAD_ENTRY, {
+    workerData: { dir, options },
+    resourceLimits: { maxYoungGenerationSizeMb: THREAD_YOUNG_GENERATION_MB },
+  });
   const pending = new Map<number, PendingCall>();
   let nextId = 1;
   let dead: Error | null = null;

@@ -353,6 +353,11 @@ describe('operations', () => {
     await post(`${s.url}/v1/completions`, { model: 'fake-model', prompt: randomTokens(64, 9) });
     const metrics = await (await fetch(`${s.url}/metrics`)).text();
     expect(metrics).toMatch(/router_kv_isl_blocks_total\{worker="127\.0\.0\.1:\d+"\} 4/);
+    // The bounded tables' memory gauges, with their budgets (the engine-tokenizer answer cache: no --tokenizer here).
+    expect(metrics).toMatch(/router_table_bytes\{table="sessions"\} 0/);
+    expect(metrics).toContain(`router_table_limit_bytes{table="response_pins"} ${32 * 2 ** 20}`);
+    expect(metrics).toContain(`router_tokenizer_cache_limit_bytes ${64 * 2 ** 20}`);
+    expect(metrics).toMatch(/router_tokenizer_cache_bytes \d+/);
     const state = await json(await fetch(`${s.url}/debug/state`));
     expect(state.workers).toHaveLength(2);
     expect(state.recentDecisions[0].islBlocks).toBe(4);

@@ -1,6 +1,8 @@
 /**
- * The tokenizer cache's gauges: its estimated bytes against its budget (--tokenizer-cache-mb), entries and evictions.
- * Read at scrape time from the local tokenizer (its worker thread answers info()) or the engine-tokenizer answer cache.
+ * The memory of the router's bounded tables, as the estimates their byte budgets count (docs/operations.md "Memory
+ * model"): the tokenizer cache (--tokenizer-cache-mb; read at scrape time from the local tokenizer, whose worker thread
+ * answers info(), or the engine-tokenizer answer cache), the session table (--session-table-mb) and the response pins
+ * (--response-pin-table-mb). The event index has its own gauge (router_kv_index_bytes, worker-gauges.ts).
  */
 import { Counter, Gauge, type Registry } from 'prom-client';
 
@@ -44,6 +46,34 @@ export function registerTokenizerGauges(registry: Registry, p: string, read: () 
   const evictions = new Counter({
     name: `${p}router_tokenizer_cache_evictions_total`,
     help: "Entries the tokenizer's cache dropped to stay within its budget (counted at scrape time).",
+    registers,
+  });
+}
+
+/** What the table gauges read: the dispatcher's session table and pin table. */
+export interface TableBytesSource {
+  readonly sessions: { readonly bytes: number; readonly maxBytes: number };
+  readonly pins: { readonly bytes: number; readonly options: { readonly maxBytes?: number } };
+}
+
+export function registerTableGauges(registry: Registry, p: string, from: TableBytesSource): void {
+  const registers = [registry];
+  new Gauge({
+    name: `${p}router_table_bytes`,
+    help: 'Estimated memory of a bounded routing table, bytes (table: sessions, response_pins): what its budget counts.',
+    labelNames: ['table'] as const,
+    registers,
+    collect() {
+      this.set({ table: 'sessions' }, from.sessions.bytes);
+      this.set({ table: 'response_pins' }, from.pins.bytes);
+      limit.set({ table: 'sessions' }, from.sessions.maxBytes);
+      limit.set({ table: 'response_pins' }, from.pins.options.maxBytes ?? Number.POSITIVE_INFINITY);
+    },
+  });
+  const limit = new Gauge({
+    name: `${p}router_table_limit_bytes`,
+    help: "A bounded routing table's byte budget (--session-table-mb, --response-pin-table-mb).",
+    labelNames: ['table'] as const,
     registers,
   });
 }
