@@ -16,37 +16,45 @@ export interface TokenizerCacheGauges {
 
 export function registerTokenizerGauges(registry: Registry, p: string, read: () => Promise<TokenizerCacheGauges | undefined>): void {
   const registers = [registry];
+  // A scrape collects every metric at once (prom-client starts all collect() calls together): the four gauges share
+  // one read (one info() round trip to the tokenizer thread) per scrape.
+  let current: Promise<TokenizerCacheGauges | undefined> | null = null;
+  const snapshot = () => {
+    current ??= read()
+      .catch(() => undefined)
+      .finally(() => {
+        current = null;
+      });
+    return current;
+  };
   let evicted = 0;
-  new Gauge({
-    name: `${p}router_tokenizer_cache_bytes`,
-    help:
-      "Estimated memory of the tokenizer's cache (segment cache of the local tokenizer, or the engine-tokenizer answer " +
+  const gauge = (name: string, help: string, value: (c: TokenizerCacheGauges) => number) =>
+    new Gauge({
+      name: `${p}${name}`,
+      help,
+      registers,
+      async collect() {
+        const c = await snapshot();
+        if (c) this.set(value(c));
+      },
+    });
+  gauge(
+    'router_tokenizer_cache_bytes',
+    "Estimated memory of the tokenizer's cache (segment cache of the local tokenizer, or the engine-tokenizer answer " +
       'cache), bytes: what its budget counts (docs/operations.md "Memory model").',
-    registers,
-    async collect() {
-      const c = await read().catch(() => undefined);
-      if (!c) return;
-      this.set(c.bytes);
-      limit.set(c.maxBytes);
-      entries.set(c.entries);
-      if (c.evictions > evicted) evictions.inc(c.evictions - evicted);
-      evicted = c.evictions;
-    },
-  });
-  const limit = new Gauge({
-    name: `${p}router_tokenizer_cache_limit_bytes`,
-    help: "The tokenizer cache's byte budget (--tokenizer-cache-mb).",
-    registers,
-  });
-  const entries = new Gauge({
-    name: `${p}router_tokenizer_cache_entries`,
-    help: "Entries in the tokenizer's cache (segments, or engine answers).",
-    registers,
-  });
-  const evictions = new Counter({
+    (c) => c.bytes,
+  );
+  gauge('router_tokenizer_cache_limit_bytes', "The tokenizer cache's byte budget (--tokenizer-cache-mb).", (c) => c.maxBytes);
+  gauge('router_tokenizer_cache_entries', "Entries in the tokenizer's cache (segments, or engine answers).", (c) => c.entries);
+  new Counter({
     name: `${p}router_tokenizer_cache_evictions_total`,
     help: "Entries the tokenizer's cache dropped to stay within its budget (counted at scrape time).",
     registers,
+    async collect() {
+      const c = await snapshot();
+      if (c && c.evictions > evicted) this.inc(c.evictions - evicted);
+      if (c) evicted = c.evictions;
+    },
   });
 }
 
