@@ -240,7 +240,7 @@ console.log('| table | entries | measured MiB | bytes per entry | per unit | byt
 console.log('| --- | --- | --- | --- | --- | --- | --- | --- |');
 for (const r of rows)
   console.log(
-    `| ${r.table} | ${fmt(r.entries)} | ${fmt(r.measuredBytes / 2 ** 20, 1)} | ${fmt(r.perEntry)} | ${r.unit} | ${fmt(r.perUnit, 2)} | ${r.estimateBytes === null ? '–' : fmt(r.estimateBytes / 2 ** 20, 1)} | ${r.estimateBytes === null ? '–' : fmt(r.measuredBytes / r.estimateBytes, 2)} |`,
+    `| ${r.table} | ${fmt(r.entries)} | ${fmt(r.measuredBytes / 2 ** 20, 1)} | ${r.entries === 1 ? '–' : fmt(r.perEntry)} | ${r.unit} | ${r.entries === 1 ? '–' : fmt(r.perUnit, 2)} | ${r.estimateBytes === null ? '–' : fmt(r.estimateBytes / 2 ** 20, 1)} | ${r.estimateBytes === null ? '–' : fmt(r.measuredBytes / r.estimateBytes, 2)} |`,
   );
 console.log('(index rows: entries = block-source pairs, "per entry" = per pair; its estimate is router_kv_index_bytes)');
 if (argv.includes('--json')) console.log(JSON.stringify({ rows }, null, 2));
