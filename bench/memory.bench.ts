@@ -97,7 +97,6 @@ const rows: Row[] = [];
   const tok = await LocalTokenizer.load(dir, { cacheBytes: 2 ** 40 });
   const systems = Array.from({ length: 24 }, (_, i) => prose([200, 800, 2000, 4000][i % 4], 100 + i));
   let n = 0;
-  let cachedTokens = 0;
   let cachedChars = 0;
   for (let s = 0; s < SESSIONS; s++) {
     const turns: { role: string; content: string }[] = [];
@@ -106,13 +105,9 @@ const rows: Row[] = [];
       n++;
       turns.push({ role: 'user', content });
       const misses = tok.cacheInfo.misses;
-      const ids = tok.encodeChat({ messages: [{ role: 'system', content: systems[s % systems.length] }, ...turns] });
-      // What this call added to the cache: its encoded characters, and (roughly) their share of the ids.
-      const st = tok.stats;
-      if (tok.cacheInfo.misses > misses) {
-        cachedChars += st.encodedChars;
-        cachedTokens += Math.round((ids.length * st.encodedChars) / Math.max(1, ids.length * 4.4));
-      }
+      tok.encodeChat({ messages: [{ role: 'system', content: systems[s % systems.length] }, ...turns] });
+      // What this call added to the cache: the characters it encoded (every segment it missed is cached).
+      if (tok.cacheInfo.misses > misses) cachedChars += tok.stats.encodedChars;
       turns.push({ role: 'assistant', content: 'ok' });
     }
   }
@@ -129,7 +124,6 @@ const rows: Row[] = [];
     perUnit: measured / cachedChars,
     estimateBytes: info.bytes,
   });
-  void cachedTokens;
   console.error(
     `[memory] tokenizer: ${info.entries} segments, ${cachedChars} characters; estimate ${info.bytes} B (overhead ${SEGMENT_OVERHEAD_BYTES} B/entry), measured ${measured} B`,
   );
