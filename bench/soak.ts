@@ -8,6 +8,7 @@
  *   npm run soak -- --minutes 30 [--sample-s 60 --clients 12 --tenants 500 --sessions 5000 --json]
  */
 import { type ChildProcess, spawn } from 'node:child_process';
+import { loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { Pool } from 'undici';
 import { waitForLine } from './lib/child.ts';
@@ -78,12 +79,14 @@ interface Sample {
   errors: number;
   rssMb: number;
   heapUsedMb: number;
-  /** The tokenizer thread's own heap and its segment cache (bounded at 64 M characters by default). */
+  /** The tokenizer thread's own heap and its segment cache's estimated bytes (bounded by --tokenizer-cache-mb, 64 MiB). */
   tokenizerHeapMb: number;
-  tokenizerCacheMchars: number;
+  tokenizerCacheMb: number;
   /** Dispatcher tables: sessions remembered. */
   sessions: number;
   lagP99Ms: number;
+  /** The machine's 1-minute load average (the soak's own generator and upstreams included). */
+  load1: number;
 }
 
 function metric(text: string, name: string): number {
@@ -169,14 +172,14 @@ async function main(): Promise<void> {
 
   const samples: Sample[] = [];
   console.log(
-    '| minute | requests | errors | RSS MB | heap used MB | tokenizer thread heap MB | tokenizer cache M chars | sessions | event-loop lag p99 ms |',
+    '| minute | requests | errors | RSS MB | heap used MB | tokenizer thread heap MB | tokenizer cache MB | sessions | event-loop lag p99 ms | load avg 1 min |',
   );
-  console.log('|---|---|---|---|---|---|---|---|---|');
+  console.log('|---|---|---|---|---|---|---|---|---|---|');
   const t0 = Date.now();
   const sample = async () => {
     const text = await (await fetch(`${url}/metrics`)).text();
     const state = (await (await fetch(`${url}/debug/state`, { headers: { authorization: `Bearer ${ADMIN}` } })).json()) as {
-      tokenizer?: { heapUsedBytes?: number; cache?: { chars?: number } };
+      tokenizer?: { heapUsedBytes?: number; cache?: { bytes?: number } };
       dispatcher?: { sessions?: number };
     };
     const s: Sample = {
@@ -186,13 +189,14 @@ async function main(): Promise<void> {
       rssMb: metric(text, 'process_resident_memory_bytes') / 2 ** 20,
       heapUsedMb: metric(text, 'nodejs_heap_size_used_bytes') / 2 ** 20,
       tokenizerHeapMb: (state.tokenizer?.heapUsedBytes ?? Number.NaN) / 2 ** 20,
-      tokenizerCacheMchars: (state.tokenizer?.cache?.chars ?? Number.NaN) / 1e6,
+      tokenizerCacheMb: (state.tokenizer?.cache?.bytes ?? Number.NaN) / 2 ** 20,
       sessions: state.dispatcher?.sessions ?? 0,
       lagP99Ms: metric(text, 'nodejs_eventloop_lag_p99_seconds') * 1000,
+      load1: loadavg()[0],
     };
     samples.push(s);
     console.log(
-      `| ${s.minute.toFixed(1)} | ${s.requests} | ${s.errors} | ${s.rssMb.toFixed(0)} | ${s.heapUsedMb.toFixed(0)} | ${s.tokenizerHeapMb.toFixed(0)} | ${s.tokenizerCacheMchars.toFixed(1)} | ${s.sessions} | ${s.lagP99Ms.toFixed(1)} |`,
+      `| ${s.minute.toFixed(1)} | ${s.requests} | ${s.errors} | ${s.rssMb.toFixed(0)} | ${s.heapUsedMb.toFixed(0)} | ${s.tokenizerHeapMb.toFixed(0)} | ${s.tokenizerCacheMb.toFixed(1)} | ${s.sessions} | ${s.lagP99Ms.toFixed(1)} | ${s.load1.toFixed(1)} |`,
     );
   };
   const timer = setInterval(() => void sample(), SAMPLE_S * 1000);

@@ -117,6 +117,14 @@ export const ROUTING = {
     help: 'stored responses remembered with the worker holding them (previous_response_id goes there); 0 disables pinning',
     group: GROUPS.routing,
   }),
+  responsePinTableMb: withDefault(number({ min: 0, max: 1_048_576 }), 32, {
+    flag: '--response-pin-table-mb <mb>',
+    env: 'KVROUTE_RESPONSE_PIN_TABLE_MB',
+    help:
+      'memory budget (MiB, estimated: 120 bytes + 2 per character of the response id per pin) of the response pins; ' +
+      'the oldest dropped beyond (as past --response-pin-limit)',
+    group: GROUPS.routing,
+  }),
   responsePinTtlMs: withDefault(ms(1), 3_600_000, {
     flag: '--response-pin-ttl-ms <ms>',
     env: 'KVROUTE_RESPONSE_PIN_TTL_MS',
@@ -227,6 +235,14 @@ export const FLOW = {
     help: 'a session forgets its worker this long after its last request',
     group: GROUPS.flow,
   }),
+  sessionTableMb: withDefault(number({ min: 0, max: 1_048_576 }), 32, {
+    flag: '--session-table-mb <mb>',
+    env: 'KVROUTE_SESSION_TABLE_MB',
+    help:
+      'memory budget (MiB, estimated: 120 bytes + 2 per character of the id per session) of the remembered sessions; ' +
+      'least recently used dropped beyond (at most 100,000 sessions either way)',
+    group: GROUPS.flow,
+  }),
   sessionLoadFactor: withDefault(number({ min: 0 }), 0.5, {
     flag: '--session-load-factor <x>',
     env: 'KVROUTE_SESSION_LOAD_FACTOR',
@@ -275,10 +291,10 @@ export function dispatchOptionsFrom(s: RoutingSettings): DispatchOptions {
     queueTimeoutMs: s.queueTimeoutMs,
     retries: s.retries,
     breaker: { threshold: s.breakerThreshold, cooldownMs: s.breakerCooldownMs },
-    pins: { limit: s.responsePinLimit, ttlMs: s.responsePinTtlMs },
+    pins: { limit: s.responsePinLimit, ttlMs: s.responsePinTtlMs, maxBytes: Math.floor(s.responsePinTableMb * 2 ** 20) },
     flow: { bands: s.bands, order: s.queueOrder, weights: s.tenantWeights },
     tokenBudgets: s.tenantTokenBudgets,
-    sessions: { ttlMs: s.sessionTtlMs, loadFactor: s.sessionLoadFactor },
+    sessions: { ttlMs: s.sessionTtlMs, loadFactor: s.sessionLoadFactor, maxBytes: Math.floor(s.sessionTableMb * 2 ** 20) },
     prefillTokensPerSecond: s.prefillTokensPerSecond,
     pd: { minUncachedTokens: s.disaggMinUncachedTokens },
   };

@@ -121,6 +121,15 @@ export const serveSchema = z.strictObject({
     help: 'tokenize in a worker thread (1) so long prompts never block streaming, or inline (0)',
     group: GROUPS.tokenizer,
   }),
+  tokenizerCacheMb: withDefault(number({ min: 0, max: 1_048_576 }), 64, {
+    flag: '--tokenizer-cache-mb <mb>',
+    env: 'KVROUTE_TOKENIZER_CACHE_MB',
+    help:
+      "memory budget (MiB, estimated bytes) of the tokenizer's cache: the local tokenizer's segment cache (about 1.2 bytes " +
+      'per cached character plus 400 per segment, docs/operations.md "Memory model"), or the engine-tokenizer answer ' +
+      'cache with --tokenizer-mode render|remote; 0 turns it off',
+    group: GROUPS.tokenizer,
+  }),
   mmPlaceholderTokens: withDefault(integer({ min: 0, max: 65536 }), 0, {
     flag: '--mm-placeholder-tokens <n>',
     env: 'KVROUTE_MM_PLACEHOLDER_TOKENS',

@@ -13,6 +13,7 @@ import type { ServeConfig } from '../config/serve.ts';
 import { FlowMetrics } from '../metrics/flow.ts';
 import { PdMetrics } from '../metrics/disagg.ts';
 import { registerMrcGauges } from '../metrics/mrc.ts';
+import { registerTableGauges, registerTokenizerGauges, type TokenizerCacheGauges } from '../metrics/memory.ts';
 import { RecordMetrics } from '../metrics/record.ts';
 import { RouterMetrics } from '../metrics/registry.ts';
 import type { EngineMirror } from '../metrics/scrape.ts';
@@ -62,10 +63,11 @@ export interface RouterCore {
 export async function buildTokenizer(config: ServeConfig, options: ComposeOptions, log: Logger): Promise<TokenizerService | null> {
   if (options.tokenizer) return inlineTokenizer(options.tokenizer);
   if (!config.tokenizerDir) return null;
+  const cacheBytes = Math.floor(config.tokenizerCacheMb * 2 ** 20);
   const tokenizer =
     config.tokenizerThreads > 0
-      ? await threadTokenizer(config.tokenizerDir)
-      : inlineTokenizer(await LocalTokenizer.load(config.tokenizerDir));
+      ? await threadTokenizer(config.tokenizerDir, { cacheBytes })
+      : inlineTokenizer(await LocalTokenizer.load(config.tokenizerDir, { cacheBytes }));
   log.info({ dir: config.tokenizerDir, mode: tokenizer.kind, ...(await tokenizer.info()) }, 'loaded tokenizer');
   return tokenizer;
 }
@@ -114,7 +116,16 @@ export async function composeRouter(config: ServeConfig, options: ComposeOptions
     throw new Error("--tokenizer-mode local needs --tokenizer <dir> (the model's tokenizer.json and tokenizer_config.json)");
   }
   const tokenizer = mode === 'local' ? await buildTokenizer(config, options, log) : null;
-  const remote = mode === 'render' || mode === 'remote' ? new RemoteTokenizer({ mode: mode === 'render' ? 'render' : 'tokenize' }) : null;
+  const remote =
+    mode === 'render' || mode === 'remote'
+      ? new RemoteTokenizer({ mode: mode === 'render' ? 'render' : 'tokenize', cacheBytes: Math.floor(config.tokenizerCacheMb * 2 ** 20) })
+      : null;
+  registerTableGauges(metrics.registry, metrics.prefix, dispatcher);
+  registerTokenizerGauges(
+    metrics.registry,
+    metrics.prefix,
+    async () => (tokenizer ? (await tokenizer.info()).cache : remote?.cacheInfo) as TokenizerCacheGauges | undefined,
+  );
   const events = new ServerEvents(router, metrics, log, config.blockSize);
 
   const workers = new WorkerSet(

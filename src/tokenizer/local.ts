@@ -13,7 +13,7 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { ChatTemplate, type ChatPromptInput } from './chat.ts';
-import { WeightedLru } from './lru.ts';
+import { ownKey, WeightedLru } from './lru.ts';
 import type { MmItem } from '../core/types.ts';
 import { chatMediaParts, MEDIA_MARKER, withMediaMarkers } from './multimodal.ts';
 
@@ -30,13 +30,26 @@ interface AddedTokenSpec {
 export interface LocalTokenizerOptions {
   /** Use a native renderer when the chat template is a known one (verified against Jinja on a sample). Default true. */
   readonly fastTemplates?: boolean;
-  /** Segment cache budget in characters of cached text. Default 64 M (a few hundred MB at most). */
-  readonly cacheChars?: number;
+  /**
+   * Segment cache budget in bytes, as estimated by `segmentBytes` (the key's characters, the ids, and a measured
+   * per-entry overhead). Default 64 MiB. 0 turns the cache off.
+   */
+  readonly cacheBytes?: number;
   /**
    * Segments shorter than this are encoded without the cache. Default 1 (cache all): even a role header costs the
    * tokenizer ~10 µs per call, and a long conversation has hundreds of them.
    */
   readonly minCachedChars?: number;
+}
+
+/** The segment cache's state: `bytes` is the estimate its budget (`maxBytes`) bounds. */
+export interface TokenizerCacheInfo {
+  readonly entries: number;
+  readonly bytes: number;
+  readonly maxBytes: number;
+  readonly hits: number;
+  readonly misses: number;
+  readonly evictions: number;
 }
 
 export interface TokenizeStats {
@@ -46,6 +59,21 @@ export interface TokenizeStats {
 }
 
 const EMPTY = new Uint32Array(0);
+
+/** The default segment cache budget, bytes. */
+export const DEFAULT_TOKENIZER_CACHE_BYTES = 64 * 1024 * 1024;
+
+/**
+ * Heap bytes one cached segment costs beyond its key's characters and its ids: the Map slot, the entry record, the
+ * Uint32Array and its ArrayBuffer (with the backing store's own bookkeeping). Measured with `npm run bench:memory`
+ * (heap + array buffers freed by clearing a filled cache, less the characters and ids), see docs/operations.md.
+ */
+export const SEGMENT_OVERHEAD_BYTES = 400;
+
+/** The estimated cost of one cached segment: what the cache's byte budget counts. */
+export function segmentBytes(keyBytes: number, ids: Uint32Array): number {
+  return SEGMENT_OVERHEAD_BYTES + keyBytes + ids.byteLength;
+}
 
 function escapeRegExp(s: string): string {
   return s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
@@ -69,7 +97,7 @@ export class LocalTokenizer {
     options: LocalTokenizerOptions = {},
   ) {
     this.chat = new ChatTemplate(config, { fastPath: options.fastTemplates });
-    this.cache = new WeightedLru(options.cacheChars ?? 64 * 1024 * 1024);
+    this.cache = new WeightedLru(options.cacheBytes ?? DEFAULT_TOKENIZER_CACHE_BYTES);
     this.minCached = options.minCachedChars ?? 1;
     const added = tokenizerJson.added_tokens ?? [];
     let safe = added.length > 0;
@@ -139,7 +167,8 @@ export class LocalTokenizer {
         else {
           ids = Uint32Array.from(this.encodeCold(part));
           encodedChars += part.length;
-          this.cache.set(part, ids, part.length);
+          const { key, bytes } = ownKey(part);
+          this.cache.set(key, ids, segmentBytes(bytes, ids));
         }
       }
       pieces[i] = ids;
@@ -209,7 +238,14 @@ export class LocalTokenizer {
     this.cache.clear();
   }
 
-  get cacheInfo(): { entries: number; chars: number; hits: number; misses: number } {
-    return { entries: this.cache.size, chars: this.cache.weight, hits: this.cache.hits, misses: this.cache.misses };
+  get cacheInfo(): TokenizerCacheInfo {
+    return {
+      entries: this.cache.size,
+      bytes: this.cache.weight,
+      maxBytes: this.cache.maxWeight,
+      hits: this.cache.hits,
+      misses: this.cache.misses,
+      evictions: this.cache.evictions,
+    };
   }
 }

@@ -9,11 +9,17 @@
  */
 import { request } from 'undici';
 import type { ChatPromptInput } from './chat.ts';
-import { WeightedLru } from './lru.ts';
+import { ownKey, WeightedLru } from './lru.ts';
+
+/** Heap bytes of one cached answer beyond its key's characters and its ids: Map slot, entry record, array header. */
+export const ANSWER_OVERHEAD_BYTES = 160;
 
 export interface RemoteTokenizerOptions {
-  /** Cached token budget. Default 16 M tokens. */
-  readonly cacheTokens?: number;
+  /**
+   * Answer cache budget in estimated bytes (the request's JSON key, 8 bytes per cached token id in a JS array, and
+   * ANSWER_OVERHEAD_BYTES per entry). Default 64 MiB; 0 turns it off.
+   */
+  readonly cacheBytes?: number;
   /** Per-call timeout. Default 2 s: tokenization only buys affinity, it must not hold a request long. */
   readonly timeoutMs?: number;
   /** Which engine endpoints answer. Default tokenize. */
@@ -28,13 +34,20 @@ export class RemoteTokenizer {
   calls = 0;
 
   constructor(options: RemoteTokenizerOptions = {}) {
-    this.cache = new WeightedLru(options.cacheTokens ?? 16 * 1024 * 1024);
+    this.cache = new WeightedLru(options.cacheBytes ?? 64 * 1024 * 1024);
     this.timeoutMs = options.timeoutMs ?? 2000;
     this.mode = options.mode ?? 'tokenize';
   }
 
-  get cacheInfo(): { entries: number; tokens: number; hits: number; misses: number } {
-    return { entries: this.cache.size, tokens: this.cache.weight, hits: this.cache.hits, misses: this.cache.misses };
+  get cacheInfo(): { entries: number; bytes: number; maxBytes: number; hits: number; misses: number; evictions: number } {
+    return {
+      entries: this.cache.size,
+      bytes: this.cache.weight,
+      maxBytes: this.cache.maxWeight,
+      hits: this.cache.hits,
+      misses: this.cache.misses,
+      evictions: this.cache.evictions,
+    };
   }
 
   /** Token ids of a chat request from `workerUrl`, or null when the worker could not tokenize it. */
@@ -82,7 +95,8 @@ export class RemoteTokenizer {
         this.failures++;
         return null;
       }
-      this.cache.set(json, tokens as number[], tokens.length + 1);
+      const { key, bytes } = ownKey(json);
+      this.cache.set(key, tokens as number[], ANSWER_OVERHEAD_BYTES + bytes + 8 * tokens.length);
       return tokens as number[];
     } catch {
       this.failures++;

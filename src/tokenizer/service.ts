@@ -48,6 +48,9 @@ const THREAD_ENTRY = import.meta.url.endsWith('.ts')
   ? new URL('./thread-entry.mjs', import.meta.url)
   : new URL('./thread.js', import.meta.url);
 
+/** The tokenizer thread's young generation, MiB. */
+export const THREAD_YOUNG_GENERATION_MB = 8;
+
 interface PendingCall {
   resolve: (r: ThreadReply) => void;
   reject: (e: Error) => void;
@@ -55,7 +58,15 @@ interface PendingCall {
 
 /** Starts a worker thread holding the tokenizer of `dir`; resolves once it has loaded (or rejects with why not). */
 export async function threadTokenizer(dir: string, options?: LocalTokenizerOptions): Promise<TokenizerService> {
-  const worker = new Worker(THREAD_ENTRY, { workerData: { dir, options } });
+  // The young generation is capped (V8's default lets it grow to 3 x 16 MiB semi-spaces): tokenizing makes short-lived
+  // garbage only, so a small nursery costs more scavenges of almost nothing, and saves ~60 MB of resident memory
+  // (bench/RESULTS.md "Memory: bytes, not characters"). The old generation is not capped: a cap turns a spike (one
+  // huge prompt) into ERR_WORKER_OUT_OF_MEMORY, which ends the thread and every tokenization after it; the segment
+  // cache's byte budget is the bound instead.
+  const worker = new Worker(THREAD_ENTRY, {
+    workerData: { dir, options },
+    resourceLimits: { maxYoungGenerationSizeMb: THREAD_YOUNG_GENERATION_MB },
+  });
   const pending = new Map<number, PendingCall>();
   let nextId = 1;
   let dead: Error | null = null;

@@ -38,6 +38,7 @@ port.on('message', (req: ThreadRequest) => {
           fastTemplateMismatch: tok.chat.fastMismatch,
           // This thread's own V8 heap (the segment cache lives here, outside the main thread's heap metrics).
           heapUsedBytes: getHeapStatistics().used_heap_size,
+          heapTotalBytes: getHeapStatistics().total_heap_size,
         },
       } satisfies ThreadReply);
       return;

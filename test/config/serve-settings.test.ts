@@ -87,6 +87,25 @@ describe('precedence', () => {
   });
 });
 
+describe('memory budgets', () => {
+  it('are in --help, default to 64 / 32 / 32 MiB, and refuse what is not a size', async () => {
+    const cmd = new Command('serve').exitOverride();
+    addServeOptions(cmd);
+    const help = cmd.helpInformation();
+    for (const flag of ['--tokenizer-cache-mb <mb>', '--session-table-mb <mb>', '--response-pin-table-mb <mb>'])
+      expect(help).toContain(flag);
+    const { config } = await resolveServeConfig({});
+    expect([config.tokenizerCacheMb, config.sessionTableMb, config.responsePinTableMb]).toEqual([64, 32, 32]);
+    expect((await resolveServeConfig({ env: { KVROUTE_TOKENIZER_CACHE_MB: '0.5' } })).config.tokenizerCacheMb).toBe(0.5);
+    expect(await refusal(resolveServeConfig({ env: { KVROUTE_TOKENIZER_CACHE_MB: '-1' } }))).toMatch(
+      /^--tokenizer-cache-mb \(KVROUTE_TOKENIZER_CACHE_MB\) must be a number/,
+    );
+    expect(await refusal(resolveServeConfig({ flags: { sessionTableMb: 'lots' } }))).toMatch(
+      /^--session-table-mb \(KVROUTE_SESSION_TABLE_MB\) must be a number/,
+    );
+  });
+});
+
 describe('refusals', () => {
   it('name the setting, the accepted range and the source', async () => {
     expect(await refusal(resolveServeConfig({ env: { KVROUTE_RETRIES: '-1' } }))).toBe(

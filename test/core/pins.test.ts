@@ -1,7 +1,8 @@
 /** Pins of stored responses: the pure table (bounded, TTL'd) and the dispatcher's pin filter stage. */
 import { describe, expect, it } from 'vitest';
 import { type DispatchAttempt, type DispatchEffect, Dispatcher, type DispatchRefusal } from '../../src/core/dispatch/dispatcher.ts';
-import { PinTable } from '../../src/core/dispatch/pins.ts';
+import { PIN_ENTRY_BYTES, PinTable } from '../../src/core/dispatch/pins.ts';
+import { SESSION_ENTRY_BYTES, SessionTable } from '../../src/core/dispatch/sessions.ts';
 import { KvRouter } from '../../src/core/router.ts';
 import { toks } from '../fixtures/routing.ts';
 
@@ -89,5 +90,46 @@ describe('Dispatcher: the pin filter', () => {
     expect('workerId' in t && t.workerId).not.toBe(busy.workerId);
     expect(d.passthroughTarget('other', 1)).toMatchObject({ code: 'model_not_found' });
     expect('workerId' in d.passthroughTarget(null, 1)).toBe(true);
+  });
+});
+
+describe('byte budgets of the pin and session tables', () => {
+  it('pins: a flood of distinct long keys never exceeds maxBytes; the oldest go first; an oversized key is not pinned', () => {
+    const maxBytes = 64 * 1024;
+    const t = new PinTable({ limit: 1_000_000, ttlMs: 1e9, maxBytes });
+    for (let i = 0; i < 5_000; i++) {
+      t.pin(`resp_${i}_${'k'.repeat(i % 500)}`, 'A', i);
+      expect(t.bytes).toBeLessThanOrEqual(maxBytes);
+    }
+    expect(t.evicted).toBeGreaterThan(4_000);
+    const last = `resp_4999_${'k'.repeat(4999 % 500)}`;
+    expect(t.lookup(last, 5_000)).toBe('A');
+    expect(t.lookup('resp_0_', 5_000)).toBeUndefined();
+    // The estimate: overhead + 16 + 2 per character, summed over what is kept; emptied, it is 0 again.
+    const one = new PinTable({ limit: 10, ttlMs: 1e9, maxBytes });
+    one.pin('abc', 'A', 0);
+    expect(one.bytes).toBe(PIN_ENTRY_BYTES + 16 + 6);
+    one.dropWorker('A');
+    expect(one.bytes).toBe(0);
+    one.pin('x'.repeat(40_000), 'A', 0); // 80 KB of key > the whole budget
+    expect(one.size).toBe(0);
+  });
+
+  it('sessions: a flood of distinct ids never exceeds maxBytes; least recently used go first; expiry frees bytes', () => {
+    const maxBytes = 32 * 1024;
+    const t = new SessionTable(1_000, 1_000_000, maxBytes);
+    t.set('keep', 'w0', 0);
+    for (let i = 0; i < 5_000; i++) {
+      t.set(`session-${i}-${'s'.repeat(i % 300)}`, 'w1', 0);
+      if (i % 10 === 0) t.set('keep', 'w0', 0); // served often (each request records its session): stays
+      expect(t.bytes).toBeLessThanOrEqual(maxBytes);
+    }
+    expect(t.evicted).toBeGreaterThan(4_000);
+    expect(t.get('keep', 0)).toBe('w0');
+    t.sweep(2_000);
+    expect(t.size).toBe(0);
+    expect(t.bytes).toBe(0);
+    t.set('ab', 'w0', 0);
+    expect(t.bytes).toBe(SESSION_ENTRY_BYTES + 16 + 4);
   });
 });

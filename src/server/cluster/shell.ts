@@ -174,7 +174,10 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
   const guard = await buildSecurity(config, log);
   const mode = config.tokenizerMode ?? (config.tokenizerDir ? 'local' : config.remoteTokenize ? 'remote' : null);
   const tokenizer = mode === 'local' ? await buildTokenizer(config, {}, log) : null;
-  const remote = mode === 'render' || mode === 'remote' ? new RemoteTokenizer({ mode: mode === 'render' ? 'render' : 'tokenize' }) : null;
+  const remote =
+    mode === 'render' || mode === 'remote'
+      ? new RemoteTokenizer({ mode: mode === 'render' ? 'render' : 'tokenize', cacheBytes: Math.floor(config.tokenizerCacheMb * 2 ** 20) })
+      : null;
   const workers = new ShellWorkers(config.upstreamTimeoutMs);
   const lifecycle = new ForwardedLifecycle(workers);
   const forwarded = new ForwardedMetrics();

