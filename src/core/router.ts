@@ -887,9 +887,13 @@ export class KvRouter {
 
   private named(capture: IndexCapture): RouterSnapshot {
     const names = new Map<string, number>();
+    const degraded = new Map<string, SourceDegraded>();
     const captured = new Set(capture.sources());
-    for (const [key, e] of this.sources) if (captured.has(e.index)) names.set(key, e.index);
-    return new RouterSnapshot(capture, names);
+    for (const [key, e] of this.sources) {
+      if (e.degraded) degraded.set(key, e.degraded);
+      if (captured.has(e.index) || e.degraded) names.set(key, e.index);
+    }
+    return new RouterSnapshot(capture, names, degraded);
   }
 
   /**
@@ -975,6 +979,7 @@ export class KvRouter {
           yield;
         }
         if (invalid > 0) reason ??= 'invalid_snapshot';
+        entry.degraded = degradedOf(s);
         if (applied > 0 || rejected === 0) result.sources++;
         result.blocks += applied;
         if (reason) result.rejected.push({ key: s.key, blocks: rejected, reason });
@@ -1069,8 +1074,17 @@ export class KvRouter {
     if (!this.sources.has(s.key)) this.addSource(parseSourceKey(s.key), { mode: 'events' });
     const entry = this.sources.get(s.key)!;
     this.tiers.clear(entry.index);
-    return this.index.restoreSource(entry.index, s);
+    const r = this.index.restoreSource(entry.index, s);
+    if (r.applied > 0 || r.rejected === 0) entry.degraded = degradedOf(s);
+    return r;
   }
+}
+
+/** A restored source is degraded as the snapshot says (a well-formed entry), or trusted. */
+function degradedOf(s: SourceSnapshot): SourceDegraded | undefined {
+  const d = s.degraded;
+  if (!d || typeof d.reason !== 'string' || !Number.isFinite(d.since) || !Number.isInteger(d.losses)) return undefined;
+  return { since: d.since, reason: d.reason, losses: d.losses };
 }
 
 /** What `KvRouter.restore` did: sources and blocks loaded, and each source entry it could not load in full. */
