@@ -15,7 +15,7 @@ import { TrtllmPoll } from '../../src/transport/trtllm-poll.ts';
 const BS = 16;
 let engine: MockerHandle;
 beforeAll(async () => {
-  engine = await startMocker({ model: 'mock-model', speedup: 100, seed: 3, eventFormat: 'trtllm', bufferSteps: 6, blockSize: BS });
+  engine = await startMocker({ model: 'mock-model', speedup: 100, seed: 3, eventFormat: 'trtllm', bufferSteps: 6 });
 }, 60_000);
 afterAll(async () => {
   await engine?.close();
