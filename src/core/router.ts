@@ -878,11 +878,19 @@ export class KvRouter {
   /**
    * The same snapshot taken in steps of bounded work (`next()` until done, yielding to the event loop in between),
    * for a shell that must not stall on the copy either. Apply no events until it returns (routing goes on: it only
-   * reads the index); if the index changed anyway the result is null and the snapshot must be taken again.
+   * reads the index); if the index changed anyway the result is null and the snapshot must be taken again. Null too
+   * while a stepped restore or reset runs (restoreSteps, resetSteps): a source half rewritten is no state to keep.
    */
   *snapshotSteps(budget?: number): Generator<void, RouterSnapshot | null, void> {
+    if (this.restoring()) return null;
     const capture = yield* this.index.captureSteps(budget);
-    return capture ? this.named(capture) : null;
+    return capture && !this.restoring() ? this.named(capture) : null;
+  }
+
+  /** Whether a stepped restore or reset is rewriting any source. */
+  private restoring(): boolean {
+    for (const e of this.sources.values()) if (e.restoring) return true;
+    return false;
   }
 
   private named(capture: IndexCapture): RouterSnapshot {

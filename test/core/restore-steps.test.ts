@@ -262,6 +262,18 @@ describe('KvRouter.restoreSteps', () => {
     expect(shape(b, 'a')).toEqual(want);
   });
 
+  it('a stepped snapshot is refused (null) while a source is being rewritten', () => {
+    const { router: a } = fill(['a'], 15, 1);
+    const b = makeRouter(['a', 'b']);
+    let seen = 0;
+    drive(b.restoreSteps(a.snapshot().data().sources, 4), () => {
+      seen++;
+      expect(drive(b.snapshotSteps()).value).toBeNull();
+    });
+    expect(seen).toBeGreaterThan(0);
+    expect(drive(b.snapshotSteps()).value).not.toBeNull();
+  });
+
   it('a reset while restoring is applied after it: the source ends empty', () => {
     const { router: a } = fill(['a'], 12, 1);
     const b = makeRouter(['a']);
