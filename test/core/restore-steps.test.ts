@@ -176,6 +176,9 @@ describe('KvRouter.restoreSteps', () => {
         // The target holds other blocks for the same sources (and one source the snapshot does not list).
         const { router: b } = fill([...keys, 'd'], seed + 1, split, 300);
         const before = overlapByKey(b, seqs[0]).get('d');
+        // As a resync does: the sources the snapshot does not list (they held nothing) are reset, the others restored.
+        const listed = new Set(data.sources.map((x) => x.key));
+        drive(b.resetSteps(keys.filter((k) => !listed.has(k)), budget));
         const { value, pauses } = drive(b.restoreSteps(data.sources, budget));
         expect(value.rejected).toEqual([]);
         expect(value.blocks).toBe(data.sources.reduce((n, x) => n + x.engineIds.length, 0));
