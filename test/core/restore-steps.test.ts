@@ -178,7 +178,12 @@ describe('KvRouter.restoreSteps', () => {
         const before = overlapByKey(b, seqs[0]).get('d');
         // As a resync does: the sources the snapshot does not list (they held nothing) are reset, the others restored.
         const listed = new Set(data.sources.map((x) => x.key));
-        drive(b.resetSteps(keys.filter((k) => !listed.has(k)), budget));
+        drive(
+          b.resetSteps(
+            keys.filter((k) => !listed.has(k)),
+            budget,
+          ),
+        );
         const { value, pauses } = drive(b.restoreSteps(data.sources, budget));
         expect(value.rejected).toEqual([]);
         expect(value.blocks).toBe(data.sources.reduce((n, x) => n + x.engineIds.length, 0));
