@@ -14,6 +14,7 @@ import { computeSeqHashes, hashSeed, islBlocks as islBlocksOf } from './hashing.
 import { CacheGroups, hashStoredEvent } from './index/groups.ts';
 import { KvIndex, type IndexApplyResult } from './index/kv-index.ts';
 import { type IndexCapture, RouterSnapshot, type RouterSnapshotData, type SourceSnapshot } from './index/snapshot.ts';
+import { RESTORE_STEP, snapshotEvents } from './index/snapshot-events.ts';
 import { computeSeqHashesMm } from './multimodal.ts';
 import { isLowerTier, TierIndex } from './tiers.ts';
 import { predictedCachedTokens, ReuseLedger } from './ledger.ts';
@@ -129,6 +130,11 @@ interface SourceEntry {
   scraped?: EngineMetrics;
   /** Events of this source were lost and could not be replayed: its index is not the engine's cache until healed. */
   degraded?: SourceDegraded;
+  /**
+   * A stepped restore or reset (restoreSteps, resetSteps) is rewriting this source's index: routing reads its index
+   * overlap as 0 (unknown) until it is done, and its events wait in `pending`, applied after it in arrival order.
+   */
+  restoring?: { pending: KvEvent[] };
 }
 
 /** Engine gauges a metrics-scraping policy reads (vllm:num_requests_waiting, vllm:kv_cache_usage_perc). */
@@ -375,6 +381,11 @@ export class KvRouter {
   resetSource(key: string): boolean {
     const entry = this.sources.get(key);
     if (!entry) return false;
+    if (entry.restoring) {
+      // After the restore, in order with the source's other events.
+      entry.restoring.pending.push({ kind: 'cleared' });
+      return true;
+    }
     this.index.apply(entry.index, { kind: 'cleared' });
     this.groups.clearSource(entry.index);
     this.tiers.clear(entry.index);
@@ -387,6 +398,11 @@ export class KvRouter {
   applyEvents(key: string, events: readonly KvEvent[], now = this.lastNow): ApplyResult {
     const entry = this.sources.get(key);
     if (!entry) return { applied: 0, rejected: events.length, reason: 'unknown_source' };
+    if (entry.restoring) {
+      // Held until the restore is done (they are newer than the snapshot being loaded): nothing applied yet.
+      for (const ev of events) entry.restoring.pending.push(ev);
+      return { applied: 0, rejected: 0 };
+    }
     let applied = 0;
     let rejected = 0;
     let reason: ApplyResult['reason'];
@@ -816,6 +832,8 @@ export class KvRouter {
       capacityBlocks?: number;
       /** Null while the source's index is trusted; else since when (routing clock, ms) and why it is not. */
       degraded: SourceDegraded | null;
+      /** A stepped restore or reset is rewriting its index (routing reads its index overlap as 0 meanwhile). */
+      restoring: boolean;
     }>;
   } {
     return {
@@ -840,6 +858,7 @@ export class KvRouter {
         activePrefillTokens: this.active.prefillTokens(e.index),
         capacityBlocks: e.capacityBlocks,
         degraded: e.degraded ?? null,
+        restoring: e.restoring !== undefined,
       })),
     };
   }
@@ -859,25 +878,37 @@ export class KvRouter {
   /**
    * The same snapshot taken in steps of bounded work (`next()` until done, yielding to the event loop in between),
    * for a shell that must not stall on the copy either. Apply no events until it returns (routing goes on: it only
-   * reads the index); if the index changed anyway the result is null and the snapshot must be taken again.
+   * reads the index); if the index changed anyway the result is null and the snapshot must be taken again. Null too
+   * while a stepped restore or reset runs (restoreSteps, resetSteps): a source half rewritten is no state to keep.
    */
   *snapshotSteps(budget?: number): Generator<void, RouterSnapshot | null, void> {
+    if (this.restoring()) return null;
     const capture = yield* this.index.captureSteps(budget);
-    return capture ? this.named(capture) : null;
+    return capture && !this.restoring() ? this.named(capture) : null;
+  }
+
+  /** Whether a stepped restore or reset is rewriting any source. */
+  private restoring(): boolean {
+    for (const e of this.sources.values()) if (e.restoring) return true;
+    return false;
   }
 
   private named(capture: IndexCapture): RouterSnapshot {
     const names = new Map<string, number>();
+    const degraded = new Map<string, SourceDegraded>();
     const captured = new Set(capture.sources());
-    for (const [key, e] of this.sources) if (captured.has(e.index)) names.set(key, e.index);
-    return new RouterSnapshot(capture, names);
+    for (const [key, e] of this.sources) {
+      if (e.degraded) degraded.set(key, e.degraded);
+      if (captured.has(e.index) || e.degraded) names.set(key, e.index);
+    }
+    return new RouterSnapshot(capture, names, degraded);
   }
 
   /**
    * Loads a snapshot: each listed source's blocks replace what the router holds for it (its offload tiers are
    * cleared too); a source it does not know is added as an event source. Sources not listed are left alone. Bad
-   * entries are counted in the result, never thrown on. For a restore that must not stall, call restoreSource per
-   * source between event-loop turns.
+   * entries are counted in the result, never thrown on. One synchronous piece of O(the sources' blocks): a shell that
+   * must not stall runs `restoreSteps` instead.
    */
   restore(snapshot: RouterSnapshotData): RestoreResult {
     const result: RestoreResult = { sources: 0, blocks: 0, rejected: [] };
@@ -900,14 +931,168 @@ export class KvRouter {
     return result;
   }
 
+  /**
+   * The same load as `restore(...)` of these sources, in steps of at most `budget` blocks (a few ms each): `next()`
+   * until done, yielding to the event loop in between, so a large source never stalls routing for its whole length.
+   * Each source's old blocks are removed in steps too. While a source is being rewritten routing reads its index
+   * overlap as 0 (unknown, as right after a reset) and its events are held, then applied after the snapshot's blocks
+   * (`applyEvents` and `resetSource` meanwhile return at once). Blocks go in through the index's one insert path
+   * (Stored events, parents first). Sources not listed are left alone. The sources must be taken with this router's
+   * block size (a transport checks the snapshot's before).
+   */
+  *restoreSteps(sources: readonly SourceSnapshot[], budget = RESTORE_STEP): Generator<void, RestoreResult, void> {
+    const result: RestoreResult = { sources: 0, blocks: 0, rejected: [] };
+    const todo: Array<{ entry: SourceEntry; s: SourceSnapshot }> = [];
+    for (const s of sources) {
+      const n = s.engineIds?.length ?? 0;
+      if (typeof s.key !== 'string' || s.key === '') {
+        result.rejected.push({ key: String(s.key), blocks: n, reason: 'unknown_source' });
+        continue;
+      }
+      const why = this.unloadable(s);
+      if (why) {
+        result.rejected.push({ key: s.key, blocks: n, reason: why });
+        continue;
+      }
+      if (!this.sources.has(s.key)) this.addSource(parseSourceKey(s.key), { mode: 'events' });
+      const entry = this.sources.get(s.key)!;
+      if (entry.restoring || todo.some((t) => t.entry === entry)) {
+        result.rejected.push({ key: s.key, blocks: n, reason: 'restore_in_progress' });
+        continue;
+      }
+      entry.restoring = { pending: [] };
+      todo.push({ entry, s });
+    }
+    try {
+      yield* this.clearSteps(
+        todo.map((t) => t.entry),
+        budget,
+      );
+      for (const { entry, s } of todo) {
+        if (!this.current(entry)) continue;
+        this.tiers.clear(entry.index);
+        let applied = 0;
+        let rejected = 0;
+        let invalid = 0;
+        let reason: string | undefined;
+        for (const batch of snapshotEvents(s, budget)) {
+          if (!this.current(entry)) break; // removed meanwhile
+          for (const ev of batch.events) {
+            const r = this.index.apply(entry.index, ev);
+            applied += r.applied;
+            rejected += r.rejected;
+            if (r.reason) reason ??= r.reason;
+          }
+          invalid += batch.invalid;
+          yield;
+        }
+        if (invalid > 0) reason ??= 'invalid_snapshot';
+        entry.degraded = degradedOf(s);
+        if (applied > 0 || rejected === 0) result.sources++;
+        result.blocks += applied;
+        if (reason) result.rejected.push({ key: s.key, blocks: rejected, reason });
+        this.endRestoring(entry);
+      }
+    } finally {
+      for (const { entry } of todo) this.endRestoring(entry);
+    }
+    return result;
+  }
+
+  /**
+   * Clears these sources' blocks (as `resetSource` does) in steps of at most `budget` blocks, with the same hold on
+   * routing and events as restoreSteps. Returns the keys it cleared (unknown keys, or sources being restored, are
+   * skipped).
+   */
+  *resetSteps(keys: readonly string[], budget = RESTORE_STEP): Generator<void, string[], void> {
+    const entries: SourceEntry[] = [];
+    for (const key of keys) {
+      const entry = this.sources.get(key);
+      if (!entry || entry.restoring || entries.includes(entry)) continue;
+      entry.restoring = { pending: [] };
+      entries.push(entry);
+    }
+    try {
+      yield* this.clearSteps(entries, budget);
+    } finally {
+      for (const entry of entries) this.endRestoring(entry);
+    }
+    return entries.map((e) => e.key);
+  }
+
+  /** Why a snapshot source cannot be loaded at all (checked before anything of the source is touched). */
+  private unloadable(s: SourceSnapshot): string | undefined {
+    const n = s.engineIds?.length ?? 0;
+    if (!(s.engineIds instanceof BigUint64Array) || !(s.seqHashes instanceof BigUint64Array)) return 'invalid_snapshot';
+    if (!Number.isInteger(s.blockSize) || s.blockSize <= 0 || s.blockSize % this.blockSize !== 0) return 'block_size_mismatch';
+    if (s.seqHashes.length !== n * (s.blockSize / this.blockSize)) return 'token_count_mismatch';
+    if (s.parents && s.parents.length !== n) return 'invalid_snapshot';
+    return undefined;
+  }
+
+  /** The entry still names a source of this router (not removed, its number not reused). */
+  private current(entry: SourceEntry): boolean {
+    return this.byIndex[entry.index] === entry;
+  }
+
+  /** The restore of a source is over: routing reads its index again, and its held events are applied. */
+  private endRestoring(entry: SourceEntry): void {
+    const held = entry.restoring;
+    if (!held) return;
+    entry.restoring = undefined;
+    if (held.pending.length > 0 && this.current(entry)) this.applyEvents(entry.key, held.pending);
+  }
+
+  /**
+   * Removes every block of these sources in steps: their engine ids from one index copy (captureSteps, exportSteps),
+   * then Removed events of at most `budget` ids each, then a Cleared (which finds nothing left, or the few blocks
+   * the copy could not name). Their offload tiers and cache groups are cleared too.
+   */
+  private *clearSteps(entries: readonly SourceEntry[], budget: number): Generator<void, void, void> {
+    const held = entries.filter((e) => this.index.cachedBlocks(e.index) > 0);
+    let capture: IndexCapture | null = null;
+    // The copy is void if the index changes meanwhile (another source's events): taken again, then given up.
+    for (let attempt = 0; attempt < 3 && held.length > 0 && capture === null; attempt++) {
+      capture = yield* this.index.captureSteps();
+      if (capture === null) yield;
+    }
+    const step = Math.max(1, Math.floor(budget));
+    for (const entry of held) {
+      if (!capture || !this.current(entry)) break;
+      const blocks = yield* capture.exportSteps(entry.index);
+      const ids = blocks?.engineIds ?? new BigUint64Array(0);
+      for (let at = 0; at < ids.length; at += step) {
+        yield;
+        if (!this.current(entry)) break;
+        this.index.apply(entry.index, { kind: 'removed', engineIds: Array.from(ids.subarray(at, at + step)) });
+      }
+      yield;
+    }
+    for (const entry of entries) {
+      if (!this.current(entry)) continue;
+      this.index.apply(entry.index, { kind: 'cleared' });
+      this.groups.clearSource(entry.index);
+      this.tiers.clear(entry.index);
+    }
+  }
+
   /** Loads one source of a snapshot taken with this router's block size (see restore). */
   restoreSource(s: SourceSnapshot): IndexApplyResult {
     if (typeof s.key !== 'string' || s.key === '') return { applied: 0, rejected: s.engineIds?.length ?? 0, reason: 'unknown_source' };
     if (!this.sources.has(s.key)) this.addSource(parseSourceKey(s.key), { mode: 'events' });
     const entry = this.sources.get(s.key)!;
     this.tiers.clear(entry.index);
-    return this.index.restoreSource(entry.index, s);
+    const r = this.index.restoreSource(entry.index, s);
+    if (r.applied > 0 || r.rejected === 0) entry.degraded = degradedOf(s);
+    return r;
   }
+}
+
+/** A restored source is degraded as the snapshot says (a well-formed entry), or trusted. */
+function degradedOf(s: SourceSnapshot): SourceDegraded | undefined {
+  const d = s.degraded;
+  if (!d || typeof d.reason !== 'string' || !Number.isFinite(d.since) || !Number.isInteger(d.losses)) return undefined;
+  return { since: d.since, reason: d.reason, losses: d.losses };
 }
 
 /** What `KvRouter.restore` did: sources and blocks loaded, and each source entry it could not load in full. */

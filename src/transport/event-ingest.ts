@@ -44,6 +44,8 @@ export interface EventIngestOptions {
   readonly reconnectIntervalMs?: number;
   readonly reconnectMaxIntervalMs?: number;
   readonly heartbeatMs?: number;
+  /** ZMQ receive high-water mark per subscription in messages (default 100,000, vLLM's publisher's): tests lower it. */
+  readonly receiveHighWaterMark?: number;
   /** How often blind transitions are checked and logged (ms); 0 disables the timer. Default 5000. */
   readonly blindCheckMs?: number;
   /**
@@ -166,6 +168,7 @@ export class EventIngest {
           reconnectIntervalMs: this.opts.reconnectIntervalMs,
           reconnectMaxIntervalMs: this.opts.reconnectMaxIntervalMs,
           heartbeatMs: this.opts.heartbeatMs,
+          receiveHighWaterMark: this.opts.receiveHighWaterMark,
         },
         {
           onBatch: (seq, batch, wide) => ingest.onBatch(seq, batch, wide),

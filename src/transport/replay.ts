@@ -30,7 +30,10 @@ export async function requestReplay(
 ): Promise<ReplayResult> {
   const timeoutMs = options.timeoutMs ?? 1000;
   const maxBatches = options.maxBatches ?? 100_000;
-  const dealer = new Dealer({ linger: 0, receiveTimeout: timeoutMs, sendTimeout: timeoutMs, immediate: false });
+  // The engine's ROUTER (vLLM's replay socket, default options) drops, silently, what does not fit its pipe to us:
+  // our side's queue takes the whole reply (no receive high-water mark; the reply is bounded by the engine's buffer,
+  // vLLM buffer_steps 10,000 by default, and by maxBatches below), so only the engine's own send pipe can overflow.
+  const dealer = new Dealer({ linger: 0, receiveTimeout: timeoutMs, sendTimeout: timeoutMs, immediate: false, receiveHighWaterMark: 0 });
   let batches = 0;
   let badFrames = 0;
   try {

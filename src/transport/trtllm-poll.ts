@@ -3,7 +3,9 @@
  * the buffer as a JSON list (docs/engines.md). This shell polls it every `intervalMs`, decodes each event
  * (src/engines/trtllm.ts, one decoder per attention-DP rank) and hands it to that rank's `SourceIngest` under its
  * `event_id`: the ids are consecutive per rank, so the sequence tracker sees a lost event (the engine's buffer
- * overflowed between polls) as a gap and a restart as ids going backwards. There is no replay: a gap resets the source.
+ * overflowed between polls) as a gap and a restart as ids going backwards. There is no replay: a gap clears the source
+ * (degraded, `gap_without_replay`) and its decoder's block state, and the source is relearnt from the events after it;
+ * a restart clears it whole (healed: the new process's cache starts empty).
  */
 import { type Dispatcher, request } from 'undici';
 import { parseTrtllmEvents, TrtllmDecoder } from '../engines/trtllm/events.ts';
@@ -127,8 +129,11 @@ export class TrtllmPoll {
         continue;
       }
       const last = this.lastId.get(ev.rank);
-      // Ids going backwards: a new engine process; its window and partial-block state start over.
+      // Ids going backwards: a new engine process; its window and partial-block state start over. Ids skipping ahead:
+      // events were lost (the engine's buffer overflowed between polls); the tracker clears the source (no replay) and
+      // the decoder forgets the blocks it knew, so the source is relearnt from the events that follow.
       if (last !== undefined && ev.eventId <= last) decoder.reset();
+      else if (last !== undefined && ev.eventId > last + 1n) decoder.forgetBlocks();
       this.lastId.set(ev.rank, ev.eventId);
       this.counters.events++;
       ingest.onBatch(ev.eventId, decoder.decode(ev));

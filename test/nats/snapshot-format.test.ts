@@ -37,6 +37,40 @@ function populated(): KvRouter {
 const byKey = (r: KvRouter) => Object.fromEntries(r.state().sources.map((s) => [s.source, s.cachedBlocks]));
 
 describe('snapshot format', () => {
+  it('carries degraded sources: a router restored from it (in one piece or in steps) is degraded the same way', () => {
+    const a = populated();
+    a.addSource({ workerId: 'cold', dpRank: 0 });
+    a.markDegraded('w1', 'relay_backlog_overflow', 1_000);
+    a.markDegraded('w1', 'stream_gap', 2_000);
+    a.markDegraded('cold', 'replay_too_old', 3_000); // holds no blocks: listed anyway
+    const data = a.snapshot().data();
+    expect(data.sources.map((s) => s.key).sort()).toEqual(['cold', 'w0#1', 'w1', 'w2']);
+    const r = decodeSnapshot(encodeSnapshot(header, data.sources));
+    if (!r.ok) throw r.error;
+    const want = new Map([
+      ['w1', { since: 1_000, reason: 'stream_gap', losses: 2 }],
+      ['cold', { since: 3_000, reason: 'replay_too_old', losses: 1 }],
+    ]);
+    const whole = new KvRouter({ blockSize: 4, overlay: false });
+    expect(whole.restore(r.snapshot.data).rejected).toEqual([]);
+    expect(whole.degradedSources()).toEqual(want);
+    // In steps, over a router where w1 was trusted and w2 degraded: each restored source takes the snapshot's state.
+    const steps = new KvRouter({ blockSize: 4, overlay: false });
+    steps.addSource({ workerId: 'w2', dpRank: 0 });
+    steps.markDegraded('w2', 'stream_gap', 5);
+    const gen = steps.restoreSteps(r.snapshot.data.sources, 16);
+    let x = gen.next();
+    while (!x.done) x = gen.next();
+    expect(x.value.rejected).toEqual([]);
+    expect(steps.degradedSources()).toEqual(want);
+    expect(byKey(steps)).toEqual(byKey(a));
+    // A degraded state that cannot be read is refused with the snapshot, as corrupt.
+    const bad = encodeSnapshot(header, [
+      { ...data.sources.find((s) => s.key === 'cold')!, degraded: { since: 1, reason: 7 as never, losses: 1 } },
+    ]);
+    expect(decodeSnapshot(bad)).toMatchObject({ ok: false, error: { code: 'corrupt' } });
+  });
+
   it('encode -> decode -> restore rebuilds an identical index, by source key, engine ids included', () => {
     const a = populated();
     const bytes = encodeSnapshot(header, a.snapshot().data().sources);

@@ -24,9 +24,21 @@ export interface SourceBlocks {
   readonly parents?: Int32Array;
 }
 
+/** Why and since when a source's index was not to be trusted when the snapshot was taken (KvRouter's SourceDegraded). */
+export interface SnapshotDegraded {
+  readonly since: number;
+  readonly reason: string;
+  readonly losses: number;
+}
+
 /** A snapshot source with its key (the router's name for it: `worker` or `worker#dpRank`). */
 export interface SourceSnapshot extends SourceBlocks {
   readonly key: string;
+  /**
+   * Set when the source was degraded (events lost, not replayed): a router restoring it is degraded the same way.
+   * A degraded source is listed even when it holds no blocks.
+   */
+  readonly degraded?: SnapshotDegraded;
 }
 
 /** A snapshot as data: what `KvRouter.restore` takes and a transport encodes. */
@@ -182,8 +194,23 @@ export class RouterSnapshot {
   constructor(
     private readonly capture: IndexCapture,
     private readonly names: ReadonlyMap<string, number>,
+    /** Degraded sources at capture time (listed in `names` even without blocks). */
+    private readonly degraded: ReadonlyMap<string, SnapshotDegraded> = new Map(),
   ) {
     this.keys = [...names.keys()];
+  }
+
+  /** A source's arrays with its key and degraded state; an empty source for a degraded one that held no blocks. */
+  private named(key: string, blocks: SourceBlocks | null): SourceSnapshot | null {
+    const degraded = this.degraded.get(key);
+    if (!blocks && !degraded) return null;
+    const b = blocks ?? {
+      blockSize: this.capture.blockSize,
+      engineIds: new BigUint64Array(0),
+      seqHashes: new BigUint64Array(0),
+      parents: new Int32Array(0),
+    };
+    return degraded ? { key, ...b, degraded } : { key, ...b };
   }
 
   /** The router block size the hashes were computed with. */
@@ -200,8 +227,8 @@ export class RouterSnapshot {
   /** One source's arrays, or null for a key not in the snapshot (one synchronous piece of O(its blocks)). */
   source(key: string): SourceSnapshot | null {
     const n = this.names.get(key);
-    const blocks = n === undefined ? null : this.capture.exportSource(n);
-    return blocks ? { key, ...blocks } : null;
+    if (n === undefined) return null;
+    return this.named(key, this.capture.exportSource(n));
   }
 
   /**
@@ -212,7 +239,7 @@ export class RouterSnapshot {
     const n = this.names.get(key);
     if (n === undefined) return null;
     const blocks = yield* this.capture.exportSteps(n, budget);
-    return blocks ? { key, ...blocks } : null;
+    return this.named(key, blocks);
   }
 
   /** Every source at once: one synchronous piece of O(all blocks). */
@@ -220,7 +247,7 @@ export class RouterSnapshot {
     const sources: SourceSnapshot[] = [];
     for (const key of this.keys) {
       const s = this.source(key);
-      if (s && s.engineIds.length > 0) sources.push(s);
+      if (s && (s.engineIds.length > 0 || s.degraded)) sources.push(s);
     }
     return { blockSize: this.blockSize, sources };
   }

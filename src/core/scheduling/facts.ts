@@ -37,6 +37,8 @@ export interface FactSource {
   readonly capacityBlocks?: number;
   /** The engine's gauges as last scraped, for policies that read them. */
   readonly scraped?: { readonly waiting: number; readonly kvUsage: number };
+  /** Set while a stepped restore rewrites the source's index: its index overlap is unknown (read as 0). */
+  readonly restoring?: unknown;
 }
 
 export interface LoadFacts extends SourceLoad {
@@ -88,7 +90,7 @@ export class RequestFacts {
   overlap(src: FactSource, activePrefixBlocks: number): number {
     const { groups, approx, active } = this.stores;
     const s = src.index;
-    let ov = s < this.fromIndex.length ? this.fromIndex[s] : 0;
+    let ov = src.restoring === undefined && s < this.fromIndex.length ? this.fromIndex[s] : 0;
     if (groups.active && groups.isHybrid(s)) {
       // The hybrid rule (index/groups.ts) at the engine's own cap; the overlay assumes full attention, so not here.
       ov = groups.hit(s, this.seqHashes, ov, this.hybridCap);

@@ -331,6 +331,15 @@ export class TrtllmDecoder {
   /** Forgets the engine's state (its event ids went backwards: a restart). */
   reset(): void {
     this.maxWindow = null;
+    this.forgetBlocks();
+  }
+
+  /**
+   * Forgets what it knew of the engine's blocks (partial blocks, blocks on lower tiers) but not its attention window:
+   * events were lost (a gap in the ids), the source is cleared and relearnt from the events that follow, and the
+   * engine, the same process, still has the same window sizes.
+   */
+  forgetBlocks(): void {
     this.partial.clear();
     this.lowerTier.clear();
   }

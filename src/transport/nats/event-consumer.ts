@@ -19,7 +19,7 @@ import { type KvRouter, resetLosesEvents } from '../../core/router.ts';
 import { sourceKey } from '../../core/types.ts';
 import type { LogSink } from '../../log.ts';
 import { decodeEventMessage, STREAM, subjectSource } from './protocol.ts';
-import { readSnapshot, restoreSnapshot, type SnapshotRead } from './snapshot-store.ts';
+import { readSnapshot, restoreSnapshot, runSteps, type SnapshotRead } from './snapshot-store.ts';
 
 export interface EventConsumerDeps {
   readonly js: JetStreamClient;
@@ -261,9 +261,12 @@ export class EventConsumer {
     const read = await readSnapshot(this.d.snapshots, router.blockSize);
     if (read.kind === 'refused') this.d.onSnapshotRefused(read);
     const first = (await this.d.jsm.streams.info(STREAM).catch(() => null))?.state.first_seq ?? 0;
-    for (const key of router.sourceKeys()) router.resetSource(key);
     // After the stream went back, a snapshot of sequences it no longer holds describes a lost history: not used.
-    if (read.kind === 'decoded' && read.streamSeq + 1 >= first && read.streamSeq <= notAfter) {
+    const usable = read.kind === 'decoded' && read.streamSeq + 1 >= first && read.streamSeq <= notAfter;
+    // Every source is cleared (the snapshot's ones by restoreSteps), in steps: a large index never stalls routing.
+    const listed = new Set(usable ? read.sources.map((s) => s.key) : []);
+    await runSteps(router.resetSteps(router.sourceKeys().filter((k) => !listed.has(k))));
+    if (usable) {
       await restoreSnapshot(router, read.sources);
       this.stats.appliedSeq = read.streamSeq;
       this.d.onSnapshotLoaded(read.streamSeq);

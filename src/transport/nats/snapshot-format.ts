@@ -4,9 +4,12 @@
  *   "KVRS" u16le(version = 2)
  *   frame*      frame = u32le(length) msgpack(body)
  *     ['h', streamSeq, routerBlockSize, takenAt, replica, sourceCount]       header, first
- *     ['s', key, engineBlockSize, blocks]                                      a source; its blocks follow in
+ *     ['s', key, engineBlockSize, blocks, degraded?]                           a source; its blocks follow in
  *     ['d', engineIds u64le bytes, seqHashes u64le bytes, parents i32le bytes]  data frames of <= FRAME_BLOCKS
  *     ['e', totalBlocks, crc32]                                                trailer: CRC-32 of every byte before it
+ *
+ * `degraded` is [since ms, reason, losses] for a source whose events were lost when the snapshot was taken (absent
+ * otherwise; such a source is listed even with no blocks); a decoder that predates it ignores it.
  *
  * Encoding and decoding are generators of bounded work (one frame per step) so a shell spreads them over event-loop
  * turns. A decoder refuses, with a reason code, anything that is not a whole format-2 snapshot: another version,
@@ -101,7 +104,9 @@ export class SnapshotEncoder {
     this.written++;
     const n = s.engineIds.length;
     const split = n === 0 ? 1 : s.seqHashes.length / n;
-    this.push(frame(['s', s.key, s.blockSize, n]));
+    // A degraded source carries [since, reason, losses] as a fifth element (decoders before it ignore it).
+    const d = s.degraded;
+    this.push(frame(d ? ['s', s.key, s.blockSize, n, [d.since, d.reason, d.losses]] : ['s', s.key, s.blockSize, n]));
     for (let at = 0; at < n; at += FRAME_BLOCKS) {
       const end = Math.min(n, at + FRAME_BLOCKS);
       const parents = s.parents ? s.parents.subarray(at, end) : new Int32Array(end - at).fill(-1);
@@ -207,6 +212,14 @@ export function* decodeSnapshotSteps(bytes: Uint8Array): Generator<void, Snapsho
       return refuse('corrupt', `snapshot frame ${i - 1}: expected a source`);
     }
     const n = s[3];
+    const dg = s[4];
+    let degraded: SourceSnapshot['degraded'];
+    if (dg !== undefined && dg !== null) {
+      if (!Array.isArray(dg) || typeof dg[0] !== 'number' || typeof dg[1] !== 'string' || !isCount(dg[2])) {
+        return refuse('corrupt', `snapshot source ${s[1]}: unreadable degraded state`);
+      }
+      degraded = { since: dg[0], reason: dg[1], losses: dg[2] };
+    }
     const engineIds = new BigUint64Array(n);
     let split = 0;
     let seqHashes = new BigUint64Array(0);
@@ -230,7 +243,11 @@ export function* decodeSnapshotSteps(bytes: Uint8Array): Generator<void, Snapsho
       got += ids.length;
       yield;
     }
-    sources.push({ key: s[1], blockSize: s[2], engineIds, seqHashes, parents });
+    sources.push(
+      degraded
+        ? { key: s[1], blockSize: s[2], engineIds, seqHashes, parents, degraded }
+        : { key: s[1], blockSize: s[2], engineIds, seqHashes, parents },
+    );
     blocks += n;
   }
   if (sources.length !== h[5] || last[1] !== blocks) {

@@ -4,7 +4,7 @@
  * back its events (routing goes on: it only reads the index; the copy is consistent because nothing writes it), then
  * each source is exported from that copy with `sourceSteps` and encoded frame by frame while events flow again. One
  * bounded step per event-loop turn (`setImmediate` in between). Loading decodes in steps the same way and restores
- * one source per turn.
+ * in steps too (`restoreSteps`: old blocks removed and the snapshot's loaded a chunk at a time).
  */
 import type { ObjectStore } from '@nats-io/obj';
 import type { RouterSnapshot, SourceSnapshot } from '../../core/index/snapshot.ts';
@@ -186,18 +186,16 @@ export async function readSnapshot(store: ObjectStore, routerBlockSize: number):
   return { kind: 'decoded', streamSeq: s.streamSeq, blocks: s.blocks, sources: s.data.sources };
 }
 
-/** Restores decoded sources into the router, one source per event-loop turn; returns the blocks applied. */
+/**
+ * Restores decoded sources into the router in steps of bounded work (`KvRouter.restoreSteps`: a few ms each, one per
+ * event-loop turn, a large source's old blocks removed and its snapshot loaded a chunk at a time); returns the blocks
+ * applied. `onStep` gets each step's wall and CPU time, as for the export.
+ */
 export async function restoreSnapshot(
   router: KvRouter,
   sources: readonly SourceSnapshot[],
+  onStep?: (ms: number, cpuMs: number) => void,
 ): Promise<{ applied: number; rejected: number }> {
-  let applied = 0;
-  let rejected = 0;
-  for (const s of sources) {
-    const r = router.restoreSource(s);
-    applied += r.applied;
-    rejected += r.rejected;
-    await turn();
-  }
-  return { applied, rejected };
+  const r = await runSteps(router.restoreSteps(sources), onStep);
+  return { applied: r.blocks, rejected: r.rejected.reduce((n, x) => n + x.blocks, 0) };
 }
