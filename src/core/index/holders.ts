@@ -249,6 +249,22 @@ export class HolderSets {
     return this.bitsInto(data, off, out, 0);
   }
 
+  /** Copies the set at cells[from] to cells[to] (a pool entry gets its own copy). */
+  copy(cells: Int32Array, from: number, to: number): void {
+    const m0 = cells[from];
+    if (m0 >= 0) {
+      cells[to] = m0;
+      cells[to + 1] = cells[from + 1];
+      return;
+    }
+    const off = cells[from + 1];
+    const capacity = this.data[off + 1];
+    const next = this.alloc(capacity);
+    this.data.copyWithin(next, off, off + 2 + capacity);
+    cells[to] = m0;
+    cells[to + 1] = next;
+  }
+
   /** Empties the set (frees its pool entry). */
   clear(cells: Int32Array, at: number): void {
     if (cells[at] < 0) this.release(cells[at + 1]);

@@ -18,7 +18,8 @@
  */
 import { hashBlocksInto, hashSeed } from '../hashing.ts';
 import { GPU_MEDIUM, type ApplyResult, type KvEvent, type RejectReason, type StoredEvent } from '../types.ts';
-import { BITS, HolderSets, LIST, MAX_SOURCES } from './holders.ts';
+import { BITS, LIST, MAX_SOURCES } from './holders.ts';
+import { EMPTY_SET, SetTable } from './set-table.ts';
 import { IndexCapture, type SourceBlocks } from './snapshot.ts';
 import { copySteps, homeOfHashed, joinU64, U64Map } from './u64-map.ts';
 
@@ -55,14 +56,14 @@ interface SourceState {
 }
 
 const NONE = -1;
-/** Slot record fields: [hash lo, hash hi, parent slot + 1, holders word 0, holders word 1]. */
-const REC = 5;
+/** Slot record fields: [hash lo, hash hi, parent slot + 1]. */
+const REC = 3;
 const LO = 0;
 const HI = 1;
 const PARENT = 2;
-const HOLDERS = 3;
-/** Seq table cell: [lo, hi, slot + 1]. */
-const CELL = 3;
+/** Seq table cell: [lo, hi, slot + 1, holder set id] (16 bytes: four cells per cache line). */
+const CELL = 4;
+const SET = 3;
 const SLOT_GROWTH = 1.5;
 /** Words copied per step of a stepped capture: 1 MiB, under a millisecond. */
 const CAPTURE_STEP = 1 << 18;
@@ -84,8 +85,8 @@ function ctz(x: number): number {
 export class KvIndex {
   readonly blockSize: number;
   readonly maxBlocks: number;
-  private readonly seq = new U64Map(1024, 0, SEQ_TABLE);
-  private readonly holders = new HolderSets();
+  private readonly seq = new U64Map(1024, 1, SEQ_TABLE);
+  private readonly sets = new SetTable();
   private rec: Int32Array;
   private slotCap = 1024;
   private nextSlot = 0;
@@ -114,6 +115,8 @@ export class KvIndex {
   private ids = new Int32Array(32);
   private aliveBits = new Int32Array(1);
   private aliveCount = 0;
+  /** The set id the dense walk handed the alive list over at. */
+  private aliveSet = EMPTY_SET;
   private mark = new Int32Array(32);
   private stamp = 0;
 
@@ -141,7 +144,7 @@ export class KvIndex {
       throw new RangeError(`source number must be an integer in [0, ${MAX_SOURCES - 1}], got ${source}`);
     }
     if (this.sources[source]) return;
-    this.holders.fleet(source);
+    this.sets.fleet(source);
     this.sources[source] = { engineIds: new U64Map(64, this.capped), cachedBlocks: 0, split: 0, refs: null };
     if (this.scores.length <= source) {
       const n = Math.max(source + 1, 2 * this.scores.length);
@@ -309,8 +312,7 @@ export class KvIndex {
     for (let i = from; i < from + split; i++) {
       slot = this.slotFor(view[2 * i], view[2 * i + 1], slot);
       if (i === from) this.chainFirst = slot;
-      // slotFor may have grown `rec`: read it afterwards.
-      if (this.holders.add(this.rec, slot * REC + HOLDERS, source)) state.cachedBlocks++;
+      if (this.addHolder(this.placed, source)) state.cachedBlocks++;
       else {
         state.refs ??= new Map();
         state.refs.set(slot, (state.refs.get(slot) ?? 0) + 1);
@@ -321,6 +323,39 @@ export class KvIndex {
 
   /** The first block's slot of the last holdChain. */
   private chainFirst = NONE;
+  /** The table position of the last slotFor's hash (valid until the table changes). */
+  private placed = -1;
+
+  /** Adds `source` to the holders of the block at table position `pos`; false when it was one already. */
+  private addHolder(pos: number, source: number): boolean {
+    const cells = this.seq.cells;
+    const at = pos * CELL + SET;
+    const id = cells[at];
+    if (this.sets.has(id, source)) return false;
+    const next = this.sets.changed(id, source, 1);
+    this.sets.retain(next);
+    this.sets.release(id);
+    cells[at] = next;
+    return true;
+  }
+
+  /** Removes `source` from the holders of the block at table position `pos`; false when it was not one. */
+  private removeHolder(pos: number, source: number): boolean {
+    const cells = this.seq.cells;
+    const at = pos * CELL + SET;
+    const id = cells[at];
+    if (!this.sets.has(id, source)) return false;
+    const next = this.sets.changed(id, source, -1);
+    this.sets.retain(next);
+    this.sets.release(id);
+    cells[at] = next;
+    return true;
+  }
+
+  /** The table position of a live slot's hash. */
+  private posOf(slot: number): number {
+    return this.seq.find(this.rec[slot * REC + LO], this.rec[slot * REC + HI]);
+  }
 
   private setEngineId(state: SourceState, lo: number, hi: number, slot: number): void {
     state.engineIds.set(lo, hi, slot, this.gen ? this.gen[slot] : 0);
@@ -336,12 +371,17 @@ export class KvIndex {
     return this.seq.get(this.rec[slot * REC + LO], this.rec[slot * REC + HI]) === slot;
   }
 
-  /** The slot of a hash, created (linked to its parent) when absent. One table probe either way. */
+  /**
+   * The slot of a hash, created (linked to its parent, no holders) when absent. One table probe either way; the
+   * hash's table position is left in `placed`.
+   */
   private slotFor(lo: number, hi: number, parentSlot: number): number {
     // The slot a new block would get, offered to the table; taken only if the hash was absent.
     const fresh = this.freeHead !== NONE ? this.freeHead : this.nextSlot;
-    const found = this.seq.insert(lo, hi, fresh);
-    if (found >= 0) return found;
+    const pos = this.seq.place(lo, hi, fresh);
+    this.placed = pos;
+    const found = this.seq.valueAt(pos);
+    if (found !== fresh) return found;
     const slot = fresh;
     if (slot === this.freeHead) this.freeHead = this.rec[slot * REC + PARENT] - 1;
     else {
@@ -353,8 +393,6 @@ export class KvIndex {
     r[at + LO] = lo;
     r[at + HI] = hi;
     r[at + PARENT] = parentSlot + 1;
-    r[at + HOLDERS] = 0;
-    r[at + HOLDERS + 1] = 0;
     this.liveBlocks++;
     if (this.capped) {
       this.childCount![slot] = 0;
@@ -405,10 +443,10 @@ export class KvIndex {
         if (refs === 1) state.refs!.delete(s);
         else state.refs!.set(s, refs - 1);
       } else {
-        const at = s * REC + HOLDERS;
-        if (this.holders.remove(this.rec, at, source)) {
+        const pos = this.posOf(s);
+        if (this.removeHolder(pos, source)) {
           state.cachedBlocks--;
-          if (this.rec[at] === 0) this.freeSlot(s);
+          if (this.seq.cells[pos * CELL + SET] === EMPTY_SET) this.freeSlot(s);
         }
       }
       s = next;
@@ -437,8 +475,9 @@ export class KvIndex {
   /** Frees a block: its hash leaves the table, its slot goes to the free list. */
   private freeSlot(slot: number): void {
     const r = slot * REC;
-    this.holders.clear(this.rec, r + HOLDERS);
-    this.seq.delete(this.rec[r + LO], this.rec[r + HI]);
+    const pos = this.posOf(slot);
+    this.sets.release(this.seq.cells[pos * CELL + SET]);
+    this.seq.deleteAt(pos);
     this.liveBlocks--;
     const at = r + PARENT;
     if (this.capped) {
@@ -485,34 +524,35 @@ export class KvIndex {
 
   /**
    * The walk. `alive` lists the sources holding every block so far; a source missing block i drops out with i, its
-   * answer, and the survivors get the depth reached at the end. A block held by the same sources as the block before
-   * (the same inline holder words: the common case along a prefix) changes nothing and costs one table probe and one
-   * record read; otherwise `alive` is intersected with the block's holders. So a block costs its holders, not the
-   * fleet, and nothing per source is written between blocks. Returns the depth reached.
+   * answer, and the survivors get the depth reached at the end. Each block is one probe of the sequence table, whose
+   * cell carries the block's holder-set id (./set-table.ts): a block with the same id as the last block that changed
+   * the alive set (the common case along a prefix) changes nothing and costs that probe alone; otherwise `alive` is
+   * intersected with the set's members. So a block costs one cache line, a change of holders costs the holders, not
+   * the fleet, and nothing per source is written between blocks. Returns the depth reached.
    */
   private walk(view: Int32Array, n: number, scores: Int32Array): number {
     const seq = this.seq;
     const cells = seq.cells;
-    const rec = this.rec;
+    const sets = this.sets;
+    const setCells = sets.cells;
     const alive = this.alive;
-    const data = this.holders.data;
-    const first = seq.get(view[0], view[1]);
-    if (first < 0) return 0;
+    const data = sets.holders.data;
+    const firstPos = seq.find(view[0], view[1]);
+    if (firstPos < 0) return 0;
+    // The set id of the last block that changed the alive set (alive is always within its members).
+    let lastSet = cells[firstPos * CELL + SET];
     let count: number;
     let i: number;
-    // Holder words of the last block that changed the alive set.
-    let last0 = 0;
-    let last1 = 0;
-    if (rec[first * REC + HOLDERS] === BITS) {
+    if (setCells[2 * lastSet] === BITS) {
       // A first block most of a large fleet holds: bitsets ANDed word by word while the set stays that large.
-      const r = this.walkDense(view, n, scores, first);
+      const r = this.walkDense(view, n, scores, lastSet);
       if (r < 0) return -r - 1;
       i = r;
       count = this.aliveCount;
+      lastSet = this.aliveSet;
     } else {
-      count = this.holders.collect(rec, first * REC + HOLDERS, alive);
-      last0 = rec[first * REC + HOLDERS];
-      last1 = rec[first * REC + HOLDERS + 1];
+      count = sets.collect(lastSet, alive);
+      if (count === 0) return 0;
       i = 1;
     }
     // The table's probe, inlined with its parameters in locals: this loop is the router's hot path.
@@ -523,23 +563,21 @@ export class KvIndex {
       const lo = view[2 * i];
       const hi = view[2 * i + 1];
       let c = homeOfHashed(lo, shift, mult);
-      let at = -1;
+      let id = -1;
       for (;;) {
         const q = c * CELL;
-        const v = cells[q + 2];
-        if (v === 0) break;
+        if (cells[q + 2] === 0) break;
         if (cells[q] === lo && cells[q + 1] === hi) {
-          at = (v - 1) * REC + HOLDERS;
+          id = cells[q + SET];
           break;
         }
         if (++c === cap) c = 0;
       }
-      if (at < 0) break;
-      const m0 = rec[at];
-      const m1 = rec[at + 1];
-      if (m0 === last0 && m1 === last1) continue;
-      last0 = m0;
-      last1 = m1;
+      if (id < 0) break;
+      if (id === lastSet) continue;
+      lastSet = id;
+      const m0 = setCells[2 * id];
+      const m1 = setCells[2 * id + 1];
       let next = 0;
       if (m0 >= 0) {
         // Up to four inline holders (an empty half reads as -1).
@@ -592,28 +630,33 @@ export class KvIndex {
    * block's, and sources dropping out at block i get i. At the first smaller block the survivors become the alive
    * list (aliveCount of them); returns the next block then, or -(depth + 1) when done.
    */
-  private walkDense(view: Int32Array, n: number, scores: Int32Array, first: number): number {
+  private walkDense(view: Int32Array, n: number, scores: Int32Array, firstSet: number): number {
     const seq = this.seq;
-    const rec = this.rec;
-    const data = this.holders.data;
-    const W = this.holders.width;
+    const cells = seq.cells;
+    const sets = this.sets;
+    const setCells = sets.cells;
+    const data = sets.holders.data;
+    const W = sets.holders.width;
     if (this.aliveBits.length < W) this.aliveBits = new Int32Array(W);
     const alive = this.aliveBits;
     alive.fill(0, 0, W);
-    let off = rec[first * REC + HOLDERS + 1];
+    let off = setCells[2 * firstSet + 1];
     let width = data[off + 1];
     for (let w = 0; w < width; w++) alive[w] = data[off + 2 + w];
     // Words [lo, hi) may be non-zero.
     let lo = 0;
     let hi = width;
+    let lastSet = firstSet;
     let i = 1;
     for (; i < n; i++) {
-      const slot = seq.get(view[2 * i], view[2 * i + 1]);
-      if (slot < 0) break;
-      const at = slot * REC + HOLDERS;
-      const m0 = rec[at];
-      if (m0 === BITS) {
-        off = rec[at + 1];
+      const pos = seq.find(view[2 * i], view[2 * i + 1]);
+      if (pos < 0) break;
+      const id = cells[pos * CELL + SET];
+      // The same holders as the last change: nobody drops out.
+      if (id === lastSet) continue;
+      lastSet = id;
+      if (setCells[2 * id] === BITS) {
+        off = setCells[2 * id + 1];
         width = data[off + 1];
         let newLo = -1;
         let newHi = 0;
@@ -635,7 +678,7 @@ export class KvIndex {
       }
       // Fewer holders: survivors (holders still alive) continue as the alive list; everyone else stops at i.
       const list = this.alive;
-      const k = this.holders.collect(rec, at, this.ids);
+      const k = sets.collect(id, this.ids);
       let next = 0;
       for (let j = 0; j < k; j++) {
         const s = this.ids[j];
@@ -644,6 +687,7 @@ export class KvIndex {
       for (let w = lo; w < hi; w++) for (let d = alive[w]; d !== 0; d &= d - 1) scores[(w << 5) + ctz(d)] = i;
       if (next === 0) return -i - 1;
       this.aliveCount = next;
+      this.aliveSet = id;
       return i + 1;
     }
     for (let w = lo; w < hi; w++) for (let d = alive[w]; d !== 0; d &= d - 1) scores[(w << 5) + ctz(d)] = i;
@@ -699,7 +743,7 @@ export class KvIndex {
 
   /** Removes a block from every source. Engine-id mappings to it go stale and are detected by generation. */
   private prune(slot: number): void {
-    const k = this.holders.collect(this.rec, slot * REC + HOLDERS, this.ids);
+    const k = this.sets.collect(this.seq.cells[this.posOf(slot) * CELL + SET], this.ids);
     for (let j = 0; j < k; j++) {
       const state = this.sources[this.ids[j]];
       if (!state) continue;
@@ -863,7 +907,7 @@ export class KvIndex {
   } {
     let pairs = 0;
     let sources = 0;
-    let bytes = this.seq.byteLength + this.rec.byteLength + this.holders.byteLength;
+    let bytes = this.seq.byteLength + this.rec.byteLength + this.sets.byteLength;
     if (this.capped) bytes += this.lruPrev!.byteLength * 4;
     for (const s of this.sources) {
       if (!s) continue;
@@ -878,7 +922,7 @@ export class KvIndex {
       pairs,
       sources,
       bytes,
-      overflowBlocks: this.holders.overflowBlocks,
+      overflowBlocks: this.sets.overflowBlocks,
       pruned: this.prunedBlocks,
       applied: { ...this.appliedByKind },
       rejected,
@@ -918,8 +962,8 @@ export class KvIndex {
   holdsBlock(source: number, seqHashes: BigUint64Array, i: number): boolean {
     if (this.liveBlocks === 0) return false;
     idBuf[0] = seqHashes[i];
-    const slot = this.findSlot(idHalves[0], idHalves[1]);
-    return slot !== NONE && this.holders.has(this.rec, slot * REC + HOLDERS, source);
+    const pos = this.seq.find(idHalves[0], idHalves[1]);
+    return pos >= 0 && this.sets.has(this.seq.cells[pos * CELL + SET], source);
   }
 
   /** Router hashes a source holds (for tests and debugging; not a hot path). */
@@ -928,8 +972,7 @@ export class KvIndex {
     if (!this.sources[source]) return out;
     const cells = this.seq.cells;
     for (let at = 0; at < cells.length; at += CELL) {
-      const slot = cells[at + 2] - 1;
-      if (slot >= 0 && this.holders.has(this.rec, slot * REC + HOLDERS, source)) out.add(joinU64(cells[at], cells[at + 1]));
+      if (cells[at + 2] !== 0 && this.sets.has(cells[at + SET], source)) out.add(joinU64(cells[at], cells[at + 1]));
     }
     return out;
   }
