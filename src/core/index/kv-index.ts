@@ -901,6 +901,8 @@ export class KvIndex {
     bytes: number;
     /** Blocks whose holders outgrew their cell (more than four sources). */
     overflowBlocks: number;
+    /** Distinct holder sets the blocks carry (interned: prefix chains share them). */
+    holderSets: number;
     pruned: number;
     applied: { stored: number; removed: number; cleared: number };
     rejected: Record<string, number>;
@@ -923,6 +925,7 @@ export class KvIndex {
       sources,
       bytes,
       overflowBlocks: this.sets.overflowBlocks,
+      holderSets: this.sets.size,
       pruned: this.prunedBlocks,
       applied: { ...this.appliedByKind },
       rejected,
