@@ -56,14 +56,15 @@ interface SourceState {
 }
 
 const NONE = -1;
-/** Slot record fields: [hash lo, hash hi, parent slot + 1]. */
-const REC = 3;
+/** Slot record fields: [hash lo, hash hi, parent slot + 1, holder set id] (16 bytes: four per cache line). */
+const REC = 4;
 const LO = 0;
 const HI = 1;
 const PARENT = 2;
-/** Seq table cell: [lo, hi, slot + 1, holder set id] (16 bytes: four cells per cache line). */
-const CELL = 4;
+/** The block's holder-set id (./set-table.ts); 0 (the empty set) on a free slot, never on a live one. */
 const SET = 3;
+/** Seq table cell: [lo, hi, slot + 1]. */
+const CELL = 3;
 const SLOT_GROWTH = 1.5;
 /** Words copied per step of a stepped capture: 1 MiB, under a millisecond. */
 const CAPTURE_STEP = 1 << 18;
@@ -85,7 +86,7 @@ function ctz(x: number): number {
 export class KvIndex {
   readonly blockSize: number;
   readonly maxBlocks: number;
-  private readonly seq = new U64Map(1024, 1, SEQ_TABLE);
+  private readonly seq = new U64Map(1024, 0, SEQ_TABLE);
   private readonly sets = new SetTable();
   private rec: Int32Array;
   private slotCap = 1024;
@@ -115,8 +116,9 @@ export class KvIndex {
   private ids = new Int32Array(32);
   private aliveBits = new Int32Array(1);
   private aliveCount = 0;
-  /** The set id the dense walk handed the alive list over at. */
+  /** The set id and record offset of the block the dense walk handed the alive list over at. */
   private aliveSet = EMPTY_SET;
+  private aliveAt = 0;
   private mark = new Int32Array(32);
   private stamp = 0;
 
@@ -312,7 +314,7 @@ export class KvIndex {
     for (let i = from; i < from + split; i++) {
       slot = this.slotFor(view[2 * i], view[2 * i + 1], slot);
       if (i === from) this.chainFirst = slot;
-      if (this.addHolder(this.placed, source)) state.cachedBlocks++;
+      if (this.addHolder(slot, source)) state.cachedBlocks++;
       else {
         state.refs ??= new Map();
         state.refs.set(slot, (state.refs.get(slot) ?? 0) + 1);
@@ -323,38 +325,29 @@ export class KvIndex {
 
   /** The first block's slot of the last holdChain. */
   private chainFirst = NONE;
-  /** The table position of the last slotFor's hash (valid until the table changes). */
-  private placed = -1;
 
-  /** Adds `source` to the holders of the block at table position `pos`; false when it was one already. */
-  private addHolder(pos: number, source: number): boolean {
-    const cells = this.seq.cells;
-    const at = pos * CELL + SET;
-    const id = cells[at];
+  /** Adds `source` to the holders of the block in `slot`; false when it was one already. */
+  private addHolder(slot: number, source: number): boolean {
+    const at = slot * REC + SET;
+    const id = this.rec[at];
     if (this.sets.has(id, source)) return false;
     const next = this.sets.changed(id, source, 1);
     this.sets.retain(next);
     this.sets.release(id);
-    cells[at] = next;
+    this.rec[at] = next;
     return true;
   }
 
-  /** Removes `source` from the holders of the block at table position `pos`; false when it was not one. */
-  private removeHolder(pos: number, source: number): boolean {
-    const cells = this.seq.cells;
-    const at = pos * CELL + SET;
-    const id = cells[at];
+  /** Removes `source` from the holders of the block in `slot`; false when it was not one. */
+  private removeHolder(slot: number, source: number): boolean {
+    const at = slot * REC + SET;
+    const id = this.rec[at];
     if (!this.sets.has(id, source)) return false;
     const next = this.sets.changed(id, source, -1);
     this.sets.retain(next);
     this.sets.release(id);
-    cells[at] = next;
+    this.rec[at] = next;
     return true;
-  }
-
-  /** The table position of a live slot's hash. */
-  private posOf(slot: number): number {
-    return this.seq.find(this.rec[slot * REC + LO], this.rec[slot * REC + HI]);
   }
 
   private setEngineId(state: SourceState, lo: number, hi: number, slot: number): void {
@@ -371,17 +364,12 @@ export class KvIndex {
     return this.seq.get(this.rec[slot * REC + LO], this.rec[slot * REC + HI]) === slot;
   }
 
-  /**
-   * The slot of a hash, created (linked to its parent, no holders) when absent. One table probe either way; the
-   * hash's table position is left in `placed`.
-   */
+  /** The slot of a hash, created (linked to its parent, no holders yet) when absent. One table probe either way. */
   private slotFor(lo: number, hi: number, parentSlot: number): number {
     // The slot a new block would get, offered to the table; taken only if the hash was absent.
     const fresh = this.freeHead !== NONE ? this.freeHead : this.nextSlot;
-    const pos = this.seq.place(lo, hi, fresh);
-    this.placed = pos;
-    const found = this.seq.valueAt(pos);
-    if (found !== fresh) return found;
+    const found = this.seq.insert(lo, hi, fresh);
+    if (found >= 0) return found;
     const slot = fresh;
     if (slot === this.freeHead) this.freeHead = this.rec[slot * REC + PARENT] - 1;
     else {
@@ -393,6 +381,7 @@ export class KvIndex {
     r[at + LO] = lo;
     r[at + HI] = hi;
     r[at + PARENT] = parentSlot + 1;
+    r[at + SET] = EMPTY_SET;
     this.liveBlocks++;
     if (this.capped) {
       this.childCount![slot] = 0;
@@ -443,10 +432,9 @@ export class KvIndex {
         if (refs === 1) state.refs!.delete(s);
         else state.refs!.set(s, refs - 1);
       } else {
-        const pos = this.posOf(s);
-        if (this.removeHolder(pos, source)) {
+        if (this.removeHolder(s, source)) {
           state.cachedBlocks--;
-          if (this.seq.cells[pos * CELL + SET] === EMPTY_SET) this.freeSlot(s);
+          if (this.rec[s * REC + SET] === EMPTY_SET) this.freeSlot(s);
         }
       }
       s = next;
@@ -475,9 +463,10 @@ export class KvIndex {
   /** Frees a block: its hash leaves the table, its slot goes to the free list. */
   private freeSlot(slot: number): void {
     const r = slot * REC;
-    const pos = this.posOf(slot);
-    this.sets.release(this.seq.cells[pos * CELL + SET]);
-    this.seq.deleteAt(pos);
+    // A free slot carries the empty set: the walk's neighbour guess (see walk) tells live slots by it.
+    this.sets.release(this.rec[r + SET]);
+    this.rec[r + SET] = EMPTY_SET;
+    this.seq.delete(this.rec[r + LO], this.rec[r + HI]);
     this.liveBlocks--;
     const at = r + PARENT;
     if (this.capped) {
@@ -524,32 +513,38 @@ export class KvIndex {
 
   /**
    * The walk. `alive` lists the sources holding every block so far; a source missing block i drops out with i, its
-   * answer, and the survivors get the depth reached at the end. Each block is one probe of the sequence table, whose
-   * cell carries the block's holder-set id (./set-table.ts): a block with the same id as the last block that changed
-   * the alive set (the common case along a prefix) changes nothing and costs that probe alone; otherwise `alive` is
-   * intersected with the set's members. So a block costs one cache line, a change of holders costs the holders, not
-   * the fleet, and nothing per source is written between blocks. Returns the depth reached.
+   * answer, and the survivors get the depth reached at the end. A block is found in the slot after the previous
+   * block's when that slot holds its hash (a stored run of blocks takes neighbouring slots, so along a cached prefix
+   * this is a sequential read), else by one probe of the sequence table. Its record carries its holder-set id
+   * (./set-table.ts): a block with the same id as the last block that changed the alive set (the common case along a
+   * prefix) changes nothing; otherwise `alive` is intersected with the set's members. So a block costs one record
+   * read, a change of holders costs the holders, not the fleet, and nothing per source is written between blocks.
+   * Returns the depth reached.
    */
   private walk(view: Int32Array, n: number, scores: Int32Array): number {
     const seq = this.seq;
     const cells = seq.cells;
+    const rec = this.rec;
     const sets = this.sets;
     const setCells = sets.cells;
     const alive = this.alive;
     const data = sets.holders.data;
-    const firstPos = seq.find(view[0], view[1]);
-    if (firstPos < 0) return 0;
-    // The set id of the last block that changed the alive set (alive is always within its members).
-    let lastSet = cells[firstPos * CELL + SET];
+    const first = seq.get(view[0], view[1]);
+    if (first < 0) return 0;
+    // The record offset of the last block found, and the set id of the last block that changed the alive set
+    // (alive is always within its members).
+    let at = first * REC;
+    let lastSet = rec[at + SET];
     let count: number;
     let i: number;
     if (setCells[2 * lastSet] === BITS) {
       // A first block most of a large fleet holds: bitsets ANDed word by word while the set stays that large.
-      const r = this.walkDense(view, n, scores, lastSet);
+      const r = this.walkDense(view, n, scores, first);
       if (r < 0) return -r - 1;
       i = r;
       count = this.aliveCount;
       lastSet = this.aliveSet;
+      at = this.aliveAt;
     } else {
       count = sets.collect(lastSet, alive);
       if (count === 0) return 0;
@@ -559,21 +554,27 @@ export class KvIndex {
     const cap = seq.capacity;
     const shift = seq.homeShift;
     const mult = seq.homeMult;
+    const end = this.nextSlot * REC;
     for (; i < n; i++) {
       const lo = view[2 * i];
       const hi = view[2 * i + 1];
-      let c = homeOfHashed(lo, shift, mult);
-      let id = -1;
-      for (;;) {
-        const q = c * CELL;
-        if (cells[q + 2] === 0) break;
-        if (cells[q] === lo && cells[q + 1] === hi) {
-          id = cells[q + SET];
-          break;
+      at += REC;
+      if (at >= end || rec[at] !== lo || rec[at + 1] !== hi || rec[at + SET] === EMPTY_SET) {
+        let c = homeOfHashed(lo, shift, mult);
+        at = -1;
+        for (;;) {
+          const q = c * CELL;
+          const v = cells[q + 2];
+          if (v === 0) break;
+          if (cells[q] === lo && cells[q + 1] === hi) {
+            at = (v - 1) * REC;
+            break;
+          }
+          if (++c === cap) c = 0;
         }
-        if (++c === cap) c = 0;
+        if (at < 0) break;
       }
-      if (id < 0) break;
+      const id = rec[at + SET];
       if (id === lastSet) continue;
       lastSet = id;
       const m0 = setCells[2 * id];
@@ -630,9 +631,9 @@ export class KvIndex {
    * block's, and sources dropping out at block i get i. At the first smaller block the survivors become the alive
    * list (aliveCount of them); returns the next block then, or -(depth + 1) when done.
    */
-  private walkDense(view: Int32Array, n: number, scores: Int32Array, firstSet: number): number {
+  private walkDense(view: Int32Array, n: number, scores: Int32Array, first: number): number {
     const seq = this.seq;
-    const cells = seq.cells;
+    const rec = this.rec;
     const sets = this.sets;
     const setCells = sets.cells;
     const data = sets.holders.data;
@@ -640,18 +641,25 @@ export class KvIndex {
     if (this.aliveBits.length < W) this.aliveBits = new Int32Array(W);
     const alive = this.aliveBits;
     alive.fill(0, 0, W);
-    let off = setCells[2 * firstSet + 1];
+    let at = first * REC;
+    let lastSet = rec[at + SET];
+    let off = setCells[2 * lastSet + 1];
     let width = data[off + 1];
     for (let w = 0; w < width; w++) alive[w] = data[off + 2 + w];
     // Words [lo, hi) may be non-zero.
     let lo = 0;
     let hi = width;
-    let lastSet = firstSet;
+    const end = this.nextSlot * REC;
     let i = 1;
     for (; i < n; i++) {
-      const pos = seq.find(view[2 * i], view[2 * i + 1]);
-      if (pos < 0) break;
-      const id = cells[pos * CELL + SET];
+      // The neighbouring slot first, else the table (as in walk).
+      at += REC;
+      if (at >= end || rec[at] !== view[2 * i] || rec[at + 1] !== view[2 * i + 1] || rec[at + SET] === EMPTY_SET) {
+        const slot = seq.get(view[2 * i], view[2 * i + 1]);
+        if (slot < 0) break;
+        at = slot * REC;
+      }
+      const id = rec[at + SET];
       // The same holders as the last change: nobody drops out.
       if (id === lastSet) continue;
       lastSet = id;
@@ -688,6 +696,7 @@ export class KvIndex {
       if (next === 0) return -i - 1;
       this.aliveCount = next;
       this.aliveSet = id;
+      this.aliveAt = at;
       return i + 1;
     }
     for (let w = lo; w < hi; w++) for (let d = alive[w]; d !== 0; d &= d - 1) scores[(w << 5) + ctz(d)] = i;
@@ -743,7 +752,7 @@ export class KvIndex {
 
   /** Removes a block from every source. Engine-id mappings to it go stale and are detected by generation. */
   private prune(slot: number): void {
-    const k = this.sets.collect(this.seq.cells[this.posOf(slot) * CELL + SET], this.ids);
+    const k = this.sets.collect(this.rec[slot * REC + SET], this.ids);
     for (let j = 0; j < k; j++) {
       const state = this.sources[this.ids[j]];
       if (!state) continue;
@@ -965,8 +974,8 @@ export class KvIndex {
   holdsBlock(source: number, seqHashes: BigUint64Array, i: number): boolean {
     if (this.liveBlocks === 0) return false;
     idBuf[0] = seqHashes[i];
-    const pos = this.seq.find(idHalves[0], idHalves[1]);
-    return pos >= 0 && this.sets.has(this.seq.cells[pos * CELL + SET], source);
+    const slot = this.findSlot(idHalves[0], idHalves[1]);
+    return slot !== NONE && this.sets.has(this.rec[slot * REC + SET], source);
   }
 
   /** Router hashes a source holds (for tests and debugging; not a hot path). */
@@ -975,7 +984,8 @@ export class KvIndex {
     if (!this.sources[source]) return out;
     const cells = this.seq.cells;
     for (let at = 0; at < cells.length; at += CELL) {
-      if (cells[at + 2] !== 0 && this.sets.has(cells[at + SET], source)) out.add(joinU64(cells[at], cells[at + 1]));
+      const slot = cells[at + 2] - 1;
+      if (slot >= 0 && this.sets.has(this.rec[slot * REC + SET], source)) out.add(joinU64(cells[at], cells[at + 1]));
     }
     return out;
   }

@@ -195,18 +195,6 @@ export class U64Map {
   }
 
   /**
-   * The key's position, inserting it with `value` (fields 0) when absent: the caller tells which by the value it reads
-   * there. Valid until the next insert or delete.
-   */
-  place(lo: number, hi: number, value: number): number {
-    if (this.count + 1 > this.cap * this.maxLoad) this.grow();
-    lo |= 0;
-    hi |= 0;
-    const pos = this.locate(lo, hi);
-    return pos >= 0 ? pos : this.insertAt(~pos, lo, hi, value, 0);
-  }
-
-  /**
    * The key's position, or ~(where it goes). Robin Hood tables keep every run sorted by (home, mixed key), so the
    * search stops at the first entry that sorts after the key: the key is absent and belongs there.
    */
