@@ -1,17 +1,16 @@
 /**
  * The event-fed prefix index: which source holds which block, keyed by the router's own sequence hash.
  *
- * Layout (all typed arrays):
+ * Layout (all typed arrays; README.md in this folder has the whole picture):
  * - `seq`: a U64Map from seq hash to block slot (12-byte cells).
- * - `rec`: one record per block slot, [hash lo, hash hi, parent slot + 1, holders x2] (20 bytes); the holders are a
- *   HolderSets set: up to four source numbers inline, a pool list or bitset past that. Slots are stable (engine ids,
- *   parent links, the LRU cap and snapshots refer to them) and a sequence's blocks get neighbouring slots, so the
- *   walk's second read is usually the cache line the previous block brought in. (Holders in the table cell instead,
- *   one read per block, was ~1.5x slower in an A/B run: 20-byte cells straddle cache lines and lengthen probes.)
- *   Free slots are chained through their parent field.
+ * - `rec`: one record per block slot, [hash lo, hash hi, parent slot + 1, holder-set id] (16 bytes). The holders are
+ *   an id in a SetTable (./set-table.ts): each distinct holder set is stored once, and prefix chains share them.
+ *   Slots are stable (engine ids, parent links, the LRU cap and snapshots refer to them) and a stored run of blocks
+ *   takes neighbouring slots, so the walk finds most blocks by reading the next record, without a table probe.
+ *   Free slots carry the empty set (id 0) and are chained through their parent field.
  * - per source: engine block id -> slot (the dual key: the engine's hash scheme never matters).
- * Membership costs 8 bytes per block for up to four holders, then follows the holders, not the fleet size. Measured
- * on the Mooncake trace from 64 to 4,096 sources: bench/RESULTS.md ("Index").
+ * Membership costs 4 bytes per block plus the distinct sets; measured on the Mooncake trace from 64 to 4,096
+ * sources: bench/RESULTS.md ("Index").
  *
  * Because a sequence hash names a whole prefix, "source s holds blocks 0..k of this request" is a walk down the
  * request's hashes, stopping when no source continues.
