@@ -40,6 +40,13 @@ export class SetTable {
   private hashes: Int32Array = new Int32Array(2 * 64);
   private interned = new Uint8Array(64);
   private readonly byHash = new U64Map(64);
+  /** Per id: bumped when the id is freed, so a remembered transition to or from an older use of it is ignored. */
+  private gens: Int32Array = new Int32Array(64);
+  /**
+   * Remembered transitions, (set, source, plus or minus) -> set, with both sets' generations: a popular block's next
+   * holder usually makes the change another block of its prefix just made. Cleared when it outgrows the live sets.
+   */
+  private readonly transitions = new U64Map(1024, 2);
   private freeIds: Int32Array = new Int32Array(64);
   private freeTop = 0;
   /** Next never-used id (id 0 is the empty set). */
@@ -76,6 +83,8 @@ export class SetTable {
       this.hashes.byteLength +
       this.interned.byteLength +
       this.byHash.byteLength +
+      this.gens.byteLength +
+      this.transitions.byteLength +
       this.freeIds.byteLength
     );
   }
@@ -108,6 +117,7 @@ export class SetTable {
     if (this.interned[id] === 1) this.byHash.delete(this.hashes[2 * id], this.hashes[2 * id + 1]);
     this.holders.clear(this.cells, 2 * id);
     this.sizes[id] = 0;
+    this.gens[id]++;
     this.liveSets--;
     if (this.freeTop === this.freeIds.length) this.freeIds = grown(this.freeIds, 2 * this.freeIds.length);
     this.freeIds[this.freeTop++] = id;
@@ -120,6 +130,21 @@ export class SetTable {
   changed(id: number, s: number, sign: 1 | -1): number {
     const n = this.sizes[id] + sign;
     if (n === 0) return EMPTY_SET;
+    const key = (s << 1) | (sign > 0 ? 1 : 0);
+    const t = this.transitions.find(id, key);
+    if (t >= 0) {
+      const to = this.transitions.valueAt(t);
+      if (this.transitions.fieldAt(t, 0) === this.gens[id] && this.transitions.fieldAt(t, 1) === this.gens[to]) return to;
+    }
+    const to = this.lookUp(id, s, sign, n);
+    if (this.transitions.size > 4 * this.liveSets + 4096) this.transitions.clear();
+    const at = this.transitions.set(id, key, to, this.gens[id]);
+    this.transitions.setFieldAt(at, 1, this.gens[to]);
+    return to;
+  }
+
+  /** `changed` without the remembered transitions: by content hash, else a new set. */
+  private lookUp(id: number, s: number, sign: 1 | -1, n: number): number {
     const lo = (this.hashes[2 * id] + sign * memberLo(s)) | 0;
     const hi = (this.hashes[2 * id + 1] + sign * memberHi(s)) | 0;
     const pos = this.byHash.find(lo, hi);
@@ -176,6 +201,7 @@ export class SetTable {
       this.refs = grown(this.refs, n);
       this.sizes = grown(this.sizes, n);
       this.hashes = grown(this.hashes, 2 * n);
+      this.gens = grown(this.gens, n);
       const interned = new Uint8Array(n);
       interned.set(this.interned);
       this.interned = interned;
