@@ -46,9 +46,19 @@ interface SourceLoad {
 
 /** Longest common prefix, in blocks, of two seq-hash chains given as (lo, hi) u32 views. */
 export function commonPrefix(a: Uint32Array, an: number, b: Uint32Array, bn: number): number {
-  // Most chains are other conversations: a different first block settles it without a search.
-  if (an === 0 || bn === 0 || a[0] !== b[0] || a[1] !== b[1]) return 0;
-  let lo = 1;
+  return longerPrefix(a, an, b, bn, 0);
+}
+
+/**
+ * The longest common prefix of two chains when it is longer than `known` blocks, else `known`: one comparison (at
+ * block `known`) settles most chains, and the search starts above `known`. Equal hashes at block i imply equal
+ * hashes at every j < i (a seq hash names its whole prefix).
+ */
+function longerPrefix(a: Uint32Array, an: number, b: Uint32Array, bn: number, known: number): number {
+  // Most chains are other conversations or shorter matches: a different block at `known` settles it without a search.
+  const k0 = 2 * known;
+  if (an <= known || bn <= known || a[k0] !== b[k0] || a[k0 + 1] !== b[k0 + 1]) return known;
+  let lo = known + 1;
   let hi = Math.min(an, bn);
   while (lo < hi) {
     const mid = (lo + hi + 1) >>> 1;
@@ -63,8 +73,7 @@ function maxPrefix(view: Uint32Array, n: number, chains: readonly Chain[], skip?
   let best = 0;
   for (const c of chains) {
     if (c === skip || best >= n) continue;
-    const l = commonPrefix(view, n, c.view, c.blocks);
-    if (l > best) best = l;
+    best = longerPrefix(view, n, c.view, c.blocks, best);
   }
   return best;
 }
@@ -121,6 +130,15 @@ export class ActiveLoad {
       m.delete(source);
       if (m.size === 0) this.byFirstBlock.delete(k);
     }
+  }
+
+  /**
+   * Sources with an in-flight or recent chain starting with the same block as `view` (may include false positives),
+   * as a map whose keys are those sources; undefined when there are none. Any other source shares no prefix with the
+   * request: its activePrefix and predictedPrefix are 0 without looking at its chains.
+   */
+  firstBlockSharers(view: Uint32Array, blocks: number): ReadonlyMap<number, number> | undefined {
+    return blocks === 0 ? undefined : this.byFirstBlock.get(firstKey(view));
   }
 
   /** Sources with an in-flight or recent chain starting with the same block as `view` (may include false positives). */
@@ -244,8 +262,7 @@ export class ActiveLoad {
     let best = activePrefix >= 0 ? activePrefix : maxPrefix(view, seqHashes.length, s.inFlight);
     for (const c of s.recent) {
       if (c.expiresAt <= now || best >= seqHashes.length) continue;
-      const l = commonPrefix(view, seqHashes.length, c.view, c.blocks);
-      if (l > best) best = l;
+      best = longerPrefix(view, seqHashes.length, c.view, c.blocks, best);
     }
     return best;
   }

@@ -1,13 +1,11 @@
 /**
- * Which sources hold a block: a small set of source numbers whose cost follows its size, not the fleet's.
+ * One set of source numbers in two int32 words, whose cost follows its size, not the fleet's: the member storage of
+ * the interned holder sets (./set-table.ts keeps each distinct set once, under an id, as two words in its `cells`).
  *
- * Most blocks are held by a few sources (bench:index workload: 1 to 4 holders for 99% of the blocks at 64 sources
- * and 97% at 1,024), so a block's set lives in two int32 words of the block's own table cell: up to four source
- * numbers as 16-bit halves (number + 1; 0 = empty, filled from the front). A lookup of such a block reads one cell.
- * A larger set moves to a pool entry, and the cell keeps its kind and offset: a list of source numbers while it is no
- * larger than a bitset of the fleet would be (up to W = ceil(sources / 32) entries), a bitset beyond. So a block
- * costs 8 bytes of membership for up to four holders and min(4 per holder, W words) past that, where one bitset per
- * block cost W words whatever its holders (128 bytes per block at 1,024 sources).
+ * Most sets are small (bench:index workload: 1 to 4 holders for 99% of the blocks at 64 sources and 97% at 1,024):
+ * up to four source numbers as 16-bit halves of the two words (number + 1; 0 = empty, filled from the front). A
+ * larger set moves to a pool entry, and the words keep its kind and offset: a list of source numbers while it is no
+ * larger than a bitset of the fleet would be (up to W = ceil(sources / 32) entries), a bitset beyond.
  *
  * Pool entries are [count, capacity, ...capacity ids or words], reused through free lists by size. A bitset records
  * its own width, so a fleet that grows widens only the bitsets that need a new source's bit.
@@ -46,7 +44,7 @@ export class HolderSets {
     return this.words;
   }
 
-  /** Blocks whose holders live in the pool. */
+  /** Sets whose members live in the pool. */
   get overflowBlocks(): number {
     return this.liveEntries;
   }
@@ -247,6 +245,22 @@ export class HolderSets {
       return n;
     }
     return this.bitsInto(data, off, out, 0);
+  }
+
+  /** Copies the set at cells[from] to cells[to] (a pool entry gets its own copy). */
+  copy(cells: Int32Array, from: number, to: number): void {
+    const m0 = cells[from];
+    if (m0 >= 0) {
+      cells[to] = m0;
+      cells[to + 1] = cells[from + 1];
+      return;
+    }
+    const off = cells[from + 1];
+    const capacity = this.data[off + 1];
+    const next = this.alloc(capacity);
+    this.data.copyWithin(next, off, off + 2 + capacity);
+    cells[to] = m0;
+    cells[to + 1] = next;
   }
 
   /** Empties the set (frees its pool entry). */

@@ -1,24 +1,24 @@
 /**
  * The event-fed prefix index: which source holds which block, keyed by the router's own sequence hash.
  *
- * Layout (all typed arrays):
+ * Layout (all typed arrays; README.md in this folder has the whole picture):
  * - `seq`: a U64Map from seq hash to block slot (12-byte cells).
- * - `rec`: one record per block slot, [hash lo, hash hi, parent slot + 1, holders x2] (20 bytes); the holders are a
- *   HolderSets set: up to four source numbers inline, a pool list or bitset past that. Slots are stable (engine ids,
- *   parent links, the LRU cap and snapshots refer to them) and a sequence's blocks get neighbouring slots, so the
- *   walk's second read is usually the cache line the previous block brought in. (Holders in the table cell instead,
- *   one read per block, was ~1.5x slower in an A/B run: 20-byte cells straddle cache lines and lengthen probes.)
- *   Free slots are chained through their parent field.
+ * - `rec`: one record per block slot, [hash lo, hash hi, parent slot + 1, holder-set id] (16 bytes). The holders are
+ *   an id in a SetTable (./set-table.ts): each distinct holder set is stored once, and prefix chains share them.
+ *   Slots are stable (engine ids, parent links, the LRU cap and snapshots refer to them) and a stored run of blocks
+ *   takes neighbouring slots, so the walk finds most blocks by reading the next record, without a table probe.
+ *   Free slots carry the empty set (id 0) and are chained through their parent field.
  * - per source: engine block id -> slot (the dual key: the engine's hash scheme never matters).
- * Membership costs 8 bytes per block for up to four holders, then follows the holders, not the fleet size. Measured
- * on the Mooncake trace from 64 to 4,096 sources: bench/RESULTS.md ("Index").
+ * Membership costs 4 bytes per block plus the distinct sets; measured on the Mooncake trace from 64 to 4,096
+ * sources: bench/RESULTS.md ("Index").
  *
  * Because a sequence hash names a whole prefix, "source s holds blocks 0..k of this request" is a walk down the
  * request's hashes, stopping when no source continues.
  */
 import { hashBlocksInto, hashSeed } from '../hashing.ts';
 import { GPU_MEDIUM, type ApplyResult, type KvEvent, type RejectReason, type StoredEvent } from '../types.ts';
-import { BITS, HolderSets, LIST, MAX_SOURCES } from './holders.ts';
+import { BITS, LIST, MAX_SOURCES } from './holders.ts';
+import { EMPTY_SET, SetTable } from './set-table.ts';
 import { IndexCapture, type SourceBlocks } from './snapshot.ts';
 import { copySteps, homeOfHashed, joinU64, U64Map } from './u64-map.ts';
 
@@ -55,12 +55,13 @@ interface SourceState {
 }
 
 const NONE = -1;
-/** Slot record fields: [hash lo, hash hi, parent slot + 1, holders word 0, holders word 1]. */
-const REC = 5;
+/** Slot record fields: [hash lo, hash hi, parent slot + 1, holder set id] (16 bytes: four per cache line). */
+const REC = 4;
 const LO = 0;
 const HI = 1;
 const PARENT = 2;
-const HOLDERS = 3;
+/** The block's holder-set id (./set-table.ts); 0 (the empty set) on a free slot, never on a live one. */
+const SET = 3;
 /** Seq table cell: [lo, hi, slot + 1]. */
 const CELL = 3;
 const SLOT_GROWTH = 1.5;
@@ -85,7 +86,7 @@ export class KvIndex {
   readonly blockSize: number;
   readonly maxBlocks: number;
   private readonly seq = new U64Map(1024, 0, SEQ_TABLE);
-  private readonly holders = new HolderSets();
+  private readonly sets = new SetTable();
   private rec: Int32Array;
   private slotCap = 1024;
   private nextSlot = 0;
@@ -114,6 +115,9 @@ export class KvIndex {
   private ids = new Int32Array(32);
   private aliveBits = new Int32Array(1);
   private aliveCount = 0;
+  /** The set id and record offset of the block the dense walk handed the alive list over at. */
+  private aliveSet = EMPTY_SET;
+  private aliveAt = 0;
   private mark = new Int32Array(32);
   private stamp = 0;
 
@@ -141,7 +145,7 @@ export class KvIndex {
       throw new RangeError(`source number must be an integer in [0, ${MAX_SOURCES - 1}], got ${source}`);
     }
     if (this.sources[source]) return;
-    this.holders.fleet(source);
+    this.sets.fleet(source);
     this.sources[source] = { engineIds: new U64Map(64, this.capped), cachedBlocks: 0, split: 0, refs: null };
     if (this.scores.length <= source) {
       const n = Math.max(source + 1, 2 * this.scores.length);
@@ -309,8 +313,7 @@ export class KvIndex {
     for (let i = from; i < from + split; i++) {
       slot = this.slotFor(view[2 * i], view[2 * i + 1], slot);
       if (i === from) this.chainFirst = slot;
-      // slotFor may have grown `rec`: read it afterwards.
-      if (this.holders.add(this.rec, slot * REC + HOLDERS, source)) state.cachedBlocks++;
+      if (this.addHolder(slot, source)) state.cachedBlocks++;
       else {
         state.refs ??= new Map();
         state.refs.set(slot, (state.refs.get(slot) ?? 0) + 1);
@@ -321,6 +324,30 @@ export class KvIndex {
 
   /** The first block's slot of the last holdChain. */
   private chainFirst = NONE;
+
+  /** Adds `source` to the holders of the block in `slot`; false when it was one already. */
+  private addHolder(slot: number, source: number): boolean {
+    const at = slot * REC + SET;
+    const id = this.rec[at];
+    if (this.sets.has(id, source)) return false;
+    const next = this.sets.changed(id, source, 1);
+    this.sets.retain(next);
+    this.sets.release(id);
+    this.rec[at] = next;
+    return true;
+  }
+
+  /** Removes `source` from the holders of the block in `slot`; false when it was not one. */
+  private removeHolder(slot: number, source: number): boolean {
+    const at = slot * REC + SET;
+    const id = this.rec[at];
+    if (!this.sets.has(id, source)) return false;
+    const next = this.sets.changed(id, source, -1);
+    this.sets.retain(next);
+    this.sets.release(id);
+    this.rec[at] = next;
+    return true;
+  }
 
   private setEngineId(state: SourceState, lo: number, hi: number, slot: number): void {
     state.engineIds.set(lo, hi, slot, this.gen ? this.gen[slot] : 0);
@@ -336,7 +363,7 @@ export class KvIndex {
     return this.seq.get(this.rec[slot * REC + LO], this.rec[slot * REC + HI]) === slot;
   }
 
-  /** The slot of a hash, created (linked to its parent) when absent. One table probe either way. */
+  /** The slot of a hash, created (linked to its parent, no holders yet) when absent. One table probe either way. */
   private slotFor(lo: number, hi: number, parentSlot: number): number {
     // The slot a new block would get, offered to the table; taken only if the hash was absent.
     const fresh = this.freeHead !== NONE ? this.freeHead : this.nextSlot;
@@ -353,8 +380,7 @@ export class KvIndex {
     r[at + LO] = lo;
     r[at + HI] = hi;
     r[at + PARENT] = parentSlot + 1;
-    r[at + HOLDERS] = 0;
-    r[at + HOLDERS + 1] = 0;
+    r[at + SET] = EMPTY_SET;
     this.liveBlocks++;
     if (this.capped) {
       this.childCount![slot] = 0;
@@ -405,10 +431,9 @@ export class KvIndex {
         if (refs === 1) state.refs!.delete(s);
         else state.refs!.set(s, refs - 1);
       } else {
-        const at = s * REC + HOLDERS;
-        if (this.holders.remove(this.rec, at, source)) {
+        if (this.removeHolder(s, source)) {
           state.cachedBlocks--;
-          if (this.rec[at] === 0) this.freeSlot(s);
+          if (this.rec[s * REC + SET] === EMPTY_SET) this.freeSlot(s);
         }
       }
       s = next;
@@ -437,7 +462,9 @@ export class KvIndex {
   /** Frees a block: its hash leaves the table, its slot goes to the free list. */
   private freeSlot(slot: number): void {
     const r = slot * REC;
-    this.holders.clear(this.rec, r + HOLDERS);
+    // A free slot carries the empty set: the walk's neighbour guess (see walk) tells live slots by it.
+    this.sets.release(this.rec[r + SET]);
+    this.rec[r + SET] = EMPTY_SET;
     this.seq.delete(this.rec[r + LO], this.rec[r + HI]);
     this.liveBlocks--;
     const at = r + PARENT;
@@ -485,61 +512,72 @@ export class KvIndex {
 
   /**
    * The walk. `alive` lists the sources holding every block so far; a source missing block i drops out with i, its
-   * answer, and the survivors get the depth reached at the end. A block held by the same sources as the block before
-   * (the same inline holder words: the common case along a prefix) changes nothing and costs one table probe and one
-   * record read; otherwise `alive` is intersected with the block's holders. So a block costs its holders, not the
-   * fleet, and nothing per source is written between blocks. Returns the depth reached.
+   * answer, and the survivors get the depth reached at the end. A block is found in the slot after the previous
+   * block's when that slot holds its hash (a stored run of blocks takes neighbouring slots, so along a cached prefix
+   * this is a sequential read), else by one probe of the sequence table. Its record carries its holder-set id
+   * (./set-table.ts): a block with the same id as the last block that changed the alive set (the common case along a
+   * prefix) changes nothing; otherwise `alive` is intersected with the set's members. So a block costs one record
+   * read, a change of holders costs the holders, not the fleet, and nothing per source is written between blocks.
+   * Returns the depth reached.
    */
   private walk(view: Int32Array, n: number, scores: Int32Array): number {
     const seq = this.seq;
     const cells = seq.cells;
     const rec = this.rec;
+    const sets = this.sets;
+    const setCells = sets.cells;
     const alive = this.alive;
-    const data = this.holders.data;
+    const data = sets.holders.data;
     const first = seq.get(view[0], view[1]);
     if (first < 0) return 0;
+    // The record offset of the last block found, and the set id of the last block that changed the alive set
+    // (alive is always within its members).
+    let at = first * REC;
+    let lastSet = rec[at + SET];
     let count: number;
     let i: number;
-    // Holder words of the last block that changed the alive set.
-    let last0 = 0;
-    let last1 = 0;
-    if (rec[first * REC + HOLDERS] === BITS) {
+    if (setCells[2 * lastSet] === BITS) {
       // A first block most of a large fleet holds: bitsets ANDed word by word while the set stays that large.
       const r = this.walkDense(view, n, scores, first);
       if (r < 0) return -r - 1;
       i = r;
       count = this.aliveCount;
+      lastSet = this.aliveSet;
+      at = this.aliveAt;
     } else {
-      count = this.holders.collect(rec, first * REC + HOLDERS, alive);
-      last0 = rec[first * REC + HOLDERS];
-      last1 = rec[first * REC + HOLDERS + 1];
+      count = sets.collect(lastSet, alive);
+      if (count === 0) return 0;
       i = 1;
     }
     // The table's probe, inlined with its parameters in locals: this loop is the router's hot path.
     const cap = seq.capacity;
     const shift = seq.homeShift;
     const mult = seq.homeMult;
+    const end = this.nextSlot * REC;
     for (; i < n; i++) {
       const lo = view[2 * i];
       const hi = view[2 * i + 1];
-      let c = homeOfHashed(lo, shift, mult);
-      let at = -1;
-      for (;;) {
-        const q = c * CELL;
-        const v = cells[q + 2];
-        if (v === 0) break;
-        if (cells[q] === lo && cells[q + 1] === hi) {
-          at = (v - 1) * REC + HOLDERS;
-          break;
+      at += REC;
+      if (at >= end || rec[at] !== lo || rec[at + 1] !== hi || rec[at + SET] === EMPTY_SET) {
+        let c = homeOfHashed(lo, shift, mult);
+        at = -1;
+        for (;;) {
+          const q = c * CELL;
+          const v = cells[q + 2];
+          if (v === 0) break;
+          if (cells[q] === lo && cells[q + 1] === hi) {
+            at = (v - 1) * REC;
+            break;
+          }
+          if (++c === cap) c = 0;
         }
-        if (++c === cap) c = 0;
+        if (at < 0) break;
       }
-      if (at < 0) break;
-      const m0 = rec[at];
-      const m1 = rec[at + 1];
-      if (m0 === last0 && m1 === last1) continue;
-      last0 = m0;
-      last1 = m1;
+      const id = rec[at + SET];
+      if (id === lastSet) continue;
+      lastSet = id;
+      const m0 = setCells[2 * id];
+      const m1 = setCells[2 * id + 1];
       let next = 0;
       if (m0 >= 0) {
         // Up to four inline holders (an empty half reads as -1).
@@ -595,25 +633,37 @@ export class KvIndex {
   private walkDense(view: Int32Array, n: number, scores: Int32Array, first: number): number {
     const seq = this.seq;
     const rec = this.rec;
-    const data = this.holders.data;
-    const W = this.holders.width;
+    const sets = this.sets;
+    const setCells = sets.cells;
+    const data = sets.holders.data;
+    const W = sets.holders.width;
     if (this.aliveBits.length < W) this.aliveBits = new Int32Array(W);
     const alive = this.aliveBits;
     alive.fill(0, 0, W);
-    let off = rec[first * REC + HOLDERS + 1];
+    let at = first * REC;
+    let lastSet = rec[at + SET];
+    let off = setCells[2 * lastSet + 1];
     let width = data[off + 1];
     for (let w = 0; w < width; w++) alive[w] = data[off + 2 + w];
     // Words [lo, hi) may be non-zero.
     let lo = 0;
     let hi = width;
+    const end = this.nextSlot * REC;
     let i = 1;
     for (; i < n; i++) {
-      const slot = seq.get(view[2 * i], view[2 * i + 1]);
-      if (slot < 0) break;
-      const at = slot * REC + HOLDERS;
-      const m0 = rec[at];
-      if (m0 === BITS) {
-        off = rec[at + 1];
+      // The neighbouring slot first, else the table (as in walk).
+      at += REC;
+      if (at >= end || rec[at] !== view[2 * i] || rec[at + 1] !== view[2 * i + 1] || rec[at + SET] === EMPTY_SET) {
+        const slot = seq.get(view[2 * i], view[2 * i + 1]);
+        if (slot < 0) break;
+        at = slot * REC;
+      }
+      const id = rec[at + SET];
+      // The same holders as the last change: nobody drops out.
+      if (id === lastSet) continue;
+      lastSet = id;
+      if (setCells[2 * id] === BITS) {
+        off = setCells[2 * id + 1];
         width = data[off + 1];
         let newLo = -1;
         let newHi = 0;
@@ -635,7 +685,7 @@ export class KvIndex {
       }
       // Fewer holders: survivors (holders still alive) continue as the alive list; everyone else stops at i.
       const list = this.alive;
-      const k = this.holders.collect(rec, at, this.ids);
+      const k = sets.collect(id, this.ids);
       let next = 0;
       for (let j = 0; j < k; j++) {
         const s = this.ids[j];
@@ -644,6 +694,8 @@ export class KvIndex {
       for (let w = lo; w < hi; w++) for (let d = alive[w]; d !== 0; d &= d - 1) scores[(w << 5) + ctz(d)] = i;
       if (next === 0) return -i - 1;
       this.aliveCount = next;
+      this.aliveSet = id;
+      this.aliveAt = at;
       return i + 1;
     }
     for (let w = lo; w < hi; w++) for (let d = alive[w]; d !== 0; d &= d - 1) scores[(w << 5) + ctz(d)] = i;
@@ -699,7 +751,7 @@ export class KvIndex {
 
   /** Removes a block from every source. Engine-id mappings to it go stale and are detected by generation. */
   private prune(slot: number): void {
-    const k = this.holders.collect(this.rec, slot * REC + HOLDERS, this.ids);
+    const k = this.sets.collect(this.rec[slot * REC + SET], this.ids);
     for (let j = 0; j < k; j++) {
       const state = this.sources[this.ids[j]];
       if (!state) continue;
@@ -857,13 +909,15 @@ export class KvIndex {
     bytes: number;
     /** Blocks whose holders outgrew their cell (more than four sources). */
     overflowBlocks: number;
+    /** Distinct holder sets the blocks carry (interned: prefix chains share them). */
+    holderSets: number;
     pruned: number;
     applied: { stored: number; removed: number; cleared: number };
     rejected: Record<string, number>;
   } {
     let pairs = 0;
     let sources = 0;
-    let bytes = this.seq.byteLength + this.rec.byteLength + this.holders.byteLength;
+    let bytes = this.seq.byteLength + this.rec.byteLength + this.sets.byteLength;
     if (this.capped) bytes += this.lruPrev!.byteLength * 4;
     for (const s of this.sources) {
       if (!s) continue;
@@ -878,7 +932,8 @@ export class KvIndex {
       pairs,
       sources,
       bytes,
-      overflowBlocks: this.holders.overflowBlocks,
+      overflowBlocks: this.sets.overflowBlocks,
+      holderSets: this.sets.size,
       pruned: this.prunedBlocks,
       applied: { ...this.appliedByKind },
       rejected,
@@ -919,7 +974,7 @@ export class KvIndex {
     if (this.liveBlocks === 0) return false;
     idBuf[0] = seqHashes[i];
     const slot = this.findSlot(idHalves[0], idHalves[1]);
-    return slot !== NONE && this.holders.has(this.rec, slot * REC + HOLDERS, source);
+    return slot !== NONE && this.sets.has(this.rec[slot * REC + SET], source);
   }
 
   /** Router hashes a source holds (for tests and debugging; not a hot path). */
@@ -929,7 +984,7 @@ export class KvIndex {
     const cells = this.seq.cells;
     for (let at = 0; at < cells.length; at += CELL) {
       const slot = cells[at + 2] - 1;
-      if (slot >= 0 && this.holders.has(this.rec, slot * REC + HOLDERS, source)) out.add(joinU64(cells[at], cells[at + 1]));
+      if (slot >= 0 && this.sets.has(this.rec[slot * REC + SET], source)) out.add(joinU64(cells[at], cells[at + 1]));
     }
     return out;
   }

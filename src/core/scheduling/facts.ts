@@ -56,6 +56,11 @@ export class RequestFacts {
   private readonly full: number;
   private readonly hybridCap: number;
   private readonly tierCredit: boolean;
+  /**
+   * Sources with an in-flight or recent chain starting with the request's first block, looked up once per request:
+   * every other source's active prefix and overlay are 0 without a look at its chains.
+   */
+  private readonly sharers: ReadonlyMap<number, number> | undefined;
 
   constructor(
     private readonly stores: FactStores,
@@ -72,6 +77,7 @@ export class RequestFacts {
     // vLLM never reuses the prompt's last token (max_cache_hit_length = num_tokens - 1).
     this.hybridCap = Math.min(this.full, Math.floor(Math.max(0, promptTokens - 1) / blockSize));
     this.view = new Uint32Array(seqHashes.buffer, seqHashes.byteOffset, seqHashes.length * 2);
+    this.sharers = stores.active.firstBlockSharers(this.view, seqHashes.length);
     this.tierCredit = (knobs.hostTierCredit ?? 0) > 0 || (knobs.diskTierCredit ?? 0) > 0 || (knobs.remoteTierCredit ?? 0) > 0;
   }
 
@@ -81,7 +87,7 @@ export class RequestFacts {
     return {
       key: src.key,
       capacityBlocks: src.capacityBlocks,
-      activePrefixBlocks: active.activePrefix(s, this.seqHashes, this.view),
+      activePrefixBlocks: this.sharers?.has(s) ? active.activePrefix(s, this.seqHashes, this.view) : 0,
       activeBlocks: active.activeBlocks(s),
       activePrefillTokens: active.prefillTokens(s),
     };
@@ -95,7 +101,7 @@ export class RequestFacts {
       // The hybrid rule (index/groups.ts) at the engine's own cap; the overlay assumes full attention, so not here.
       ov = groups.hit(s, this.seqHashes, ov, this.hybridCap);
     } else if (src.mode === 'approx') ov = Math.max(ov, approx.prefix(s, this.seqHashes, this.now, this.view));
-    else if (this.stores.overlay && this.policyOverlay && ov < this.full) {
+    else if (this.stores.overlay && this.policyOverlay && ov < this.full && this.sharers?.has(s)) {
       ov = Math.max(ov, active.predictedPrefix(s, this.seqHashes, this.now, this.view, activePrefixBlocks));
     }
     return Math.min(ov, this.full);
