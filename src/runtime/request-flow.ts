@@ -23,6 +23,7 @@ import type { RemoteTokenizer } from '../tokenizer/remote.ts';
 import type { ChatMediaIds, TokenizerService } from '../tokenizer/service.ts';
 import type { ServeConfig } from '../config/serve.ts';
 import { parseJsonBody } from '../apis/openai-request.ts';
+import { parseWithPromptIds } from '../apis/prompt-ids.ts';
 import type { ApiAdapter, RoutedRequest } from '../apis/index.ts';
 import { type RequestHeaders, requestIdentity } from './identity.ts';
 import type { LifecyclePort } from './lifecycle.ts';
@@ -156,12 +157,17 @@ export async function tokensFor(ctx: TokenizeContext, req: RoutedRequest): Promi
   return [];
 }
 
-/** A body's text and JSON, refused (400) when it nests deeper than the limit: deep nesting would overflow the stack. */
-export function parseBody(raw: Buffer, maxJsonDepth: number): { text: string; body: unknown } {
+/**
+ * A body's text and JSON, refused (400) when it nests deeper than the limit: deep nesting would overflow the stack.
+ * `promptIds`: a top-level token-id "prompt" is read from the bytes (src/apis/prompt-ids.ts; the same object as
+ * JSON.parse builds, and any body of another shape is parsed whole as before).
+ */
+export function parseBody(raw: Buffer, maxJsonDepth: number, promptIds = false): { text: string; body: unknown } {
   const tooDeep = checkJsonDepth(raw, maxJsonDepth);
   if (tooDeep) throw tooDeep;
   const text = raw.toString('utf8');
-  return { text, body: parseJsonBody(text) };
+  const scanned = promptIds ? parseWithPromptIds(raw) : null;
+  return { text, body: scanned ?? parseJsonBody(text) };
 }
 
 /**
@@ -184,7 +190,7 @@ export async function runRequest<W>(ctx: FlowContext<W>, req: FlowRequest, port:
   const { api, signal } = req;
   const trace = req.trace ?? NO_TRACE;
   const { lifecycle, metrics } = ctx;
-  const { text, body } = parseBody(req.body, ctx.config.maxJsonDepth);
+  const { text, body } = parseBody(req.body, ctx.config.maxJsonDepth, api.name === 'completions');
   const parsed = api.parse(body);
   trace.set({ 'gen_ai.request.model': parsed.model, 'kvroute.stream': parsed.stream });
   if (parsed.policy && !isSelectablePolicy(parsed.policy)) {
