@@ -42,6 +42,7 @@ usage: npm run bench:callgrind -- [options]
   --targets <list>       kvroute,bare (default both)
   --bin <path>           kvroute's bin/kvroute.mjs (default this checkout's)
   --compare <bin>        also count another kvroute build (rows "before")
+  --label <name>         the name of --bin's rows (default "kvroute")
   --keep <dir>           keep the callgrind dumps in <dir>
   -h, --help             this text`;
 
@@ -75,6 +76,7 @@ const TARGETS = (opt('targets') ?? 'kvroute,bare').split(',');
 const BIN = opt('bin') ?? fileURLToPath(new URL('../bin/kvroute.mjs', import.meta.url));
 const COMPARE = opt('compare');
 const KEEP = opt('keep');
+const LABEL = opt('label') ?? 'kvroute';
 for (const w of ONLY) {
   if (!['ids', 'ids-stream', 'chat'].includes(w)) {
     console.error(`bench:callgrind: unknown workload "${w}" (ids, ids-stream, chat)`);
@@ -188,6 +190,12 @@ function startTarget(target: string, bin: string, upstream: string, outFile: str
           '0',
           '--log-level',
           'info',
+          // Under valgrind the first instrumented requests crawl (every code path is translated again): no client
+          // timeout may cut them.
+          '--header-timeout-ms',
+          '600000',
+          '--body-timeout-ms',
+          '0',
         ];
   const child = spawn('valgrind', [...VALGRIND, `--callgrind-out-file=${outFile}`, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
   children.push(child);
@@ -270,7 +278,7 @@ async function main() {
     const targets: { target: string; bin: string; label: string }[] = [];
     if (TARGETS.includes('bare') && w.name !== 'chat warm') targets.push({ target: 'bare', bin: '', label: 'bare node' });
     if (TARGETS.includes('kvroute') && COMPARE) targets.push({ target: 'kvroute', bin: COMPARE, label: 'kvroute before' });
-    if (TARGETS.includes('kvroute')) targets.push({ target: 'kvroute', bin: BIN, label: 'kvroute' });
+    if (TARGETS.includes('kvroute')) targets.push({ target: 'kvroute', bin: BIN, label: LABEL });
     for (const t of targets) {
       const perReq = await count(t.target, t.bin, t.label, upstream, w, dir);
       rows.push({ proxy: t.label, workload: w.name, perReq });

@@ -77,6 +77,8 @@ export interface SubmittedRequest {
   /** The client's JSON body (every adapter has checked it is an object) and its text as received. */
   readonly json: Record<string, unknown>;
   readonly text: string;
+  /** The body's bytes as received (forwarded as they are when nothing in them needs rewriting). */
+  readonly raw: Buffer;
   /** The client's own x-request-id, if it is a short printable token. */
   readonly clientRequestId: string | null;
   readonly tokenizeS: number;
@@ -221,6 +223,7 @@ export async function runRequest<W>(ctx: FlowContext<W>, req: FlowRequest, port:
     parsed,
     json,
     text,
+    raw: req.body,
     // The client's own id, if any, travels upstream and back for tracing; the router keys its state by its own id,
     // which is unique even when clients reuse theirs.
     clientRequestId: sanitizeRequestId(req.headers['x-request-id']),

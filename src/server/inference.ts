@@ -127,7 +127,8 @@ function sendAttempt(
       upstreamBody: body,
     });
   }
-  return proxyAttempt(attemptCtx, { ...common, worker, body });
+  // The client's bytes unchanged when the adapter left the text as it was: no second UTF-8 encoding of the body.
+  return proxyAttempt(attemptCtx, { ...common, worker, body: body === r.text ? r.raw : body });
 }
 
 /** An attempt handed out: logged, traced (queue wait, the decision), and noted for /debug/state. */

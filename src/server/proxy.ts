@@ -21,13 +21,23 @@ import type { AttemptOutcome as FlowOutcome } from '../runtime/request-flow.ts';
 /** Hop-by-hop and length headers are the proxy's own business; everything else from the engine passes through. */
 const SKIP_RESPONSE_HEADERS = new Set(['connection', 'keep-alive', 'transfer-encoding', 'content-length', 'date', 'server']);
 
-function copyHeaders(upstream: UndiciDispatcher.ResponseData['headers'], extra: Record<string, string>): Record<string, string | string[]> {
+function copyHeaders(
+  upstream: UndiciDispatcher.ResponseData['headers'],
+  ours: Readonly<Record<string, string>>,
+  extra: Readonly<Record<string, string>> | undefined,
+  key: string,
+  value: string,
+): Record<string, string | string[]> {
   const out: Record<string, string | string[]> = {};
-  for (const [k, v] of Object.entries(upstream)) {
+  for (const k in upstream) {
+    const v = upstream[k];
     if (v === undefined || SKIP_RESPONSE_HEADERS.has(k)) continue;
     out[k] = v;
   }
-  return { ...out, ...extra };
+  for (const k in ours) out[k] = ours[k];
+  if (extra) for (const k in extra) out[k] = extra[k];
+  out[key] = value;
+  return out;
 }
 
 /** How a proxied attempt ended: answered, or failed before answering (the dispatcher may retry it). */
@@ -46,7 +56,8 @@ export interface AttemptRequest {
   readonly worker: AttemptWorker;
   readonly api: ApiAdapter;
   readonly parsed: RoutedRequest;
-  readonly body: string;
+  /** The body sent upstream (the client's bytes when nothing was rewritten). */
+  readonly body: string | Buffer;
   readonly path: string;
   readonly res: ServerResponse;
   readonly signal: AbortSignal;
@@ -128,7 +139,6 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
     'x-kvroute-isl-blocks': String(decision.islBlocks),
     'x-kvroute-request-id': requestId,
     'x-request-id': a.clientRequestId ?? requestId,
-    ...a.responseHeaders,
   };
   const override = a.cachedTokensOverride;
   let upstream: UndiciDispatcher.ResponseData;
@@ -187,7 +197,7 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
     );
     span.end(ok ? undefined : `engine answered ${upstream.statusCode}`);
     if (!res.destroyed) {
-      res.writeHead(upstream.statusCode, copyHeaders(upstream.headers, { ...ours, 'content-length': String(buf.length) }));
+      res.writeHead(upstream.statusCode, copyHeaders(upstream.headers, ours, a.responseHeaders, 'content-length', String(buf.length)));
       res.end(buf);
     }
     return { kind: 'done' };
@@ -205,7 +215,7 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
     if (headSent) return;
     headSent = true;
     commit();
-    res.writeHead(200, copyHeaders(upstream.headers, { ...ours, 'cache-control': 'no-cache' }));
+    res.writeHead(200, copyHeaders(upstream.headers, ours, a.responseHeaders, 'cache-control', 'no-cache'));
     res.flushHeaders();
   };
   if (!a.failOnLeadingError) sendHead();
