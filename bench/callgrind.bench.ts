@@ -18,10 +18,12 @@
  *   npm run bench:callgrind [-- --requests 400 --warmup 300 --only ids,ids-stream,chat --targets kvroute,bare
  *                               --compare <other build>/bin/kvroute.mjs --keep <dir>]
  *
- * With --keep the callgrind dumps are kept there (callgrind_annotate <file> shows where the instructions went).
+ * With --keep the callgrind dumps are kept there (callgrind_annotate <file> shows where the instructions went). Each
+ * row also splits its count: V8's garbage collector, V8's optimizing compilers, and the rest (a major GC lands in a
+ * counted window or not, so the rest is the figure to compare between builds).
  */
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -220,14 +222,34 @@ async function send(url: string, w: Workload, from: number, count: number): Prom
   return bad;
 }
 
-function totalOf(file: string): number {
-  const text = readFileSync(file, 'utf8');
-  const m = /^(?:summary|totals): (\d+)/m.exec(text);
-  if (!m) throw new Error(`no totals in ${file}`);
-  return Number(m[1]);
+/** Instructions of one dump: total, V8's garbage collector, its optimizing compilers (callgrind_annotate's self costs). */
+interface Counts {
+  total: number;
+  gc: number;
+  jit: number;
 }
 
-async function count(target: string, bin: string, label: string, upstream: string, w: Workload, dir: string): Promise<number> {
+const GC_FN =
+  /v8::internal::(\w*(Mark|Sweep|Scaveng|Evacuat|Compact|Visitor|Heap|MemoryChunk|RememberedSet|FreeList|PagedSpace|NewSpace|SemiSpace|Pretenuring|GlobalHandles|WeakObjects|StringTableCleaner))|heap::base::|IterateObjectCache|std::__detail::_Map_base<v8::internal::MemoryChunk/;
+const JIT_FN =
+  /v8::internal::(compiler|maglev|turboshaft|baseline|wasm)::|v8::internal::(Pipeline|OptimizedCompilationJob|TranslationArrayBuilder|Deoptimizer|Zone\b|SourcePositionTable|RelocIterator)/;
+
+function countsOf(file: string): Counts {
+  const out = execFileSync('callgrind_annotate', ['--inclusive=no', '--threshold=100', file], { maxBuffer: 256 * 1024 * 1024 }).toString();
+  const total = /^\s*([\d,]+) +\(100\.0%\) +PROGRAM TOTALS/m.exec(out);
+  if (!total) throw new Error(`no totals in ${file}`);
+  const c: Counts = { total: Number(total[1].replaceAll(',', '')), gc: 0, jit: 0 };
+  for (const line of out.split('\n')) {
+    const m = /^\s*([\d,]+) +\([\d.]+%\) +(.*)$/.exec(line);
+    if (!m || m[2].startsWith('PROGRAM TOTALS')) continue;
+    const n = Number(m[1].replaceAll(',', ''));
+    if (GC_FN.test(m[2])) c.gc += n;
+    else if (JIT_FN.test(m[2])) c.jit += n;
+  }
+  return c;
+}
+
+async function count(target: string, bin: string, label: string, upstream: string, w: Workload, dir: string): Promise<Counts> {
   const tag = `${label}-${w.name}`.replace(/[^a-z0-9]+/gi, '_');
   const outFile = join(dir, `callgrind.${tag}`);
   const child = startTarget(target, bin, upstream, outFile);
@@ -247,10 +269,15 @@ async function count(target: string, bin: string, label: string, upstream: strin
   if (bad > 0) throw new Error(`${label} ${w.name}: ${bad} counted requests failed`);
   const base = `callgrind.${tag}`;
   const dumps = readdirSync(dir).filter((f) => f.startsWith(base) && f !== base);
-  let total = 0;
-  for (const f of dumps) total += totalOf(join(dir, f));
+  const c: Counts = { total: 0, gc: 0, jit: 0 };
+  for (const f of dumps) {
+    const d = countsOf(join(dir, f));
+    c.total += d.total / REQUESTS;
+    c.gc += d.gc / REQUESTS;
+    c.jit += d.jit / REQUESTS;
+  }
   if (existsSync(outFile)) rmSync(outFile); // the exit dump (nothing counted after the -d one: the process was killed)
-  return total / REQUESTS;
+  return c;
 }
 
 // ------------------------------------------------------------------ main
@@ -273,7 +300,7 @@ async function main() {
   if (ONLY.includes('ids-stream')) workloads.push(idsWorkload(true));
   if (ONLY.includes('chat')) workloads.push(chatWorkload(prose(SYSTEM_TOKENS, 7)));
 
-  const rows: { proxy: string; workload: string; perReq: number }[] = [];
+  const rows: { proxy: string; workload: string; perReq: Counts }[] = [];
   for (const w of workloads) {
     const targets: { target: string; bin: string; label: string }[] = [];
     if (TARGETS.includes('bare') && w.name !== 'chat warm') targets.push({ target: 'bare', bin: '', label: 'bare node' });
@@ -282,7 +309,7 @@ async function main() {
     for (const t of targets) {
       const perReq = await count(t.target, t.bin, t.label, upstream, w, dir);
       rows.push({ proxy: t.label, workload: w.name, perReq });
-      progress(`${t.label} ${w.name}: ${(perReq / 1e6).toFixed(3)} M instructions per request`);
+      progress(`${t.label} ${w.name}: ${(perReq.total / 1e6).toFixed(3)} M instructions per request`);
     }
   }
   await stopChild(up);
@@ -292,13 +319,21 @@ async function main() {
   console.log(`loadavg at start: ${load.join(' ')} (instruction counts do not depend on it)`);
   console.log(`${REQUESTS} counted requests per row after ${WARMUP} warm-up, ${CONCURRENCY} connections`);
   console.log('');
-  console.log('| proxy | workload | M instructions / request | × bare node |');
-  console.log('| ----- | -------- | ------------------------ | ----------- |');
+  const m = (n: number) => (n / 1e6).toFixed(3);
+  console.log('| proxy | workload | M instr./req | GC | JIT compiler | the rest | × bare node (all) | × bare node (the rest) |');
+  console.log('| ----- | -------- | ------------ | -- | ------------ | -------- | ----------------- | ---------------------- |');
   for (const r of rows) {
-    const bare = bareOf(r.workload);
-    const x = bare ? (r.perReq / bare.perReq).toFixed(2) : '–';
-    console.log(`| ${r.proxy} | ${r.workload} | ${(r.perReq / 1e6).toFixed(3)} | ${x} |`);
+    const bare = bareOf(r.workload)?.perReq;
+    const c = r.perReq;
+    const rest = c.total - c.gc - c.jit;
+    const x = bare ? (c.total / bare.total).toFixed(2) : '–';
+    const xr = bare ? (rest / (bare.total - bare.gc - bare.jit)).toFixed(2) : '–';
+    console.log(`| ${r.proxy} | ${r.workload} | ${m(c.total)} | ${m(c.gc)} | ${m(c.jit)} | ${m(rest)} | ${x} | ${xr} |`);
   }
+  console.log('');
+  console.log('GC: V8 garbage-collector functions (marking, sweeping, scavenging, evacuation); JIT compiler: V8 optimizing');
+  console.log('compilers; the rest: everything else (the JavaScript, V8 runtime, node, libuv, libc). A major GC falls into a');
+  console.log('window or not: compare "the rest" for code changes, and read GC over several runs.');
 }
 
 main().catch((err) => {
