@@ -194,7 +194,7 @@ export async function runRequest<W>(ctx: FlowContext<W>, req: FlowRequest, port:
   const { lifecycle, metrics } = ctx;
   const { text, body } = parseBody(req.body, ctx.config.maxJsonDepth, api.name === 'completions');
   const parsed = api.parse(body);
-  trace.set({ 'gen_ai.request.model': parsed.model, 'kvroute.stream': parsed.stream });
+  if (trace.enabled) trace.set({ 'gen_ai.request.model': parsed.model, 'kvroute.stream': parsed.stream });
   if (parsed.policy && !isSelectablePolicy(parsed.policy)) {
     throw badRequest(unknownPolicyMessage(parsed.policy), 'kvroute.policy');
   }
@@ -208,14 +208,16 @@ export async function runRequest<W>(ctx: FlowContext<W>, req: FlowRequest, port:
   }
 
   const tTok = performance.now();
-  const tokStartMs = Date.now();
+  const tokStartMs = trace.enabled ? Date.now() : 0;
   const media = await mediaTokensFor(ctx, parsed);
   const tokens = media?.ids ?? (await tokensFor(ctx, parsed));
   const tokenizeS = (performance.now() - tTok) / 1000;
-  trace.span('tokenize', tokStartMs, Date.now(), {
-    'kvroute.tokenizer.mode': parsed.prompt.kind === 'ids' ? 'given' : ctx.tokenizer ? 'local' : (ctx.remote?.mode ?? 'none'),
-    'kvroute.prompt_tokens': tokens.length,
-  });
+  if (trace.enabled) {
+    trace.span('tokenize', tokStartMs, Date.now(), {
+      'kvroute.tokenizer.mode': parsed.prompt.kind === 'ids' ? 'given' : ctx.tokenizer ? 'local' : (ctx.remote?.mode ?? 'none'),
+      'kvroute.prompt_tokens': tokens.length,
+    });
+  }
 
   const request: SubmittedRequest = {
     requestId: ctx.nextRequestId(),

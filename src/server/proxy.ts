@@ -14,7 +14,7 @@ import type { RequestMetrics } from '../metrics/registry.ts';
 import type { ApiAdapter, RoutedRequest } from '../apis/index.ts';
 import type { LifecyclePort } from '../runtime/lifecycle.ts';
 import { rewriteCachedTokens, SseRelay, type StreamUsage } from '../apis/sse.ts';
-import type { RequestTrace } from '../runtime/tracing.ts';
+import { NOOP_ATTEMPT, type RequestTrace } from '../runtime/tracing.ts';
 import type { AttemptWorker } from '../runtime/prefill-leg.ts';
 import type { AttemptOutcome as FlowOutcome } from '../runtime/request-flow.ts';
 
@@ -110,10 +110,12 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
   if (worker.sourceKeys.length > 1) headers['x-data-parallel-rank'] = String(decision.source.dpRank);
   Object.assign(headers, a.requestHeaders);
   // The engine continues the trace under this attempt's span (its traceparent goes in the headers).
-  const span = trace.attempt(
-    { 'kvroute.worker': decision.sourceKey, 'kvroute.attempt': attempt.attempt, 'server.address': worker.url, 'url.path': a.path },
-    headers,
-  );
+  const span = trace.enabled
+    ? trace.attempt(
+        { 'kvroute.worker': decision.sourceKey, 'kvroute.attempt': attempt.attempt, 'server.address': worker.url, 'url.path': a.path },
+        headers,
+      )
+    : NOOP_ATTEMPT;
   const cancelled = (): AttemptOutcome => {
     commit();
     lifecycle.finish(requestId, { outcome: 'cancelled' });
@@ -130,8 +132,10 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
     lifecycle.firstToken(requestId); // prefill load just dropped: queued requests may route now
     a.onFirstToken?.();
     metrics.firstToken(decision.sourceKey, (now - a.t0) / 1000);
-    const at = Date.now();
-    trace.span('first_token', at, at, { 'kvroute.ttft_s': (now - a.t0) / 1000, 'kvroute.worker': decision.sourceKey });
+    if (trace.enabled) {
+      const at = Date.now();
+      trace.span('first_token', at, at, { 'kvroute.ttft_s': (now - a.t0) / 1000, 'kvroute.worker': decision.sourceKey });
+    }
   };
   const ours: Record<string, string> = {
     'x-kvroute-worker': decision.sourceKey,
