@@ -4,6 +4,7 @@
  * port, and answers a refusal in HTTP. Sending an attempt is proxying it: to one worker (proxy.ts), or as a prefill
  * leg and a decode leg (disagg-attempt.ts). Every decision is the dispatcher's.
  */
+import { isUtf8 } from 'node:buffer';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Logger } from 'pino';
 import type { DispatchAttempt } from '../core/dispatch/dispatcher.ts';
@@ -116,8 +117,8 @@ function sendAttempt(
     tokenizeS: r.tokenizeS,
     trace: x.trace,
   };
-  const body = r.parsed.upstreamBody(r.text);
   if (prefillWorker) {
+    const body = r.parsed.upstreamBody(r.text);
     return pdAttempt(attemptCtx, {
       ...common,
       decodeWorker: worker,
@@ -127,8 +128,14 @@ function sendAttempt(
       upstreamBody: body,
     });
   }
-  // The client's bytes unchanged when the adapter left the text as it was: no second UTF-8 encoding of the body.
-  return proxyAttempt(attemptCtx, { ...common, worker, body: body === r.text ? r.raw : body });
+  // Built from the client's bytes where the adapter can (no second UTF-8 encoding of the body); the client's bytes
+  // unchanged when the adapter left the text as it was. Bytes that are not valid UTF-8 go as their decoded text
+  // (invalid sequences replaced), as they always did.
+  const utf8 = isUtf8(r.raw);
+  const bytes = utf8 ? (r.parsed.upstreamBytes?.(r.raw) ?? null) : null;
+  if (bytes) return proxyAttempt(attemptCtx, { ...common, worker, body: bytes });
+  const body = r.parsed.upstreamBody(r.text);
+  return proxyAttempt(attemptCtx, { ...common, worker, body: utf8 && body === r.text ? r.raw : body });
 }
 
 /** An attempt handed out: logged, traced (queue wait, the decision), and noted for /debug/state. */
