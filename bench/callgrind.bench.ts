@@ -46,6 +46,8 @@ usage: npm run bench:callgrind -- [options]
   --compare <bin>        also count another kvroute build (rows "before")
   --label <name>         the name of --bin's rows (default "kvroute")
   --keep <dir>           keep the callgrind dumps in <dir>
+  --predictable          run the proxies' node with V8's --predictable (no concurrent compiler or GC threads:
+                         steadier counts between runs, not the production configuration)
   -h, --help             this text`;
 
 const argv = process.argv.slice(2);
@@ -79,6 +81,7 @@ const BIN = opt('bin') ?? fileURLToPath(new URL('../bin/kvroute.mjs', import.met
 const COMPARE = opt('compare');
 const KEEP = opt('keep');
 const LABEL = opt('label') ?? 'kvroute';
+const NODE_FLAGS = argv.includes('--predictable') ? ['--predictable'] : [];
 for (const w of ONLY) {
   if (!['ids', 'ids-stream', 'chat'].includes(w)) {
     console.error(`bench:callgrind: unknown workload "${w}" (ids, ids-stream, chat)`);
@@ -175,9 +178,10 @@ const VALGRIND = ['--tool=callgrind', '--instr-atstart=no', '--smc-check=all-non
 function startTarget(target: string, bin: string, upstream: string, outFile: string): ChildProcess {
   const args =
     target === 'bare'
-      ? [process.execPath, '--import', 'tsx', fileURLToPath(new URL('./lib/bare-proxy.ts', import.meta.url)), upstream]
+      ? [process.execPath, ...NODE_FLAGS, '--import', 'tsx', fileURLToPath(new URL('./lib/bare-proxy.ts', import.meta.url)), upstream]
       : [
           process.execPath,
+          ...NODE_FLAGS,
           bin,
           'serve',
           '--port',
@@ -240,7 +244,7 @@ function countsOf(file: string): Counts {
   if (!total) throw new Error(`no totals in ${file}`);
   const c: Counts = { total: Number(total[1].replaceAll(',', '')), gc: 0, jit: 0 };
   for (const line of out.split('\n')) {
-    const m = /^\s*([\d,]+) +\([\d.]+%\) +(.*)$/.exec(line);
+    const m = /^\s*([\d,]+) +\(\s*[\d.]+%\) +(.*)$/.exec(line);
     if (!m || m[2].startsWith('PROGRAM TOTALS')) continue;
     const n = Number(m[1].replaceAll(',', ''));
     if (GC_FN.test(m[2])) c.gc += n;
@@ -317,7 +321,9 @@ async function main() {
 
   const bareOf = (w: string) => rows.find((r) => r.proxy === 'bare node' && r.workload === w.replace(/^chat warm$/, `ids ${IDS} stream`));
   console.log(`loadavg at start: ${load.join(' ')} (instruction counts do not depend on it)`);
-  console.log(`${REQUESTS} counted requests per row after ${WARMUP} warm-up, ${CONCURRENCY} connections`);
+  console.log(
+    `${REQUESTS} counted requests per row after ${WARMUP} warm-up, ${CONCURRENCY} connections${NODE_FLAGS.length ? `, node ${NODE_FLAGS.join(' ')}` : ''}`,
+  );
   console.log('');
   const m = (n: number) => (n / 1e6).toFixed(3);
   console.log('| proxy | workload | M instr./req | GC | JIT compiler | the rest | × bare node (all) | × bare node (the rest) |');
