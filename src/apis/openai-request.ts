@@ -11,7 +11,6 @@
 import type { KvKnobs } from '../core/types.ts';
 import type { ChatPromptInput } from '../tokenizer/chat.ts';
 import { badRequest } from '../http/errors.ts';
-import { isScannedIds } from './prompt-ids.ts';
 
 export type Endpoint = 'chat' | 'completions';
 
@@ -42,7 +41,6 @@ function isObject(v: unknown): v is Record<string, unknown> {
 }
 
 function isTokenArray(v: unknown): v is number[] {
-  if (isScannedIds(v)) return true;
   if (!Array.isArray(v) || v.length === 0) return false;
   for (const t of v) if (typeof t !== 'number' || !Number.isInteger(t) || t < 0 || t > 0xffffffff) return false;
   return true;

@@ -23,7 +23,6 @@ import type { RemoteTokenizer } from '../tokenizer/remote.ts';
 import type { ChatMediaIds, TokenizerService } from '../tokenizer/service.ts';
 import type { ServeConfig } from '../config/serve.ts';
 import { parseJsonBody } from '../apis/openai-request.ts';
-import { parseWithPromptIds } from '../apis/prompt-ids.ts';
 import type { ApiAdapter, RoutedRequest } from '../apis/index.ts';
 import { type RequestHeaders, requestIdentity } from './identity.ts';
 import type { LifecyclePort } from './lifecycle.ts';
@@ -161,15 +160,14 @@ export async function tokensFor(ctx: TokenizeContext, req: RoutedRequest): Promi
 
 /**
  * A body's text and JSON, refused (400) when it nests deeper than the limit: deep nesting would overflow the stack.
- * `promptIds`: a top-level token-id "prompt" is read from the bytes (src/apis/prompt-ids.ts; the same object as
- * JSON.parse builds, and any body of another shape is parsed whole as before).
+ * (A hand-written byte scan of a token-id prompt was measured slower than V8's JSON.parse on 2,048 ids: bench/RESULTS.md,
+ * issue 29.)
  */
-export function parseBody(raw: Buffer, maxJsonDepth: number, promptIds = false): { text: string; body: unknown } {
+export function parseBody(raw: Buffer, maxJsonDepth: number): { text: string; body: unknown } {
   const tooDeep = checkJsonDepth(raw, maxJsonDepth);
   if (tooDeep) throw tooDeep;
   const text = raw.toString('utf8');
-  const scanned = promptIds ? parseWithPromptIds(raw) : null;
-  return { text, body: scanned ?? parseJsonBody(text) };
+  return { text, body: parseJsonBody(text) };
 }
 
 /**
@@ -192,7 +190,7 @@ export async function runRequest<W>(ctx: FlowContext<W>, req: FlowRequest, port:
   const { api, signal } = req;
   const trace = req.trace ?? NO_TRACE;
   const { lifecycle, metrics } = ctx;
-  const { text, body } = parseBody(req.body, ctx.config.maxJsonDepth, api.name === 'completions');
+  const { text, body } = parseBody(req.body, ctx.config.maxJsonDepth);
   const parsed = api.parse(body);
   if (trace.enabled) trace.set({ 'gen_ai.request.model': parsed.model, 'kvroute.stream': parsed.stream });
   if (parsed.policy && !isSelectablePolicy(parsed.policy)) {
