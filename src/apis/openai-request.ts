@@ -263,6 +263,25 @@ export function upstreamBody(req: ParsedRequest, raw?: string): string {
   return JSON.stringify(rest);
 }
 
+const USAGE_FIELD = Buffer.from('"stream_options":{"include_usage":true}}');
+const USAGE_FIELD_AFTER = Buffer.from(',"stream_options":{"include_usage":true}}');
+
+/**
+ * {@link upstreamBody} as bytes, built from the client's bytes without decoding them: the same bytes as
+ * `Buffer.from(upstreamBody(req, raw.toString()))`, or null when the body must be re-serialised (kvroute's own field,
+ * or stream_options to amend).
+ */
+export function upstreamBytes(req: ParsedRequest, raw: Buffer): Buffer | null {
+  if ('kvroute' in req.body) return null;
+  const so = req.body.stream_options;
+  const explicitUsage = isObject(so) && so.include_usage === true;
+  if (!req.stream || explicitUsage) return raw;
+  if ('stream_options' in req.body) return null;
+  const end = raw.lastIndexOf(0x7d);
+  const empty = Object.keys(req.body).length === 0;
+  return Buffer.concat([raw.subarray(0, end), empty ? USAGE_FIELD : USAGE_FIELD_AFTER]);
+}
+
 /** Any API's body without kvroute's own field; the client's bytes when it has none (re-serialising costs time). */
 export function withoutKvroute(body: Record<string, unknown>, raw: string): string {
   if (!('kvroute' in body)) return raw;

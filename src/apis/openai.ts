@@ -1,6 +1,6 @@
 /** OpenAI chat completions and completions: the request parser shared with the mock engine, usage in `usage`. */
 import { sseErrorFrame } from '../http/errors.ts';
-import { type Endpoint, parseRequest, upstreamBody } from './openai-request.ts';
+import { type Endpoint, parseRequest, upstreamBody, upstreamBytes } from './openai-request.ts';
 import { readUsage } from './sse.ts';
 import type { ApiAdapter, RoutedRequest } from './types.ts';
 
@@ -27,6 +27,7 @@ function adapter(endpoint: Endpoint): ApiAdapter {
         pinsAnswer: false,
         stripUsage: !p.clientWantsUsage,
         upstreamBody: (raw) => upstreamBody(p, raw),
+        upstreamBytes: (raw) => upstreamBytes(p, raw),
       };
     },
     readAnswer: (json) => readUsage((json as { usage?: unknown } | null)?.usage),

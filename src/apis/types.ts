@@ -31,6 +31,8 @@ export interface RoutedRequest {
   readonly stripUsage: boolean;
   /** The body sent upstream, from the client's bytes. */
   upstreamBody(raw: string): string;
+  /** The same as bytes, built from the client's bytes without decoding them; null: use upstreamBody. */
+  upstreamBytes?(raw: Buffer): Buffer | null;
 }
 
 export type ErrorStyle = 'openai' | 'anthropic';

@@ -12,6 +12,7 @@ import { Registry } from 'prom-client';
 import { emptyTotals, type ReuseTotals } from '../core/ledger.ts';
 import type { FinishedRequest, KvRouter } from '../core/router.ts';
 import type { ApplyResult, RouteDecision } from '../core/types.ts';
+import { labelObjects } from './bound.ts';
 import type { SumCount } from './buckets.ts';
 import { emptyEventTotals, type EventTotals, EventSeries, type IngestCounts } from './events.ts';
 import { type EventLoopLag, ProcessSeries } from './process.ts';
@@ -40,6 +41,7 @@ export class RouterMetrics {
   private readonly router: KvRouter;
   private readonly maxWorkers: number;
   private readonly workerLabels = new Set<string>();
+  private readonly workerLabelObjects = labelObjects('worker');
   private mirror?: EngineMirror;
   private readonly health = new Map<string, boolean>();
   /** Decode workers of a P/D fleet (by source key): their engine counters are not prefix-cache truth. */
@@ -78,14 +80,19 @@ export class RouterMetrics {
     if (!this.workerLabels.has(label)) {
       this.workerLabels.add(label);
       // Series exist at 0 from the moment a worker is known, so rate() sees the first request instead of a new series.
-      this.reuse.zero({ worker: label });
+      this.reuse.zero(this.workerLabelObjects(label));
     }
     return label;
   }
 
+  /** The labels object of a worker's series: one per label, so the metrics' fast path (bound.ts) finds its series. */
+  private workerLabelsOf(sourceKey: string): { worker: string } {
+    return this.workerLabelObjects(this.label(sourceKey));
+  }
+
   /** At routing time. timingsS.tokenize is measured by the shell; hash/find/select come from the decision. */
   routed(decision: RouteDecision, timingsS: { tokenize: number }): void {
-    const worker = { worker: this.label(decision.sourceKey) };
+    const worker = this.workerLabelsOf(decision.sourceKey);
     this.reuse.routed(worker, decision);
     this.requests.routed(worker, decision, timingsS);
   }
@@ -95,11 +102,11 @@ export class RouterMetrics {
   }
 
   firstToken(sourceKey: string, ttftS: number): void {
-    this.requests.firstToken({ worker: this.label(sourceKey) }, ttftS);
+    this.requests.firstToken(this.workerLabelsOf(sourceKey), ttftS);
   }
 
   token(sourceKey: string, interTokenS: number): void {
-    this.requests.token({ worker: this.label(sourceKey) }, interTokenS);
+    this.requests.token(this.workerLabelsOf(sourceKey), interTokenS);
   }
 
   /**
@@ -107,7 +114,7 @@ export class RouterMetrics {
    * (the same condition the ledger uses). Does not count the request's outcome: call outcome() for that, once.
    */
   finished(f: FinishedRequest, extra?: { outputTokens?: number }): void {
-    const worker = { worker: this.label(f.sourceKey) };
+    const worker = this.workerLabelsOf(f.sourceKey);
     this.reuse.finished(worker, f);
     this.requests.outputLength(worker, extra?.outputTokens);
   }

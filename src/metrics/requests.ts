@@ -5,12 +5,18 @@
  */
 import { Counter, Histogram, type Registry } from 'prom-client';
 import type { RouteDecision } from '../core/types.ts';
+import { fastCounter, fastHistogram, labelObjects } from './bound.ts';
 import { ITL_BUCKETS, LATENCY_BUCKETS, LENGTH_BUCKETS, OVERHEAD_BUCKETS, type SumCount } from './buckets.ts';
 
 export const OVERHEAD_PHASES = ['tokenize', 'hash', 'find_matches', 'select', 'total'] as const;
 export type OverheadPhase = (typeof OVERHEAD_PHASES)[number];
 
 type Worker = { worker: string };
+
+// Stable labels objects: the metrics' fast path (bound.ts) is keyed by the object.
+const API_LABELS = labelObjects('api');
+const PHASE_LABELS = labelObjects('phase');
+const OUTCOME_LABELS = labelObjects('outcome');
 
 export class RequestSeries {
   private readonly apiRequests: Counter<'api'>;
@@ -34,12 +40,14 @@ export class RequestSeries {
 
   constructor(registry: Registry, p: string) {
     const registers = [registry];
-    this.apiRequests = new Counter({
-      name: `${p}router_api_requests_total`,
-      help: 'Routed requests accepted for routing, by API (chat, completions, responses, messages, embeddings, pooling, score, rerank).',
-      labelNames: ['api'],
-      registers,
-    });
+    this.apiRequests = fastCounter(
+      new Counter({
+        name: `${p}router_api_requests_total`,
+        help: 'Routed requests accepted for routing, by API (chat, completions, responses, messages, embeddings, pooling, score, rerank).',
+        labelNames: ['api'],
+        registers,
+      }),
+    );
     this.passthroughRequests = new Counter({
       name: `${p}router_passthrough_requests_total`,
       help: 'Requests passed through to a worker without routing (/tokenize, /detokenize, other engine paths), by path and status.',
@@ -47,58 +55,70 @@ export class RequestSeries {
       registers,
     });
     const w = ['worker'] as const;
-    this.overheadHist = new Histogram({
-      name: `${p}router_routing_overhead_seconds`,
-      help: 'Time the router spent per request, by phase: tokenize, hash, find_matches, select, total (their sum).',
-      buckets: OVERHEAD_BUCKETS,
-      labelNames: ['phase'],
-      registers,
-    });
-    this.requests = new Counter({
-      name: `${p}router_requests_total`,
-      help: 'Requests handled by the router, by outcome.',
-      labelNames: ['outcome'],
-      registers,
-    });
+    this.overheadHist = fastHistogram(
+      new Histogram({
+        name: `${p}router_routing_overhead_seconds`,
+        help: 'Time the router spent per request, by phase: tokenize, hash, find_matches, select, total (their sum).',
+        buckets: OVERHEAD_BUCKETS,
+        labelNames: ['phase'],
+        registers,
+      }),
+    );
+    this.requests = fastCounter(
+      new Counter({
+        name: `${p}router_requests_total`,
+        help: 'Requests handled by the router, by outcome.',
+        labelNames: ['outcome'],
+        registers,
+      }),
+    );
     this.refusedCounter = new Counter({
       name: `${p}router_requests_refused_total`,
       help: 'Requests the router could not place, by reason (no_sources, all_busy, duplicate_request, ...).',
       labelNames: ['reason'],
       registers,
     });
-    this.ttftHist = new Histogram({
-      name: `${p}router_time_to_first_token_seconds`,
-      help: 'Time to first token as seen at the router (request received to first streamed token).',
-      buckets: LATENCY_BUCKETS,
-      labelNames: w,
-      registers,
-    });
-    this.itlHist = new Histogram({
-      name: `${p}router_inter_token_latency_seconds`,
-      help: 'Time between consecutive streamed tokens (chunks) as seen at the router.',
-      buckets: ITL_BUCKETS,
-      labelNames: w,
-      registers,
-    });
-    this.promptTokens = new Histogram({
-      name: `${p}router_prompt_tokens`,
-      help: 'Prompt length in tokens per routed request.',
-      buckets: LENGTH_BUCKETS,
-      labelNames: w,
-      registers,
-    });
-    this.outputTokens = new Histogram({
-      name: `${p}router_output_tokens`,
-      help: 'Output length in tokens per finished request (when known).',
-      buckets: LENGTH_BUCKETS,
-      labelNames: w,
-      registers,
-    });
+    this.ttftHist = fastHistogram(
+      new Histogram({
+        name: `${p}router_time_to_first_token_seconds`,
+        help: 'Time to first token as seen at the router (request received to first streamed token).',
+        buckets: LATENCY_BUCKETS,
+        labelNames: w,
+        registers,
+      }),
+    );
+    this.itlHist = fastHistogram(
+      new Histogram({
+        name: `${p}router_inter_token_latency_seconds`,
+        help: 'Time between consecutive streamed tokens (chunks) as seen at the router.',
+        buckets: ITL_BUCKETS,
+        labelNames: w,
+        registers,
+      }),
+    );
+    this.promptTokens = fastHistogram(
+      new Histogram({
+        name: `${p}router_prompt_tokens`,
+        help: 'Prompt length in tokens per routed request.',
+        buckets: LENGTH_BUCKETS,
+        labelNames: w,
+        registers,
+      }),
+    );
+    this.outputTokens = fastHistogram(
+      new Histogram({
+        name: `${p}router_output_tokens`,
+        help: 'Output length in tokens per finished request (when known).',
+        buckets: LENGTH_BUCKETS,
+        labelNames: w,
+        registers,
+      }),
+    );
   }
 
   /** A request accepted by one of the routed APIs. */
   apiRequest(api: string): void {
-    this.apiRequests.inc({ api });
+    this.apiRequests.inc(API_LABELS(api));
   }
 
   /** A pass-through answered; `path` must come from a bounded set (the caller maps the rest to "other"). */
@@ -126,7 +146,7 @@ export class RequestSeries {
   }
 
   private observeOverhead(phase: OverheadPhase, s: number): void {
-    this.overheadHist.observe({ phase }, s);
+    this.overheadHist.observe(PHASE_LABELS(phase), s);
     const sc = this.totals.overhead.get(phase)!;
     sc.sum += s;
     sc.count++;
@@ -156,7 +176,7 @@ export class RequestSeries {
   }
 
   outcome(outcome: string): void {
-    this.requests.inc({ outcome });
+    this.requests.inc(OUTCOME_LABELS(outcome));
     this.totals.outcomes.set(outcome, (this.totals.outcomes.get(outcome) ?? 0) + 1);
   }
 }

@@ -142,11 +142,21 @@ export class Lifecycle {
   }
 
   private wait(requestId: string, signal: AbortSignal, act: () => DispatchEffect[]): Promise<NextStep> {
+    if (signal.aborted) return Promise.resolve({ kind: 'aborted' });
+    // Most steps are decided at once (routed, or refused): then no abort listener is added and removed again. The
+    // client cannot leave during act(): leaving is an event, and events run after this synchronous call.
+    let immediate: NextStep | undefined;
+    this.waiters.set(requestId, (step) => {
+      immediate = step;
+    });
+    try {
+      this.apply(act());
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    if (immediate) return Promise.resolve(immediate);
+    // Queued: the next step comes later, unless the client leaves first.
     return new Promise<NextStep>((resolve) => {
-      if (signal.aborted) {
-        resolve({ kind: 'aborted' });
-        return;
-      }
       const onAbort = () => {
         if (!this.waiters.delete(requestId)) return;
         this.apply(this.dispatcher.cancel(requestId, this.now()));
@@ -157,7 +167,6 @@ export class Lifecycle {
         resolve(step);
       });
       signal.addEventListener('abort', onAbort, { once: true });
-      this.apply(act());
     });
   }
 

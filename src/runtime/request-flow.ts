@@ -76,6 +76,8 @@ export interface SubmittedRequest {
   /** The client's JSON body (every adapter has checked it is an object) and its text as received. */
   readonly json: Record<string, unknown>;
   readonly text: string;
+  /** The body's bytes as received (forwarded as they are when nothing in them needs rewriting). */
+  readonly raw: Buffer;
   /** The client's own x-request-id, if it is a short printable token. */
   readonly clientRequestId: string | null;
   readonly tokenizeS: number;
@@ -156,7 +158,11 @@ export async function tokensFor(ctx: TokenizeContext, req: RoutedRequest): Promi
   return [];
 }
 
-/** A body's text and JSON, refused (400) when it nests deeper than the limit: deep nesting would overflow the stack. */
+/**
+ * A body's text and JSON, refused (400) when it nests deeper than the limit: deep nesting would overflow the stack.
+ * (A hand-written byte scan of a token-id prompt was measured slower than V8's JSON.parse on 2,048 ids: bench/RESULTS.md,
+ * issue 29.)
+ */
 export function parseBody(raw: Buffer, maxJsonDepth: number): { text: string; body: unknown } {
   const tooDeep = checkJsonDepth(raw, maxJsonDepth);
   if (tooDeep) throw tooDeep;
@@ -186,7 +192,7 @@ export async function runRequest<W>(ctx: FlowContext<W>, req: FlowRequest, port:
   const { lifecycle, metrics } = ctx;
   const { text, body } = parseBody(req.body, ctx.config.maxJsonDepth);
   const parsed = api.parse(body);
-  trace.set({ 'gen_ai.request.model': parsed.model, 'kvroute.stream': parsed.stream });
+  if (trace.enabled) trace.set({ 'gen_ai.request.model': parsed.model, 'kvroute.stream': parsed.stream });
   if (parsed.policy && !isSelectablePolicy(parsed.policy)) {
     throw badRequest(unknownPolicyMessage(parsed.policy), 'kvroute.policy');
   }
@@ -200,14 +206,16 @@ export async function runRequest<W>(ctx: FlowContext<W>, req: FlowRequest, port:
   }
 
   const tTok = performance.now();
-  const tokStartMs = Date.now();
+  const tokStartMs = trace.enabled ? Date.now() : 0;
   const media = await mediaTokensFor(ctx, parsed);
   const tokens = media?.ids ?? (await tokensFor(ctx, parsed));
   const tokenizeS = (performance.now() - tTok) / 1000;
-  trace.span('tokenize', tokStartMs, Date.now(), {
-    'kvroute.tokenizer.mode': parsed.prompt.kind === 'ids' ? 'given' : ctx.tokenizer ? 'local' : (ctx.remote?.mode ?? 'none'),
-    'kvroute.prompt_tokens': tokens.length,
-  });
+  if (trace.enabled) {
+    trace.span('tokenize', tokStartMs, Date.now(), {
+      'kvroute.tokenizer.mode': parsed.prompt.kind === 'ids' ? 'given' : ctx.tokenizer ? 'local' : (ctx.remote?.mode ?? 'none'),
+      'kvroute.prompt_tokens': tokens.length,
+    });
+  }
 
   const request: SubmittedRequest = {
     requestId: ctx.nextRequestId(),
@@ -215,6 +223,7 @@ export async function runRequest<W>(ctx: FlowContext<W>, req: FlowRequest, port:
     parsed,
     json,
     text,
+    raw: req.body,
     // The client's own id, if any, travels upstream and back for tracing; the router keys its state by its own id,
     // which is unique even when clients reuse theirs.
     clientRequestId: sanitizeRequestId(req.headers['x-request-id']),

@@ -97,7 +97,7 @@ export interface AttemptTrace {
   end(error?: string): void;
 }
 
-const NOOP_ATTEMPT: AttemptTrace = { set() {}, end() {} };
+export const NOOP_ATTEMPT: AttemptTrace = { set() {}, end() {} };
 export const NO_TRACE: RequestTrace = {
   enabled: false,
   span() {},

@@ -4,6 +4,7 @@
  * port, and answers a refusal in HTTP. Sending an attempt is proxying it: to one worker (proxy.ts), or as a prefill
  * leg and a decode leg (disagg-attempt.ts). Every decision is the dispatcher's.
  */
+import { isUtf8 } from 'node:buffer';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Logger } from 'pino';
 import type { DispatchAttempt } from '../core/dispatch/dispatcher.ts';
@@ -116,8 +117,8 @@ function sendAttempt(
     tokenizeS: r.tokenizeS,
     trace: x.trace,
   };
-  const body = r.parsed.upstreamBody(r.text);
   if (prefillWorker) {
+    const body = r.parsed.upstreamBody(r.text);
     return pdAttempt(attemptCtx, {
       ...common,
       decodeWorker: worker,
@@ -127,29 +128,39 @@ function sendAttempt(
       upstreamBody: body,
     });
   }
-  return proxyAttempt(attemptCtx, { ...common, worker, body });
+  // Built from the client's bytes where the adapter can (no second UTF-8 encoding of the body); the client's bytes
+  // unchanged when the adapter left the text as it was. Bytes that are not valid UTF-8 go as their decoded text
+  // (invalid sequences replaced), as they always did.
+  const utf8 = isUtf8(r.raw);
+  const bytes = utf8 ? (r.parsed.upstreamBytes?.(r.raw) ?? null) : null;
+  if (bytes) return proxyAttempt(attemptCtx, { ...common, worker, body: bytes });
+  const body = r.parsed.upstreamBody(r.text);
+  return proxyAttempt(attemptCtx, { ...common, worker, body: utf8 && body === r.text ? r.raw : body });
 }
 
 /** An attempt handed out: logged, traced (queue wait, the decision), and noted for /debug/state. */
 function dispatched(ctx: InferenceContext, a: DispatchAttempt, r: SubmittedRequest, trace: RequestTrace): void {
   const d = a.decision;
-  ctx.log.debug(
-    {
-      requestId: a.requestId,
-      api: r.api.name,
-      clientRequestId: r.clientRequestId,
-      worker: d.sourceKey,
-      policy: d.policy,
-      promptTokens: d.promptTokens,
-      islBlocks: d.islBlocks,
-      overlapBlocks: d.overlapBlocks,
-      bestOverlapBlocks: d.bestOverlapBlocks,
-      attempt: a.attempt,
-      queuedMs: a.queuedMs,
-      trial: a.trial,
-    },
-    'routed',
-  );
+  // Nothing per request is built for a level or a tracer that is off.
+  if (ctx.log.isLevelEnabled('debug')) {
+    ctx.log.debug(
+      {
+        requestId: a.requestId,
+        api: r.api.name,
+        clientRequestId: r.clientRequestId,
+        worker: d.sourceKey,
+        policy: d.policy,
+        promptTokens: d.promptTokens,
+        islBlocks: d.islBlocks,
+        overlapBlocks: d.overlapBlocks,
+        bestOverlapBlocks: d.bestOverlapBlocks,
+        attempt: a.attempt,
+        queuedMs: a.queuedMs,
+        trial: a.trial,
+      },
+      'routed',
+    );
+  }
   const routedAt = Date.now();
   ctx.noteRouted({
     requestId: a.requestId,
@@ -165,6 +176,7 @@ function dispatched(ctx: InferenceContext, a: DispatchAttempt, r: SubmittedReque
     attempt: a.attempt,
     queuedMs: a.queuedMs,
   });
+  if (!trace.enabled) return;
   if (a.queuedMs > 0) trace.span('queue', routedAt - a.queuedMs, routedAt, { 'kvroute.queued_ms': a.queuedMs });
   const routeMs = d.timingsMs ? d.timingsMs.hash + d.timingsMs.find + d.timingsMs.select : 0;
   trace.span('route', a.attempt === 0 && a.queuedMs === 0 ? r.submittedAt : routedAt - routeMs, routedAt, {

@@ -14,20 +14,30 @@ import type { RequestMetrics } from '../metrics/registry.ts';
 import type { ApiAdapter, RoutedRequest } from '../apis/index.ts';
 import type { LifecyclePort } from '../runtime/lifecycle.ts';
 import { rewriteCachedTokens, SseRelay, type StreamUsage } from '../apis/sse.ts';
-import type { RequestTrace } from '../runtime/tracing.ts';
+import { NOOP_ATTEMPT, type RequestTrace } from '../runtime/tracing.ts';
 import type { AttemptWorker } from '../runtime/prefill-leg.ts';
 import type { AttemptOutcome as FlowOutcome } from '../runtime/request-flow.ts';
 
 /** Hop-by-hop and length headers are the proxy's own business; everything else from the engine passes through. */
 const SKIP_RESPONSE_HEADERS = new Set(['connection', 'keep-alive', 'transfer-encoding', 'content-length', 'date', 'server']);
 
-function copyHeaders(upstream: UndiciDispatcher.ResponseData['headers'], extra: Record<string, string>): Record<string, string | string[]> {
+function copyHeaders(
+  upstream: UndiciDispatcher.ResponseData['headers'],
+  ours: Readonly<Record<string, string>>,
+  extra: Readonly<Record<string, string>> | undefined,
+  key: string,
+  value: string,
+): Record<string, string | string[]> {
   const out: Record<string, string | string[]> = {};
-  for (const [k, v] of Object.entries(upstream)) {
+  for (const k in upstream) {
+    const v = upstream[k];
     if (v === undefined || SKIP_RESPONSE_HEADERS.has(k)) continue;
     out[k] = v;
   }
-  return { ...out, ...extra };
+  for (const k in ours) out[k] = ours[k];
+  if (extra) for (const k in extra) out[k] = extra[k];
+  out[key] = value;
+  return out;
 }
 
 /** How a proxied attempt ended: answered, or failed before answering (the dispatcher may retry it). */
@@ -46,7 +56,8 @@ export interface AttemptRequest {
   readonly worker: AttemptWorker;
   readonly api: ApiAdapter;
   readonly parsed: RoutedRequest;
-  readonly body: string;
+  /** The body sent upstream (the client's bytes when nothing was rewritten). */
+  readonly body: string | Buffer;
   readonly path: string;
   readonly res: ServerResponse;
   readonly signal: AbortSignal;
@@ -99,10 +110,12 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
   if (worker.sourceKeys.length > 1) headers['x-data-parallel-rank'] = String(decision.source.dpRank);
   Object.assign(headers, a.requestHeaders);
   // The engine continues the trace under this attempt's span (its traceparent goes in the headers).
-  const span = trace.attempt(
-    { 'kvroute.worker': decision.sourceKey, 'kvroute.attempt': attempt.attempt, 'server.address': worker.url, 'url.path': a.path },
-    headers,
-  );
+  const span = trace.enabled
+    ? trace.attempt(
+        { 'kvroute.worker': decision.sourceKey, 'kvroute.attempt': attempt.attempt, 'server.address': worker.url, 'url.path': a.path },
+        headers,
+      )
+    : NOOP_ATTEMPT;
   const cancelled = (): AttemptOutcome => {
     commit();
     lifecycle.finish(requestId, { outcome: 'cancelled' });
@@ -119,8 +132,10 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
     lifecycle.firstToken(requestId); // prefill load just dropped: queued requests may route now
     a.onFirstToken?.();
     metrics.firstToken(decision.sourceKey, (now - a.t0) / 1000);
-    const at = Date.now();
-    trace.span('first_token', at, at, { 'kvroute.ttft_s': (now - a.t0) / 1000, 'kvroute.worker': decision.sourceKey });
+    if (trace.enabled) {
+      const at = Date.now();
+      trace.span('first_token', at, at, { 'kvroute.ttft_s': (now - a.t0) / 1000, 'kvroute.worker': decision.sourceKey });
+    }
   };
   const ours: Record<string, string> = {
     'x-kvroute-worker': decision.sourceKey,
@@ -128,7 +143,6 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
     'x-kvroute-isl-blocks': String(decision.islBlocks),
     'x-kvroute-request-id': requestId,
     'x-request-id': a.clientRequestId ?? requestId,
-    ...a.responseHeaders,
   };
   const override = a.cachedTokensOverride;
   let upstream: UndiciDispatcher.ResponseData;
@@ -187,7 +201,7 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
     );
     span.end(ok ? undefined : `engine answered ${upstream.statusCode}`);
     if (!res.destroyed) {
-      res.writeHead(upstream.statusCode, copyHeaders(upstream.headers, { ...ours, 'content-length': String(buf.length) }));
+      res.writeHead(upstream.statusCode, copyHeaders(upstream.headers, ours, a.responseHeaders, 'content-length', String(buf.length)));
       res.end(buf);
     }
     return { kind: 'done' };
@@ -205,7 +219,7 @@ export async function proxyAttempt(ctx: AttemptContext, a: AttemptRequest): Prom
     if (headSent) return;
     headSent = true;
     commit();
-    res.writeHead(200, copyHeaders(upstream.headers, { ...ours, 'cache-control': 'no-cache' }));
+    res.writeHead(200, copyHeaders(upstream.headers, ours, a.responseHeaders, 'cache-control', 'no-cache'));
     res.flushHeaders();
   };
   if (!a.failOnLeadingError) sendHead();

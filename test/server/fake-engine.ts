@@ -27,6 +27,8 @@ export class FakeEngine {
   active = 0;
   aborted = 0;
   lastBody: Record<string, unknown> | null = null;
+  /** The last routed request's body bytes as received. */
+  lastRaw: Buffer | null = null;
   lastHeaders: IncomingMessage['headers'] = {};
   readonly blocks = new Set<string>();
   readonly opts: Required<FakeEngineOptions>;
@@ -90,7 +92,8 @@ export class FakeEngine {
     }
     const chunks: Buffer[] = [];
     for await (const c of req) chunks.push(c as Buffer);
-    const body = JSON.parse(Buffer.concat(chunks).toString('utf8')) as Record<string, unknown>;
+    const raw = Buffer.concat(chunks);
+    const body = JSON.parse(raw.toString('utf8')) as Record<string, unknown>;
     if (path === '/tokenize') {
       // Deterministic stand-in: one token per character of the prompt or the messages' JSON.
       this.tokenizeCalls++;
@@ -102,6 +105,7 @@ export class FakeEngine {
       return;
     }
     this.lastBody = body;
+    this.lastRaw = raw;
     this.lastHeaders = req.headers;
     this.requests++;
     if (this.fail === 'status500') {

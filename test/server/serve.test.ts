@@ -49,6 +49,31 @@ describe('kvroute serve with the openai client', () => {
     await until(() => s.router.state().inFlight === 0);
   });
 
+  it('forwards the client’s bytes of a token-id completion as they came (a stream: with the usage request appended)', async () => {
+    const engines = await fleet(1);
+    const s = await router(engines);
+    const ids = randomTokens(300, 7);
+    const plain = `{ "model" : "fake-model",\n "prompt": [ ${ids.join(' ,')} ], "max_tokens": 2, "user": "é😀" }  `;
+    expect((await post(`${s.url}/v1/completions`, plain)).status).toBe(200);
+    expect(engines[0].lastRaw?.toString('utf8')).toBe(plain);
+    const streamed = `{"model":"fake-model","prompt":[${ids.join(',')}],"stream":true,"max_tokens":2}`;
+    const res = await post(`${s.url}/v1/completions`, streamed);
+    expect(res.status).toBe(200);
+    await res.text();
+    expect(engines[0].lastRaw?.toString('utf8')).toBe(`${streamed.slice(0, -1)},"stream_options":{"include_usage":true}}`);
+    // Bytes that are not valid UTF-8 go upstream as their decoded text, as before.
+    const invalid = Buffer.concat([
+      Buffer.from(`{"model":"fake-model","prompt":[${ids.join(',')}],"user":"`),
+      Buffer.from([0xff]),
+      Buffer.from('"}'),
+    ]);
+    const bad = await fetch(`${s.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: invalid });
+    expect(bad.status).toBe(200);
+    expect(engines[0].lastRaw?.equals(Buffer.from(invalid.toString('utf8')))).toBe(true);
+    expect(engines[0].lastBody?.prompt).toEqual(ids);
+    await until(() => s.router.state().inFlight === 0);
+  });
+
   it('passes the usage chunk through when the client asks for it', async () => {
     const engines = await fleet(1);
     const s = await router(engines);

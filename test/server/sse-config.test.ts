@@ -144,3 +144,30 @@ describe('upstreamBody', () => {
     });
   });
 });
+
+describe('upstreamBytes', () => {
+  it('gives the bytes of upstreamBody, built from the client bytes, or null where the body is re-serialised', async () => {
+    const { parseRequest, upstreamBody, upstreamBytes } = await import('../../src/apis/openai-request.ts');
+    const cases = [
+      '{"model":"m","prompt":[1,2,3],"stream":true}  \n',
+      '{"model":"m","prompt":[1,2,3],"stream":false}',
+      '{"model":"é😀","prompt":"ü","stream":true}',
+      '{"model":"m","prompt":"x","stream":true,"stream_options":{"include_usage":true}}',
+      '{"model":"m","prompt":"x"}',
+    ];
+    for (const raw of cases) {
+      const req = parseRequest('completions', JSON.parse(raw));
+      const bytes = upstreamBytes(req, Buffer.from(raw));
+      expect(bytes?.toString('utf8'), raw).toBe(upstreamBody(req, raw));
+    }
+    for (const raw of [
+      '{"model":"m","prompt":"x","stream":true,"stream_options":{"continuous_usage_stats":true}}',
+      '{"model":"m","prompt":"x","kvroute":{"policy":"kv"}}',
+    ]) {
+      expect(upstreamBytes(parseRequest('completions', JSON.parse(raw)), Buffer.from(raw)), raw).toBeNull();
+    }
+    // Unchanged: the very buffer the client sent.
+    const same = Buffer.from('{"model":"m","prompt":[1]}');
+    expect(upstreamBytes(parseRequest('completions', JSON.parse(same.toString())), same)).toBe(same);
+  });
+});

