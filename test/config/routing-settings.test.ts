@@ -166,6 +166,7 @@ describe('one mapping from settings to the core', () => {
       busyPrefillTokens: 4096,
       bands: [],
       tenantWeights: { a: 2 },
+      sessionTableMb: 1.5,
     };
     const r = routerOptionsFrom(s);
     expect(r).toEqual({
@@ -183,10 +184,10 @@ describe('one mapping from settings to the core', () => {
       queueTimeoutMs: 30_000,
       retries: 2,
       breaker: { threshold: 5, cooldownMs: 10_000 },
-      pins: { limit: 100_000, ttlMs: 3_600_000 },
+      pins: { limit: 100_000, ttlMs: 3_600_000, maxBytes: 32 * 2 ** 20 },
       flow: { bands: [], order: 'fair', weights: { a: 2 } },
       tokenBudgets: undefined,
-      sessions: { ttlMs: 600_000, loadFactor: 0.5 },
+      sessions: { ttlMs: 600_000, loadFactor: 0.5, maxBytes: 1.5 * 2 ** 20 },
       prefillTokensPerSecond: undefined,
       pd: { minUncachedTokens: 1024 },
     });
