@@ -18,6 +18,11 @@
  *              a second model is seen), same prompts; and the memory of all curves (fleet + 8 engines)
  * Goals (issue 27): |predicted - measured| <= 0.03; cost <= 5% of route().
  */
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { loadavg, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { islBlocks } from '../src/core/hashing.ts';
 import { MRC_DEFAULTS, MrcBook, ShardsMrc } from '../src/core/mrc.ts';
@@ -40,6 +45,10 @@ const { values } = parseArgs({
     'max-samples': { type: 'string', default: String(MRC_DEFAULTS.maxSamples) },
     'agentic-requests': { type: 'string', default: '8000' },
     parts: { type: 'string', default: 'shared,engine,cost' },
+    'cost-requests': { type: 'string', default: '1500' },
+    callgrind: { type: 'boolean', default: true },
+    'callgrind-requests': { type: 'string', default: '400' },
+    'cost-run': { type: 'string' },
   },
 });
 const BS = Number(values['block-size']);
@@ -51,11 +60,21 @@ const OPTS = { sampleRate: Number(values['sample-rate']), maxSamples: Number(val
 const FACTORS = [0.5, 1, 2, 4];
 const PARTS = new Set(values.parts!.split(','));
 
-const traces: [string, TraceRequest[]][] = [
-  ['conversation', (await loadTrace('data/traces/mooncake_conversation_trace.jsonl.gz', { limit: LIMIT })).requests],
-  ['synthetic', (await loadTrace('data/traces/mooncake_synthetic_trace.jsonl.gz', { limit: LIMIT })).requests],
-  ['agentic', generateAgentic({ requests: LIMIT ?? Number(values['agentic-requests']), seed: 1 })],
-];
+const COST_RUN = values['cost-run'] as 'base' | 'route' | 'tap' | undefined;
+if (COST_RUN !== undefined && !['base', 'route', 'tap'].includes(COST_RUN))
+  throw new Error(`--cost-run: base, route or tap, got ${COST_RUN}`);
+
+const traces: [string, TraceRequest[]][] = COST_RUN
+  ? [['conversation', (await loadTrace('data/traces/mooncake_conversation_trace.jsonl.gz', { limit: LIMIT })).requests]]
+  : [
+      ['conversation', (await loadTrace('data/traces/mooncake_conversation_trace.jsonl.gz', { limit: LIMIT })).requests],
+      ['synthetic', (await loadTrace('data/traces/mooncake_synthetic_trace.jsonl.gz', { limit: LIMIT })).requests],
+      ['agentic', generateAgentic({ requests: LIMIT ?? Number(values['agentic-requests']), seed: 1 })],
+    ];
+if (COST_RUN) {
+  costRun(COST_RUN, Number(values['cost-requests']), false);
+  process.exit(0);
+}
 
 console.log(
   `bench:mrc  block ${BS} tokens, fleet ${WORKERS} engines x ${PER_ENGINE.toLocaleString('en-US')} blocks = ` +
@@ -65,7 +84,8 @@ console.log(
 const f3 = (x: number) => (Number.isFinite(x) ? x.toFixed(3) : '  -  ');
 const sign = (x: number) => `${x >= 0 ? '+' : ''}${x.toFixed(3)}`;
 let worstShared = 0;
-let worstEngine = 0;
+const worstBy = [0, 0, 0, 0];
+const OUT = [1, 2, 4];
 
 const hashed = new Map<string, { seq: BigUint64Array; isl: number }[]>();
 if (PARTS.has('shared') || PARTS.has('engine')) {
@@ -94,90 +114,187 @@ if (PARTS.has('shared') || PARTS.has('engine')) {
 }
 
 if (PARTS.has('engine')) {
-  console.log(`\nper-engine curves under the router's own routing (${WORKERS} engines, policy ${DEFAULT_POLICY}, trace timestamps)`);
-  console.log('trace          k    measured  predicted   error   (engines of k x capacity; curves from the 1x run)');
+  console.log(`\nfleet runs against what the 1x run's curves predict (${WORKERS} engines, policy ${DEFAULT_POLICY}, trace timestamps)`);
+  console.log('trace         what           measured  engines  fleetxrho  fleet-gap    mean   (rho, gap: 1x locality)');
+  const measuredHit = (run: ReturnType<typeof runFleet>): number => {
+    let hit = 0;
+    let isl = 0;
+    for (const rec of run.perRequest ?? []) {
+      if (rec.cachedTokens < 0) continue;
+      hit += Math.floor(rec.cachedTokens / BS);
+      isl += rec.islBlocks;
+    }
+    return hit / isl;
+  };
   for (const [name, trace] of traces) {
     const stream = hashed.get(name)!;
-    const base = runFleet(trace, { workers: WORKERS, policy: DEFAULT_POLICY, blockSize: BS, gpuBlocks: PER_ENGINE, keepRequests: true });
-    const curves = Array.from({ length: WORKERS }, () => new ShardsMrc(OPTS));
-    const islPer = new Float64Array(WORKERS);
-    for (const rec of base.perRequest ?? []) {
-      curves[rec.worker].observeHashes(stream[rec.index].seq, stream[rec.index].isl);
-      islPer[rec.worker] += stream[rec.index].isl;
-    }
+    const sim = (workers: number, gpuBlocks: number) =>
+      runFleet(trace, { workers, policy: DEFAULT_POLICY, blockSize: BS, gpuBlocks, keepRequests: true });
+    const base = sim(WORKERS, PER_ENGINE);
+    // What the live tap does: every routed request into the book, keyed by the engine it went to.
+    const book = new MrcBook(OPTS);
+    const recs = [...(base.perRequest ?? [])].sort((x, y) => x.index - y.index);
+    for (const rec of recs) book.observe('m', `w${rec.worker}`, stream[rec.index].seq, stream[rec.index].isl);
+    const capacity = () => PER_ENGINE;
+    const rep = book.report(capacity);
+    const at = (pts: readonly { factor: number; hit: number | null }[], f: number) => pts.find((p) => p.factor === f)?.hit ?? NaN;
+    const eng1 = at(rep.scaleUp, 1);
+    const fleet1 = book.fleet.hitRatio(FLEET);
+    const rho = eng1 / fleet1;
+    const gap = fleet1 - eng1;
+    const rows: [string, number, number, number][] = [];
     for (const k of FACTORS) {
-      const run =
-        k === 1
-          ? base
-          : runFleet(trace, {
-              workers: WORKERS,
-              policy: DEFAULT_POLICY,
-              blockSize: BS,
-              gpuBlocks: Math.round(k * PER_ENGINE),
-              keepRequests: true,
-            });
-      let hit = 0;
-      let isl = 0;
-      for (const rec of run.perRequest ?? []) {
-        if (rec.cachedTokens < 0) continue;
-        hit += Math.floor(rec.cachedTokens / BS);
-        isl += rec.islBlocks;
-      }
-      const measured = hit / isl;
-      let num = 0;
-      let den = 0;
-      for (let w = 0; w < WORKERS; w++) {
-        const h = curves[w].hitRatio(k * PER_ENGINE);
-        if (Number.isFinite(h)) {
-          num += h * islPer[w];
-          den += islPer[w];
-        }
-      }
-      const predicted = num / den;
-      worstEngine = Math.max(worstEngine, Math.abs(predicted - measured));
+      rows.push([`${k}x blocks`, measuredHit(k === 1 ? base : sim(WORKERS, Math.round(k * PER_ENGINE))), k * FLEET, 0]);
+      const e = rows[rows.length - 1];
+      e[3] = book.report(capacity, undefined, [k]).scaleUp[0].hit ?? NaN;
+    }
+    for (const m of OUT) {
+      rows.push([`+${m} engines`, measuredHit(sim(WORKERS + m, PER_ENGINE)), (WORKERS + m) * PER_ENGINE, NaN]);
+    }
+    for (const [what, measured, blocks, engines] of rows) {
+      const f = book.fleet.hitRatio(blocks);
+      const byRho = f * rho;
+      const byGap = f - gap;
+      const mean = (byRho + byGap) / 2;
+      for (const [i, p] of [engines, byRho, byGap, mean].entries())
+        if (Number.isFinite(p)) worstBy[i] = Math.max(worstBy[i], Math.abs(p - measured));
       console.log(
-        `${name.padEnd(13)} ${String(k).padStart(3)}  ${f3(measured).padStart(8)}  ${f3(predicted).padStart(9)}  ${sign(predicted - measured).padStart(6)}`,
+        `${name.padEnd(13)} ${what.padEnd(13)}  ${f3(measured).padStart(8)}  ${(Number.isFinite(engines) ? sign(engines - measured) : '-').padStart(7)}  ${sign(byRho - measured).padStart(9)}  ` +
+          `${sign(byGap - measured).padStart(9)}  ${sign(mean - measured).padStart(6)}   rho ${rho.toFixed(3)} gap ${gap.toFixed(3)}`,
       );
     }
   }
-  console.log(`worst |error| ${worstEngine.toFixed(3)} (goal <= 0.03)`);
+  console.log(
+    `worst |error|: engines ${worstBy[0].toFixed(3)}, fleet x rho ${worstBy[1].toFixed(3)}, fleet - gap ${worstBy[2].toFixed(3)}, mean ${worstBy[3].toFixed(3)} (goal <= 0.03)`,
+  );
 }
 
-// Cost: route() vs the tap's three observe() calls, on the conversation trace's prompts.
+// Cost: route() vs what the live tap runs, on the conversation trace's prompts. Wall time in this process (route and
+// observe interleaved, so load hits both alike), and instruction counts under callgrind (three child runs of this file
+// with --cost-run: setup only, + route(), + route() and observe(); the differences are the two costs).
 if (PARTS.has('cost')) {
-  const trace = traces[0][1].slice(0, 1500);
+  const n = Number(values['cost-requests']);
+  const wall = costRun('tap', n, true)!;
+  console.log(
+    `\ncost per request (${wall.requests} requests of the conversation trace, mean ${wall.meanTokens.toFixed(0)} tokens, ` +
+      `${wall.blocks.toFixed(0)} blocks of ${BS} tokens; 8 sources, engine curves fed round-robin; load average ${loadavg()
+        .map((x) => x.toFixed(2))
+        .join(' ')})`,
+  );
+  console.log('                        wall time            instructions (callgrind)');
+  const ir = values.callgrind ? callgrindCosts(Math.min(n, Number(values['callgrind-requests']))) : null;
+  const irRoute = ir ? `${(ir.route / 1000).toFixed(0).padStart(7)} k Ir` : '  (no callgrind)';
+  const irTap = ir ? `${(ir.tap / 1000).toFixed(0).padStart(7)} k Ir` : '';
+  console.log(`  route()             ${(wall.routeNs / wall.requests / 1000).toFixed(1).padStart(8)} us            ${irRoute}`);
+  console.log(
+    `  MrcBook.observe()   ${(wall.tapNs / wall.requests / 1000).toFixed(2).padStart(8)} us = ${((100 * wall.tapNs) / wall.routeNs).toFixed(1).padStart(4)}%  ` +
+      (ir ? `${irTap} = ${((100 * ir.tap) / ir.route).toFixed(1)}%` : '') +
+      '   (goal <= 5% of route())',
+  );
+  if (ir)
+    console.log(
+      `  (callgrind over ${ir.requests} requests a run, after a warm-up of the same requests; base run ${(ir.base / 1e6).toFixed(0)} M Ir)`,
+    );
+  console.log(`  memory of the curves (1+8)   ${(wall.memory / 1024).toFixed(0)} KiB (per curve at most ~ max samples x 150 B + 11 KiB)`);
+}
+
+interface CostResult {
+  requests: number;
+  meanTokens: number;
+  blocks: number;
+  routeNs: number;
+  tapNs: number;
+  memory: number;
+}
+
+/**
+ * `mode`: 'base' (hash chains fed nowhere), 'route' (+ route()), 'tap' (+ MrcBook.observe()). One warm-up round, then
+ * `timed` rounds over the same prompts.
+ */
+function costRun(mode: 'base' | 'route' | 'tap', requests: number, timeIt: boolean): CostResult {
+  const trace = traces[0][1].slice(0, requests);
   const router = new KvRouter({ blockSize: BS, seed: 1 });
   for (let s = 0; s < 8; s++) router.addSource({ workerId: `w${s}`, dpRank: 0 });
   const prompts = trace.map(expandTokensArray);
-  // What the live tap runs per request (src/runtime/mrc-feed.ts): MrcBook.observe, one model, the chosen engine's curve.
+  const keys = Array.from({ length: 8 }, (_, s) => `w${s}:0`);
   const book = new MrcBook(OPTS);
   let routeNs = 0;
   let tapNs = 0;
-  const rounds = 3;
+  let blocks = 0;
+  const rounds = timeIt ? 3 : 2;
   for (let round = 0; round < rounds; round++) {
     for (let i = 0; i < prompts.length; i++) {
-      const t0 = process.hrtime.bigint();
+      if (mode === 'base') continue;
+      const t0 = timeIt ? process.hrtime.bigint() : 0n;
       const d = router.route({ requestId: `r${round}-${i}`, tokens: prompts[i] }, i);
-      const t1 = process.hrtime.bigint();
+      const t1 = timeIt ? process.hrtime.bigint() : 0n;
       if (d.kind !== 'routed') throw new Error('refused');
       const isl = islBlocks(prompts[i].length, BS);
-      const t2 = process.hrtime.bigint();
-      book.observe('model', d.sourceKey, d.seqHashes, isl);
-      const t3 = process.hrtime.bigint();
+      const t2 = timeIt ? process.hrtime.bigint() : 0n;
+      if (mode === 'tap') book.observe('model', keys[i % 8], d.seqHashes, isl);
+      const t3 = timeIt ? process.hrtime.bigint() : 0n;
       router.finish(`r${round}-${i}`, { cachedTokens: 0 }, i);
       if (round === 0) continue; // warm-up
       routeNs += Number(t1 - t0);
       tapNs += Number(t3 - t2);
+      blocks += d.seqHashes.length;
     }
   }
-  const n = prompts.length * (rounds - 1);
-  const mem = book.memoryBytes();
-  console.log(
-    `\ncost per request (${n} requests of the conversation trace, mean ${(prompts.reduce((a, p) => a + p.length, 0) / prompts.length).toFixed(0)} tokens, 8 sources)`,
-  );
-  console.log(`  route()                      ${(routeNs / n / 1000).toFixed(1)} us`);
-  console.log(
-    `  MrcBook.observe()            ${(tapNs / n / 1000).toFixed(2)} us   = ${((100 * tapNs) / routeNs).toFixed(1)}% of route() (goal <= 5%)`,
-  );
-  console.log(`  memory of the curves (1+8)   ${(mem / 1024).toFixed(0)} KiB (per curve at most ~ max samples x 150 B + 11 KiB)`);
+  const timed = prompts.length * (rounds - 1);
+  return {
+    requests: timed,
+    meanTokens: prompts.reduce((a, p) => a + p.length, 0) / prompts.length,
+    blocks: blocks / timed,
+    routeNs,
+    tapNs,
+    memory: book.memoryBytes(),
+  };
+}
+
+/** Instructions per request of route() and of MrcBook.observe(), from three callgrind runs of this file. */
+function callgrindCosts(requests: number): { route: number; tap: number; base: number; requests: number } | null {
+  const probe = spawnSync('valgrind', ['--version'], { encoding: 'utf8' });
+  if (probe.status !== 0) {
+    console.log('  (valgrind not found: no instruction counts)');
+    return null;
+  }
+  const dir = mkdtempSync(join(tmpdir(), 'bench-mrc-'));
+  const ir: Record<string, number> = {};
+  try {
+    for (const mode of ['base', 'route', 'tap']) {
+      const out = join(dir, `callgrind.${mode}`);
+      const r = spawnSync(
+        'valgrind',
+        [
+          '--tool=callgrind',
+          `--callgrind-out-file=${out}`,
+          process.execPath,
+          '--import',
+          'tsx',
+          fileURLToPath(import.meta.url),
+          '--cost-run',
+          mode,
+          '--cost-requests',
+          String(requests),
+          '--block-size',
+          String(BS),
+          '--sample-rate',
+          String(OPTS.sampleRate),
+          '--max-samples',
+          String(OPTS.maxSamples),
+          '--limit',
+          String(requests),
+        ],
+        { encoding: 'utf8', maxBuffer: 64 << 20 },
+      );
+      if (r.status !== 0) throw new Error(`callgrind run ${mode} failed: ${r.stderr.slice(-2000)}`);
+      const m = /^(?:summary|totals): (\d+)/m.exec(readFileSync(out, 'utf8'));
+      if (!m) throw new Error(`no totals in ${out}`);
+      ir[mode] = Number(m[1]);
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+  // Each run calls route() (and observe()) twice per request: a warm-up round and a timed one; both are counted.
+  return { route: (ir.route - ir.base) / (2 * requests), tap: (ir.tap - ir.route) / (2 * requests), base: ir.base, requests };
 }
