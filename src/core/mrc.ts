@@ -578,7 +578,12 @@ export interface MrcReport {
    */
   readonly scaleUp: readonly MrcPoint[];
   /** Per engine (source key): its capacity and the same factors of it. */
-  readonly engines: Readonly<Record<string, { readonly blocks: number | null; readonly curve: readonly MrcPoint[] }>>;
+  readonly engines: Readonly<
+    Record<
+      string,
+      { readonly blocks: number | null; readonly sampleRate: number; readonly samples: number; readonly curve: readonly MrcPoint[] }
+    >
+  >;
   /** With a host tier: each engine's own blocks plus `hostBlocksPerEngine` (null without a host size). */
   readonly hostTier: { readonly hostBlocksPerEngine: number; readonly hit: number | null } | null;
 }
@@ -685,13 +690,15 @@ export class MrcBook {
     factors: readonly number[] = MRC_FACTORS,
   ): MrcReport {
     let fleetBlocks = 0;
-    const engines: Record<string, { blocks: number | null; curve: MrcPoint[] }> = {};
+    const engines: Record<string, { blocks: number | null; sampleRate: number; samples: number; curve: MrcPoint[] }> = {};
     for (const [key, e] of this.engines) {
       const blocks = capacity(key);
       const known = blocks !== undefined && blocks > 0;
       if (known) fleetBlocks += blocks;
       engines[key] = {
         blocks: known ? blocks : null,
+        sampleRate: e.sampleRate,
+        samples: e.snapshot().samples,
         curve: factors.map((f) => ({
           factor: f,
           blocks: known ? f * blocks : null,
