@@ -45,9 +45,10 @@ const { values } = parseArgs({
     'max-samples': { type: 'string', default: String(MRC_DEFAULTS.maxSamples) },
     'agentic-requests': { type: 'string', default: '8000' },
     parts: { type: 'string', default: 'shared,engine,cost' },
-    'cost-requests': { type: 'string', default: '1500' },
+    'cost-requests': { type: 'string', default: '1000' },
+    'cost-warm': { type: 'string', default: '2000' },
     callgrind: { type: 'boolean', default: true },
-    'callgrind-requests': { type: 'string', default: '400' },
+    'callgrind-requests': { type: 'string', default: '300' },
     'cost-run': { type: 'string' },
   },
 });
@@ -72,7 +73,7 @@ const traces: [string, TraceRequest[]][] = COST_RUN
       ['agentic', generateAgentic({ requests: LIMIT ?? Number(values['agentic-requests']), seed: 1 })],
     ];
 if (COST_RUN) {
-  costRun(COST_RUN, Number(values['cost-requests']), false);
+  costRun(COST_RUN, Number(values['cost-warm']), Number(values['cost-requests']), 1, false);
   process.exit(0);
 }
 
@@ -173,8 +174,7 @@ if (PARTS.has('engine')) {
 // observe interleaved, so load hits both alike), and instruction counts under callgrind (three child runs of this file
 // with --cost-run: setup only, + route(), + route() and observe(); the differences are the two costs).
 if (PARTS.has('cost')) {
-  const n = Number(values['cost-requests']);
-  const wall = costRun('tap', n, true)!;
+  const wall = costRun('tap', Number(values['cost-warm']), Number(values['cost-requests']), 2, true);
   console.log(
     `\ncost per request (${wall.requests} requests of the conversation trace, mean ${wall.meanTokens.toFixed(0)} tokens, ` +
       `${wall.blocks.toFixed(0)} blocks of ${BS} tokens; 8 sources, engine curves fed round-robin; load average ${loadavg()
@@ -182,7 +182,7 @@ if (PARTS.has('cost')) {
         .join(' ')})`,
   );
   console.log('                        wall time            instructions (callgrind)');
-  const ir = values.callgrind ? callgrindCosts(Math.min(n, Number(values['callgrind-requests']))) : null;
+  const ir = values.callgrind ? callgrindCosts(Number(values['cost-warm']), Number(values['callgrind-requests'])) : null;
   const irRoute = ir ? `${(ir.route / 1000).toFixed(0).padStart(7)} k Ir` : '  (no callgrind)';
   const irTap = ir ? `${(ir.tap / 1000).toFixed(0).padStart(7)} k Ir` : '';
   console.log(`  route()             ${(wall.routeNs / wall.requests / 1000).toFixed(1).padStart(8)} us            ${irRoute}`);
@@ -205,54 +205,62 @@ interface CostResult {
   routeNs: number;
   tapNs: number;
   memory: number;
+  sampleRate: number;
 }
 
 /**
- * `mode`: 'base' (hash chains fed nowhere), 'route' (+ route()), 'tap' (+ MrcBook.observe()). One warm-up round, then
- * `timed` rounds over the same prompts.
+ * A warm-up round over `warm` prompts in every mode (route() and MrcBook.observe() both run, so the JIT has compiled
+ * both and the book holds a working set at its steady sample rate), then the measured part over the first `measured`
+ * prompts: 'base' nothing, 'route' route(), 'tap' route() and observe(). Timed (wall) over `rounds` measured rounds.
  */
-function costRun(mode: 'base' | 'route' | 'tap', requests: number, timeIt: boolean): CostResult {
-  const trace = traces[0][1].slice(0, requests);
+function costRun(mode: 'base' | 'route' | 'tap', warm: number, measured: number, rounds: number, timeIt: boolean): CostResult {
+  const trace = traces[0][1].slice(0, Math.max(warm, measured));
   const router = new KvRouter({ blockSize: BS, seed: 1 });
   for (let s = 0; s < 8; s++) router.addSource({ workerId: `w${s}`, dpRank: 0 });
   const prompts = trace.map(expandTokensArray);
   const keys = Array.from({ length: 8 }, (_, s) => `w${s}:0`);
   const book = new MrcBook(OPTS);
+  for (let i = 0; i < warm; i++) {
+    const d = router.route({ requestId: `w-${i}`, tokens: prompts[i] }, i);
+    if (d.kind !== 'routed') throw new Error('refused');
+    book.observe('model', keys[i % 8], d.seqHashes, islBlocks(prompts[i].length, BS));
+    router.finish(`w-${i}`, { cachedTokens: 0 }, i);
+  }
   let routeNs = 0;
   let tapNs = 0;
   let blocks = 0;
-  const rounds = timeIt ? 3 : 2;
-  for (let round = 0; round < rounds; round++) {
-    for (let i = 0; i < prompts.length; i++) {
-      if (mode === 'base') continue;
-      const t0 = timeIt ? process.hrtime.bigint() : 0n;
-      const d = router.route({ requestId: `r${round}-${i}`, tokens: prompts[i] }, i);
-      const t1 = timeIt ? process.hrtime.bigint() : 0n;
-      if (d.kind !== 'routed') throw new Error('refused');
-      const isl = islBlocks(prompts[i].length, BS);
-      const t2 = timeIt ? process.hrtime.bigint() : 0n;
-      if (mode === 'tap') book.observe('model', keys[i % 8], d.seqHashes, isl);
-      const t3 = timeIt ? process.hrtime.bigint() : 0n;
-      router.finish(`r${round}-${i}`, { cachedTokens: 0 }, i);
-      if (round === 0) continue; // warm-up
-      routeNs += Number(t1 - t0);
-      tapNs += Number(t3 - t2);
-      blocks += d.seqHashes.length;
+  if (mode !== 'base') {
+    for (let round = 0; round < rounds; round++) {
+      for (let i = 0; i < measured; i++) {
+        const t0 = timeIt ? process.hrtime.bigint() : 0n;
+        const d = router.route({ requestId: `r${round}-${i}`, tokens: prompts[i] }, i);
+        const t1 = timeIt ? process.hrtime.bigint() : 0n;
+        if (d.kind !== 'routed') throw new Error('refused');
+        const isl = islBlocks(prompts[i].length, BS);
+        const t2 = timeIt ? process.hrtime.bigint() : 0n;
+        if (mode === 'tap') book.observe('model', keys[i % 8], d.seqHashes, isl);
+        const t3 = timeIt ? process.hrtime.bigint() : 0n;
+        router.finish(`r${round}-${i}`, { cachedTokens: 0 }, i);
+        routeNs += Number(t1 - t0);
+        tapNs += Number(t3 - t2);
+        blocks += d.seqHashes.length;
+      }
     }
   }
-  const timed = prompts.length * (rounds - 1);
+  const timed = measured * rounds;
   return {
     requests: timed,
-    meanTokens: prompts.reduce((a, p) => a + p.length, 0) / prompts.length,
+    meanTokens: prompts.slice(0, measured).reduce((a, p) => a + p.length, 0) / measured,
     blocks: blocks / timed,
     routeNs,
     tapNs,
     memory: book.memoryBytes(),
+    sampleRate: book.fleet.sampleRate,
   };
 }
 
 /** Instructions per request of route() and of MrcBook.observe(), from three callgrind runs of this file. */
-function callgrindCosts(requests: number): { route: number; tap: number; base: number; requests: number } | null {
+function callgrindCosts(warm: number, requests: number): { route: number; tap: number; base: number; requests: number } | null {
   const probe = spawnSync('valgrind', ['--version'], { encoding: 'utf8' });
   if (probe.status !== 0) {
     console.log('  (valgrind not found: no instruction counts)');
@@ -274,6 +282,8 @@ function callgrindCosts(requests: number): { route: number; tap: number; base: n
           fileURLToPath(import.meta.url),
           '--cost-run',
           mode,
+          '--cost-warm',
+          String(warm),
           '--cost-requests',
           String(requests),
           '--block-size',
@@ -283,7 +293,7 @@ function callgrindCosts(requests: number): { route: number; tap: number; base: n
           '--max-samples',
           String(OPTS.maxSamples),
           '--limit',
-          String(requests),
+          String(Math.max(warm, requests)),
         ],
         { encoding: 'utf8', maxBuffer: 64 << 20 },
       );
@@ -295,6 +305,5 @@ function callgrindCosts(requests: number): { route: number; tap: number; base: n
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
-  // Each run calls route() (and observe()) twice per request: a warm-up round and a timed one; both are counted.
-  return { route: (ir.route - ir.base) / (2 * requests), tap: (ir.tap - ir.route) / (2 * requests), base: ir.base, requests };
+  return { route: (ir.route - ir.base) / requests, tap: (ir.tap - ir.route) / requests, base: ir.base, requests };
 }

@@ -45,6 +45,9 @@ const MOD_MASK = MRC_MODULUS - 1;
 /** The capacity factors (× the fleet's or an engine's KV blocks) that gauges and what-if answers read. */
 export const MRC_FACTORS: readonly number[] = [0.125, 0.25, 0.5, 1, 2, 4, 8, 16];
 
+/** Engines added in the scale-out answers (m more engines of today's mean size). */
+export const MRC_SCALE_OUT: readonly number[] = [1, 2, 4, 8];
+
 export const MRC_DEFAULTS = { sampleRate: 0.1, maxSamples: 8192, halfLifeRequests: 100_000 } as const;
 
 /** Smallest Fenwick tree (touch slots) of a curve; it is rebuilt at 4 x the samples held when its clock runs out. */
@@ -573,10 +576,25 @@ export interface MrcReport {
   /** Models beyond the tracked number: their traffic counts fleet-wide only. */
   readonly untrackedModelRequests: number;
   /**
-   * Scale up under today's routing: every engine k x its own capacity, each fed the stream routed to it; the fleet's
-   * hit is the prompt-block-weighted mean over engines of known capacity.
+   * Scale up: every engine k x its own capacity, the fleet's hit. k <= 1: each engine's own stream on its own curve at k x
+   * its capacity (prompt-block-weighted mean; smaller engines keep today's routing). k > 1: the fleet curve at k x the
+   * fleet's blocks times `locality` (a cache-aware router with bigger engines keeps more of each prefix where it is
+   * cached, so the engines' streams change and today's streams under-predict; the shared cache of the same total size,
+   * discounted by the share of its hits the split fleet delivers today, tracks it: bench:mrc, docs/cache-sizing.md).
    */
   readonly scaleUp: readonly MrcPoint[];
+  /** Every engine k x its own capacity with each engine's stream as today (routing held fixed): the old answer. */
+  readonly scaleUpFixedRouting: readonly MrcPoint[];
+  /**
+   * Scale out: m more engines of today's mean size (capacity_factor = (N + m) / N): the fleet curve at that many blocks
+   * times `locality`.
+   */
+  readonly scaleOut: readonly (MrcPoint & { readonly enginesAdded: number; readonly engines: number })[];
+  /**
+   * Today's locality: the engines' own curves at 1x (what the split fleet delivers) over the fleet curve at 1x (one
+   * shared cache of the same total size); null without both.
+   */
+  readonly locality: number | null;
   /** Per engine (source key): its capacity and the same factors of it. */
   readonly engines: Readonly<
     Record<
@@ -584,8 +602,12 @@ export interface MrcReport {
       { readonly blocks: number | null; readonly sampleRate: number; readonly samples: number; readonly curve: readonly MrcPoint[] }
     >
   >;
-  /** With a host tier: each engine's own blocks plus `hostBlocksPerEngine` (null without a host size). */
-  readonly hostTier: { readonly hostBlocksPerEngine: number; readonly hit: number | null } | null;
+  /**
+   * With a host tier: each engine's own blocks plus `hostBlocksPerEngine` (null without a host size); for reuse an
+   * offload tier the engine loads back from is a bigger cache of the same LRU order, so this is the scale-up answer at
+   * (fleet blocks + N x host blocks) / fleet blocks.
+   */
+  readonly hostTier: { readonly hostBlocksPerEngine: number; readonly factor: number | null; readonly hit: number | null } | null;
 }
 
 export const MRC_METHOD =
@@ -726,6 +748,20 @@ export class MrcBook {
     if (this.models.size === 0 && this.soleModel !== undefined) models[this.soleModel] = curveOf(this.fleet);
     for (const [name, m] of [...this.models].sort(([a], [b]) => (a < b ? -1 : 1))) models[name] = curveOf(m);
     const snap = this.fleet.snapshot();
+    // Engines of known capacity (the scale-out answers add engines of their mean size).
+    let known = 0;
+    for (const key of this.engines.keys()) {
+      const own = capacity(key);
+      if (own !== undefined && own > 0) known++;
+    }
+    const fleet1 = fb === null ? NaN : this.fleet.hitRatio(fb);
+    const engines1 = engineMean((own) => own);
+    const locality = engines1 !== null && fleet1 > 0 ? engines1 / fleet1 : null;
+    /** The fleet's hit with `blocks` in all, the split fleet's locality kept. */
+    const grown = (blocks: number): number | null =>
+      fb === null || locality === null ? null : nullIfNaN(this.fleet.hitRatio(blocks) * locality);
+    const scaleUpAt = (k: number): number | null => (k <= 1 ? engineMean((own) => k * own) : grown(k * (fb ?? 0)));
+    const hostFactor = fb !== null && hostBlocksPerEngine !== undefined ? (fb + known * hostBlocksPerEngine) / fb : null;
     return {
       method: MRC_METHOD,
       sampleRate: this.fleet.sampleRate,
@@ -737,11 +773,26 @@ export class MrcBook {
       fleet: curveOf(this.fleet),
       models,
       untrackedModelRequests: this.untracked,
-      scaleUp: factors.map((k) => ({ factor: k, blocks: fb === null ? null : k * fb, hit: engineMean((own) => k * own) })),
+      scaleUp: factors.map((k) => ({ factor: k, blocks: fb === null ? null : k * fb, hit: scaleUpAt(k) })),
+      scaleUpFixedRouting: factors.map((k) => ({ factor: k, blocks: fb === null ? null : k * fb, hit: engineMean((own) => k * own) })),
+      scaleOut:
+        known === 0
+          ? []
+          : MRC_SCALE_OUT.map((m) => {
+              const factor = (known + m) / known;
+              return {
+                enginesAdded: m,
+                engines: known + m,
+                factor,
+                blocks: fb === null ? null : factor * fb,
+                hit: fb === null ? null : grown(factor * fb),
+              };
+            }),
+      locality,
       engines,
       hostTier:
         hostBlocksPerEngine !== undefined && hostBlocksPerEngine >= 0
-          ? { hostBlocksPerEngine, hit: engineMean((own) => own + hostBlocksPerEngine) }
+          ? { hostBlocksPerEngine, factor: hostFactor, hit: hostFactor === null ? null : scaleUpAt(hostFactor) }
           : null,
     };
   }

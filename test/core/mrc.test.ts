@@ -177,12 +177,21 @@ describe('MrcBook (the curves the live router keeps)', () => {
     for (const p of r.fleet) expect(p.hit).toBeCloseTo(fleet.hitRatio(p.factor * 3000), 12);
     // One model: its curve is the fleet's.
     expect(r.models).toEqual({ m: r.fleet });
+    const engineMean = (blocks0: number, blocks1: number) =>
+      (perEngine[0].hitRatio(blocks0) * isl[0] + perEngine[1].hitRatio(blocks1) * isl[1]) / (isl[0] + isl[1]);
+    const locality = engineMean(2000, 1000) / fleet.hitRatio(3000);
+    expect(r.locality).toBeCloseTo(locality, 12);
     for (const p of r.scaleUp) {
-      const want = (perEngine[0].hitRatio(p.factor * 2000) * isl[0] + perEngine[1].hitRatio(p.factor * 1000) * isl[1]) / (isl[0] + isl[1]);
+      // Up to 1x: the engines' own curves; above: the fleet curve times today's locality (equal at 1x).
+      const want = p.factor <= 1 ? engineMean(p.factor * 2000, p.factor * 1000) : fleet.hitRatio(p.factor * 3000) * locality;
       expect(p.hit).toBeCloseTo(want, 12);
     }
-    const host = (perEngine[0].hitRatio(2500) * isl[0] + perEngine[1].hitRatio(1500) * isl[1]) / (isl[0] + isl[1]);
-    expect(r.hostTier).toEqual({ hostBlocksPerEngine: 500, hit: expect.closeTo(host, 12) });
+    for (const p of r.scaleUpFixedRouting) expect(p.hit).toBeCloseTo(engineMean(p.factor * 2000, p.factor * 1000), 12);
+    // Scale out: m more engines of the mean size (1,500 blocks).
+    expect(r.scaleOut.map((p) => p.engines)).toEqual([3, 4, 6, 10]);
+    for (const p of r.scaleOut) expect(p.hit).toBeCloseTo(fleet.hitRatio(3000 + p.enginesAdded * 1500) * locality, 12);
+    // Host tier of 500 blocks per engine: the scale-up answer at (3000 + 2 x 500) / 3000.
+    expect(r.hostTier).toEqual({ hostBlocksPerEngine: 500, factor: 4000 / 3000, hit: expect.closeTo(fleet.hitRatio(4000) * locality, 12) });
     expect(r.engines.w0.blocks).toBe(2000);
     expect(book.report(capacity).hostTier).toBeNull();
   });
@@ -208,7 +217,9 @@ describe('MrcBook: one sampling threshold, decay', () => {
   it('engine and model curves never sample above the fleet curve: their samples together stay near the bound', () => {
     const stream = chains(generateAgentic({ requests: 1500, seed: 5 }));
     const book = new MrcBook({ sampleRate: 1, maxSamples: 512 });
-    stream.forEach((r, i) => book.observe(i % 3 === 0 ? 'a' : 'b', `w${i % 4}`, r.seq, r.isl));
+    stream.forEach((r, i) => {
+      book.observe(i % 3 === 0 ? 'a' : 'b', `w${i % 4}`, r.seq, r.isl);
+    });
     const fleetRate = book.fleet.sampleRate;
     expect(fleetRate).toBeLessThan(0.2);
     book.observe('a', 'w0', stream[0].seq, stream[0].isl); // each engine curve follows the fleet's at its next request
