@@ -157,6 +157,7 @@ describe('live miss-ratio curve (kvroute serve as a process)', () => {
       expect(plain.stdout.split('\n'), plain.stdout).toContain(line);
     }
     expect(plain.stdout).toMatch(/\+host tier of 65,536 blocks per engine: block-weighted hit \d\.\d\d -> \d\.\d\d/);
+    require('node:fs').writeFileSync('/tmp/mrc/whatif.txt', plain.stdout);
     expect(plain.stdout).toMatch(/\+2 engines \(4 in all\): block-weighted hit \d\.\d\d -> \d\.\d\d/);
     const asJson = spawnSync('bash', ['-c', `${asRun(DOC_WHAT_IF)} --json`], { encoding: 'utf8' });
     expect(asJson.status, asJson.stderr).toBe(0);
@@ -172,9 +173,6 @@ describe('live miss-ratio curve (kvroute serve as a process)', () => {
     const samples = spawnSync(process.execPath, [CLI, 'serve', '--mrc-max-samples', '3'], { encoding: 'utf8', env: { ...process.env } });
     expect(samples.status).not.toBe(0);
     expect(samples.stderr).toMatch(/--mrc-max-samples/);
-    const halfLife = spawnSync(process.execPath, [CLI, 'serve', '--mrc-half-life', '-5'], { encoding: 'utf8' });
-    expect(halfLife.status).not.toBe(0);
-    expect(halfLife.stderr).toMatch(/--mrc-half-life/);
     const noRouter = spawnSync(process.execPath, [CLI, 'hitrate', '--what-if'], { encoding: 'utf8' });
     expect(noRouter.status).toBe(2);
     expect(noRouter.stderr).toContain('--what-if reads a live router');
@@ -182,4 +180,10 @@ describe('live miss-ratio curve (kvroute serve as a process)', () => {
     expect(host.status).not.toBe(0);
     expect(host.stderr).toContain('--host-blocks must be an integer >= 0');
   });
+
+  it('refuses a negative decay half-life', () => {
+    const halfLife = spawnSync(process.execPath, [CLI, 'serve', '--mrc-half-life', '-5'], { encoding: 'utf8' });
+    expect(halfLife.status).not.toBe(0);
+    expect(halfLife.stderr).toMatch(/--mrc-half-life/);
+  }, 60_000);
 });
