@@ -157,7 +157,6 @@ describe('live miss-ratio curve (kvroute serve as a process)', () => {
       expect(plain.stdout.split('\n'), plain.stdout).toContain(line);
     }
     expect(plain.stdout).toMatch(/\+host tier of 65,536 blocks per engine: block-weighted hit \d\.\d\d -> \d\.\d\d/);
-    require('node:fs').writeFileSync('/tmp/mrc/whatif.txt', plain.stdout);
     expect(plain.stdout).toMatch(/\+2 engines \(4 in all\): block-weighted hit \d\.\d\d -> \d\.\d\d/);
     const asJson = spawnSync('bash', ['-c', `${asRun(DOC_WHAT_IF)} --json`], { encoding: 'utf8' });
     expect(asJson.status, asJson.stderr).toBe(0);
@@ -179,7 +178,7 @@ describe('live miss-ratio curve (kvroute serve as a process)', () => {
     const host = spawnSync(process.execPath, [CLI, 'hitrate', '--router', url, '--what-if', '--host-blocks', 'lots'], { encoding: 'utf8' });
     expect(host.status).not.toBe(0);
     expect(host.stderr).toContain('--host-blocks must be an integer >= 0');
-  });
+  }, 60_000);
 
   it('refuses a negative decay half-life', () => {
     const halfLife = spawnSync(process.execPath, [CLI, 'serve', '--mrc-half-life', '-5'], { encoding: 'utf8' });
