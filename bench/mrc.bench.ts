@@ -18,7 +18,8 @@
  *   cost       per request: route() (hash + match + select, 8 sources) against MrcBook.observe(), what the live tap runs
  *              (one pass over the hashes at the fleet curve's threshold for the fleet curve and the chosen engine's;
  *              engines fed round-robin), after a warm-up in which both ran; wall time in this process, and instruction
- *              counts from three callgrind runs of this file (--cost-run base|route|tap; --no-callgrind skips them);
+ *              counts from three callgrind runs of this file with --callgrind (--cost-run base|route|tap; off by default:
+ *              the JIT's run-to-run variation, ~2e8 Ir, swamps the difference at a few hundred requests, bench/RESULTS.md);
  *              and the memory of all curves (fleet + 8 engines)
  * Goals (issue 27): |predicted - measured| <= 0.03; cost <= 5% of route().
  */
@@ -40,6 +41,7 @@ import { generateAgentic } from '../src/sim/traces/generate.ts';
 import { loadTrace } from '../src/sim/traces/reader.ts';
 
 const { values } = parseArgs({
+  allowNegative: true,
   options: {
     'block-size': { type: 'string', default: '64' },
     limit: { type: 'string' },
@@ -51,7 +53,7 @@ const { values } = parseArgs({
     parts: { type: 'string', default: 'shared,engine,cost' },
     'cost-requests': { type: 'string', default: '1000' },
     'cost-warm': { type: 'string', default: '2000' },
-    callgrind: { type: 'boolean', default: true },
+    callgrind: { type: 'boolean', default: false },
     'callgrind-requests': { type: 'string', default: '300' },
     'cost-run': { type: 'string' },
   },
