@@ -38,7 +38,7 @@ export function formatWhatIf(r: MrcReport): string {
   );
   lines.push(...answers(r.fleet, 'KV capacity', '  '));
   lines.push(
-    'scale up (every engine k x its own KV blocks; above 1x: the fleet curve x today\'s locality ' +
+    "scale up (every engine k x its own KV blocks; above 1x: the fleet curve x today's locality " +
       `${r.locality === null ? 'n/a' : r.locality.toFixed(2)}, as a cache-aware router keeps prefixes where they are cached):`,
   );
   lines.push(...answers(r.scaleUp, "engines' KV", '  '));
