@@ -18,8 +18,8 @@
  *   cost       per request: route() (hash + match + select, 8 sources) against MrcBook.observe(), what the live tap runs
  *              (one pass over the hashes at the fleet curve's threshold for the fleet curve and the chosen engine's;
  *              engines fed round-robin), after a warm-up in which both ran; wall time in this process, and instruction
- *              counts from three callgrind runs of this file with --callgrind (--cost-run base|route|tap; off by default:
- *              the JIT's run-to-run variation, ~2e8 Ir, swamps the difference at a few hundred requests, bench/RESULTS.md);
+ *              counts with --callgrind: two callgrind runs of this file (--cost-run route|tap), each counting only its
+ *              measured part (callgrind_control zeroes the counters after the warm-up and dumps them after);
  *              and the memory of all curves (fleet + 8 engines)
  * Goals (issue 27): |predicted - measured| <= 0.03; cost <= 5% of route().
  */
@@ -192,7 +192,8 @@ if (PARTS.has('cost')) {
   );
   if (ir)
     console.log(
-      `  (callgrind over ${ir.requests} requests a run, after a warm-up of the same requests; base run ${(ir.base / 1e6).toFixed(0)} M Ir)`,
+      `  (callgrind: ${ir.requests} measured requests in each of two runs, route() and route() + observe(), after the same ` +
+        `warm-up; only the measured part counted (callgrind_control -z / -d); fleet rate after warm-up ${wall.sampleRate.toFixed(5)})`,
     );
   console.log(`  memory of the curves (1+8)   ${(wall.memory / 1024).toFixed(0)} KiB (per curve at most ~ max samples x 150 B + 11 KiB)`);
 }
@@ -228,6 +229,11 @@ function costRun(mode: 'base' | 'route' | 'tap', warm: number, measured: number,
   let routeNs = 0;
   let tapNs = 0;
   let blocks = 0;
+  // Under callgrind (--cost-run): count only the measured part (zero the counters now, dump them after).
+  const mark = (what: '-z' | '-d') => {
+    if (!timeIt) spawnSync('callgrind_control', [what, String(process.pid)], { encoding: 'utf8' });
+  };
+  mark('-z');
   if (mode !== 'base') {
     for (let round = 0; round < rounds; round++) {
       for (let i = 0; i < measured; i++) {
@@ -246,6 +252,7 @@ function costRun(mode: 'base' | 'route' | 'tap', warm: number, measured: number,
       }
     }
   }
+  mark('-d');
   const timed = measured * rounds;
   return {
     requests: timed,
@@ -268,7 +275,7 @@ function callgrindCosts(warm: number, requests: number): { route: number; tap: n
   const dir = mkdtempSync(join(tmpdir(), 'bench-mrc-'));
   const ir: Record<string, number> = {};
   try {
-    for (const mode of ['base', 'route', 'tap']) {
+    for (const mode of ['route', 'tap']) {
       const out = join(dir, `callgrind.${mode}`);
       const r = spawnSync(
         'valgrind',
@@ -297,12 +304,13 @@ function callgrindCosts(warm: number, requests: number): { route: number; tap: n
         { encoding: 'utf8', maxBuffer: 64 << 20 },
       );
       if (r.status !== 0) throw new Error(`callgrind run ${mode} failed: ${r.stderr.slice(-2000)}`);
-      const m = /^(?:summary|totals): (\d+)/m.exec(readFileSync(out, 'utf8'));
+      // The dump callgrind_control -d wrote: the measured part only (no start-up, no warm-up).
+      const m = /^(?:summary|totals): (\d+)/m.exec(readFileSync(`${out}.1`, 'utf8'));
       if (!m) throw new Error(`no totals in ${out}`);
       ir[mode] = Number(m[1]);
     }
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
-  return { route: (ir.route - ir.base) / requests, tap: (ir.tap - ir.route) / requests, base: ir.base, requests };
+  return { route: ir.route / requests, tap: (ir.tap - ir.route) / requests, base: 0, requests };
 }
