@@ -18,7 +18,7 @@
  *   cost       per request: route() (hash + match + select, 8 sources) against MrcBook.observe(), what the live tap runs
  *              (one pass over the hashes at the fleet curve's threshold for the fleet curve and the chosen engine's;
  *              engines fed round-robin), after a warm-up in which both ran; wall time in this process, and instruction
- *              counts with --callgrind: two callgrind runs of this file (--cost-run route|tap), each counting only its
+ *              counts (--no-callgrind: none): two callgrind runs of this file (--cost-run route|tap), each counting only its
  *              measured part (callgrind_control zeroes the counters after the warm-up and dumps them after);
  *              and the memory of all curves (fleet + 8 engines)
  * Goals (issue 27): |predicted - measured| <= 0.03; cost <= 5% of route().
@@ -53,8 +53,9 @@ const { values } = parseArgs({
     parts: { type: 'string', default: 'shared,engine,cost' },
     'cost-requests': { type: 'string', default: '1000' },
     'cost-warm': { type: 'string', default: '2000' },
-    callgrind: { type: 'boolean', default: false },
-    'callgrind-requests': { type: 'string', default: '300' },
+    callgrind: { type: 'boolean', default: true },
+    'callgrind-warm': { type: 'string', default: '500' },
+    'callgrind-requests': { type: 'string', default: '150' },
     'cost-run': { type: 'string' },
   },
 });
@@ -181,7 +182,7 @@ if (PARTS.has('cost')) {
         .join(' ')})`,
   );
   console.log('                        wall time            instructions (callgrind)');
-  const ir = values.callgrind ? callgrindCosts(Number(values['cost-warm']), Number(values['callgrind-requests'])) : null;
+  const ir = values.callgrind ? callgrindCosts(Number(values['callgrind-warm']), Number(values['callgrind-requests'])) : null;
   const irRoute = ir ? `${(ir.route / 1000).toFixed(0).padStart(7)} k Ir` : '  (no callgrind)';
   const irTap = ir ? `${(ir.tap / 1000).toFixed(0).padStart(7)} k Ir` : '';
   console.log(`  route()             ${(wall.routeNs / wall.requests / 1000).toFixed(1).padStart(8)} us            ${irRoute}`);
