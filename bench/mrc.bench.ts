@@ -10,14 +10,24 @@
  * Tables (one run prints them side by side):
  *   shared     predicted hit of one LRU prefix cache of 0.5x, 1x, 2x, 4x the fleet's blocks, read off one curve, against
  *              an exact LRU prefix cache of that size (src/sim/lru-prefix.ts) fed the same stream; block-weighted
- *   per-engine the fleet simulator (src/sim/run-fleet.ts: router, dispatcher, mock engines) run once at 1x; each engine's
- *              routed stream feeds its own curve, read at k x its capacity; then the simulator is run again with engines
- *              of k x capacity and the engines' delivered hit (cached tokens / block size over prompt blocks) is measured
+ *   engine     the fleet simulator (src/sim/run-fleet.ts: router, dispatcher, mock engines) run once at 1x; its routed
+ *              stream feeds an MrcBook (fleet curve + one curve per engine) as the live tap would; the report's scale-up
+ *              (engines of k x capacity) and scale-out (+1, +2, +4 engines of today's size) answers are then compared with
+ *              the simulator run again with that fleet (the engines' delivered hit: cached tokens / block size over
+ *              prompt blocks); the fixed-routing answer (each engine's stream as today) is printed beside
  *   cost       per request: route() (hash + match + select, 8 sources) against MrcBook.observe(), what the live tap runs
- *              (one pass over the hashes for the fleet curve and the chosen engine's; a model has its own curve only once
- *              a second model is seen), same prompts; and the memory of all curves (fleet + 8 engines)
+ *              (one pass over the hashes at the fleet curve's threshold for the fleet curve and the chosen engine's;
+ *              engines fed round-robin), after a warm-up in which both ran; wall time in this process, and instruction
+ *              counts (--no-callgrind: none): two callgrind runs of this file (--cost-run route|tap), each counting only its
+ *              measured part (callgrind_control zeroes the counters after the warm-up and dumps them after);
+ *              and the memory of all curves (fleet + 8 engines)
  * Goals (issue 27): |predicted - measured| <= 0.03; cost <= 5% of route().
  */
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { loadavg, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { islBlocks } from '../src/core/hashing.ts';
 import { MRC_DEFAULTS, MrcBook, ShardsMrc } from '../src/core/mrc.ts';
@@ -31,6 +41,7 @@ import { generateAgentic } from '../src/sim/traces/generate.ts';
 import { loadTrace } from '../src/sim/traces/reader.ts';
 
 const { values } = parseArgs({
+  allowNegative: true,
   options: {
     'block-size': { type: 'string', default: '64' },
     limit: { type: 'string' },
@@ -40,6 +51,12 @@ const { values } = parseArgs({
     'max-samples': { type: 'string', default: String(MRC_DEFAULTS.maxSamples) },
     'agentic-requests': { type: 'string', default: '8000' },
     parts: { type: 'string', default: 'shared,engine,cost' },
+    'cost-requests': { type: 'string', default: '1000' },
+    'cost-warm': { type: 'string', default: '2000' },
+    callgrind: { type: 'boolean', default: true },
+    'callgrind-warm': { type: 'string', default: '500' },
+    'callgrind-requests': { type: 'string', default: '150' },
+    'cost-run': { type: 'string' },
   },
 });
 const BS = Number(values['block-size']);
@@ -51,11 +68,21 @@ const OPTS = { sampleRate: Number(values['sample-rate']), maxSamples: Number(val
 const FACTORS = [0.5, 1, 2, 4];
 const PARTS = new Set(values.parts!.split(','));
 
-const traces: [string, TraceRequest[]][] = [
-  ['conversation', (await loadTrace('data/traces/mooncake_conversation_trace.jsonl.gz', { limit: LIMIT })).requests],
-  ['synthetic', (await loadTrace('data/traces/mooncake_synthetic_trace.jsonl.gz', { limit: LIMIT })).requests],
-  ['agentic', generateAgentic({ requests: LIMIT ?? Number(values['agentic-requests']), seed: 1 })],
-];
+const COST_RUN = values['cost-run'] as 'base' | 'route' | 'tap' | undefined;
+if (COST_RUN !== undefined && !['base', 'route', 'tap'].includes(COST_RUN))
+  throw new Error(`--cost-run: base, route or tap, got ${COST_RUN}`);
+
+const traces: [string, TraceRequest[]][] = COST_RUN
+  ? [['conversation', (await loadTrace('data/traces/mooncake_conversation_trace.jsonl.gz', { limit: LIMIT })).requests]]
+  : [
+      ['conversation', (await loadTrace('data/traces/mooncake_conversation_trace.jsonl.gz', { limit: LIMIT })).requests],
+      ['synthetic', (await loadTrace('data/traces/mooncake_synthetic_trace.jsonl.gz', { limit: LIMIT })).requests],
+      ['agentic', generateAgentic({ requests: LIMIT ?? Number(values['agentic-requests']), seed: 1 })],
+    ];
+if (COST_RUN) {
+  costRun(COST_RUN, Number(values['cost-warm']), Number(values['cost-requests']), 1, false);
+  process.exit(0);
+}
 
 console.log(
   `bench:mrc  block ${BS} tokens, fleet ${WORKERS} engines x ${PER_ENGINE.toLocaleString('en-US')} blocks = ` +
@@ -66,6 +93,8 @@ const f3 = (x: number) => (Number.isFinite(x) ? x.toFixed(3) : '  -  ');
 const sign = (x: number) => `${x >= 0 ? '+' : ''}${x.toFixed(3)}`;
 let worstShared = 0;
 let worstEngine = 0;
+let worstFixed = 0;
+const OUT = [1, 2, 4];
 
 const hashed = new Map<string, { seq: BigUint64Array; isl: number }[]>();
 if (PARTS.has('shared') || PARTS.has('engine')) {
@@ -94,90 +123,195 @@ if (PARTS.has('shared') || PARTS.has('engine')) {
 }
 
 if (PARTS.has('engine')) {
-  console.log(`\nper-engine curves under the router's own routing (${WORKERS} engines, policy ${DEFAULT_POLICY}, trace timestamps)`);
-  console.log('trace          k    measured  predicted   error   (engines of k x capacity; curves from the 1x run)');
+  console.log(`\nfleet runs against what the 1x run's curves predict (${WORKERS} engines, policy ${DEFAULT_POLICY}, trace timestamps)`);
+  console.log('trace         what            measured  predicted   error   fixed routing  (error)   locality');
+  const measuredHit = (run: ReturnType<typeof runFleet>): number => {
+    let hit = 0;
+    let isl = 0;
+    for (const rec of run.perRequest ?? []) {
+      if (rec.cachedTokens < 0) continue;
+      hit += Math.floor(rec.cachedTokens / BS);
+      isl += rec.islBlocks;
+    }
+    return hit / isl;
+  };
   for (const [name, trace] of traces) {
     const stream = hashed.get(name)!;
-    const base = runFleet(trace, { workers: WORKERS, policy: DEFAULT_POLICY, blockSize: BS, gpuBlocks: PER_ENGINE, keepRequests: true });
-    const curves = Array.from({ length: WORKERS }, () => new ShardsMrc(OPTS));
-    const islPer = new Float64Array(WORKERS);
-    for (const rec of base.perRequest ?? []) {
-      curves[rec.worker].observeHashes(stream[rec.index].seq, stream[rec.index].isl);
-      islPer[rec.worker] += stream[rec.index].isl;
-    }
-    for (const k of FACTORS) {
-      const run =
-        k === 1
-          ? base
-          : runFleet(trace, {
-              workers: WORKERS,
-              policy: DEFAULT_POLICY,
-              blockSize: BS,
-              gpuBlocks: Math.round(k * PER_ENGINE),
-              keepRequests: true,
-            });
-      let hit = 0;
-      let isl = 0;
-      for (const rec of run.perRequest ?? []) {
-        if (rec.cachedTokens < 0) continue;
-        hit += Math.floor(rec.cachedTokens / BS);
-        isl += rec.islBlocks;
-      }
-      const measured = hit / isl;
-      let num = 0;
-      let den = 0;
-      for (let w = 0; w < WORKERS; w++) {
-        const h = curves[w].hitRatio(k * PER_ENGINE);
-        if (Number.isFinite(h)) {
-          num += h * islPer[w];
-          den += islPer[w];
-        }
-      }
-      const predicted = num / den;
-      worstEngine = Math.max(worstEngine, Math.abs(predicted - measured));
+    const sim = (workers: number, gpuBlocks: number) =>
+      runFleet(trace, { workers, policy: DEFAULT_POLICY, blockSize: BS, gpuBlocks, keepRequests: true });
+    const base = sim(WORKERS, PER_ENGINE);
+    // What the live tap does: every routed request into the book (arrival order), keyed by the engine it went to; the
+    // answers are the report's (MrcBook.report, what GET /debug/mrc and `kvroute hitrate --what-if` print).
+    const book = new MrcBook(OPTS);
+    const recs = [...(base.perRequest ?? [])].sort((x, y) => x.index - y.index);
+    for (const rec of recs) book.observe('m', `w${rec.worker}`, stream[rec.index].seq, stream[rec.index].isl);
+    const rep = book.report(() => PER_ENGINE, undefined, FACTORS);
+    const row = (what: string, measured: number, predicted: number | null, fixed: number | null) => {
+      const p = predicted ?? NaN;
+      worstEngine = Math.max(worstEngine, Math.abs(p - measured));
+      if (fixed !== null) worstFixed = Math.max(worstFixed, Math.abs(fixed - measured));
       console.log(
-        `${name.padEnd(13)} ${String(k).padStart(3)}  ${f3(measured).padStart(8)}  ${f3(predicted).padStart(9)}  ${sign(predicted - measured).padStart(6)}`,
+        `${name.padEnd(13)} ${what.padEnd(14)}  ${f3(measured).padStart(8)}  ${f3(p).padStart(9)}  ${sign(p - measured).padStart(6)}  ` +
+          `${(fixed === null ? '-' : f3(fixed)).padStart(13)}  ${(fixed === null ? '' : sign(fixed - measured)).padStart(7)}   ${(rep.locality ?? NaN).toFixed(3)}`,
       );
+    };
+    for (const [i, k] of FACTORS.entries()) {
+      const measured = measuredHit(k === 1 ? base : sim(WORKERS, Math.round(k * PER_ENGINE)));
+      row(`${k}x per engine`, measured, rep.scaleUp[i].hit, rep.scaleUpFixedRouting[i].hit);
+    }
+    for (const p of rep.scaleOut) {
+      if (!OUT.includes(p.enginesAdded)) continue;
+      row(`+${p.enginesAdded} engine${p.enginesAdded === 1 ? '' : 's'}`, measuredHit(sim(p.engines, PER_ENGINE)), p.hit, null);
     }
   }
-  console.log(`worst |error| ${worstEngine.toFixed(3)} (goal <= 0.03)`);
+  console.log(
+    `worst |error| ${worstEngine.toFixed(3)} (goal <= 0.03); with each engine's stream held as today (the fixed-routing answer, up to ` +
+      `1x the reported one): ${worstFixed.toFixed(3)}`,
+  );
 }
 
-// Cost: route() vs the tap's three observe() calls, on the conversation trace's prompts.
+// Cost: route() vs what the live tap runs, on the conversation trace's prompts. Wall time in this process (route and
+// observe interleaved, so load hits both alike), and instruction counts under callgrind (three child runs of this file
+// with --cost-run: setup only, + route(), + route() and observe(); the differences are the two costs).
 if (PARTS.has('cost')) {
-  const trace = traces[0][1].slice(0, 1500);
+  const wall = costRun('tap', Number(values['cost-warm']), Number(values['cost-requests']), 2, true);
+  console.log(
+    `\ncost per request (${wall.requests} requests of the conversation trace, mean ${wall.meanTokens.toFixed(0)} tokens, ` +
+      `${wall.blocks.toFixed(0)} blocks of ${BS} tokens; 8 sources, engine curves fed round-robin; load average ${loadavg()
+        .map((x) => x.toFixed(2))
+        .join(' ')})`,
+  );
+  console.log('                        wall time            instructions (callgrind)');
+  const ir = values.callgrind ? callgrindCosts(Number(values['callgrind-warm']), Number(values['callgrind-requests'])) : null;
+  const irRoute = ir ? `${(ir.route / 1000).toFixed(0).padStart(7)} k Ir` : '  (no callgrind)';
+  const irTap = ir ? `${(ir.tap / 1000).toFixed(0).padStart(7)} k Ir` : '';
+  console.log(`  route()             ${(wall.routeNs / wall.requests / 1000).toFixed(1).padStart(8)} us            ${irRoute}`);
+  console.log(
+    `  MrcBook.observe()   ${(wall.tapNs / wall.requests / 1000).toFixed(2).padStart(8)} us = ${((100 * wall.tapNs) / wall.routeNs).toFixed(1).padStart(4)}%  ` +
+      (ir ? `${irTap} = ${((100 * ir.tap) / ir.route).toFixed(1)}%` : '') +
+      '   (goal <= 5% of route())',
+  );
+  if (ir)
+    console.log(
+      `  (callgrind: ${ir.requests} measured requests in each of two runs, route() and route() + observe(), after the same ` +
+        `warm-up; only the measured part counted (callgrind_control -z / -d); fleet rate after warm-up ${wall.sampleRate.toFixed(5)})`,
+    );
+  console.log(`  memory of the curves (1+8)   ${(wall.memory / 1024).toFixed(0)} KiB (per curve at most ~ max samples x 150 B + 11 KiB)`);
+}
+
+interface CostResult {
+  requests: number;
+  meanTokens: number;
+  blocks: number;
+  routeNs: number;
+  tapNs: number;
+  memory: number;
+  sampleRate: number;
+}
+
+/**
+ * A warm-up round over `warm` prompts in every mode (route() and MrcBook.observe() both run, so the JIT has compiled
+ * both and the book holds a working set at its steady sample rate), then the measured part over the first `measured`
+ * prompts: 'base' nothing, 'route' route(), 'tap' route() and observe(). Timed (wall) over `rounds` measured rounds.
+ */
+function costRun(mode: 'base' | 'route' | 'tap', warm: number, measured: number, rounds: number, timeIt: boolean): CostResult {
+  const trace = traces[0][1].slice(0, Math.max(warm, measured));
   const router = new KvRouter({ blockSize: BS, seed: 1 });
   for (let s = 0; s < 8; s++) router.addSource({ workerId: `w${s}`, dpRank: 0 });
   const prompts = trace.map(expandTokensArray);
-  // What the live tap runs per request (src/runtime/mrc-feed.ts): MrcBook.observe, one model, the chosen engine's curve.
+  const keys = Array.from({ length: 8 }, (_, s) => `w${s}:0`);
   const book = new MrcBook(OPTS);
+  for (let i = 0; i < warm; i++) {
+    const d = router.route({ requestId: `w-${i}`, tokens: prompts[i] }, i);
+    if (d.kind !== 'routed') throw new Error('refused');
+    book.observe('model', keys[i % 8], d.seqHashes, islBlocks(prompts[i].length, BS));
+    router.finish(`w-${i}`, { cachedTokens: 0 }, i);
+  }
   let routeNs = 0;
   let tapNs = 0;
-  const rounds = 3;
-  for (let round = 0; round < rounds; round++) {
-    for (let i = 0; i < prompts.length; i++) {
-      const t0 = process.hrtime.bigint();
-      const d = router.route({ requestId: `r${round}-${i}`, tokens: prompts[i] }, i);
-      const t1 = process.hrtime.bigint();
-      if (d.kind !== 'routed') throw new Error('refused');
-      const isl = islBlocks(prompts[i].length, BS);
-      const t2 = process.hrtime.bigint();
-      book.observe('model', d.sourceKey, d.seqHashes, isl);
-      const t3 = process.hrtime.bigint();
-      router.finish(`r${round}-${i}`, { cachedTokens: 0 }, i);
-      if (round === 0) continue; // warm-up
-      routeNs += Number(t1 - t0);
-      tapNs += Number(t3 - t2);
+  let blocks = 0;
+  // Under callgrind (--cost-run): count only the measured part (zero the counters now, dump them after).
+  const mark = (what: '-z' | '-d') => {
+    if (!timeIt) spawnSync('callgrind_control', [what, String(process.pid)], { encoding: 'utf8' });
+  };
+  mark('-z');
+  if (mode !== 'base') {
+    for (let round = 0; round < rounds; round++) {
+      for (let i = 0; i < measured; i++) {
+        const t0 = timeIt ? process.hrtime.bigint() : 0n;
+        const d = router.route({ requestId: `r${round}-${i}`, tokens: prompts[i] }, i);
+        const t1 = timeIt ? process.hrtime.bigint() : 0n;
+        if (d.kind !== 'routed') throw new Error('refused');
+        const isl = islBlocks(prompts[i].length, BS);
+        const t2 = timeIt ? process.hrtime.bigint() : 0n;
+        if (mode === 'tap') book.observe('model', keys[i % 8], d.seqHashes, isl);
+        const t3 = timeIt ? process.hrtime.bigint() : 0n;
+        router.finish(`r${round}-${i}`, { cachedTokens: 0 }, i);
+        routeNs += Number(t1 - t0);
+        tapNs += Number(t3 - t2);
+        blocks += d.seqHashes.length;
+      }
     }
   }
-  const n = prompts.length * (rounds - 1);
-  const mem = book.memoryBytes();
-  console.log(
-    `\ncost per request (${n} requests of the conversation trace, mean ${(prompts.reduce((a, p) => a + p.length, 0) / prompts.length).toFixed(0)} tokens, 8 sources)`,
-  );
-  console.log(`  route()                      ${(routeNs / n / 1000).toFixed(1)} us`);
-  console.log(
-    `  MrcBook.observe()            ${(tapNs / n / 1000).toFixed(2)} us   = ${((100 * tapNs) / routeNs).toFixed(1)}% of route() (goal <= 5%)`,
-  );
-  console.log(`  memory of the curves (1+8)   ${(mem / 1024).toFixed(0)} KiB (per curve at most ~ max samples x 150 B + 11 KiB)`);
+  mark('-d');
+  const timed = measured * rounds;
+  return {
+    requests: timed,
+    meanTokens: prompts.slice(0, measured).reduce((a, p) => a + p.length, 0) / measured,
+    blocks: blocks / timed,
+    routeNs,
+    tapNs,
+    memory: book.memoryBytes(),
+    sampleRate: book.fleet.sampleRate,
+  };
+}
+
+/** Instructions per request of route() and of MrcBook.observe(), from three callgrind runs of this file. */
+function callgrindCosts(warm: number, requests: number): { route: number; tap: number; base: number; requests: number } | null {
+  const probe = spawnSync('valgrind', ['--version'], { encoding: 'utf8' });
+  if (probe.status !== 0) {
+    console.log('  (valgrind not found: no instruction counts)');
+    return null;
+  }
+  const dir = mkdtempSync(join(tmpdir(), 'bench-mrc-'));
+  const ir: Record<string, number> = {};
+  try {
+    for (const mode of ['route', 'tap']) {
+      const out = join(dir, `callgrind.${mode}`);
+      const r = spawnSync(
+        'valgrind',
+        [
+          '--tool=callgrind',
+          `--callgrind-out-file=${out}`,
+          process.execPath,
+          '--import',
+          'tsx',
+          fileURLToPath(import.meta.url),
+          '--cost-run',
+          mode,
+          '--cost-warm',
+          String(warm),
+          '--cost-requests',
+          String(requests),
+          '--block-size',
+          String(BS),
+          '--sample-rate',
+          String(OPTS.sampleRate),
+          '--max-samples',
+          String(OPTS.maxSamples),
+          '--limit',
+          String(Math.max(warm, requests)),
+        ],
+        { encoding: 'utf8', maxBuffer: 64 << 20 },
+      );
+      if (r.status !== 0) throw new Error(`callgrind run ${mode} failed: ${r.stderr.slice(-2000)}`);
+      // The dump callgrind_control -d wrote: the measured part only (no start-up, no warm-up).
+      const m = /^(?:summary|totals): (\d+)/m.exec(readFileSync(`${out}.1`, 'utf8'));
+      if (!m) throw new Error(`no totals in ${out}`);
+      ir[mode] = Number(m[1]);
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+  return { route: ir.route / requests, tap: (ir.tap - ir.route) / requests, base: 0, requests };
 }

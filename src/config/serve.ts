@@ -336,6 +336,14 @@ export const serveSchema = z.strictObject({
       'router_record_dropped_total{reason="buffer_full"} (the request itself never waits for the disk)',
     group: GROUPS.record,
   }),
+  mrcHalfLife: withDefault(integer({ min: 0, max: 1_000_000_000 }), MRC_DEFAULTS.halfLifeRequests, {
+    flag: '--mrc-half-life <requests>',
+    env: 'KVROUTE_MRC_HALF_LIFE',
+    help:
+      'miss-ratio curve: older traffic weighs half as much every this many routed requests (in 16 steps), so the curves ' +
+      'follow traffic that changes; 0 = every request counts alike',
+    group: GROUPS.observability,
+  }),
   logLevel: withDefault(choice(LOG_LEVELS), 'info', {
     flag: '--log-level <level>',
     env: 'KVROUTE_LOG_LEVEL',

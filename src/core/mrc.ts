@@ -45,7 +45,13 @@ const MOD_MASK = MRC_MODULUS - 1;
 /** The capacity factors (× the fleet's or an engine's KV blocks) that gauges and what-if answers read. */
 export const MRC_FACTORS: readonly number[] = [0.125, 0.25, 0.5, 1, 2, 4, 8, 16];
 
-export const MRC_DEFAULTS = { sampleRate: 0.1, maxSamples: 8192 } as const;
+/** Engines added in the scale-out answers (m more engines of today's mean size). */
+export const MRC_SCALE_OUT: readonly number[] = [1, 2, 4, 8];
+
+export const MRC_DEFAULTS = { sampleRate: 0.1, maxSamples: 8192, halfLifeRequests: 100_000 } as const;
+
+/** Smallest Fenwick tree (touch slots) of a curve; it is rebuilt at 4 x the samples held when its clock runs out. */
+const MIN_SLOTS = 1026;
 
 /** Histogram buckets per doubling of distance (2^(1/32): about 2.2% wide). */
 const BUCKETS_PER_OCTAVE = 32;
@@ -62,6 +68,11 @@ export interface MrcOptions {
    * 'own': its own distance only (an ablation for the benchmark).
    */
   readonly chainRule?: 'max' | 'own';
+  /**
+   * MrcBook: older traffic's weight halves every this many routed requests (applied in 16 steps per half-life), so the
+   * curves follow traffic that changes; 0 or absent: never (every request counts alike).
+   */
+  readonly halfLifeRequests?: number;
 }
 
 export function validateMrcOptions(o: MrcOptions): void {
@@ -69,7 +80,14 @@ export function validateMrcOptions(o: MrcOptions): void {
   if (!Number.isInteger(o.maxSamples) || o.maxSamples < 16) {
     throw new RangeError(`MRC max samples must be an integer >= 16, got ${o.maxSamples}`);
   }
+  const h = o.halfLifeRequests;
+  if (h !== undefined && !(Number.isInteger(h) && h >= 0)) {
+    throw new RangeError(`MRC half-life must be a whole number of requests >= 0 (0: no decay), got ${h}`);
+  }
 }
+
+/** Decay steps per half-life. */
+const DECAY_STEPS = 16;
 
 /** Histogram bucket of a scaled distance x >= 0. Bucket 0 is [0, 1); bucket b >= 1 is [2^((b-1)/32), 2^(b/32)). */
 function bucketOf(x: number): number {
@@ -132,32 +150,51 @@ export function collectCandidates(view: Uint32Array, fullBlocks: number, t: numb
   let c = out;
   c.count = 0;
   c.blocks = n;
-  // Depth-boosted part: v / (BOOST / (i + 1)) < t, as a product; then the plain test.
+  // Depth-boosted head: v / (BOOST / (i + 1)) < t, as one multiply and compare; then the plain test (one compare). Two
+  // loops, so the per-block work is the test alone; a block that passes is copied out (rare: ~R of them).
   const tB = t * BOOST;
   const head = Math.min(n, BOOST_DEPTH);
-  for (let i = 0; i < n; i++) {
-    const lo = view[2 * i];
-    const v = lo & MOD_MASK;
-    if (i < head ? v * (i + 1) < tB : v < t) {
-      if (c.count === c.index.length) {
-        const bigger = newCandidates(2 * c.count);
-        bigger.index.set(c.index);
-        bigger.lo.set(c.lo);
-        bigger.hi.set(c.hi);
-        bigger.value.set(c.value);
-        bigger.count = c.count;
-        bigger.blocks = n;
-        if (c === SCRATCH_CANDIDATES) SCRATCH_CANDIDATES = bigger;
-        c = bigger;
-      }
-      const k = c.count++;
-      c.index[k] = i;
-      c.lo[k] = lo | 0;
-      c.hi[k] = view[2 * i + 1] | 0;
-      c.value[k] = v;
-    }
+  for (let i = 0; i < head; i++) {
+    if ((view[2 * i] & MOD_MASK) * (i + 1) < tB) c = pushCandidate(c, view, i);
+  }
+  for (let i = head; i < n; i++) {
+    if ((view[2 * i] & MOD_MASK) < t) c = pushCandidate(c, view, i);
   }
   return c;
+}
+
+function pushCandidate(c: Candidates, view: Uint32Array, i: number): Candidates {
+  if (c.count === c.index.length) {
+    const bigger = newCandidates(2 * c.count);
+    bigger.index.set(c.index);
+    bigger.lo.set(c.lo);
+    bigger.hi.set(c.hi);
+    bigger.value.set(c.value);
+    bigger.count = c.count;
+    bigger.blocks = c.blocks;
+    if (c === SCRATCH_CANDIDATES) SCRATCH_CANDIDATES = bigger;
+    c = bigger;
+  }
+  const k = c.count++;
+  const lo = view[2 * i];
+  c.index[k] = i;
+  c.lo[k] = lo | 0;
+  c.hi[k] = view[2 * i + 1] | 0;
+  c.value[k] = lo & MOD_MASK;
+  return c;
+}
+
+/** One curve's sampled blocks of the request being observed (shared: observation is synchronous). */
+let SCRATCH_LO = new Int32Array(256);
+let SCRATCH_HI = new Int32Array(256);
+let SCRATCH_NORM = new Float64Array(256);
+let SCRATCH_BOOST = new Float64Array(256);
+function growScratch(n: number): void {
+  const size = Math.max(n, 2 * SCRATCH_LO.length);
+  SCRATCH_LO = new Int32Array(size);
+  SCRATCH_HI = new Int32Array(size);
+  SCRATCH_NORM = new Float64Array(size);
+  SCRATCH_BOOST = new Float64Array(size);
 }
 
 /** Depth boost: R_i = min(1, R * BOOST / (i + 1)) for the first BOOST blocks of a chain. */
@@ -200,18 +237,14 @@ export class ShardsMrc {
   private isl = 0;
   private full = 0;
   private requests = 0;
-  // Scratch for one request's sampled blocks.
-  private readonly scratchLo: number[] = [];
-  private readonly scratchHi: number[] = [];
-  private readonly scratchNorm: number[] = [];
-  private readonly scratchBoost: number[] = [];
 
   constructor(options: MrcOptions = MRC_DEFAULTS) {
     validateMrcOptions(options);
     this.threshold = Math.max(1, options.sampleRate * MRC_MODULUS);
     this.maxSamples = options.maxSamples;
     this.ownOnly = options.chainRule === 'own';
-    this.fenwick = new Float64Array(4 * options.maxSamples + 2);
+    // Sized for the samples held, not the bound: rebuilds grow it (engine and model curves hold a share of the fleet's).
+    this.fenwick = new Float64Array(Math.min(4 * options.maxSamples + 2, MIN_SLOTS));
     this.slotBoost = new Float64Array(this.fenwick.length);
     this.slotLo = new Int32Array(this.fenwick.length);
     this.slotHi = new Int32Array(this.fenwick.length);
@@ -242,37 +275,36 @@ export class ShardsMrc {
     this.requests++;
     this.isl += Math.max(promptBlocks, n);
     this.full += n;
-    const los = this.scratchLo;
-    const his = this.scratchHi;
-    const norms = this.scratchNorm;
-    const boosts = this.scratchBoost;
-    los.length = 0;
-    his.length = 0;
-    norms.length = 0;
-    boosts.length = 0;
+    if (SCRATCH_LO.length < c.count) growScratch(c.count);
+    const los = SCRATCH_LO;
+    const his = SCRATCH_HI;
+    const norms = SCRATCH_NORM;
+    const boosts = SCRATCH_BOOST;
+    let m = 0;
     const t = this.threshold;
     for (let k = 0; k < c.count; k++) {
       const i = c.index[k];
       const b = i < BOOST_DEPTH ? BOOST / (i + 1) : 1;
       const norm = c.value[k] / b;
       if (norm < t) {
-        los.push(c.lo[k]);
-        his.push(c.hi[k]);
-        norms.push(norm);
-        boosts.push(b);
+        los[m] = c.lo[k];
+        his[m] = c.hi[k];
+        norms[m] = norm;
+        boosts[m] = b;
+        m++;
       }
     }
-    if (los.length === 0) return;
+    if (m === 0) return;
     // Look-ups first, in chain order, with the running maximum over the chain's sampled blocks.
     let runMax = 0;
     let coldFromHere = false;
     const newest = this.prefix(this.clock); // no touch happens during the look-ups
-    for (let j = 0; j < los.length; j++) {
+    for (let j = 0; j < m; j++) {
       const weight = this.weightOf(boosts[j]);
       this.refs++;
       this.total += weight;
-      const at = this.lastTouch.get(los[j], his[j]);
-      if (coldFromHere || at < 0) {
+      const at = coldFromHere ? -1 : this.lastTouch.get(los[j], his[j]);
+      if (at < 0) {
         coldFromHere = true; // an uncached ancestor makes every later block of the chain unusable
         this.cold += weight;
         continue;
@@ -282,7 +314,44 @@ export class ShardsMrc {
       this.hist[bucketOf(runMax)] += weight;
     }
     // Touches, last block first: a prefix is always more recent than its extensions.
-    for (let j = los.length - 1; j >= 0; j--) this.touch(los[j], his[j], norms[j], boosts[j]);
+    for (let j = m - 1; j >= 0; j--) this.touch(los[j], his[j], norms[j], boosts[j]);
+  }
+
+  /**
+   * Lowers the threshold to `t` (no-op when it is not lower), dropping the samples above it: MrcBook keeps its engine and
+   * model curves at or below the fleet curve's threshold, so one pass at that threshold serves them all and their
+   * samples together stay within about the fleet's.
+   */
+  lowerThreshold(t: number): void {
+    if (!(t < this.threshold)) return;
+    this.threshold = t;
+    while (this.heapVal.length > 0 && this.heapVal[0] >= t) {
+      this.heapPop();
+      const at = this.lastTouch.delete(this.poppedLo, this.poppedHi);
+      if (at >= 0) this.slotBoost[at] = 0;
+    }
+    this.reweight();
+  }
+
+  /**
+   * Multiplies every recorded weight (histogram, cold references, block counts) by `f` in (0, 1]: older traffic counts
+   * less, so the curve follows traffic that changes (MrcBook applies it on a half-life in requests). The sample set and
+   * its recency order are kept: reuse distances still span the old traffic, as an LRU cache's contents would.
+   */
+  decay(f: number): void {
+    if (!(f > 0 && f <= 1)) throw new RangeError(`decay factor must be in (0, 1], got ${f}`);
+    if (f === 1) return;
+    const h = this.hist;
+    for (let b = 0; b < h.length; b++) h[b] *= f;
+    this.cold *= f;
+    this.total *= f;
+    this.isl *= f;
+    this.full *= f;
+  }
+
+  /** Prompt blocks observed, decayed like the curve (the weight of this curve's stream). */
+  get weight(): number {
+    return this.isl;
   }
 
   /** Convenience for BigUint64Array sequence hashes. */
@@ -400,7 +469,7 @@ export class ShardsMrc {
 
   /** Renumbers live touch times 1..n in order (slot order is time order: no sort) and rebuilds the tree. */
   private rebuild(): void {
-    const size = Math.max(this.fenwick.length, 4 * this.lastTouch.size + 2);
+    const size = Math.max(MIN_SLOTS, 4 * this.lastTouch.size + 2);
     const oldBoost = this.slotBoost;
     const oldLo = this.slotLo;
     const oldHi = this.slotHi;
@@ -507,14 +576,38 @@ export interface MrcReport {
   /** Models beyond the tracked number: their traffic counts fleet-wide only. */
   readonly untrackedModelRequests: number;
   /**
-   * Scale up under today's routing: every engine k x its own capacity, each fed the stream routed to it; the fleet's
-   * hit is the prompt-block-weighted mean over engines of known capacity.
+   * Scale up: every engine k x its own capacity, the fleet's hit. k <= 1: each engine's own stream on its own curve at k x
+   * its capacity (prompt-block-weighted mean; smaller engines keep today's routing). k > 1: the fleet curve at k x the
+   * fleet's blocks times `locality` (a cache-aware router with bigger engines keeps more of each prefix where it is
+   * cached, so the engines' streams change and today's streams under-predict; the shared cache of the same total size,
+   * discounted by the share of its hits the split fleet delivers today, tracks it: bench:mrc, docs/cache-sizing.md).
    */
   readonly scaleUp: readonly MrcPoint[];
+  /** Every engine k x its own capacity with each engine's stream as today (routing held fixed): the old answer. */
+  readonly scaleUpFixedRouting: readonly MrcPoint[];
+  /**
+   * Scale out: m more engines of today's mean size (capacity_factor = (N + m) / N): the fleet curve at that many blocks
+   * times `locality`.
+   */
+  readonly scaleOut: readonly (MrcPoint & { readonly enginesAdded: number; readonly engines: number })[];
+  /**
+   * Today's locality: the engines' own curves at 1x (what the split fleet delivers) over the fleet curve at 1x (one
+   * shared cache of the same total size); null without both.
+   */
+  readonly locality: number | null;
   /** Per engine (source key): its capacity and the same factors of it. */
-  readonly engines: Readonly<Record<string, { readonly blocks: number | null; readonly curve: readonly MrcPoint[] }>>;
-  /** With a host tier: each engine's own blocks plus `hostBlocksPerEngine` (null without a host size). */
-  readonly hostTier: { readonly hostBlocksPerEngine: number; readonly hit: number | null } | null;
+  readonly engines: Readonly<
+    Record<
+      string,
+      { readonly blocks: number | null; readonly sampleRate: number; readonly samples: number; readonly curve: readonly MrcPoint[] }
+    >
+  >;
+  /**
+   * With a host tier: each engine's own blocks plus `hostBlocksPerEngine` (null without a host size); for reuse an
+   * offload tier the engine loads back from is a bigger cache of the same LRU order, so this is the scale-up answer at
+   * (fleet blocks + N x host blocks) / fleet blocks.
+   */
+  readonly hostTier: { readonly hostBlocksPerEngine: number; readonly factor: number | null; readonly hit: number | null } | null;
 }
 
 export const MRC_METHOD =
@@ -530,7 +623,11 @@ const nullIfNaN = (x: number): number | null => (Number.isFinite(x) ? x : null);
 export class MrcBook {
   readonly fleet: ShardsMrc;
   private readonly models = new Map<string, ShardsMrc>();
-  private readonly engines = new Map<string, { mrc: ShardsMrc; islBlocks: number }>();
+  private readonly engines = new Map<string, ShardsMrc>();
+  /** Requests between decay steps (0: no decay), the factor of a step, and requests since the last one. */
+  private readonly decayEvery: number;
+  private readonly decayFactor: number;
+  private sinceDecay = 0;
   private untracked = 0;
   /** The first model seen; its own curve exists only once another model has been seen. */
   private soleModel: string | undefined;
@@ -541,6 +638,9 @@ export class MrcBook {
     readonly maxModels = 32,
   ) {
     this.fleet = new ShardsMrc(options);
+    const h = options.halfLifeRequests ?? 0;
+    this.decayEvery = h > 0 ? Math.max(1, Math.round(h / DECAY_STEPS)) : 0;
+    this.decayFactor = h > 0 ? 2 ** (-this.decayEvery / h) : 1;
   }
 
   observe(model: string, sourceKey: string, seqHashes: BigUint64Array, promptBlocks: number): void {
@@ -562,17 +662,28 @@ export class MrcBook {
     }
     let e = this.engines.get(sourceKey);
     if (!e) {
-      e = { mrc: new ShardsMrc(this.options), islBlocks: 0 };
+      e = new ShardsMrc(this.options);
       this.engines.set(sourceKey, e);
     }
-    // One pass over the hashes for every curve fed: at the highest threshold among them.
-    let t = Math.max(this.fleet.sampleThreshold, e.mrc.sampleThreshold);
-    if (m) t = Math.max(t, m.sampleThreshold);
+    // Engine and model curves sample at most at the fleet curve's rate (one threshold: one pass over the hashes serves
+    // every curve, and their samples together stay within about the fleet curve's, whatever the number of engines).
+    const t = this.fleet.sampleThreshold;
+    e.lowerThreshold(t);
+    m?.lowerThreshold(t);
     const c = collectCandidates(view, full, t);
     this.fleet.observeCandidates(c, full, promptBlocks);
     m?.observeCandidates(c, full, promptBlocks);
-    e.mrc.observeCandidates(c, full, promptBlocks);
-    e.islBlocks += Math.max(promptBlocks, full);
+    e.observeCandidates(c, full, promptBlocks);
+    if (this.decayEvery > 0 && ++this.sinceDecay >= this.decayEvery) this.decayAll();
+  }
+
+  /** One decay step on every curve (a half-life is DECAY_STEPS steps). */
+  private decayAll(): void {
+    this.sinceDecay = 0;
+    const f = this.decayFactor;
+    this.fleet.decay(f);
+    for (const m of this.models.values()) m.decay(f);
+    for (const e of this.engines.values()) e.decay(f);
   }
 
   engineKeys(): string[] {
@@ -587,7 +698,7 @@ export class MrcBook {
   memoryBytes(): number {
     let n = this.fleet.memoryBytes();
     for (const m of this.models.values()) n += m.memoryBytes();
-    for (const e of this.engines.values()) n += e.mrc.memoryBytes();
+    for (const e of this.engines.values()) n += e.memoryBytes();
     return n;
   }
 
@@ -601,17 +712,19 @@ export class MrcBook {
     factors: readonly number[] = MRC_FACTORS,
   ): MrcReport {
     let fleetBlocks = 0;
-    const engines: Record<string, { blocks: number | null; curve: MrcPoint[] }> = {};
+    const engines: Record<string, { blocks: number | null; sampleRate: number; samples: number; curve: MrcPoint[] }> = {};
     for (const [key, e] of this.engines) {
       const blocks = capacity(key);
       const known = blocks !== undefined && blocks > 0;
       if (known) fleetBlocks += blocks;
       engines[key] = {
         blocks: known ? blocks : null,
+        sampleRate: e.sampleRate,
+        samples: e.snapshot().samples,
         curve: factors.map((f) => ({
           factor: f,
           blocks: known ? f * blocks : null,
-          hit: known ? nullIfNaN(e.mrc.hitRatio(f * blocks)) : null,
+          hit: known ? nullIfNaN(e.hitRatio(f * blocks)) : null,
         })),
       };
     }
@@ -624,10 +737,10 @@ export class MrcBook {
       for (const [key, e] of this.engines) {
         const own = capacity(key);
         if (own === undefined || !(own > 0)) continue;
-        const h = e.mrc.hitRatio(blocksOf(own));
+        const h = e.hitRatio(blocksOf(own));
         if (!Number.isFinite(h)) continue;
-        num += h * e.islBlocks;
-        den += e.islBlocks;
+        num += h * e.weight;
+        den += e.weight;
       }
       return den > 0 ? num / den : null;
     };
@@ -635,6 +748,20 @@ export class MrcBook {
     if (this.models.size === 0 && this.soleModel !== undefined) models[this.soleModel] = curveOf(this.fleet);
     for (const [name, m] of [...this.models].sort(([a], [b]) => (a < b ? -1 : 1))) models[name] = curveOf(m);
     const snap = this.fleet.snapshot();
+    // Engines of known capacity (the scale-out answers add engines of their mean size).
+    let known = 0;
+    for (const key of this.engines.keys()) {
+      const own = capacity(key);
+      if (own !== undefined && own > 0) known++;
+    }
+    const fleet1 = fb === null ? NaN : this.fleet.hitRatio(fb);
+    const engines1 = engineMean((own) => own);
+    const locality = engines1 !== null && fleet1 > 0 ? engines1 / fleet1 : null;
+    /** The fleet's hit with `blocks` in all, the split fleet's locality kept. */
+    const grown = (blocks: number): number | null =>
+      fb === null || locality === null ? null : nullIfNaN(this.fleet.hitRatio(blocks) * locality);
+    const scaleUpAt = (k: number): number | null => (k <= 1 ? engineMean((own) => k * own) : grown(k * (fb ?? 0)));
+    const hostFactor = fb !== null && hostBlocksPerEngine !== undefined ? (fb + known * hostBlocksPerEngine) / fb : null;
     return {
       method: MRC_METHOD,
       sampleRate: this.fleet.sampleRate,
@@ -646,11 +773,26 @@ export class MrcBook {
       fleet: curveOf(this.fleet),
       models,
       untrackedModelRequests: this.untracked,
-      scaleUp: factors.map((k) => ({ factor: k, blocks: fb === null ? null : k * fb, hit: engineMean((own) => k * own) })),
+      scaleUp: factors.map((k) => ({ factor: k, blocks: fb === null ? null : k * fb, hit: scaleUpAt(k) })),
+      scaleUpFixedRouting: factors.map((k) => ({ factor: k, blocks: fb === null ? null : k * fb, hit: engineMean((own) => k * own) })),
+      scaleOut:
+        known === 0
+          ? []
+          : MRC_SCALE_OUT.map((m) => {
+              const factor = (known + m) / known;
+              return {
+                enginesAdded: m,
+                engines: known + m,
+                factor,
+                blocks: fb === null ? null : factor * fb,
+                hit: fb === null ? null : grown(factor * fb),
+              };
+            }),
+      locality,
       engines,
       hostTier:
         hostBlocksPerEngine !== undefined && hostBlocksPerEngine >= 0
-          ? { hostBlocksPerEngine, hit: engineMean((own) => own + hostBlocksPerEngine) }
+          ? { hostBlocksPerEngine, factor: hostFactor, hit: hostFactor === null ? null : scaleUpAt(hostFactor) }
           : null,
     };
   }

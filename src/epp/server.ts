@@ -3,7 +3,7 @@
  * events, tokenizer and metrics from the same settings) behind a gRPC server that speaks Envoy's external processing
  * protocol as the Gateway API Inference Extension's Endpoint Picker (exchange.ts), over TLS unless told otherwise
  * (tls.ts). Its listeners are the reference picker's: ext_proc (with gRPC health) on --port, gRPC health alone in
- * plaintext on --grpc-health-port for kubelet probes, /metrics + /health on --metrics-port (HTTP, or HTTPS with
+ * plaintext on --grpc-health-port for kubelet probes, /metrics + /health + /debug/mrc on --metrics-port (HTTP, or HTTPS with
  * --metrics-cert-dir; /metrics behind Kubernetes token review with --metrics-auth kubernetes: metrics-auth.ts).
  */
 import { randomBytes } from 'node:crypto';
@@ -18,6 +18,7 @@ import { sendJson } from '../http/body.ts';
 import { EppMetrics } from '../metrics/epp.ts';
 import { composeRouter, type RouterCore } from '../runtime/compose.ts';
 import { sessionHeaderNames } from '../runtime/identity.ts';
+import { hostBlocksOf } from '../runtime/mrc-feed.ts';
 import { createSecurity } from '../runtime/security/index.ts';
 import type { LocalTokenizer } from '../tokenizer/local.ts';
 import { type EppContext, Exchange, ProtocolError } from './exchange.ts';
@@ -226,6 +227,29 @@ export async function startEpp(config: EppConfig, options: EppOptions = {}): Pro
           });
         return;
       }
+      if (req.method === 'GET' && path === '/debug/mrc') {
+        // The miss-ratio curves' what-if answers (docs/cache-sizing.md), as serve's GET /debug/mrc; aggregates only (no
+        // prompt, no hash), behind the same access check as /metrics.
+        guard
+          .check(req)
+          .then((verdict) => {
+            if (verdict !== null) return sendJson(res, verdict.status, { error: { message: verdict.message } });
+            if (!core.mrc) return sendJson(res, 404, { error: { message: 'the miss-ratio curves are off (--mrc-sample-rate 0)' } });
+            const query = (req.url ?? '').slice(path.length + 1);
+            let host: number | undefined;
+            try {
+              host = hostBlocksOf(query);
+            } catch (err) {
+              return sendJson(res, 400, { error: { message: (err as Error).message } });
+            }
+            sendJson(res, 200, core.mrc.report(host));
+          })
+          .catch((err: unknown) => {
+            log.error({ err }, '/debug/mrc failed');
+            if (!res.headersSent) res.writeHead(500).end();
+          });
+        return;
+      }
       if (req.method === 'GET' && path === '/health') {
         const healthy = workers.healthyCount();
         sendJson(res, ready() ? 200 : 503, {
@@ -235,7 +259,7 @@ export async function startEpp(config: EppConfig, options: EppOptions = {}): Pro
         });
         return;
       }
-      sendJson(res, 404, { error: { message: `no route ${req.method} ${path} (this listener serves /metrics and /health)` } });
+      sendJson(res, 404, { error: { message: `no route ${req.method} ${path} (this listener serves /metrics, /health and /debug/mrc)` } });
     };
     const metricsHost = config.metricsHost ?? config.host;
     if (config.metricsCertDir !== undefined) {

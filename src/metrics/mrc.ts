@@ -34,6 +34,8 @@ export function registerMrcGauges(registry: Registry, prefix: string, feed: MrcS
       for (const [model, points] of Object.entries(r.models)) set(model, points);
       scaleUp.reset();
       for (const p of r.scaleUp) if (p.hit !== null) scaleUp.set({ capacity_factor: String(p.factor) }, p.hit);
+      scaleOut.reset();
+      for (const p of r.scaleOut) if (p.hit !== null) scaleOut.set({ engines_added: String(p.enginesAdded) }, p.hit);
       rate.set(r.sampleRate);
       memory.set(r.memoryBytes);
       capacity.set(r.fleetBlocks ?? 0);
@@ -42,9 +44,18 @@ export function registerMrcGauges(registry: Registry, prefix: string, feed: MrcS
   const scaleUp = new Gauge({
     name: `${prefix}router_kv_mrc_scale_up_hit_ratio`,
     help:
-      "Predicted block-weighted hit ratio if every engine had capacity_factor x its own KV blocks, under today's routing " +
-      "(each engine's own stream on its own curve; mean weighted by prompt blocks). Method as router_kv_mrc_hit_ratio.",
+      'Predicted block-weighted hit ratio if every engine had capacity_factor x its own KV blocks: up to 1x, each ' +
+      "engine's own stream on its own curve (mean weighted by prompt blocks); above 1x, the fleet curve at that many blocks " +
+      "times today's locality (engines' hit over the shared cache's at 1x). Method as router_kv_mrc_hit_ratio.",
     labelNames: ['capacity_factor'] as const,
+    registers,
+  });
+  const scaleOut = new Gauge({
+    name: `${prefix}router_kv_mrc_scale_out_hit_ratio`,
+    help:
+      "Predicted block-weighted hit ratio with engines_added more engines of today's mean KV size: the fleet curve at " +
+      "(N + m) / N x the fleet's blocks times today's locality. Method as router_kv_mrc_hit_ratio.",
+    labelNames: ['engines_added'] as const,
     registers,
   });
   const rate = new Gauge({

@@ -37,12 +37,24 @@ export function formatWhatIf(r: MrcReport): string {
     `fleet: ${r.fleetBlocks.toLocaleString('en-US')} KV blocks today; one shared LRU prefix cache of k x that (the bound for ideal prefix routing):`,
   );
   lines.push(...answers(r.fleet, 'KV capacity', '  '));
-  lines.push("scale up under today's routing (every engine k x its own KV blocks, its own traffic):");
+  lines.push(
+    "scale up (every engine k x its own KV blocks; above 1x: the fleet curve x today's locality " +
+      `${r.locality === null ? 'n/a' : r.locality.toFixed(2)}, as a cache-aware router keeps prefixes where they are cached):`,
+  );
   lines.push(...answers(r.scaleUp, "engines' KV", '  '));
+  const today = at(r.scaleUp, 1);
+  if (r.scaleOut.length > 0) {
+    lines.push("scale out (more engines of today's mean size; the fleet curve x today's locality):");
+    for (const p of r.scaleOut) {
+      lines.push(
+        `  +${p.enginesAdded} engine${p.enginesAdded === 1 ? '' : 's'} (${p.engines} in all): block-weighted hit ${f2(today)} -> ${f2(p.hit)}`,
+      );
+    }
+  }
   if (r.hostTier) {
     lines.push(
       `+host tier of ${r.hostTier.hostBlocksPerEngine.toLocaleString('en-US')} blocks per engine: block-weighted hit ` +
-        `${f2(at(r.scaleUp, 1))} -> ${f2(r.hostTier.hit)}`,
+        `${f2(today)} -> ${f2(r.hostTier.hit)}`,
     );
   }
   const models = Object.entries(r.models);

@@ -92,7 +92,11 @@ export async function composeRouter(config: ServeConfig, options: ComposeOptions
   const lifecycle = new Lifecycle(dispatcher, metrics, flowMetrics, log);
   const mrc =
     config.mrcSampleRate > 0
-      ? new MrcFeed(lifecycle, router, { sampleRate: config.mrcSampleRate, maxSamples: config.mrcMaxSamples })
+      ? new MrcFeed(lifecycle, router, {
+          sampleRate: config.mrcSampleRate,
+          maxSamples: config.mrcMaxSamples,
+          halfLifeRequests: config.mrcHalfLife,
+        })
       : null;
   if (mrc) registerMrcGauges(metrics.registry, metrics.prefix, mrc, config.mrcSampleRate, config.mrcMaxSamples);
   const recorder = config.record

@@ -6,11 +6,12 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Logger } from 'pino';
 import { sendJson } from '../http/body.ts';
-import { badRequest, HttpError, sendError } from '../http/errors.ts';
+import { HttpError, sendError } from '../http/errors.ts';
 import { dashboardHandler } from '../metrics/dashboard.ts';
 import { anthropicPath, ROUTED_PATHS } from '../apis/index.ts';
 import { sendAnthropicError } from '../apis/messages-request.ts';
 import type { RouterCore } from '../runtime/compose.ts';
+import { hostBlocksOf } from '../runtime/mrc-feed.ts';
 import type { Security } from '../runtime/security/index.ts';
 import { toHttpError } from '../runtime/security/index.ts';
 import type { RequestTrace } from '../runtime/tracing.ts';
@@ -140,15 +141,7 @@ export function serveRoutes(deps: RouteDeps): ServeRoutes {
  */
 function mrcReport(core: RouterCore, query: string): unknown {
   if (!core.mrc) throw new HttpError(404, 'the miss-ratio curves are off (--mrc-sample-rate 0)', 'not_found_error', 'not_found');
-  const raw = new URLSearchParams(query).get('host_blocks');
-  let host: number | undefined;
-  if (raw !== null) {
-    host = Number(raw);
-    if (raw.trim() === '' || !Number.isInteger(host) || host < 0) {
-      throw badRequest(`host_blocks must be an integer >= 0, got "${raw}"`, 'host_blocks');
-    }
-  }
-  return core.mrc.report(host);
+  return core.mrc.report(hostBlocksOf(query));
 }
 
 /** /debug/state: settings (secrets left out), the core's state, workers, events, queue, tokenizer, recent decisions. */

@@ -177,12 +177,21 @@ describe('MrcBook (the curves the live router keeps)', () => {
     for (const p of r.fleet) expect(p.hit).toBeCloseTo(fleet.hitRatio(p.factor * 3000), 12);
     // One model: its curve is the fleet's.
     expect(r.models).toEqual({ m: r.fleet });
+    const engineMean = (blocks0: number, blocks1: number) =>
+      (perEngine[0].hitRatio(blocks0) * isl[0] + perEngine[1].hitRatio(blocks1) * isl[1]) / (isl[0] + isl[1]);
+    const locality = engineMean(2000, 1000) / fleet.hitRatio(3000);
+    expect(r.locality).toBeCloseTo(locality, 12);
     for (const p of r.scaleUp) {
-      const want = (perEngine[0].hitRatio(p.factor * 2000) * isl[0] + perEngine[1].hitRatio(p.factor * 1000) * isl[1]) / (isl[0] + isl[1]);
+      // Up to 1x: the engines' own curves; above: the fleet curve times today's locality (equal at 1x).
+      const want = p.factor <= 1 ? engineMean(p.factor * 2000, p.factor * 1000) : fleet.hitRatio(p.factor * 3000) * locality;
       expect(p.hit).toBeCloseTo(want, 12);
     }
-    const host = (perEngine[0].hitRatio(2500) * isl[0] + perEngine[1].hitRatio(1500) * isl[1]) / (isl[0] + isl[1]);
-    expect(r.hostTier).toEqual({ hostBlocksPerEngine: 500, hit: expect.closeTo(host, 12) });
+    for (const p of r.scaleUpFixedRouting) expect(p.hit).toBeCloseTo(engineMean(p.factor * 2000, p.factor * 1000), 12);
+    // Scale out: m more engines of the mean size (1,500 blocks).
+    expect(r.scaleOut.map((p) => p.engines)).toEqual([3, 4, 6, 10]);
+    for (const p of r.scaleOut) expect(p.hit).toBeCloseTo(fleet.hitRatio(3000 + p.enginesAdded * 1500) * locality, 12);
+    // Host tier of 500 blocks per engine: the scale-up answer at (3000 + 2 x 500) / 3000.
+    expect(r.hostTier).toEqual({ hostBlocksPerEngine: 500, factor: 4000 / 3000, hit: expect.closeTo(fleet.hitRatio(4000) * locality, 12) });
     expect(r.engines.w0.blocks).toBe(2000);
     expect(book.report(capacity).hostTier).toBeNull();
   });
@@ -201,5 +210,85 @@ describe('MrcBook (the curves the live router keeps)', () => {
     expect(r.requests).toBe(230);
     book.forgetEngine('w0');
     expect(book.report(() => 4000).fleetBlocks).toBeNull();
+  });
+});
+
+describe('MrcBook: one sampling threshold, decay', () => {
+  it('engine and model curves never sample above the fleet curve: their samples together stay near the bound', () => {
+    const stream = chains(generateAgentic({ requests: 1500, seed: 5 }));
+    const book = new MrcBook({ sampleRate: 1, maxSamples: 512 });
+    stream.forEach((r, i) => {
+      book.observe(i % 3 === 0 ? 'a' : 'b', `w${i % 4}`, r.seq, r.isl);
+    });
+    const fleetRate = book.fleet.sampleRate;
+    expect(fleetRate).toBeLessThan(0.2);
+    book.observe('a', 'w0', stream[0].seq, stream[0].isl); // each engine curve follows the fleet's at its next request
+    const r = book.report(() => 1000);
+    expect(r.sampleRate).toBe(book.fleet.sampleRate);
+    let samples = 0;
+    for (const key of book.engineKeys()) {
+      const e = r.engines[key];
+      expect(e.curve.some((p) => p.hit !== null)).toBe(true);
+      // At most the fleet's rate (w0 was just fed; the others may lag one request behind a fall).
+      expect(e.sampleRate).toBeLessThanOrEqual(key === 'w0:0' || key === 'w0' ? r.sampleRate : fleetRate);
+      samples += e.samples;
+    }
+    // The engines split the fleet's sampled blocks (a shared block counts on each engine that saw it).
+    expect(samples).toBeLessThan(4 * 512);
+  });
+
+  it('lowerThreshold drops the samples above the new threshold and keeps the curve consistent', () => {
+    const stream = chains(generateAgentic({ requests: 400, seed: 9 }));
+    const m = new ShardsMrc({ sampleRate: 1, maxSamples: 1 << 20 });
+    for (const r of stream) m.observeHashes(r.seq, r.isl);
+    const before = m.snapshot().samples;
+    m.lowerThreshold(0.25 * MRC_MODULUS);
+    expect(m.sampleRate).toBe(0.25);
+    const after = m.snapshot().samples;
+    expect(after).toBeLessThan(before);
+    expect(after).toBeGreaterThan(0);
+    m.lowerThreshold(0.5 * MRC_MODULUS); // not lower: nothing changes
+    expect(m.sampleRate).toBe(0.25);
+    expect(m.snapshot().samples).toBe(after);
+    for (const r of stream) m.observeHashes(r.seq, r.isl);
+    const h = m.hitRatio(1e9);
+    expect(h).toBeGreaterThan(0.3);
+    expect(h).toBeLessThanOrEqual(m.hitRatioUnbounded() + 1e-12);
+  });
+
+  // Hot traffic: 10 prompts of 8 blocks over and over (nearly every block a hit); then cold traffic: every prompt new.
+  const hot = Array.from({ length: 2000 }, (_, r) => unique(Array.from({ length: 8 }, (_, i) => 1 + (r % 10) * 100 + i)));
+  const cold = Array.from({ length: 2000 }, (_, r) => unique(Array.from({ length: 8 }, (_, i) => 1e6 + r * 10 + i)));
+
+  it('with a half-life the curves follow traffic that changes; without, they keep the whole history', () => {
+    const decayed = new MrcBook({ sampleRate: 1, maxSamples: 1 << 16, halfLifeRequests: 100 });
+    const kept = new MrcBook({ sampleRate: 1, maxSamples: 1 << 16 });
+    for (const seq of hot) {
+      decayed.observe('m', 'w0', seq, 8);
+      kept.observe('m', 'w0', seq, 8);
+    }
+    expect(decayed.fleet.hitRatio(1000)).toBeGreaterThan(0.95);
+    for (const seq of cold) {
+      decayed.observe('m', 'w0', seq, 8);
+      kept.observe('m', 'w0', seq, 8);
+    }
+    // 2,000 cold requests are 20 half-lives: the hot traffic weighs 2^-20.
+    expect(decayed.fleet.hitRatio(1000)).toBeLessThan(0.001);
+    const scaleUp = decayed.report(() => 500).scaleUp.find((p) => p.factor === 2)?.hit;
+    expect(scaleUp).toBeLessThan(0.001);
+    // Without decay: half the requests were hot.
+    expect(kept.fleet.hitRatio(1000)).toBeGreaterThan(0.45);
+    expect(kept.fleet.hitRatio(1000)).toBeLessThan(0.51);
+    // Steady traffic: decay changes nothing but the weights' scale.
+    const steady = new MrcBook({ sampleRate: 1, maxSamples: 1 << 16, halfLifeRequests: 50 });
+    for (const seq of hot) steady.observe('m', 'w0', seq, 8);
+    expect(steady.fleet.hitRatio(1000)).toBeGreaterThan(0.99);
+  });
+
+  it('refuses a negative or fractional half-life; decay factors outside (0, 1] are errors', () => {
+    expect(() => new MrcBook({ sampleRate: 0.1, maxSamples: 64, halfLifeRequests: -1 })).toThrow(/half-life/);
+    expect(() => new MrcBook({ sampleRate: 0.1, maxSamples: 64, halfLifeRequests: 1.5 })).toThrow(/half-life/);
+    expect(() => new ShardsMrc().decay(0)).toThrow(/decay factor/);
+    expect(() => new ShardsMrc().decay(1.5)).toThrow(/decay factor/);
   });
 });

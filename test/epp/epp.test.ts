@@ -140,6 +140,26 @@ describe('kvroute epp in front of three mock engines', () => {
     );
   });
 
+  it('serves the miss-ratio curves as serve does: GET /debug/mrc on the metrics listener and the router_kv_mrc_* gauges', async () => {
+    const routed = await envoy.roundTrip({ body: completion([...prefixes[2], ...randomTokens(40, 4242)]) });
+    expect('picked' in routed).toBe(true);
+    const res = await fetch(`${picker.metricsUrl}/debug/mrc?host_blocks=1024`);
+    expect(res.status).toBe(200);
+    const r = (await res.json()) as { requests: number; sampledRefs: number; fleet: unknown[]; hostTier: { hostBlocksPerEngine: number } };
+    // The requests routed through the picker so far, each fed once.
+    expect(r.requests).toBeGreaterThanOrEqual(1);
+    expect(r.sampledRefs).toBeGreaterThan(0);
+    expect(r.fleet.length).toBe(8);
+    expect(r.hostTier.hostBlocksPerEngine).toBe(1024);
+    const bad = await fetch(`${picker.metricsUrl}/debug/mrc?host_blocks=-1`);
+    expect(bad.status).toBe(400);
+    expect(await bad.text()).toContain('host_blocks must be an integer >= 0');
+    const text = await metricsText(picker);
+    expect(text).toMatch(/# HELP router_kv_mrc_hit_ratio .*SHARDS/);
+    expect(metric(text, 'router_kv_mrc_sample_rate')).toBeGreaterThan(0);
+    expect(metric(text, 'router_kv_mrc_memory_bytes')).toBeGreaterThan(0);
+  });
+
   it('a stream that ends mid-response finishes the request as cancelled: no load leaks', async () => {
     const before = await metricsText(picker);
     const s = envoy.stream();

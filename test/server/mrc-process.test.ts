@@ -125,6 +125,15 @@ describe('live miss-ratio curve (kvroute serve as a process)', () => {
     }
     expect(text).toMatch(/# HELP router_kv_mrc_hit_ratio .*SHARDS.*rate 1/);
     expect(sumOf(samples, 'router_kv_mrc_fleet_blocks', {})).toBe(fleet);
+    // Scale out: +1, +2, +4, +8 engines of today's mean size (two engines now).
+    expect(r.scaleOut.map((p) => p.engines)).toEqual([3, 4, 6, 10]);
+    for (const p of r.scaleOut) {
+      // More blocks in all: at least today's hit (the fleet curve is monotone), at most the shared cache's asymptote.
+      expect(p.hit!).toBeGreaterThanOrEqual(r.scaleUp.find((q) => q.factor === 1)!.hit! - 1e-9);
+      expect(p.hit!).toBeLessThanOrEqual(r.fleet.find((q) => q.factor === 16)!.hit! + 1e-9);
+      expect(sumOf(samples, 'router_kv_mrc_scale_out_hit_ratio', { engines_added: String(p.enginesAdded) })).toBeCloseTo(p.hit!, 9);
+    }
+    expect(r.locality).toBeGreaterThan(0);
 
     // Host tier: each engine's own blocks plus N; bad N is a 400.
     const withHost = await report(`?host_blocks=${fleet}`);
@@ -148,6 +157,7 @@ describe('live miss-ratio curve (kvroute serve as a process)', () => {
       expect(plain.stdout.split('\n'), plain.stdout).toContain(line);
     }
     expect(plain.stdout).toMatch(/\+host tier of 65,536 blocks per engine: block-weighted hit \d\.\d\d -> \d\.\d\d/);
+    expect(plain.stdout).toMatch(/\+2 engines \(4 in all\): block-weighted hit \d\.\d\d -> \d\.\d\d/);
     const asJson = spawnSync('bash', ['-c', `${asRun(DOC_WHAT_IF)} --json`], { encoding: 'utf8' });
     expect(asJson.status, asJson.stderr).toBe(0);
     const parsed = JSON.parse(asJson.stdout) as MrcReport;
@@ -168,5 +178,11 @@ describe('live miss-ratio curve (kvroute serve as a process)', () => {
     const host = spawnSync(process.execPath, [CLI, 'hitrate', '--router', url, '--what-if', '--host-blocks', 'lots'], { encoding: 'utf8' });
     expect(host.status).not.toBe(0);
     expect(host.stderr).toContain('--host-blocks must be an integer >= 0');
-  });
+  }, 60_000);
+
+  it('refuses a negative decay half-life', () => {
+    const halfLife = spawnSync(process.execPath, [CLI, 'serve', '--mrc-half-life', '-5'], { encoding: 'utf8' });
+    expect(halfLife.status).not.toBe(0);
+    expect(halfLife.stderr).toMatch(/--mrc-half-life/);
+  }, 60_000);
 });
