@@ -6,89 +6,8 @@
 import { describe, expect, it } from 'vitest';
 import fc from 'fast-check';
 import { KvRouter } from '../../src/core/router.ts';
-import { createRng, type Rng } from '../../src/core/rng.ts';
-import type { SourceSnapshot } from '../../src/core/index/snapshot.ts';
-import type { KvEvent } from '../../src/core/types.ts';
-
-const BS = 4;
-
-/** A random prefix tree of router hashes; engine block k of a sequence is `split` router blocks. */
-function sequences(rand: Rng, count: number, blocks: number): bigint[][] {
-  const seqs: bigint[][] = [];
-  for (let k = 0; k < count; k++) {
-    const share = k === 0 ? 0 : Math.floor(rand() * blocks);
-    const from = seqs[Math.floor(rand() * k)];
-    const seq: bigint[] = [];
-    for (let b = 0; b < blocks; b++)
-      seq.push(b < share ? from[b] : BigInt.asUintN(64, BigInt(Math.floor(rand() * 2 ** 32)) * 6364136223846793005n + BigInt(k * 977 + b)));
-    seqs.push(seq);
-  }
-  return seqs;
-}
-
-/** Drives a router's sources with random stores, removals and clears; engine ids are per source and per prefix. */
-class Engines {
-  readonly held = new Map<string, Set<bigint>>();
-  constructor(
-    private readonly rand: Rng,
-    readonly keys: string[],
-    private readonly seqs: bigint[][],
-    private readonly split: number,
-  ) {
-    for (const k of keys) this.held.set(k, new Set());
-  }
-
-  /** Engine id of engine block e of sequence k on source `key`: equal prefixes get equal ids (so aliases are rare). */
-  eid(key: string, k: number, e: number): bigint {
-    const last = this.seqs[k][e * this.split + this.split - 1];
-    return last ^ (BigInt(this.keys.indexOf(key) + 1) * 0x1000193n);
-  }
-
-  step(apply: (key: string, ev: KvEvent) => void): void {
-    const key = this.keys[Math.floor(this.rand() * this.keys.length)];
-    const held = this.held.get(key)!;
-    const roll = this.rand();
-    const engineBlocks = this.seqs[0].length / this.split;
-    if (roll < 0.6) {
-      const k = Math.floor(this.rand() * this.seqs.length);
-      const upTo = 1 + Math.floor(this.rand() * engineBlocks);
-      let start = 0;
-      while (start < upTo && held.has(this.eid(key, k, start))) start++;
-      if (start === upTo) return;
-      const ids = Array.from({ length: upTo - start }, (_, j) => this.eid(key, k, start + j));
-      apply(key, {
-        kind: 'stored',
-        parent: start === 0 ? null : this.eid(key, k, start - 1),
-        engineIds: ids,
-        tokens: null,
-        blockSize: BS * this.split,
-        seqHashes: BigUint64Array.from(this.seqs[k].slice(start * this.split, upTo * this.split)),
-      });
-      for (const id of ids) held.add(id);
-    } else if (roll < 0.95) {
-      if (held.size === 0) return;
-      const ids = [...held];
-      const id = ids[Math.floor(this.rand() * ids.length)];
-      apply(key, { kind: 'removed', engineIds: [id] });
-      held.delete(id);
-    } else {
-      apply(key, { kind: 'cleared' });
-      held.clear();
-    }
-  }
-}
-
-function makeRouter(keys: string[], maxIndexedBlocks?: number): KvRouter {
-  const r = new KvRouter({ blockSize: BS, maxIndexedBlocks });
-  for (const k of keys) r.addSource({ workerId: k, dpRank: 0 });
-  return r;
-}
-
-/** Overlap per source key (a fresh router numbers its sources in the order sourceKeys() lists them). */
-function overlapByKey(router: KvRouter, seq: bigint[]): Map<string, number> {
-  const m = router.index.findMatches(BigUint64Array.from(seq));
-  return new Map(router.sourceKeys().map((k, i) => [k, m[i] ?? 0]));
-}
+import { createRng } from '../../src/core/rng.ts';
+import { BS, Engines, goodSnapshot, makeRouter, overlapByKey, sequences } from '../fixtures/snapshot-engines.ts';
 
 function cachedByKey(router: KvRouter): Map<string, number> {
   return new Map(router.state().sources.map((s) => [s.source, s.cachedBlocks]));
@@ -213,27 +132,19 @@ describe('KvRouter.snapshot / restore', () => {
 
   it('counts bad snapshot data instead of throwing', () => {
     const r = new KvRouter({ blockSize: BS });
-    const ok = (key: string, extra: Partial<SourceSnapshot> = {}): SourceSnapshot => ({
-      key,
-      blockSize: BS,
-      engineIds: new BigUint64Array([1n, 2n]),
-      seqHashes: new BigUint64Array([10n, 11n]),
-      parents: new Int32Array([-1, 0]),
-      ...extra,
-    });
-    expect(r.restore({ blockSize: 8, sources: [ok('a')] }).rejected).toEqual([
+    expect(r.restore({ blockSize: 8, sources: [goodSnapshot('a')] }).rejected).toEqual([
       { key: 'a', blocks: 2, reason: 'snapshot block size 8, router 4' },
     ]);
     const result = r.restore({
       blockSize: BS,
       sources: [
-        ok('short', { seqHashes: new BigUint64Array([10n]) }),
-        ok('odd-size', { blockSize: 6 }),
-        ok('parents-length', { parents: new Int32Array([-1]) }),
-        ok('parents-range', { parents: new Int32Array([5, 1]) }),
-        ok('dup', { engineIds: new BigUint64Array([1n, 1n]) }),
-        ok(''),
-        ok('good'),
+        goodSnapshot('short', { seqHashes: new BigUint64Array([10n]) }),
+        goodSnapshot('odd-size', { blockSize: 6 }),
+        goodSnapshot('parents-length', { parents: new Int32Array([-1]) }),
+        goodSnapshot('parents-range', { parents: new Int32Array([5, 1]) }),
+        goodSnapshot('dup', { engineIds: new BigUint64Array([1n, 1n]) }),
+        goodSnapshot(''),
+        goodSnapshot('good'),
       ],
     });
     expect(result.rejected).toEqual([
