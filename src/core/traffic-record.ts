@@ -123,8 +123,11 @@ export function parseRecordHeader(line: string): RecordHeader {
 
 const HASH_RE = /^[0-9a-f]{16}$/;
 
-/** Parses one request line; null for a blank line, a reason string for a bad line (counted by the reader, never thrown). */
-export function parseRecordLine(line: string): RecordedRequest | null | 'invalid_json' | 'not_an_object' | 'bad_field' | 'hash_ids_length' {
+/**
+ * One line of a JSON-lines trace (a recording here, a Mooncake trace in src/sim/traces/format.ts): its object, null for
+ * a blank line, or why it is not an object (for the reader to count, never thrown).
+ */
+export function parseJsonLine(line: string): Record<string, unknown> | null | 'invalid_json' | 'not_an_object' {
   const text = line.trim();
   if (text === '') return null;
   let obj: unknown;
@@ -134,7 +137,13 @@ export function parseRecordLine(line: string): RecordedRequest | null | 'invalid
     return 'invalid_json';
   }
   if (typeof obj !== 'object' || obj === null || Array.isArray(obj)) return 'not_an_object';
-  const o = obj as Record<string, unknown>;
+  return obj as Record<string, unknown>;
+}
+
+/** Parses one request line; null for a blank line, a reason string for a bad line (counted by the reader, never thrown). */
+export function parseRecordLine(line: string): RecordedRequest | null | 'invalid_json' | 'not_an_object' | 'bad_field' | 'hash_ids_length' {
+  const o = parseJsonLine(line);
+  if (o === null || typeof o === 'string') return o;
   const ts = o.timestamp;
   if (typeof ts !== 'number' || !Number.isFinite(ts) || ts < 0) return 'bad_field';
   const n = o.input_length;

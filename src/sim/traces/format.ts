@@ -6,7 +6,7 @@
  * "session_id" and "slo_ttft_ms"; readers ignore what they do not know and check what they do.
  */
 
-import type { RecordHeader } from '../../core/traffic-record.ts';
+import { parseJsonLine, type RecordHeader } from '../../core/traffic-record.ts';
 
 /** Block size of the trace's hash ids, fixed by the format. */
 export const TRACE_BLOCK_TOKENS = 512;
@@ -62,16 +62,8 @@ function isNonNegInt(v: unknown): v is number {
 
 /** Parses one line; returns a request, null for a blank line, or the reason the line is bad. */
 export function parseTraceLine(line: string): TraceRequest | null | BadLineReason {
-  const text = line.trim();
-  if (text === '') return null;
-  let obj: unknown;
-  try {
-    obj = JSON.parse(text);
-  } catch {
-    return 'invalid_json';
-  }
-  if (typeof obj !== 'object' || obj === null || Array.isArray(obj)) return 'not_an_object';
-  const o = obj as Record<string, unknown>;
+  const o = parseJsonLine(line);
+  if (o === null || typeof o === 'string') return o;
   const ts = o.timestamp;
   if (typeof ts !== 'number' || !Number.isFinite(ts) || ts < 0) return 'bad_field';
   if (!isNonNegInt(o.input_length) || o.input_length === 0) return 'bad_field';
