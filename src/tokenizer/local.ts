@@ -13,7 +13,7 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { ChatTemplate, type ChatPromptInput } from './chat.ts';
-import { ownKey, WeightedLru } from './lru.ts';
+import { type LruInfo, ownKey, WeightedLru } from './lru.ts';
 import type { MmItem } from '../core/types.ts';
 import { chatMediaParts, MEDIA_MARKER, withMediaMarkers } from './multimodal.ts';
 
@@ -43,14 +43,7 @@ export interface LocalTokenizerOptions {
 }
 
 /** The segment cache's state: `bytes` is the estimate its budget (`maxBytes`) bounds. */
-export interface TokenizerCacheInfo {
-  readonly entries: number;
-  readonly bytes: number;
-  readonly maxBytes: number;
-  readonly hits: number;
-  readonly misses: number;
-  readonly evictions: number;
-}
+export type TokenizerCacheInfo = LruInfo;
 
 export interface TokenizeStats {
   readonly segments: number;
@@ -239,13 +232,6 @@ export class LocalTokenizer {
   }
 
   get cacheInfo(): TokenizerCacheInfo {
-    return {
-      entries: this.cache.size,
-      bytes: this.cache.weight,
-      maxBytes: this.cache.maxWeight,
-      hits: this.cache.hits,
-      misses: this.cache.misses,
-      evictions: this.cache.evictions,
-    };
+    return this.cache.info();
   }
 }

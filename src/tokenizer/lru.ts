@@ -1,3 +1,13 @@
+/** A cache's state: `bytes` is the estimated weight its budget (`maxBytes`) bounds. */
+export interface LruInfo {
+  readonly entries: number;
+  readonly bytes: number;
+  readonly maxBytes: number;
+  readonly hits: number;
+  readonly misses: number;
+  readonly evictions: number;
+}
+
 /**
  * A small LRU map bounded by a caller-defined weight (estimated bytes, here). Map insertion order is the recency order:
  * a hit is deleted and re-inserted, eviction takes from the front.
@@ -12,6 +22,18 @@ export class WeightedLru<K, V> {
   evictions = 0;
 
   constructor(readonly maxWeight: number) {}
+
+  /** Its size, weight, budget and counters, as the tokenizers report them. */
+  info(): LruInfo {
+    return {
+      entries: this.map.size,
+      bytes: this.total,
+      maxBytes: this.maxWeight,
+      hits: this.hits,
+      misses: this.misses,
+      evictions: this.evictions,
+    };
+  }
 
   get(key: K): V | undefined {
     const entry = this.map.get(key);

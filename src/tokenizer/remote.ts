@@ -9,7 +9,7 @@
  */
 import { request } from 'undici';
 import type { ChatPromptInput } from './chat.ts';
-import { ownKey, WeightedLru } from './lru.ts';
+import { type LruInfo, ownKey, WeightedLru } from './lru.ts';
 
 /** Heap bytes of one cached answer beyond its key's characters and its ids: Map slot, entry record, array header. */
 export const ANSWER_OVERHEAD_BYTES = 160;
@@ -39,15 +39,8 @@ export class RemoteTokenizer {
     this.mode = options.mode ?? 'tokenize';
   }
 
-  get cacheInfo(): { entries: number; bytes: number; maxBytes: number; hits: number; misses: number; evictions: number } {
-    return {
-      entries: this.cache.size,
-      bytes: this.cache.weight,
-      maxBytes: this.cache.maxWeight,
-      hits: this.cache.hits,
-      misses: this.cache.misses,
-      evictions: this.cache.evictions,
-    };
+  get cacheInfo(): LruInfo {
+    return this.cache.info();
   }
 
   /** Token ids of a chat request from `workerUrl`, or null when the worker could not tokenize it. */
