@@ -8,6 +8,7 @@ import { encodeVllmBatch, vllmFrames, type HashType, type WireEvent, type WireFo
 import { xxh3 } from '@node-rs/xxhash';
 
 import { createRng } from '../../src/core/rng.ts';
+import { REPLAY_END_SEQ } from '../../src/engines/common.ts';
 
 export const mulberry32 = createRng;
 
@@ -125,6 +126,24 @@ export class FakeEngine {
     const keep = BigInt(this.o.buffer ?? 10_000);
     if (seq >= keep) this.history.delete(seq - keep);
     return vllmFrames(topic, seq, payload);
+  }
+
+  /**
+   * The replay ROUTER's answer to one request (vLLM's reply frames, without the identity): every buffered batch from
+   * the 8-byte big-endian seq `start` on, then the end marker (seq REPLAY_END_SEQ, empty payload).
+   */
+  *replayFrom(start: Buffer): Generator<[Buffer, Buffer, Buffer]> {
+    // Lazily: a batch published while the reply is being sent is part of it, as from a live engine.
+    for (let s = start.readBigUInt64BE(0); s < this.seq; s++) {
+      const p = this.history.get(s);
+      if (!p) continue;
+      const seq = Buffer.alloc(8);
+      seq.writeBigUInt64BE(s);
+      yield [Buffer.alloc(0), seq, p];
+    }
+    const end = Buffer.alloc(8);
+    end.writeBigUInt64BE(REPLAY_END_SEQ);
+    yield [Buffer.alloc(0), end, Buffer.alloc(0)];
   }
 
   /** A restarted engine process: empty cache, seq from 0, empty replay buffer. */

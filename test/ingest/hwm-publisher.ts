@@ -6,7 +6,6 @@
  */
 import { writeFileSync } from 'node:fs';
 import { Publisher, Router } from 'zeromq';
-import { REPLAY_END_SEQ } from '../../src/engines/common.ts';
 import { FakeEngine } from './fake-engine.ts';
 
 const sndhwm = Number(process.argv[2] ?? '8');
@@ -20,19 +19,7 @@ const router = new Router({ linger: 0, mandatory: true });
 await router.bind('tcp://127.0.0.1:*');
 
 void (async () => {
-  for await (const [identity, , start] of router) {
-    const from = start.readBigUInt64BE(0);
-    for (let s = from; s < engine.seq; s++) {
-      const p = engine.history.get(s);
-      if (!p) continue;
-      const seq = Buffer.alloc(8);
-      seq.writeBigUInt64BE(s);
-      await router.send([identity, Buffer.alloc(0), seq, p]);
-    }
-    const end = Buffer.alloc(8);
-    end.writeBigUInt64BE(REPLAY_END_SEQ);
-    await router.send([identity, Buffer.alloc(0), end, Buffer.alloc(0)]);
-  }
+  for await (const [identity, , start] of router) for (const frames of engine.replayFrom(start)) await router.send([identity, ...frames]);
 })();
 
 process.on('message', async (m: { kind: string; n?: number; done?: string }) => {

@@ -54,17 +54,7 @@ class EngineSockets {
     try {
       for await (const [identity, , start] of router) {
         this.replayRequests++;
-        const from = start.readBigUInt64BE(0);
-        for (let s = from; s < this.engine.seq; s++) {
-          const p = this.engine.history.get(s);
-          if (!p) continue;
-          const seq = Buffer.alloc(8);
-          seq.writeBigUInt64BE(s);
-          await router.send([identity, Buffer.alloc(0), seq, p]);
-        }
-        const end = Buffer.alloc(8);
-        end.writeBigUInt64BE(REPLAY_END_SEQ);
-        await router.send([identity, Buffer.alloc(0), end, Buffer.alloc(0)]);
+        for (const frames of this.engine.replayFrom(start)) await router.send([identity, ...frames]);
       }
     } catch {
       // closed
