@@ -9,6 +9,7 @@ import fc from 'fast-check';
 import { HolderSets, INLINE_MAX } from '../../src/core/index/holders.ts';
 import { KvIndex } from '../../src/core/index/kv-index.ts';
 import { createRng } from '../../src/core/rng.ts';
+import { storedRange } from '../fixtures/routing.ts';
 
 interface Fleet {
   readonly idx: KvIndex;
@@ -47,14 +48,10 @@ function runFleet(sources: number, seed: number, steps: number, maxBlocks?: numb
     let start = 0;
     while (start < upTo && held.has(eid(s, seq[start]))) start++;
     if (start >= upTo) return;
-    const r = idx.apply(s, {
-      kind: 'stored',
-      parent: start === 0 ? null : eid(s, seq[start - 1]),
-      engineIds: seq.slice(start, upTo).map((h) => eid(s, h)),
-      tokens: null,
-      blockSize: 16,
-      seqHashes: BigUint64Array.from(seq.slice(start, upTo)),
-    });
+    const r = idx.apply(
+      s,
+      storedRange(seq, start, upTo, (h) => eid(s, h)),
+    );
     // Blocks past `start` the source still holds (a removal left a hole) are re-announcements: counted duplicates.
     let already = 0;
     for (let b = start; b < upTo; b++) if (held.has(eid(s, seq[b]))) already++;

@@ -11,6 +11,7 @@ import fc from 'fast-check';
 import { ActiveLoad } from '../../src/core/active-load.ts';
 import { KvIndex } from '../../src/core/index/kv-index.ts';
 import { createRng } from '../../src/core/rng.ts';
+import { storedRange } from '../fixtures/routing.ts';
 
 const eid = (s: number, h: bigint) => h ^ 0x51ed_270b_2710_1f4dn ^ (BigInt(s) << 20n);
 
@@ -80,14 +81,10 @@ function run(sources: number, seed: number, steps: number): void {
       let start = 0;
       while (start < upTo && held.has(eid(s, seq[start]))) start++;
       if (start < upTo) {
-        idx.apply(s, {
-          kind: 'stored',
-          parent: start === 0 ? null : eid(s, seq[start - 1]),
-          engineIds: seq.slice(start, upTo).map((h) => eid(s, h)),
-          tokens: null,
-          blockSize: 16,
-          seqHashes: BigUint64Array.from(seq.slice(start, upTo)),
-        });
+        idx.apply(
+          s,
+          storedRange(seq, start, upTo, (h) => eid(s, h)),
+        );
         for (let b = start; b < upTo; b++) held.set(eid(s, seq[b]), seq[b]);
       }
     } else if (roll < 0.9) {
