@@ -50,6 +50,12 @@ function slotOf<S>(m: Internals<S>, labels: Record<string, unknown>): Slot<S> | 
   return series === undefined ? undefined : { key, series };
 }
 
+/** After prom-client's own path stored a series for `labels`: remember it for the fast path of the next calls. */
+function remember<S>(slots: WeakMap<object, Slot<S>>, m: Internals<S>, labels: object): void {
+  const fresh = slotOf(m, labels as Record<string, unknown>);
+  if (fresh) slots.set(labels, fresh);
+}
+
 /** Gives `h.observe(labels, value)` the fast path for reused labels objects; returns `h`. */
 export function fastHistogram<T extends string>(h: Histogram<T>): Histogram<T> {
   const m = h as unknown as Internals<HistogramSeries>;
@@ -75,8 +81,7 @@ export function fastHistogram<T extends string>(h: Histogram<T>): Histogram<T> {
         return;
       }
       slow(labels, value);
-      const fresh = slotOf(m, labels as Record<string, unknown>);
-      if (fresh) slots.set(labels, fresh);
+      remember(slots, m, labels);
       return;
     }
     slow(labels, value);
@@ -99,8 +104,7 @@ export function fastCounter<T extends string>(c: Counter<T>): Counter<T> {
           return;
         }
         slow(labels, value);
-        const fresh = slotOf(m, labels as Record<string, unknown>);
-        if (fresh) slots.set(labels, fresh);
+        remember(slots, m, labels);
         return;
       }
     }
