@@ -175,7 +175,10 @@ export class IndexCapture {
     }
     for (let j = 0; j < n; j++) {
       const p = parentSlot[j];
-      parents[j] = p === NONE || p >= bySlot.length ? NONE : bySlot[p] - 1;
+      // A parent slot inside the block's own chain (a cycle left by inconsistent events: engine ids reused across
+      // prefixes) is written as no parent: a restore refuses a block that is its own parent.
+      const at = p === NONE || p >= bySlot.length ? NONE : bySlot[p] - 1;
+      parents[j] = at === j ? NONE : at;
       if (++work >= budget) {
         work = 0;
         yield;
