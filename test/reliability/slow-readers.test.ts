@@ -9,17 +9,20 @@ import { sleep, startFleet, type Fleet } from './harness.ts';
 
 let fleet: Fleet;
 
-beforeAll(async () => {
-  fleet = await startFleet(1, {
-    // ~5 MB of SSE in ~2 s: more than loopback socket buffers hold.
-    mocker: { speedup: 200, engine: { maxModelLen: 40_000 } },
-    // Proposed setting (not in ServeConfig yet): a stalled client is dropped after this long without 'drain'.
-    serve: { clientStallTimeoutMs: 1_000 } as Partial<ServeConfig>,
+/** A fleet of one engine whose router drops a client that has not drained for `stallMs`. */
+function fleetWithStall(stallMs: number): void {
+  beforeAll(async () => {
+    fleet = await startFleet(1, {
+      // ~5 MB of SSE in ~2 s: more than loopback socket buffers hold.
+      mocker: { speedup: 200, engine: { maxModelLen: 40_000 } },
+      serve: { clientStallTimeoutMs: stallMs } as Partial<ServeConfig>,
+    });
   });
-});
-afterAll(async () => {
-  await fleet?.close();
-});
+  afterAll(async () => {
+    await fleet?.close();
+    fleet = undefined as unknown as Fleet;
+  });
+}
 
 /** Starts a 35,000-token stream and stops reading after the first bytes. */
 function stalledClient(): Promise<Socket> {
@@ -44,7 +47,10 @@ async function engineDone(): Promise<void> {
   while (fleet.engines[0].engine.numRunning > 0 && Date.now() < end) await sleep(50);
 }
 
-describe('slow readers', () => {
+describe('slow readers, no stall timeout in reach', () => {
+  // The stall timeout is far away here, so only the client's close can free the request (with 1 s, a loaded machine
+  // took longer than that between the stall and the check, and the timeout freed it first).
+  fleetWithStall(600_000);
   it('the request is freed (active load back to zero) when the stalled client closes its connection', async () => {
     const c = await stalledClient();
     await engineDone();
@@ -56,7 +62,10 @@ describe('slow readers', () => {
     expect(fleet.server.router.state().inFlight).toBe(0);
     expect(fleet.server.workers.get('w0')!.breaker).toBe('closed'); // a slow client is not the worker's fault
   });
+});
 
+describe('slow readers, a 1 s stall timeout', () => {
+  fleetWithStall(1_000);
   // A client that keeps its connection open without reading must not pin its request in the worker's active load:
   // past clientStallTimeoutMs the response is destroyed, which takes the client-disconnect path (cancelled).
   it('a client that stops reading is dropped within the stall timeout', async () => {
