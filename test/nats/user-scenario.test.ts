@@ -181,7 +181,30 @@ describe('two engines, a relay each, one replica, a private JetStream', () => {
         }
       }
     };
-    const quiet = () => new Promise((r) => setTimeout(r, 1500));
+    // Before probing, wait until the replica's index has caught up with what the engines hold (each prompt's blocks
+    // are its own: no sharing, no eviction at 8,192 blocks), instead of a fixed pause: under a CPU hog a restarted
+    // relay takes seconds to start, so a fixed pause probed before it had replayed. A replica that never catches up
+    // within the deadline is itself a finding.
+    const caughtUp = async (label: string) => {
+      const want = engines.map((_, i) => sent.filter((s) => s.engine === i).reduce((n, s) => n + s.blocks, 0));
+      let have: number[] = [];
+      const end = Date.now() + 45_000;
+      while (Date.now() < end) {
+        try {
+          const state = (await (await fetch(`${routerUrl}/debug/state`)).json()) as {
+            router: { sources: { workerId: string; cachedBlocks: number; restoring: boolean }[] };
+          };
+          have = engines.map((e) =>
+            state.router.sources.filter((x) => x.workerId === e.id && !x.restoring).reduce((n, x) => n + x.cachedBlocks, 0),
+          );
+          if (have.every((h, i) => h >= want[i])) return;
+        } catch {
+          // the router is up throughout; a refused fetch is retried until the deadline
+        }
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      wrong.push(`${label}: the replica did not catch up in 45 s: holds ${have.join(', ')} of ${want.join(', ')} blocks`);
+    };
 
     for (let round = 0; round < 3; round++) {
       await send(6);
@@ -190,17 +213,17 @@ describe('two engines, a relay each, one replica, a private JetStream', () => {
       await send(4);
       relays[0] = startRelay(engines[0]);
       await send(4);
-      await quiet();
+      await caughtUp(`round ${round} relay restart`);
       await probe(`round ${round} relay restart`);
       // nats-server dies and comes back on the same store; prompts keep arriving meanwhile.
       await nats.stop();
       await send(4);
       await nats.start();
       await send(4);
-      await quiet();
+      await caughtUp(`round ${round} nats restart`);
       await probe(`round ${round} nats restart`);
     }
     expect(probes).toBeGreaterThan(100);
     expect(wrong, wrong.join('\n')).toEqual([]);
-  }, 240_000);
+  }, 420_000);
 });
