@@ -27,6 +27,7 @@ import {
   type PrefillLeg,
   type RefusalCode,
 } from '../core/dispatch/dispatcher.ts';
+import type { MrcBook } from '../core/mrc.ts';
 import { createRng } from '../core/rng.ts';
 import { KvRouter, type KvRouterOptions } from '../core/router.ts';
 import type { Policy } from '../core/scheduling/policy.ts';
@@ -90,6 +91,11 @@ export interface FleetOptions {
   readonly concurrency?: number;
   /** The SLO that goodput counts against (defaults: TTFT <= 2 s, ITL <= 50 ms). */
   readonly slo?: { readonly ttftMs: number; readonly itlMs: number };
+  /**
+   * Miss-ratio curves to feed as the live router's tap does (src/runtime/mrc-feed.ts): each request's first attempt,
+   * at dispatch, with the engine chosen and the router's own hashes (`kvroute sim --what-if`).
+   */
+  readonly mrc?: MrcBook;
 }
 
 /** The KV of an 8B model (2 · 36 layers · 8 KV heads · 128 · 2 bytes) over 400 Gb/s RDMA. */
@@ -146,6 +152,20 @@ export interface FleetResult {
     readonly engine_request_weighted: number;
     /** The router's prediction for the same requests, in tokens (last prompt token never cached). */
     readonly predicted_token_weighted: number;
+    /**
+     * What the engines delivered, block-weighted: Σ floor(cached tokens / block size) / Σ prompt blocks over the
+     * requests that got a first token (cached tokens as the engine reported them, host-tier loads included): the
+     * figure the miss-ratio curve predicts.
+     */
+    readonly delivered_block_weighted: number;
+  };
+  /** Engines with a host tier (engine.hostBlocks > 0): its size per engine and what it did, summed over engines. */
+  readonly host_tier?: {
+    readonly blocks_per_engine: number;
+    readonly hit_tokens: number;
+    readonly stored: number;
+    readonly loaded: number;
+    readonly evicted: number;
   };
   readonly ttft_ms: LatencySummary;
   readonly ttft_by_bucket: readonly BucketLatency[];
@@ -369,6 +389,9 @@ class Tally {
   readonly transferMs: number[] = [];
   deliveredPrompt = 0;
   deliveredCached = 0;
+  /** First tokens' cached blocks and prompt blocks (the block-weighted delivered hit). */
+  deliveredHitBlocks = 0;
+  deliveredIslBlocks = 0;
 
   fairWindow(now: number): FairnessWindow {
     const k = Math.floor(now / FAIRNESS_WINDOW_MS);
@@ -684,6 +707,7 @@ class FleetRun {
     }
     if (this.queuedIds.delete(e.requestId)) c.queueWaits.push(e.queuedMs);
     const w = this.workerOf.get(e.decision.sourceKey)!;
+    if (e.attempt === 0) this.opts.mrc?.observe(e.model, e.decision.sourceKey, e.decision.seqHashes, e.decision.islBlocks);
     if (this.failRate > 0 && this.failRng() < this.failRate) {
       this.heap.push(now + this.failLatency, FAIL, i);
       return;
@@ -777,6 +801,8 @@ class FleetRun {
     this.apply(this.dispatcher.firstToken(out.requestId, now), now);
     rec.firstTokenMs = now;
     rec.cachedTokens = this.servedCached.get(out.requestId) ?? out.cachedTokens;
+    c.deliveredHitBlocks += Math.floor(rec.cachedTokens / this.opts.blockSize);
+    c.deliveredIslBlocks += rec.islBlocks;
     const t = now - rec.arrivalMs;
     c.ttft.push(t);
     let b = 0;
@@ -817,7 +843,12 @@ class FleetRun {
     let preemptions = 0;
     let evicted = 0;
     let steps = 0;
+    const host = { hit_tokens: 0, stored: 0, loaded: 0, evicted: 0 };
     for (const ws of workers) {
+      host.hit_tokens += ws.engine.counters.hostHitTokens;
+      host.stored += ws.engine.counters.hostStored;
+      host.loaded += ws.engine.counters.hostLoaded;
+      host.evicted += ws.engine.counters.hostEvicted;
       queries += ws.engine.counters.prefixCacheQueries;
       hits += ws.engine.counters.prefixCacheHits;
       preemptions += ws.engine.counters.preemptions;
@@ -846,7 +877,9 @@ class FleetRun {
         engine_token_weighted: engineHit,
         engine_request_weighted: c.engineReports > 0 ? c.engineRatioSum / c.engineReports : NaN,
         predicted_token_weighted: view.delivered.predictedTokenWeighted,
+        delivered_block_weighted: c.deliveredIslBlocks > 0 ? c.deliveredHitBlocks / c.deliveredIslBlocks : NaN,
       },
+      ...((opts.engine?.hostBlocks ?? 0) > 0 ? { host_tier: { blocks_per_engine: opts.engine!.hostBlocks!, ...host } } : {}),
       ttft_ms: summarize(c.ttft),
       ttft_by_bucket: TTFT_BUCKETS.map((b, k) => ({ bucket: b.name, ...summarize(c.ttftBuckets[k]) })),
       by_tenant: groups(c.byTenant),

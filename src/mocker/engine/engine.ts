@@ -7,8 +7,9 @@ import { createHash } from 'node:crypto';
 import { xxh3 } from '@node-rs/xxhash';
 import { SeqHasher, hashSeed } from '../../core/hashing.ts';
 import { GPU_MEDIUM } from '../../core/types.ts';
-import { u32View } from '../../core/index/u64-map.ts';
+import { splitU64, u32View } from '../../core/index/u64-map.ts';
 import { BlockPool } from './cache.ts';
+import { HostTier } from './host-tier.ts';
 import { type EngineCacheGroup, type GroupHold, HybridGroups } from './hybrid.ts';
 import { mmBlockKeys, mmItemsError } from '../../core/multimodal.ts';
 import type { CacheGroupKind, MmBlockKey, MmItem } from '../../core/types.ts';
@@ -35,7 +36,15 @@ export interface EngineConfig {
    * model with one group, whose events carry no group fields beyond group 0.
    */
   cacheGroups?: readonly EngineCacheGroup[];
+  /**
+   * Host tier (CPU offload) of this many blocks behind the GPU cache (./host-tier.ts): evicted GPU blocks go there and
+   * a prefix look-up continues in it. Absent or 0: none. Not with a hybrid model.
+   */
+  hostBlocks?: number;
 }
+
+/** The medium a host-tier block is announced on (vLLM's CPU offloading). */
+export const HOST_MEDIUM = 'CPU';
 
 export const DEFAULT_ENGINE_CONFIG: EngineConfig = {
   blockSize: 16,
@@ -147,6 +156,12 @@ export interface EngineCounters {
   steps: number;
   blocksStored: number;
   blocksEvicted: number;
+  /** Host tier: prompt tokens loaded back from it at first scheduling (in cachedTokens, not in prefixCacheHits). */
+  hostHitTokens: number;
+  /** Host tier: blocks copied to it on GPU eviction, blocks loaded back from it, blocks it dropped when full. */
+  hostStored: number;
+  hostLoaded: number;
+  hostEvicted: number;
 }
 
 export interface DumpBlock {
@@ -170,6 +185,13 @@ export class EngineInputError extends Error {
 }
 
 type Status = 'waiting' | 'running';
+
+/** Blocks taken out of the host tier for one admission: engine ids and router hash halves, in chain order. */
+interface HostRun {
+  ids: bigint[];
+  lo: number[];
+  hi: number[];
+}
 
 class Req {
   readonly tokens: number[];
@@ -253,6 +275,8 @@ export class MockEngine {
   counters: EngineCounters = MockEngine.zeroCounters();
   /** Hybrid models: the cache groups besides the main (first full-attention) one. */
   private readonly hybrid: HybridGroups | null;
+  /** The host tier (CPU offload), or null without one. */
+  private host: HostTier | null;
 
   constructor(config: Partial<EngineConfig> = {}) {
     this.config = { ...DEFAULT_ENGINE_CONFIG, ...config };
@@ -265,7 +289,16 @@ export class MockEngine {
     if (groups && groups.length === 1 && groups[0].kind !== 'full_attention') {
       throw new RangeError('a model with one cache group must be full attention');
     }
+    const hostBlocks = c.hostBlocks ?? 0;
+    if (!Number.isInteger(hostBlocks) || hostBlocks < 0) throw new RangeError(`hostBlocks must be an integer >= 0, got ${hostBlocks}`);
+    if (hostBlocks > 0 && this.hybrid) throw new RangeError('a host tier is not modelled for hybrid models');
+    this.host = hostBlocks > 0 ? new HostTier(hostBlocks) : null;
     this.pool = this.newPool();
+  }
+
+  /** Blocks the host tier holds (0 without one). */
+  get hostCachedBlocks(): number {
+    return this.host?.size ?? 0;
   }
 
   /** Blocks the other cache groups of a hybrid model could not cache (no free block). */
@@ -285,12 +318,17 @@ export class MockEngine {
       steps: 0,
       blocksStored: 0,
       blocksEvicted: 0,
+      hostHitTokens: 0,
+      hostStored: 0,
+      hostLoaded: 0,
+      hostEvicted: 0,
     };
   }
 
   private newPool(): BlockPool {
     return new BlockPool(this.config.numGpuBlocks, (pool, block) => {
       this.counters.blocksEvicted++;
+      if (this.host) this.offload(pool, block);
       // vLLM emits one BlockRemoved per evicted block (with its group in a hybrid model).
       if (this.hybrid) {
         this.pendingEvents.push({
@@ -302,6 +340,37 @@ export class MockEngine {
       } else {
         this.pendingEvents.push({ kind: 'removed', engineIds: [pool.engineIdOf(block)], medium: GPU_MEDIUM });
       }
+    });
+  }
+
+  /**
+   * A GPU block being evicted goes to the host tier (announced there first, so whoever maps engine ids still knows it);
+   * the host block it displaces is announced removed.
+   */
+  private offload(pool: BlockPool, block: number): void {
+    const host = this.host!;
+    const [lo, hi] = splitU64(pool.seqHashOf(block));
+    const id = pool.engineIdOf(block);
+    const parent = pool.parentIdOf(block);
+    const dropped = host.store(lo, hi, id);
+    this.counters.hostStored++;
+    if (dropped !== null) {
+      this.counters.hostEvicted++;
+      this.pendingEvents.push({ kind: 'removed', engineIds: [dropped], medium: HOST_MEDIUM });
+    }
+    const who = pool.identityOf(block);
+    this.pendingEvents.push({
+      kind: 'stored',
+      parent,
+      engineIds: [id],
+      tokens: [],
+      blockSize: this.config.blockSize,
+      loraName: who.loraName,
+      loraId: who.loraName ? this.loraId(who.loraName) : null,
+      cacheSalt: who.cacheSalt,
+      extraKeys: [null],
+      medium: HOST_MEDIUM,
+      routerSeqHashes: [pool.seqHashOf(block)],
     });
   }
 
@@ -407,6 +476,7 @@ export class MockEngine {
     this.pendingEvents = [];
     this.loraIds.clear();
     this.counters = MockEngine.zeroCounters();
+    if (this.host) this.host = new HostTier(this.host.capacity);
     this.pool = this.newPool();
     return ids;
   }
@@ -452,10 +522,22 @@ export class MockEngine {
         // Hybrid: the full-attention hit is usable only as far as every other group can resume (./hybrid.ts).
         if (this.hybrid && hit.length > 0) hit = hit.slice(0, this.hybrid.hitBlocks(this.pool, r.hasher.seqHashes(), hit.length));
         const localHit = hit.length * bs;
+        // The host tier continues the look-up where the GPU's stops; its run is taken out now (so the evictions that
+        // make room for it cannot drop it) and loaded back into the fresh blocks, or put back if nothing fits.
+        const loaded = this.host && c.enablePrefixCaching && r.numComputed === 0 ? this.takeFromHost(r, hit.length) : null;
+        const tierHit = localHit + (loaded ? loaded.ids.length * bs : 0);
         // KV received from a prefill worker counts as computed; the last prompt token is computed here for its logits.
-        const computed = r.numPreemptions === 0 ? Math.max(localHit, Math.min(r.input.preloadedTokens ?? 0, r.promptLen - 1)) : localHit;
+        const computed = r.numPreemptions === 0 ? Math.max(tierHit, Math.min(r.input.preloadedTokens ?? 0, r.promptLen - 1)) : tierHit;
         const numNew = Math.min(r.tokens.length - computed, budget);
-        if (!this.allocateSlots(r, computed + numNew, hit)) break;
+        if (!this.allocateSlots(r, computed + numNew, hit)) {
+          if (loaded) this.putBackToHost(loaded);
+          break;
+        }
+        if (loaded && loaded.ids.length > 0) {
+          this.counters.hostLoaded += loaded.ids.length;
+          this.pendingEvents.push({ kind: 'removed', engineIds: loaded.ids, medium: HOST_MEDIUM });
+          if (r.numPreemptions === 0) this.counters.hostHitTokens += loaded.ids.length * bs;
+        }
         this.waiting.shift();
         this.running.push(r);
         r.status = 'running';
@@ -544,6 +626,25 @@ export class MockEngine {
     let scheduledTokens = 0;
     for (const s of scheduled) scheduledTokens += s.numNew;
     return { durationMs, events, outputs, scheduledRequests: scheduled.length, scheduledTokens, preempted };
+  }
+
+  /** The run of r's blocks from `from` on that the host tier holds, taken out of it (at most the matchable blocks). */
+  private takeFromHost(r: Req, from: number): HostRun {
+    const host = this.host!;
+    const v = u32View(r.hasher.seqHashes());
+    const max = Math.floor((r.tokens.length - 1) / this.config.blockSize);
+    const out: HostRun = { ids: [], lo: [], hi: [] };
+    for (let j = from; j < max && host.has(v[2 * j], v[2 * j + 1]); j++) {
+      out.lo.push(v[2 * j]);
+      out.hi.push(v[2 * j + 1]);
+      out.ids.push(host.take(v[2 * j], v[2 * j + 1])!);
+    }
+    return out;
+  }
+
+  /** Undoes takeFromHost (the request did not fit): tail first, so the prefix is the most recent again. */
+  private putBackToHost(t: HostRun): void {
+    for (let k = t.ids.length - 1; k >= 0; k--) this.host!.store(t.lo[k], t.hi[k], t.ids[k]);
   }
 
   /**

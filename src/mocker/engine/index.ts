@@ -44,6 +44,7 @@
  */
 export {
   MockEngine,
+  HOST_MEDIUM,
   EngineInputError,
   DEFAULT_ENGINE_CONFIG,
   expectedOutputTokens,
