@@ -6,6 +6,7 @@
  *                                                       trace; 64-token blocks; a fleet of 4 engines x 512k tokens
  *   npm run bench:mrc -- --block-size 16 --limit 4000   the router's default block size on the first 4,000 requests
  *   npm run bench:mrc -- --parts shared,cost            leave out the simulator runs (the slow part)
+ *   npm run bench:mrc -- --parts host --limit 3000      the host-tier answer against engines with a host tier
  *
  * Tables (one run prints them side by side):
  *   shared     predicted hit of one LRU prefix cache of 0.5x, 1x, 2x, 4x the fleet's blocks, read off one curve, against
@@ -15,6 +16,11 @@
  *              (engines of k x capacity) and scale-out (+1, +2, +4 engines of today's size) answers are then compared with
  *              the simulator run again with that fleet (the engines' delivered hit: cached tokens / block size over
  *              prompt blocks); the fixed-routing answer (each engine's stream as today) is printed beside
+ *   host       the host-tier answer (MrcBook.report's hostTier: each engine's blocks plus N host blocks) read off the 1x
+ *              run's curves (fed by the simulator's tap, FleetOptions.mrc, in dispatch order as the live tap), against the
+ *              simulator run again with engines that have a host tier of N blocks (src/mocker/engine/host-tier.ts: an
+ *              exclusive LRU level behind the GPU cache), N = --host-factors x the engine's GPU blocks; measured is the
+ *              run's delivered block-weighted hit (host loads count as cached, as in vLLM's num_cached_tokens)
  *   cost       per request: route() (hash + match + select, 8 sources) against MrcBook.observe(), what the live tap runs
  *              (one pass over the hashes at the fleet curve's threshold for the fleet curve and the chosen engine's;
  *              engines fed round-robin), after a warm-up in which both ran; wall time in this process, and instruction
@@ -31,7 +37,7 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { islBlocks } from '../src/core/hashing.ts';
 import { MRC_DEFAULTS, MrcBook, ShardsMrc } from '../src/core/mrc.ts';
-import { KvRouter } from '../src/core/router.ts';
+import { DEFAULT_KNOBS, KvRouter, TIER_CREDIT_ON } from '../src/core/router.ts';
 import { DEFAULT_POLICY } from '../src/core/scheduling/registry.ts';
 import { runFleet } from '../src/sim/run-fleet.ts';
 import { LruPrefixCache } from '../src/sim/lru-prefix.ts';
@@ -50,7 +56,8 @@ const { values } = parseArgs({
     'sample-rate': { type: 'string', default: String(MRC_DEFAULTS.sampleRate) },
     'max-samples': { type: 'string', default: String(MRC_DEFAULTS.maxSamples) },
     'agentic-requests': { type: 'string', default: '8000' },
-    parts: { type: 'string', default: 'shared,engine,cost' },
+    parts: { type: 'string', default: 'shared,engine,host,cost' },
+    'host-factors': { type: 'string', default: '0.5,1,2' },
     'cost-requests': { type: 'string', default: '1000' },
     'cost-warm': { type: 'string', default: '2000' },
     callgrind: { type: 'boolean', default: true },
@@ -167,6 +174,52 @@ if (PARTS.has('engine')) {
   console.log(
     `worst |error| ${worstEngine.toFixed(3)} (goal <= 0.03); with each engine's stream held as today (the fixed-routing answer, up to ` +
       `1x the reported one): ${worstFixed.toFixed(3)}`,
+  );
+}
+
+let worstHost = 0;
+if (PARTS.has('host')) {
+  const sizes = values['host-factors']!.split(',').map(Number);
+  console.log(
+    `\nengines with a host tier of N blocks (CPU offload behind each engine's ${PER_ENGINE.toLocaleString('en-US')} GPU blocks; ` +
+      `${WORKERS} engines, policy ${DEFAULT_POLICY}): measured by the simulator vs the 1x run's curve (report.hostTier)`,
+  );
+  console.log(
+    'router: credits host blocks (--tier-credit: 0.75 of a GPU block) or not (the default); predicted: hostTier.hit with ' +
+      "credit (fleet curve x locality), hostTier.hitFixedRouting without (each engine's own curve at its GPU + host blocks)",
+  );
+  console.log('trace         host N (x GPU)    router     measured  predicted   error   no tier   loaded from host   locality');
+  for (const [name, trace] of traces) {
+    const book = new MrcBook(OPTS);
+    const base = runFleet(trace, { workers: WORKERS, policy: DEFAULT_POLICY, blockSize: BS, gpuBlocks: PER_ENGINE, mrc: book });
+    for (const k of sizes) {
+      const hostBlocks = Math.round(k * PER_ENGINE);
+      const rep = book.report(() => PER_ENGINE, hostBlocks, FACTORS);
+      for (const credit of [false, true]) {
+        const run = runFleet(trace, {
+          workers: WORKERS,
+          policy: DEFAULT_POLICY,
+          blockSize: BS,
+          gpuBlocks: PER_ENGINE,
+          engine: { hostBlocks },
+          ...(credit && { router: { knobs: { ...DEFAULT_KNOBS, ...TIER_CREDIT_ON } } }),
+        });
+        const measured = run.hit.delivered_block_weighted;
+        const p = (credit ? rep.hostTier?.hit : rep.hostTier?.hitFixedRouting) ?? NaN;
+        worstHost = Math.max(worstHost, Math.abs(p - measured));
+        const loaded = run.host_tier ? run.host_tier.loaded.toLocaleString('en-US') : '-';
+        console.log(
+          `${name.padEnd(13)} ${`${hostBlocks.toLocaleString('en-US')} (${k}x)`.padEnd(16)}  ${(credit ? 'credit' : 'no credit').padEnd(9)}  ` +
+            `${f3(measured).padStart(8)}  ${f3(p).padStart(9)}  ${sign(p - measured).padStart(6)}  ` +
+            `${f3(base.hit.delivered_block_weighted).padStart(8)}  ${loaded.padStart(17)} blocks   ${(rep.locality ?? NaN).toFixed(3)}`,
+        );
+      }
+    }
+  }
+  console.log(
+    `worst |error| ${worstHost.toFixed(3)} (goal <= 0.03); load average ${loadavg()
+      .map((x) => x.toFixed(2))
+      .join(' ')}`,
   );
 }
 

@@ -6,7 +6,7 @@ import { existsSync, writeFileSync } from 'node:fs';
 import type { Command } from 'commander';
 import cliProgress from 'cli-progress';
 import { intArg, numberArg, numberListArg, UsageError } from '../config/parsers.ts';
-import { dispatchOptionsFrom, routerOptionsFrom } from '../config/routing.ts';
+import { dispatchOptionsFrom, ROUTING_DEFAULTS, routerOptionsFrom } from '../config/routing.ts';
 import { FLAGS_ONLY, addSettingsOptions, flagValues, resolveSettings } from '../config/settings.ts';
 import { runSettings, type SimSettings, simSchema } from '../config/sim.ts';
 import { type EngineCacheGroup, parseCacheGroups } from '../mocker/engine/hybrid.ts';
@@ -15,6 +15,7 @@ import { formatPdTable } from '../sim/latency-report.ts';
 import { computeOracle } from '../sim/oracle.ts';
 import { buildReport, formatReport, renderSvg } from '../sim/report.ts';
 import { type Scenario, scenario, SCENARIOS } from '../sim/scenarios.ts';
+import { formatWhatIf, runWhatIf, type WhatIfResult } from '../sim/what-if.ts';
 import {
   ABLATIONS,
   entryFor,
@@ -44,6 +45,10 @@ interface SimCliOptions {
   limit?: number;
   workers?: number;
   gpuBlocks?: number;
+  hostBlocks?: number;
+  whatIf?: boolean;
+  whatIfHostBlocks?: number;
+  whatIfCheck?: boolean;
   rateScale: number[];
   eventDelayMs: number;
   overlay: boolean;
@@ -103,6 +108,25 @@ export function registerSim(program: Command): void {
       intArg('--gpu-blocks', { min: 1 }),
     )
     .option(
+      '--host-blocks <n>',
+      'a host tier (CPU offload) of N blocks behind each engine: evicted KV blocks go there and are loaded back on a prefix hit (docs/cache-sizing.md)',
+      intArg('--host-blocks', { min: 0 }),
+    )
+    .option(
+      '--what-if',
+      "also print what the router's live miss-ratio curves, fed this run's routing, predict for 0.5x/2x/4x KV per engine, " +
+        '+1/+2/+4 engines and a host tier, beside the measured hit (one policy and one rate scale; not with P/D or --host-blocks)',
+    )
+    .option(
+      '--what-if-host-blocks <n>',
+      "--what-if: host tier size per engine for its answer (default: the engine's --gpu-blocks)",
+      intArg('--what-if-host-blocks', { min: 1 }),
+    )
+    .option(
+      '--what-if-check',
+      '--what-if: also simulate each of those fleets and print measured beside predicted, with the error (7 more runs)',
+    )
+    .option(
       '--rate-scale <list>',
       'arrival-rate multipliers, comma-separated: 2 = twice the trace load',
       numberListArg('--rate-scale', { min: 0, minExclusive: true }),
@@ -148,7 +172,7 @@ export function registerSim(program: Command): void {
       numberArg('--kv-bytes-per-token', { min: 1 }),
       DEFAULT_TRANSFER.bytesPerToken,
     )
-    .option('--json <file>', 'write the full results as JSON')
+    .option('--json <file>', "write the full results as JSON ('-': to stdout, instead of the tables)")
     .option('--plot <file>', 'write an SVG chart of hit rates and TTFT per policy')
     .option('--no-progress', 'no progress bar on stderr')
     .option(
@@ -186,6 +210,8 @@ export function registerSim(program: Command): void {
         '      --policy kv,round-robin,random,least-loaded,prefix-hash --json out.json --plot out.svg\n' +
         '  kvroute sim --trace t.jsonl --policy kv,round-robin --rate-scale 0.5,1,2,4\n' +
         '  kvroute sim --trace traffic.jsonl --workers 12 --gpu-blocks 16384 --policy kv-pressure,dynamo  # a recording (serve --record)\n' +
+        '  kvroute sim --trace traffic.jsonl --workers 4 --gpu-blocks 8192 --what-if --what-if-check  # the curve checked on your traffic\n' +
+        '  kvroute sim --trace t.jsonl --workers 4 --gpu-blocks 8192 --host-blocks 16384  # engines with a CPU offload tier\n' +
         '  kvroute sim --scenario seed\n' +
         '  kvroute sim --scenario noisy-neighbour                       # FIFO vs fair queuing, per-tenant TTFT, fairness\n' +
         '  kvroute sim --scenario noisy-neighbour --exclude-tenant noisy  # the same tenants without the flood',
@@ -194,15 +220,33 @@ export function registerSim(program: Command): void {
       if (o.league) return league(o, cmd);
       if (!o.trace === !o.scenario) return fail('give exactly one of --trace FILE or --scenario NAME');
       if (o.engineFailures !== undefined && o.engineFailures >= 1) return fail('--engine-failures must be below 1');
+      if (!o.whatIf && (o.whatIfCheck || o.whatIfHostBlocks !== undefined))
+        return fail('--what-if-check and --what-if-host-blocks go with --what-if');
       const input = await simInput(o, cmd);
       if (typeof input === 'string') return;
-      const { requests, source, settings, fleet } = input;
+      const { requests, source, fleet } = input;
+      let { settings } = input;
+      if (o.whatIf) {
+        // The curves answer for the routing the fleet runs: serve's default policy unless one is given.
+        if (cmd.getOptionValueSource('policy') !== 'cli' && !o.scenario) settings = { ...settings, policy: [ROUTING_DEFAULTS.policy] };
+        const sweeps = settings.policy.length * o.rateScale.length * settings.queueOrder.length * settings.disaggMinUncachedTokens.length;
+        if (sweeps > 1) return fail('--what-if answers for one run: give one --policy, one --rate-scale and one --queue-order');
+      }
       if (!input.recorded && 512 % settings.blockSize !== 0) {
         process.stderr.write(
           `kvroute sim: note: block size ${settings.blockSize} does not divide 512; trace blocks straddle router blocks\n`,
         );
       }
-      const results = runSweep(requests, settings, fleet, o);
+      let results: FleetResult[];
+      let whatIf: WhatIfResult | undefined;
+      if (o.whatIf) {
+        try {
+          ({ results, whatIf } = whatIfRuns(requests, settings, fleet, o));
+        } catch (err) {
+          if (!(err instanceof RangeError)) throw err;
+          return fail(err.message);
+        }
+      } else results = runSweep(requests, settings, fleet, o);
       const stats = traceStats(requests);
       const report = buildReport(
         { ...stats, source },
@@ -212,15 +256,22 @@ export function registerSim(program: Command): void {
           gpu_blocks: fleet.gpuBlocks,
           event_delay_ms: fleet.eventDelayMs ?? 5,
           seed: settings.seed,
+          ...(fleet.engine?.hostBlocks ? { host_blocks: fleet.engine.hostBlocks } : {}),
         },
         computeOracle(requests),
         results,
       );
-      process.stdout.write(`${formatReport(report)}\n`);
-      process.stdout.write(`${formatPdTable(results)}\n`);
-      if (o.scenario === 'seed') process.stdout.write(`${seedVerdict(results[0])}\n`);
+      const doc = whatIf ? { ...report, what_if: whatIf } : report;
+      if (o.json === '-') {
+        process.stdout.write(`${JSON.stringify(doc, null, 2)}\n`);
+      } else {
+        process.stdout.write(`${formatReport(report)}\n`);
+        process.stdout.write(`${formatPdTable(results)}\n`);
+        if (o.scenario === 'seed') process.stdout.write(`${seedVerdict(results[0])}\n`);
+        if (whatIf) process.stdout.write(`\n${formatWhatIf(whatIf)}`);
+      }
       try {
-        if (o.json) writeFileSync(o.json, `${JSON.stringify(report, null, 2)}\n`);
+        if (o.json && o.json !== '-') writeFileSync(o.json, `${JSON.stringify(doc, null, 2)}\n`);
         if (o.plot) writeFileSync(o.plot, renderSvg(report));
       } catch (err) {
         return fail(`cannot write output: ${(err as Error).message}`, 1);
@@ -308,7 +359,13 @@ async function simInput(o: SimCliOptions, cmd: Command): Promise<SimInput | stri
     gpuBlocks: o.gpuBlocks ?? sc?.fleet.gpuBlocks ?? Math.max(1, Math.floor(DEFAULT_CAPACITY_TOKENS / bs)),
     eventDelayMs: o.eventDelayMs,
     seed: settings.seed,
-    ...(o.hybrid && { engine: { ...(sc?.fleet.engine ?? {}), cacheGroups: o.hybrid } }),
+    ...((o.hybrid || o.hostBlocks) && {
+      engine: {
+        ...(sc?.fleet.engine ?? {}),
+        ...(o.hybrid && { cacheGroups: o.hybrid }),
+        ...(o.hostBlocks && { hostBlocks: o.hostBlocks }),
+      },
+    }),
     engineFailures: o.engineFailures,
     ...(o.prefillWorkers !== undefined || o.decodeWorkers !== undefined
       ? {
@@ -342,6 +399,61 @@ export function simSettings(
     ...sc.settings,
   };
   return { settings: resolveSettings(simSchema, { flags, file: { path: `scenario ${sc.name}`, values: layer } }).config, scenario: sc };
+}
+
+/** A progress bar on stderr when it is a terminal (and progress is on). */
+function progressBar(o: SimCliOptions, format: string): cliProgress.SingleBar | null {
+  return o.progress && process.stderr.isTTY
+    ? new cliProgress.SingleBar({ format, stream: process.stderr, hideCursor: true }, cliProgress.Presets.shades_classic)
+    : null;
+}
+
+/**
+ * `--what-if`: the one run with the curves' tap, then (with --what-if-check) the fleets of the answers. A line per run on
+ * stderr (with --progress, the default), a bar within each run on a terminal.
+ */
+function whatIfRuns(
+  requests: readonly TraceRequest[],
+  settings: SimSettings,
+  fleet: SimInput['fleet'],
+  o: SimCliOptions,
+): { results: FleetResult[]; whatIf: WhatIfResult } {
+  const policy = settings.policy[0];
+  const run = runSettings(settings, {
+    policy,
+    queueOrder: settings.queueOrder[0],
+    disaggMinUncachedTokens: settings.disaggMinUncachedTokens[0],
+  });
+  const bar = progressBar(o, 'what-if [{bar}] {percentage}% | {value}/{total} requests | {duration_formatted}');
+  const t0 = performance.now();
+  const { base, whatIf } = runWhatIf(requests, {
+    fleet: {
+      ...fleet,
+      router: {
+        ...routerOptionsFrom(run),
+        overlay: o.overlay,
+        ...(o.overlayGraceMs !== undefined && { overlayGraceMs: o.overlayGraceMs }),
+      },
+      dispatch: dispatchOptionsFrom(run),
+      policy,
+      rateScale: o.rateScale[0],
+      hasher: new TraceHasher(settings.blockSize),
+    },
+    hostBlocks: o.whatIfHostBlocks ?? fleet.gpuBlocks,
+    check: o.whatIfCheck === true,
+    onRun: (i, total, label) => {
+      bar?.stop();
+      if (o.progress) {
+        process.stderr.write(
+          `kvroute sim: what-if run ${i + 1}/${total} (${label}) at ${((performance.now() - t0) / 1000).toFixed(1)} s\n`,
+        );
+      }
+      bar?.start(requests.length, 0);
+    },
+    onProgress: bar ? (k) => bar.update(k) : undefined,
+  });
+  bar?.stop();
+  return { results: [base], whatIf };
 }
 
 /** Every run of the sweeps (policy x queue order x rate scale x P/D threshold), with a progress bar on a terminal. */

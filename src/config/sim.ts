@@ -25,6 +25,7 @@ export const simSchema = z.strictObject({
     help: 'P/D: conditional disaggregation thresholds to compare, comma-separated (see kvroute serve --help)',
   }),
   decodeOverlapCredit: ROUTING.decodeOverlapCredit,
+  tierCredit: ROUTING.tierCredit,
   ...ADMISSION,
   ...BREAKER,
   bands: FLOW.bands,

@@ -604,10 +604,18 @@ export interface MrcReport {
   >;
   /**
    * With a host tier: each engine's own blocks plus `hostBlocksPerEngine` (null without a host size); for reuse an
-   * offload tier the engine loads back from is a bigger cache of the same LRU order, so this is the scale-up answer at
-   * (fleet blocks + N x host blocks) / fleet blocks.
+   * offload tier the engine loads back from is a bigger cache of the same LRU order (src/mocker/engine/host-tier.ts).
+   * `hit`: the scale-up answer at (fleet blocks + N x host blocks) / fleet blocks, for a router that credits the tier's
+   * blocks (`--tier-credit`) and so keeps each prefix's traffic where the tier holds it. `hitFixedRouting`: each
+   * engine's own stream, as routed today, on its own curve at its blocks + the host blocks, for a router that does not
+   * see the tier (its blocks leave the index on GPU eviction, so the routing stays as today's): bench:mrc --parts host.
    */
-  readonly hostTier: { readonly hostBlocksPerEngine: number; readonly factor: number | null; readonly hit: number | null } | null;
+  readonly hostTier: {
+    readonly hostBlocksPerEngine: number;
+    readonly factor: number | null;
+    readonly hit: number | null;
+    readonly hitFixedRouting: number | null;
+  } | null;
 }
 
 export const MRC_METHOD =
@@ -792,7 +800,12 @@ export class MrcBook {
       engines,
       hostTier:
         hostBlocksPerEngine !== undefined && hostBlocksPerEngine >= 0
-          ? { hostBlocksPerEngine, factor: hostFactor, hit: hostFactor === null ? null : scaleUpAt(hostFactor) }
+          ? {
+              hostBlocksPerEngine,
+              factor: hostFactor,
+              hit: hostFactor === null ? null : scaleUpAt(hostFactor),
+              hitFixedRouting: engineMean((own) => own + hostBlocksPerEngine),
+            }
           : null,
     };
   }

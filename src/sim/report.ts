@@ -14,6 +14,8 @@ export interface SimReport {
     readonly gpu_blocks: number;
     readonly event_delay_ms: number;
     readonly seed: number;
+    /** Host tier (CPU offload) blocks per engine, when the engines have one. */
+    readonly host_blocks?: number;
   };
   readonly oracle: { readonly block_weighted: number; readonly request_weighted: number };
   readonly policies: readonly FleetResult[];
