@@ -54,7 +54,7 @@ export function formatWhatIf(r: MrcReport): string {
   if (r.hostTier) {
     lines.push(
       `+host tier of ${r.hostTier.hostBlocksPerEngine.toLocaleString('en-US')} blocks per engine: block-weighted hit ` +
-        `${f2(today)} -> ${f2(r.hostTier.hit)}`,
+        `${f2(today)} -> ${f2(r.hostTier.hit)} (a router that credits the tier, --tier-credit; ${f2(r.hostTier.hitFixedRouting)} without)`,
     );
   }
   const models = Object.entries(r.models);

@@ -190,8 +190,15 @@ describe('MrcBook (the curves the live router keeps)', () => {
     // Scale out: m more engines of the mean size (1,500 blocks).
     expect(r.scaleOut.map((p) => p.engines)).toEqual([3, 4, 6, 10]);
     for (const p of r.scaleOut) expect(p.hit).toBeCloseTo(fleet.hitRatio(3000 + p.enginesAdded * 1500) * locality, 12);
-    // Host tier of 500 blocks per engine: the scale-up answer at (3000 + 2 x 500) / 3000.
-    expect(r.hostTier).toEqual({ hostBlocksPerEngine: 500, factor: 4000 / 3000, hit: expect.closeTo(fleet.hitRatio(4000) * locality, 12) });
+    // Host tier of 500 blocks per engine: credited, the scale-up answer at (3000 + 2 x 500) / 3000; not credited (routing
+    // as today), each engine's own curve at its blocks + 500.
+    expect(r.hostTier).toEqual({
+      hostBlocksPerEngine: 500,
+      factor: 4000 / 3000,
+      hit: expect.closeTo(fleet.hitRatio(4000) * locality, 12),
+      hitFixedRouting: expect.closeTo(engineMean(2500, 1500), 12),
+    });
+    expect(r.hostTier!.hitFixedRouting).not.toBeCloseTo(engineMean(2000 * (4000 / 3000), 1000 * (4000 / 3000)), 6);
     expect(r.engines.w0.blocks).toBe(2000);
     expect(book.report(capacity).hostTier).toBeNull();
   });
