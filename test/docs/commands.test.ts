@@ -288,6 +288,14 @@ const CASES: DocCase[] = [
     coveredBy: 'test/server/mrc-process.test.ts',
   },
   {
+    doc: 'kvroute sim --trace agentic:requests=120 --workers 2 --gpu-blocks 384 --policy kv-pressure --what-if --what-if-check --what-if-host-blocks 512',
+    coveredBy: 'test/sim/what-if-cli.test.ts',
+  },
+  {
+    doc: 'kvroute sim --trace agentic:requests=120 --workers 2 --gpu-blocks 384 --policy kv-pressure --host-blocks 512',
+    coveredBy: 'test/sim/what-if-cli.test.ts',
+  },
+  {
     doc: 'kvroute sim --trace agentic:requests=1000 --workers 8 --policy kv,round-robin',
     coveredBy: 'test/sim/agentic.test.ts',
   },
