@@ -39,6 +39,10 @@
  * dump() lists every cached block with engineId, parentEngineId, router seqHash, lora/salt, refCount (its tokens are in
  * its BlockStored event); cachedSeqHashes() is the set of router hashes cached. abort(id) frees a request; reset() is a
  * silent restart (no AllBlocksCleared). checkInvariants() throws on broken refcounts (tests).
+ * Host tier (config.hostBlocks > 0, host-tier.ts): an exclusive LRU level of N blocks behind the GPU cache; evicted GPU
+ * blocks move there (announced Stored on medium "CPU" before the GPU Removed), a prefix look-up continues there and the
+ * run found is loaded back (Removed on "CPU"); loaded tokens count in cachedTokens and counters.hostHitTokens, not in
+ * prefixCacheHits (vLLM counts connector loads apart). Loads cost no step time.
  * Simplification vs vLLM: one physical block per hash (a block computed twice concurrently is shared, not announced
  * twice); blocks freed without a hash are reused first. Prefix-cache stats only with prefix caching on.
  */
