@@ -4,9 +4,14 @@
  * measures (same trace, same settings), the errors predicted - measured, and the JSON shape stable.
  */
 import { execFile } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
+import { formatRecordHeader, formatRecordLine } from '../../src/core/traffic-record.ts';
+import { TraceHasher } from '../../src/sim/traces/expand.ts';
+import { generateFromSpec } from '../../src/sim/traces/spec.ts';
 
 const run = promisify(execFile);
 const BIN = join(import.meta.dirname, '../../bin/kvroute.mjs');
@@ -94,6 +99,38 @@ describe('kvroute sim --what-if', () => {
     expect(stdout).toMatch(/^2x KV per engine\s+2 x 768 blocks\s+0\.\d{3}\s+-\s+-$/m);
     expect(stdout).toMatch(/^\+host tier \(not credited\)\s+2 x 384 blocks \+ 384 host\s+0\.\d{3}\s+-\s+-$/m);
     expect(stdout).toMatch(/--what-if-check simulates each fleet too/);
+  }, 120_000);
+
+  it('answers on a recording of `kvroute serve --record` (its own hashes and block size), measured as a plain replay', async () => {
+    const bs = 32;
+    const hasher = new TraceHasher(bs);
+    const lines = generateFromSpec('agentic:requests=100', 3).map((r) =>
+      formatRecordLine({
+        timestamp: r.timestamp,
+        inputLength: r.inputLength,
+        outputLength: r.outputLength,
+        blockHashes: hasher.seqHashes(r),
+        model: 'm',
+        tenant: r.tenant ?? 'default',
+        priority: r.priority ?? 0,
+        outcome: 'ok',
+      }),
+    );
+    const file = join(mkdtempSync(join(tmpdir(), 'kvroute-whatif-')), 'traffic.jsonl');
+    writeFileSync(
+      file,
+      `${[formatRecordHeader({ blockSize: bs, startedAt: '2026-12-06T06:00:00.000Z', source: 'serve' }), ...lines].join('\n')}\n`,
+    );
+    const fleet = ['--trace', file, '--workers', '2', '--gpu-blocks', '256', '--policy', 'kv-pressure', '--json', '-', '--no-progress'];
+    const doc = JSON.parse((await sim([...fleet, '--what-if'])).stdout);
+    expect(doc.fleet.block_size).toBe(bs);
+    expect(doc.what_if.requests).toBe(100);
+    expect(doc.what_if.checked).toBe(false);
+    const today = doc.what_if.answers[0] as Answer;
+    expect(today.measured).toBeGreaterThan(0);
+    expect(doc.what_if.answers.slice(1).every((a: Answer) => a.measured === null && a.error === null && a.predicted !== null)).toBe(true);
+    const replay = JSON.parse((await sim(fleet)).stdout);
+    expect(today.measured).toBe(replay.policies[0].hit.delivered_block_weighted);
   }, 120_000);
 
   it('refuses what it cannot answer, with one line and exit 2', async () => {
