@@ -88,7 +88,10 @@ export function registerSim(program: Command): void {
         'imbalance (max/mean), preemptions; plus the oracle (infinite shared cache) on the same trace. Requests go ' +
         'through the same core dispatcher as `kvroute serve` (busy thresholds, queue, retries, breakers), configured by ' +
         'the same settings (names, ranges, defaults) and the same mapping: the report counts requests served, queued, ' +
-        'refused (by reason) and retried. A scenario brings its own fleet, policies and admission; flags given override them.',
+        'refused (by reason) and retried. A scenario brings its own fleet, policies and admission; flags given override them. ' +
+        "--what-if feeds the run's routing to the miss-ratio curves the live router keeps and prints their answers (more KV " +
+        'per engine, more engines, a host tier) beside the measured hit; --what-if-check simulates those fleets too ' +
+        '(docs/cache-sizing.md).',
     )
     .option(
       '--trace <file>',
