@@ -6,6 +6,7 @@
  */
 import type { FinishReport, PrefillReport, Submission } from '../../core/dispatch/dispatcher.ts';
 import type { ServeConfig } from '../../config/serve.ts';
+import type { RouteDecision } from '../../core/types.ts';
 import type { NextStep } from '../../runtime/lifecycle.ts';
 
 /** Where a shell sends an attempt: what it needs of a worker to open its own connection pool. */
@@ -19,6 +20,9 @@ export interface ShellWorkerInfo {
   /** TensorRT-LLM's optional handoff fields as the worker's spec sets them (by wire field name). */
   readonly handoffSettings?: Readonly<Record<string, 'auto' | 'on' | 'off'>>;
 }
+
+/** A routing decision as a step carries it to a shell: without its hashes and candidates (the shell reads neither). */
+export type WireDecision = Omit<RouteDecision, 'seqHashes' | 'candidates'>;
 
 /** Metric calls a shell batches (method name of RequestMetrics / PdMetrics, arguments). */
 export type MetricCall =
