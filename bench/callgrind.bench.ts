@@ -194,7 +194,7 @@ async function count(target: string, bin: string, label: string, upstream: strin
   const multi = target === 'kvroute' && PROCESSES > 1;
   const child = startTarget(target, bin, upstream, outFile);
   const url =
-    target === 'bare' ? `http://127.0.0.1:${(await waitForLine(child, /PORT (\d+)/, 300_000))[1]}` : await listeningUrl(child, 300_000);
+    target === 'bare' ? `http://127.0.0.1:${(await waitForLine(child, /PORT (\d+)/, 300_000))[1]}` : await listeningUrl(child, 900_000);
   progress(`${label} ${w.name}: warming up (${WARMUP} requests)`);
   const badWarm = await send(url, w, 0, WARMUP);
   if (badWarm > 0) throw new Error(`${label} ${w.name}: ${badWarm} warm-up requests failed`);

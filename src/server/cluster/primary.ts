@@ -8,15 +8,18 @@
  */
 import cluster, { type Worker as ClusterWorker } from 'node:cluster';
 import { fileURLToPath } from 'node:url';
+import { Counter } from 'prom-client';
 import type { Logger } from 'pino';
 import type { ServeConfig } from '../../config/serve.ts';
 import type { RunningServer } from '../app.ts';
 import type { RecentDecision } from '../inference.ts';
 import type { RouteDecision } from '../../core/types.ts';
+import { sumCaches, type TokenizerCacheGauges } from '../../metrics/memory.ts';
 import type { NextStep } from '../../runtime/lifecycle.ts';
 import {
   isShellMessage,
   METRIC_CALLS,
+  shellMessageProblem,
   type MetricCall,
   Outbox,
   type PrimaryMessage,
@@ -199,6 +202,9 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
       case 'kvr.metrics':
         for (const c of m.calls) metric(c);
         return;
+      case 'kvr.cacheInfo':
+        cacheAnswers.get(m.id)?.(m.cache ?? undefined);
+        return;
       case 'kvr.ready':
         send(s, { k: 'kvr.start', config, primaryUrl: server.url });
         return;
@@ -213,6 +219,51 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
     }
   };
 
+  // router_tokenizer_cache_*: the shells tokenize, so the series add up their caches, asked at scrape time (a shell
+  // that does not answer within a second is left out of that scrape).
+  const cacheAnswers = new Map<number, (c: TokenizerCacheGauges | undefined) => void>();
+  let cacheSeq = 0;
+  const askCache = (s: ShellState): Promise<TokenizerCacheGauges | undefined> =>
+    new Promise((resolve) => {
+      const id = ++cacheSeq;
+      const timer = setTimeout(() => done(undefined), 1000);
+      const done = (c: TokenizerCacheGauges | undefined) => {
+        clearTimeout(timer);
+        cacheAnswers.delete(id);
+        resolve(c);
+      };
+      cacheAnswers.set(id, done);
+      send(s, { k: 'kvr.cacheInfo', id });
+    });
+  const shellCaches = async () => sumCaches(await Promise.all([...shells.values()].filter((s) => s.listening).map(askCache)));
+  server.tokenizerCaches.add(shellCaches);
+
+  const dropped = new Counter({
+    name: `${server.metrics.prefix}router_shell_messages_dropped_total`,
+    help: 'IPC messages from the HTTP shells of --processes the routing core could not act on (malformed): dropped.',
+    registers: [server.metrics.registry],
+  });
+  /** A malformed message: counted, logged, and a request it names refused at once (its client gets an error). */
+  const drop = (s: ShellState, m: unknown, problem: string) => {
+    dropped.inc();
+    log.warn({ pid: s.worker.process.pid, problem }, 'malformed message from an HTTP shell dropped');
+    const id = (m as { id?: unknown } | null)?.id;
+    const kind = (m as { k?: unknown } | null)?.k;
+    if (typeof id !== 'string' || !(kind === 'kvr.submit' || kind === 'kvr.failed' || kind === 'kvr.prefillFailed')) return;
+    const refusal: NextStep = {
+      kind: 'reject',
+      requestId: id,
+      // 502, as when the routing core does not answer a forwarded request: the router's own failure.
+      code: 'upstream_failed',
+      message: `the routing core could not read the request (${problem})`,
+      queuedMs: 0,
+      attempts: 0,
+      tenant: 'default',
+      band: 'default',
+    };
+    send(s, { k: 'kvr.step', id, step: refusal, workers: [] });
+  };
+
   const fork = (): ShellState => {
     const worker = cluster.fork();
     const outbox = new Outbox<PrimaryMessage>((m) => {
@@ -222,7 +273,12 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
     shells.set(worker.id, s);
     worker.on('message', (m: unknown) => {
       if (!isShellMessage(m)) return;
-      for (const one of m.k === 'kvr.batch' ? m.msgs : [m]) {
+      for (const one of m.k === 'kvr.batch' ? (Array.isArray(m.msgs) ? m.msgs : [null]) : [m]) {
+        const problem = shellMessageProblem(one);
+        if (problem) {
+          drop(s, one, problem);
+          continue;
+        }
         try {
           onMessage(s, one);
         } catch (err) {

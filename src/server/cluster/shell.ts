@@ -14,6 +14,7 @@ import type { DispatchAttempt, FinishReport, PrefillReport, Submission } from '.
 import type { RouteDecision } from '../../core/types.ts';
 import type { ServeConfig } from '../../config/serve.ts';
 import { HttpError } from '../../http/errors.ts';
+import type { TokenizerCacheGauges } from '../../metrics/memory.ts';
 import type { RequestMetrics } from '../../metrics/registry.ts';
 import { RemoteTokenizer } from '../../tokenizer/remote.ts';
 import { buildSecurity } from '../app.ts';
@@ -305,6 +306,15 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
     else if (m.k === 'kvr.target') {
       targets.get(m.id)?.(m.worker);
       targets.delete(m.id);
+    } else if (m.k === 'kvr.cacheInfo') {
+      const id = m.id;
+      const read = tokenizer
+        ? tokenizer.info().then((i) => i.cache as TokenizerCacheGauges | undefined)
+        : Promise.resolve(remote?.cacheInfo);
+      void read.then(
+        (cache) => send({ k: 'kvr.cacheInfo', id, cache: cache ?? null }),
+        () => send({ k: 'kvr.cacheInfo', id, cache: null }),
+      );
     } else if (m.k === 'kvr.close') void close(m.graceMs);
   };
   process.on('message', onMessage);
