@@ -23,7 +23,7 @@
  * counted window or not, so the rest is the figure to compare between builds).
  */
 import { type ChildProcess, execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -48,6 +48,8 @@ usage: npm run bench:callgrind -- [options]
   --compare <bin>        also count another kvroute build (rows "before")
   --label <name>         the name of --bin's rows (default "kvroute")
   --keep <dir>           keep the callgrind dumps in <dir>
+  --processes <n>        run kvroute with --processes <n>: its rows count the primary (the routing core) and the
+                         HTTP shells separately (valgrind follows the forked shells; each is counted on its own)
   --predictable          run the proxies' node with V8's --predictable (no concurrent compiler or GC threads:
                          steadier counts between runs, not the production configuration)
   -h, --help             this text`;
@@ -65,6 +67,7 @@ const BIN = opt('bin') ?? KVROUTE_BIN;
 const COMPARE = opt('compare');
 const KEEP = opt('keep');
 const LABEL = opt('label') ?? 'kvroute';
+const PROCESSES = num('processes', 1, true);
 const NODE_FLAGS = argv.includes('--predictable') ? ['--predictable'] : [];
 for (const w of ONLY) {
   if (!['ids', 'ids-stream', 'chat'].includes(w)) {
@@ -92,6 +95,7 @@ const progress = (s: string) => process.stderr.write(`[callgrind] ${s}\n`);
 const VALGRIND = ['--tool=callgrind', '--instr-atstart=no', '--smc-check=all-non-file'];
 
 function startTarget(target: string, bin: string, upstream: string, outFile: string): ChildProcess {
+  const multi = target === 'kvroute' && PROCESSES > 1;
   const args =
     target === 'bare'
       ? [process.execPath, ...NODE_FLAGS, '--import', 'tsx', fileURLToPath(new URL('./lib/bare-proxy.ts', import.meta.url)), upstream]
@@ -100,9 +104,23 @@ function startTarget(target: string, bin: string, upstream: string, outFile: str
           ...NODE_FLAGS,
           // Under valgrind the first instrumented requests crawl (every code path is translated again): no client
           // timeout may cut them.
-          ...serveArgs(bin, [upstream], ['--tokenizer', QWEN3_DIR, '--header-timeout-ms', '600000', '--body-timeout-ms', '0']),
+          ...serveArgs(
+            bin,
+            [upstream],
+            [
+              '--tokenizer',
+              QWEN3_DIR,
+              '--header-timeout-ms',
+              '600000',
+              '--body-timeout-ms',
+              '0',
+              ...(multi ? ['--processes', String(PROCESSES)] : []),
+            ],
+          ),
         ];
-  return track('valgrind', [...VALGRIND, `--callgrind-out-file=${outFile}`, ...args]);
+  // With --processes, valgrind follows the forked shells (node:cluster forks and execs node): one dump file per pid.
+  const out = multi ? ['--trace-children=yes', `--callgrind-out-file=${outFile}.%p`] : [`--callgrind-out-file=${outFile}`];
+  return track('valgrind', [...VALGRIND, ...out, ...args]);
 }
 
 async function send(url: string, w: Workload, from: number, count: number): Promise<number> {
@@ -150,33 +168,77 @@ function countsOf(file: string): Counts {
   return c;
 }
 
-async function count(target: string, bin: string, label: string, upstream: string, w: Workload, dir: string): Promise<Counts> {
+/** Pids of a process's children (every thread's), from /proc. */
+function childPids(pid: number): number[] {
+  const out: number[] = [];
+  for (const t of readdirSync(`/proc/${pid}/task`)) {
+    try {
+      const kids = readFileSync(`/proc/${pid}/task/${t}/children`, 'utf8').trim();
+      if (kids) out.push(...kids.split(/\s+/).map(Number));
+    } catch {
+      // the thread ended meanwhile
+    }
+  }
+  return out;
+}
+
+/** One row's counts: the (primary) process, and with --processes the shells' sum. */
+interface RowCounts {
+  main: Counts;
+  shells?: Counts;
+}
+
+async function count(target: string, bin: string, label: string, upstream: string, w: Workload, dir: string): Promise<RowCounts> {
   const tag = `${label}-${w.name}`.replace(/[^a-z0-9]+/gi, '_');
   const outFile = join(dir, `callgrind.${tag}`);
+  const multi = target === 'kvroute' && PROCESSES > 1;
   const child = startTarget(target, bin, upstream, outFile);
   const url =
-    target === 'bare' ? `http://127.0.0.1:${(await waitForLine(child, /PORT (\d+)/, 300_000))[1]}` : await listeningUrl(child, 300_000);
+    target === 'bare' ? `http://127.0.0.1:${(await waitForLine(child, /PORT (\d+)/, 300_000))[1]}` : await listeningUrl(child, 900_000);
   progress(`${label} ${w.name}: warming up (${WARMUP} requests)`);
   const badWarm = await send(url, w, 0, WARMUP);
   if (badWarm > 0) throw new Error(`${label} ${w.name}: ${badWarm} warm-up requests failed`);
-  const pid = String(child.pid);
-  execFileSync('callgrind_control', ['-i', 'on', pid], { stdio: 'ignore' });
+  const pid = child.pid as number;
+  const shells = multi ? childPids(pid) : [];
+  if (multi && shells.length !== PROCESSES) throw new Error(`${label}: ${shells.length} shell processes, expected ${PROCESSES}`);
+  for (const p of [pid, ...shells]) execFileSync('callgrind_control', ['-i', 'on', String(p)], { stdio: 'ignore' });
   progress(`${label} ${w.name}: counting ${REQUESTS} requests`);
   const bad = await send(url, w, WARMUP, REQUESTS);
-  execFileSync('callgrind_control', ['-d', pid], { stdio: 'ignore' });
+  for (const p of [pid, ...shells]) execFileSync('callgrind_control', ['-d', String(p)], { stdio: 'ignore' });
   await stopChild(child);
-  if (bad > 0) throw new Error(`${label} ${w.name}: ${bad} counted requests failed`);
-  const base = `callgrind.${tag}`;
-  const dumps = readdirSync(dir).filter((f) => f.startsWith(base) && f !== base);
-  const c: Counts = { total: 0, gc: 0, jit: 0 };
-  for (const f of dumps) {
-    const d = countsOf(join(dir, f));
-    c.total += d.total / REQUESTS;
-    c.gc += d.gc / REQUESTS;
-    c.jit += d.jit / REQUESTS;
+  for (const p of shells) {
+    try {
+      process.kill(p, 'SIGKILL');
+    } catch {
+      // already gone with the primary
+    }
   }
-  if (existsSync(outFile)) rmSync(outFile); // the exit dump (nothing counted after the -d one: the process was killed)
-  return c;
+  if (bad > 0) throw new Error(`${label} ${w.name}: ${bad} counted requests failed`);
+  const sumOf = (base: string): Counts => {
+    const dumps = readdirSync(dir).filter((f) => f.startsWith(`${base}.`));
+    const c: Counts = { total: 0, gc: 0, jit: 0 };
+    for (const f of dumps) {
+      const d = countsOf(join(dir, f));
+      c.total += d.total / REQUESTS;
+      c.gc += d.gc / REQUESTS;
+      c.jit += d.jit / REQUESTS;
+    }
+    return c;
+  };
+  const base = `callgrind.${tag}`;
+  // The exit dumps (nothing counted after the -d ones: the processes were killed) are not counted.
+  const main = sumOf(multi ? `${base}.${pid}` : base);
+  const shellCounts = multi ? shells.map((p) => sumOf(`${base}.${p}`)) : [];
+  for (const f of readdirSync(dir))
+    if (f === base || (f.startsWith(`${base}.`) && /^\d+$/.test(f.slice(base.length + 1)))) rmSync(join(dir, f));
+  if (!multi) return { main };
+  const s: Counts = { total: 0, gc: 0, jit: 0 };
+  for (const c of shellCounts) {
+    s.total += c.total;
+    s.gc += c.gc;
+    s.jit += c.jit;
+  }
+  return { main, shells: s };
 }
 
 // ------------------------------------------------------------------ main
@@ -200,9 +262,15 @@ async function main() {
     if (TARGETS.includes('kvroute') && COMPARE) targets.push({ target: 'kvroute', bin: COMPARE, label: 'kvroute before' });
     if (TARGETS.includes('kvroute')) targets.push({ target: 'kvroute', bin: BIN, label: LABEL });
     for (const t of targets) {
-      const perReq = await count(t.target, t.bin, t.label, upstream, w, dir);
-      rows.push({ proxy: t.label, workload: w.name, perReq });
-      progress(`${t.label} ${w.name}: ${(perReq.total / 1e6).toFixed(3)} M instructions per request`);
+      const { main, shells } = await count(t.target, t.bin, t.label, upstream, w, dir);
+      if (!shells) {
+        rows.push({ proxy: t.label, workload: w.name, perReq: main });
+        progress(`${t.label} ${w.name}: ${(main.total / 1e6).toFixed(3)} M instructions per request`);
+        continue;
+      }
+      rows.push({ proxy: `${t.label} x${PROCESSES}: primary`, workload: w.name, perReq: main });
+      rows.push({ proxy: `${t.label} x${PROCESSES}: shells`, workload: w.name, perReq: shells });
+      progress(`${t.label} ${w.name}: primary ${(main.total / 1e6).toFixed(3)} M, shells ${(shells.total / 1e6).toFixed(3)} M per request`);
     }
   }
   await stopChild(up);

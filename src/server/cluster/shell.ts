@@ -10,9 +10,11 @@ import cluster from 'node:cluster';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import pino, { type Logger } from 'pino';
 import { Pool } from 'undici';
-import type { FinishReport, PrefillReport, Submission } from '../../core/dispatch/dispatcher.ts';
+import type { DispatchAttempt, FinishReport, PrefillReport, Submission } from '../../core/dispatch/dispatcher.ts';
+import type { RouteDecision } from '../../core/types.ts';
 import type { ServeConfig } from '../../config/serve.ts';
 import { HttpError } from '../../http/errors.ts';
+import type { TokenizerCacheGauges } from '../../metrics/memory.ts';
 import type { RequestMetrics } from '../../metrics/registry.ts';
 import { RemoteTokenizer } from '../../tokenizer/remote.ts';
 import { buildSecurity } from '../app.ts';
@@ -54,6 +56,34 @@ class ForwardedMetrics {
   }
 }
 
+const EMPTY_HASHES = new BigUint64Array(0);
+const NO_CANDIDATES: readonly never[] = [];
+
+function fullStep(step: DispatchAttempt): DispatchAttempt {
+  const d = step.decision as Partial<RouteDecision>;
+  if (d.seqHashes && d.candidates) return step;
+  const decision = { ...step.decision, seqHashes: EMPTY_HASHES, candidates: NO_CANDIDATES };
+  const prefill = step.prefill
+    ? { ...step.prefill, decision: { ...step.prefill.decision, seqHashes: EMPTY_HASHES, candidates: NO_CANDIDATES } }
+    : undefined;
+  return { ...step, decision, ...(prefill ? { prefill } : {}) };
+}
+
+/**
+ * What RouterMetrics.routed reads of a decision (its worker label, the reuse counters, the overhead phases): the
+ * metric goes back to the primary with these fields only, not the whole decision it sent.
+ */
+function routedFields(d: RouteDecision): RouteDecision {
+  return {
+    sourceKey: d.sourceKey,
+    promptTokens: d.promptTokens,
+    islBlocks: d.islBlocks,
+    overlapBlocks: d.overlapBlocks,
+    bestOverlapBlocks: d.bestOverlapBlocks,
+    ...(d.timingsMs ? { timingsMs: d.timingsMs } : {}),
+  } as RouteDecision;
+}
+
 /** The workers attempts are sent to, learnt from the primary's steps; one pool per worker, as the primary has. */
 class ShellWorkers {
   private readonly byId = new Map<string, PdWorker>();
@@ -92,9 +122,10 @@ class ForwardedLifecycle implements LifecyclePort {
 
   constructor(private readonly workers: ShellWorkers) {}
 
-  /** A step from the primary. */
-  step(id: string, step: NextStep, workers: readonly ShellWorkerInfo[]): void {
+  /** A step from the primary (its decisions without hashes and candidates: empty ones put back). */
+  step(id: string, wire: NextStep, workers: readonly ShellWorkerInfo[]): void {
     for (const w of workers) this.workers.learn(w);
+    const step = wire.kind === 'dispatch' ? fullStep(wire) : wire;
     const waiter = this.waiters.get(id);
     if (!waiter) {
       // The handler gave up (its client left) while the primary decided: give the attempt back.
@@ -184,7 +215,7 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
   const targets = new Map<string, (w: ShellWorkerInfo | null) => void>();
   let targetSeq = 0;
   const metrics: RequestMetrics = {
-    routed: (...a) => forwarded.call(['routed', ...a]),
+    routed: (d, t) => forwarded.call(['routed', routedFields(d), t]),
     firstToken: (...a) => forwarded.call(['firstToken', ...a]),
     token: (...a) => forwarded.call(['token', ...a]),
     refused: (...a) => forwarded.call(['refused', ...a]),
@@ -275,6 +306,15 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
     else if (m.k === 'kvr.target') {
       targets.get(m.id)?.(m.worker);
       targets.delete(m.id);
+    } else if (m.k === 'kvr.cacheInfo') {
+      const id = m.id;
+      const read = tokenizer
+        ? tokenizer.info().then((i) => i.cache as TokenizerCacheGauges | undefined)
+        : Promise.resolve(remote?.cacheInfo);
+      void read.then(
+        (cache) => send({ k: 'kvr.cacheInfo', id, cache: cache ?? null }),
+        () => send({ k: 'kvr.cacheInfo', id, cache: null }),
+      );
     } else if (m.k === 'kvr.close') void close(m.graceMs);
   };
   process.on('message', onMessage);
