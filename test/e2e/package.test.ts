@@ -29,11 +29,11 @@ const ENV = Object.fromEntries(Object.entries(process.env).filter(([k]) => !/^np
 const PORT = { KVROUTE_PORT: '0', KVROUTE_LOG_LEVEL: 'info' };
 
 const started: ShellProcess[] = [];
-// Generous: stopping a process group and removing an install take a while on a loaded machine.
+// Generous: stopping a process group and removing an install take a while on a loaded machine (over 120 s at load 20).
 afterAll(async () => {
   await Promise.all(started.map((p) => p.stop()));
   rmSync(WORK, { recursive: true, force: true });
-}, 120_000);
+}, 300_000);
 
 function start(command: string, cwd: string, list = started): ShellProcess {
   const p = new ShellProcess(command, { cwd, env: { ...ENV, ...PORT } });
