@@ -1,4 +1,5 @@
 import { defineConfig } from 'vitest/config';
+import SlowestFirstSequencer from './test/sequencer.ts';
 
 export default defineConfig({
   test: {
@@ -9,6 +10,8 @@ export default defineConfig({
     reporters: ['default', ['json', { outputFile: 'test-artifacts/vitest.json' }]],
     // Multi-process e2e tests share two cores; keep parallelism modest so timing-sensitive ones do not starve.
     maxWorkers: 2,
+    // The slowest files start first, on a fresh clone too (no timings cached there): see test/sequencer.ts.
+    sequence: { sequencer: SlowestFirstSequencer },
     testTimeout: 30_000,
     hookTimeout: 30_000,
   },

@@ -3,8 +3,12 @@
  * (multi-stage, production dependencies only, non-root, a health check, `kvroute` as the entrypoint), and what it
  * runs is run here, in a fresh copy of the repository: the build stage's RUN (scripts/docker/build.sh: npm ci, npm
  * pack), the final stage's install (scripts/docker/install.sh: the tarball with --omit=dev), then ENTRYPOINT + CMD
- * with the image's ENV, and the HEALTHCHECK command against the started router. Slow (a full npm ci): ~1-2 minutes,
- * so it runs inside test/e2e/package.test.ts, after that file's own installs, never beside another heavy install.
+ * with the image's ENV, and the HEALTHCHECK command against the started router. The tarball and the installed package
+ * are then handed to the caller (test/e2e/package.test.ts), which runs the package as a user installs it from there:
+ * the build stage is `npm ci` then `npm pack` and the final stage `npm install --omit=dev <tarball>`, the very
+ * commands a user runs to pack and install the package, so one npm pack and one install serve both. Slow (a full npm
+ * ci): ~1-2 minutes, so it runs inside test/e2e/package.test.ts, after that file's own install, never beside another
+ * heavy install.
  */
 import { spawnSync } from 'node:child_process';
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
@@ -75,19 +79,53 @@ function copyContext(to: string): void {
   }
 }
 
-/** Registers the Dockerfile's tests (called by test/e2e/package.test.ts). */
-export function describeDockerfile(): void {
+/**
+ * A private npm cache for the image's install step, seeded from the user's: install.sh ends with `npm cache clean
+ * --force` (it keeps the image small), which run as written here would empty the cache of the machine the tests run
+ * on, and of every other npm install running on it at the time. Hard links (a copy where they cannot be made): the
+ * clean only unlinks the private names. The install still finds what `npm ci` fetched, so it needs no network.
+ */
+function privateNpmCache(to: string): { readonly cache: string; readonly userCacache: string | null } {
+  const userCache = spawnSync('npm', ['config', 'get', 'cache'], { env: ENV, encoding: 'utf8' }).stdout.trim();
+  mkdirSync(to, { recursive: true });
+  const userCacache = userCache && existsSync(join(userCache, '_cacache')) ? join(userCache, '_cacache') : null;
+  if (userCacache !== null) {
+    const linked = spawnSync('cp', ['-al', userCacache, to]);
+    if (linked.status !== 0) {
+      rmSync(join(to, '_cacache'), { recursive: true, force: true });
+      const copied = spawnSync('cp', ['-a', userCacache, to], { encoding: 'utf8' });
+      expect(copied.status, copied.stderr).toBe(0);
+    }
+  }
+  return { cache: to, userCacache };
+}
+
+/** What the image's build and install left, for tests of the installed package (registered by the caller). */
+export interface Installed {
+  /** The build stage's tarball (`npm pack` after `npm ci`). */
+  readonly tarball: string;
+  /** The final stage's prefix: the tarball installed with `npm install --omit=dev`; node_modules/.bin/kvroute. */
+  readonly prefix: string;
+  /** Processes the caller starts, stopped (by process group) before the folders are removed. */
+  readonly started: ShellProcess[];
+}
+
+/**
+ * Registers the Dockerfile's tests (called by test/e2e/package.test.ts); `then` registers tests that use the
+ * tarball and the installed package, which run after these and before the folders are removed.
+ */
+export function describeDockerfile(then?: (installed: Installed) => void): void {
   describe('the Dockerfile, run without Docker', () => {
     const WORK = mkdtempSync(join(tmpdir(), 'kvroute-image-'));
     const SRC = join(WORK, 'src');
     const OUT = join(WORK, 'out');
     const PREFIX = join(WORK, 'opt-kvroute');
     const started: ShellProcess[] = [];
-    // Removing a full node_modules copy takes a while on a loaded machine.
+    // Removing a full node_modules copy takes a while on a loaded machine (over 120 s at load 20).
     afterAll(async () => {
       await Promise.all(started.map((p) => p.stop()));
       rmSync(WORK, { recursive: true, force: true });
-    }, 120_000);
+    }, 300_000);
     const ins = readDockerfile();
     const last = Math.max(...ins.map((i) => i.stage));
     const final = ins.filter((i) => i.stage === last);
@@ -126,10 +164,14 @@ export function describeDockerfile(): void {
       const [install, ...rest] = finalRuns[0].split(' && ');
       expect(install).toBe('sh /opt/kvroute-image/install.sh /tmp/kvroute.tgz /opt/kvroute');
       expect(rest).toEqual(['rm /tmp/kvroute.tgz', 'ln -s /opt/kvroute/node_modules/.bin/kvroute /usr/local/bin/kvroute']);
-      const installed = await runShell(substitute(install, paths), { cwd: WORK, env: ENV }, 300_000);
+      const npm = privateNpmCache(join(WORK, 'npm-cache'));
+      const installed = await runShell(substitute(install, paths), { cwd: WORK, env: { ...ENV, npm_config_cache: npm.cache } }, 300_000);
       expect(installed.code, installed.stderr.slice(-3000)).toBe(0);
       expect(installed.stderr).not.toContain('EBADENGINE');
       expect(installed.stdout).toContain('0.1.0'); // install.sh ends with `kvroute --version`
+      // Its `npm cache clean --force` emptied the private cache, not the user's.
+      expect(existsSync(join(npm.cache, '_cacache'))).toBe(false);
+      if (npm.userCacache !== null) expect(existsSync(npm.userCacache)).toBe(true);
       const modules = readdirSync(join(PREFIX, 'node_modules'));
       expect(modules).toContain('kvroute');
       for (const dev of ['tsx', 'typescript', 'vitest', '@biomejs']) expect(modules).not.toContain(dev);
@@ -151,5 +193,7 @@ export function describeDockerfile(): void {
       await router.stop();
       expect((await runShell(healthcheck, { cwd: WORK, env })).code).toBe(1);
     }, 600_000);
+
+    then?.({ tarball: join(OUT, 'kvroute.tgz'), prefix: PREFIX, started });
   });
 }
