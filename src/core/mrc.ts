@@ -142,6 +142,28 @@ function newCandidates(size: number): Candidates {
 let SCRATCH_CANDIDATES = newCandidates(256);
 
 /**
+ * Integer thresholds of the pass at threshold `t` (shared; recomputed when `t` changes): a block at depth i < BOOST_DEPTH
+ * with 24-bit value v passes iff v < HEAD_T[i] (exactly v * (i + 1) < t * BOOST, the depth-boosted test), deeper blocks
+ * iff v < TAIL_T (exactly v < t).
+ */
+const HEAD_T = new Int32Array(256);
+let HEAD_T_FOR = Number.NaN;
+let TAIL_T = 0;
+function thresholdsFor(t: number): void {
+  if (t === HEAD_T_FOR) return;
+  HEAD_T_FOR = t;
+  const tB = t * BOOST;
+  for (let i = 0; i < BOOST_DEPTH; i++) {
+    // The least integer q with q * (i + 1) >= tB (products of integers below 2^33 are exact in a double).
+    let q = Math.ceil(tB / (i + 1));
+    while (q > 0 && (q - 1) * (i + 1) >= tB) q--;
+    while (q * (i + 1) < tB) q++;
+    HEAD_T[i] = Math.min(q, MRC_MODULUS);
+  }
+  TAIL_T = Math.min(Math.ceil(t), MRC_MODULUS);
+}
+
+/**
  * One pass over a request's hashes: the blocks sampled at threshold `t` (depth-boosted, as ShardsMrc samples). Callers
  * with several curves pass the highest of their thresholds; each curve keeps those under its own.
  */
@@ -150,16 +172,34 @@ export function collectCandidates(view: Uint32Array, fullBlocks: number, t: numb
   let c = out;
   c.count = 0;
   c.blocks = n;
-  // Depth-boosted head: v / (BOOST / (i + 1)) < t, as one multiply and compare; then the plain test (one compare). Two
-  // loops, so the per-block work is the test alone; a block that passes is copied out (rare: ~R of them).
-  const tB = t * BOOST;
+  thresholdsFor(t);
+  // Integer compares against precomputed thresholds (HEAD_T per depth in the boosted head, TAIL_T after), four blocks
+  // at a time: the signs of (value - threshold) OR-ed together say whether any of the four passes (values and
+  // thresholds are below 2^24 + 1, so the differences cannot overflow). A block that passes is copied out (rare: ~R).
+  const ht = HEAD_T;
   const head = Math.min(n, BOOST_DEPTH);
-  for (let i = 0; i < head; i++) {
-    if ((view[2 * i] & MOD_MASK) * (i + 1) < tB) c = pushCandidate(c, view, i);
+  let i = 0;
+  for (; i + 3 < head; i += 4) {
+    const k = 2 * i;
+    if (
+      (((view[k] & MOD_MASK) - ht[i]) |
+        ((view[k + 2] & MOD_MASK) - ht[i + 1]) |
+        ((view[k + 4] & MOD_MASK) - ht[i + 2]) |
+        ((view[k + 6] & MOD_MASK) - ht[i + 3])) <
+      0
+    ) {
+      for (let j = i; j < i + 4; j++) if ((view[2 * j] & MOD_MASK) < ht[j]) c = pushCandidate(c, view, j);
+    }
   }
-  for (let i = head; i < n; i++) {
-    if ((view[2 * i] & MOD_MASK) < t) c = pushCandidate(c, view, i);
+  for (; i < head; i++) if ((view[2 * i] & MOD_MASK) < ht[i]) c = pushCandidate(c, view, i);
+  const tt = TAIL_T;
+  for (; i + 3 < n; i += 4) {
+    const k = 2 * i;
+    if ((((view[k] & MOD_MASK) - tt) | ((view[k + 2] & MOD_MASK) - tt) | ((view[k + 4] & MOD_MASK) - tt) | ((view[k + 6] & MOD_MASK) - tt)) < 0) {
+      for (let j = i; j < i + 4; j++) if ((view[2 * j] & MOD_MASK) < tt) c = pushCandidate(c, view, j);
+    }
   }
+  for (; i < n; i++) if ((view[2 * i] & MOD_MASK) < tt) c = pushCandidate(c, view, i);
   return c;
 }
 
@@ -418,13 +458,14 @@ export class ShardsMrc {
   private prefix(i: number): number {
     let s = 0;
     const f = this.fenwick;
-    for (; i > 0; i -= i & -i) s += f[i];
+    for (let j = i | 0; j > 0; j = (j & (j - 1)) | 0) s += f[j];
     return s;
   }
 
   private add(i: number, d: number): void {
     const f = this.fenwick;
-    for (; i < f.length; i += i & -i) f[i] += d;
+    const n = f.length | 0;
+    for (let j = i | 0; j < n; j = (j + (j & -j)) | 0) f[j] += d;
   }
 
   private touch(lo: number, hi: number, norm: number, boost: number): void {
