@@ -224,7 +224,10 @@ export function collectCandidates(view: Uint32Array, fullBlocks: number, t: numb
   const tt = TAIL_T;
   for (; i + 3 < n; i += 4) {
     const k = 2 * i;
-    if ((((view[k] & MOD_MASK) - tt) | ((view[k + 2] & MOD_MASK) - tt) | ((view[k + 4] & MOD_MASK) - tt) | ((view[k + 6] & MOD_MASK) - tt)) < 0) {
+    if (
+      (((view[k] & MOD_MASK) - tt) | ((view[k + 2] & MOD_MASK) - tt) | ((view[k + 4] & MOD_MASK) - tt) | ((view[k + 6] & MOD_MASK) - tt)) <
+      0
+    ) {
       for (let j = i; j < i + 4; j++) if ((view[2 * j] & MOD_MASK) < tt) c = pushCandidate(c, view, j);
     }
   }
