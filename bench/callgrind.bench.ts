@@ -27,6 +27,7 @@ import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { type Counts, countsOf } from './lib/callgrind-counts.ts';
 import { waitForLine } from './lib/child.ts';
 import { chatWorkload, idsWorkload, prose, type Workload } from './lib/http-workloads.ts';
 import { benchArgs, KVROUTE_BIN, listeningUrl, QWEN3_DIR, serveArgs, startUpstreamProcess, stopChild, track } from './lib/proxy-run.ts';
@@ -139,33 +140,6 @@ async function send(url: string, w: Workload, from: number, count: number): Prom
   await Promise.all(Array.from({ length: CONCURRENCY }, worker));
   client.close();
   return bad;
-}
-
-/** Instructions of one dump: total, V8's garbage collector, its optimizing compilers (callgrind_annotate's self costs). */
-interface Counts {
-  total: number;
-  gc: number;
-  jit: number;
-}
-
-const GC_FN =
-  /v8::internal::(\w*(Mark|Sweep|Scaveng|Evacuat|Compact|Visitor|Heap|MemoryChunk|RememberedSet|FreeList|PagedSpace|NewSpace|SemiSpace|Pretenuring|GlobalHandles|WeakObjects|StringTableCleaner))|heap::base::|IterateObjectCache|std::__detail::_Map_base<v8::internal::MemoryChunk/;
-const JIT_FN =
-  /v8::internal::(compiler|maglev|turboshaft|baseline|wasm)::|v8::internal::(Pipeline|OptimizedCompilationJob|TranslationArrayBuilder|Deoptimizer|Zone\b|SourcePositionTable|RelocIterator)/;
-
-function countsOf(file: string): Counts {
-  const out = execFileSync('callgrind_annotate', ['--inclusive=no', '--threshold=100', file], { maxBuffer: 256 * 1024 * 1024 }).toString();
-  const total = /^\s*([\d,]+) +\(100\.0%\) +PROGRAM TOTALS/m.exec(out);
-  if (!total) throw new Error(`no totals in ${file}`);
-  const c: Counts = { total: Number(total[1].replaceAll(',', '')), gc: 0, jit: 0 };
-  for (const line of out.split('\n')) {
-    const m = /^\s*([\d,]+) +\(\s*[\d.]+%\) +(.*)$/.exec(line);
-    if (!m || m[2].startsWith('PROGRAM TOTALS')) continue;
-    const n = Number(m[1].replaceAll(',', ''));
-    if (GC_FN.test(m[2])) c.gc += n;
-    else if (JIT_FN.test(m[2])) c.jit += n;
-  }
-  return c;
 }
 
 /** Pids of a process's children (every thread's), from /proc. */

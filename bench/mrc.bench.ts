@@ -24,13 +24,15 @@
  *   cost       per request: route() (hash + match + select, 8 sources) against MrcBook.observe(), what the live tap runs
  *              (one pass over the hashes at the fleet curve's threshold for the fleet curve and the chosen engine's;
  *              engines fed round-robin), after a warm-up in which both ran; wall time in this process, and instruction
- *              counts (--no-callgrind: none): two callgrind runs of this file (--cost-run route|tap), each counting only its
- *              measured part (callgrind_control zeroes the counters after the warm-up and dumps them after);
- *              and the memory of all curves (fleet + 8 engines)
+ *              counts (--no-callgrind: none): callgrind runs of this file (--cost-run route | observe), each after the same
+ *              warm-up with instrumentation off, then only route() (or only observe(), on prompts routed beforehand)
+ *              instrumented (callgrind_control -i on, then -d), --callgrind-runs times each (default 2: the figure's
+ *              reproducibility), split into V8's GC, its optimizing compilers and the rest (--predictable: node's V8
+ *              without concurrent compiler or GC threads); and the memory of all curves (fleet + 8 engines)
  * Goals (issue 27): |predicted - measured| <= 0.03; cost <= 5% of route().
  */
 import { spawnSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -45,6 +47,7 @@ import { expandTokensArray, TraceHasher } from '../src/sim/traces/expand.ts';
 import type { TraceRequest } from '../src/sim/traces/format.ts';
 import { generateAgentic } from '../src/sim/traces/generate.ts';
 import { loadTrace } from '../src/sim/traces/reader.ts';
+import { countsOf } from './lib/callgrind-counts.ts';
 
 const { values } = parseArgs({
   allowNegative: true,
@@ -61,8 +64,10 @@ const { values } = parseArgs({
     'cost-requests': { type: 'string', default: '1000' },
     'cost-warm': { type: 'string', default: '2000' },
     callgrind: { type: 'boolean', default: true },
-    'callgrind-warm': { type: 'string', default: '500' },
-    'callgrind-requests': { type: 'string', default: '150' },
+    'callgrind-warm': { type: 'string', default: '1000' },
+    'callgrind-requests': { type: 'string', default: '300' },
+    'callgrind-runs': { type: 'string', default: '2' },
+    predictable: { type: 'boolean', default: false },
     'cost-run': { type: 'string' },
   },
 });
@@ -75,9 +80,8 @@ const OPTS = { sampleRate: Number(values['sample-rate']), maxSamples: Number(val
 const FACTORS = [0.5, 1, 2, 4];
 const PARTS = new Set(values.parts!.split(','));
 
-const COST_RUN = values['cost-run'] as 'base' | 'route' | 'tap' | undefined;
-if (COST_RUN !== undefined && !['base', 'route', 'tap'].includes(COST_RUN))
-  throw new Error(`--cost-run: base, route or tap, got ${COST_RUN}`);
+const COST_RUN = values['cost-run'] as 'route' | 'observe' | undefined;
+if (COST_RUN !== undefined && !['route', 'observe'].includes(COST_RUN)) throw new Error(`--cost-run: route or observe, got ${COST_RUN}`);
 
 const traces: [string, TraceRequest[]][] = COST_RUN
   ? [['conversation', (await loadTrace('data/traces/mooncake_conversation_trace.jsonl.gz', { limit: LIMIT })).requests]]
@@ -224,8 +228,8 @@ if (PARTS.has('host')) {
 }
 
 // Cost: route() vs what the live tap runs, on the conversation trace's prompts. Wall time in this process (route and
-// observe interleaved, so load hits both alike), and instruction counts under callgrind (three child runs of this file
-// with --cost-run: setup only, + route(), + route() and observe(); the differences are the two costs).
+// observe interleaved, so load hits both alike), and instruction counts under callgrind (child runs of this file with
+// --cost-run route | observe, each counting only its own calls after the same warm-up).
 if (PARTS.has('cost')) {
   const wall = costRun('tap', Number(values['cost-warm']), Number(values['cost-requests']), 2, true);
   console.log(
@@ -234,21 +238,31 @@ if (PARTS.has('cost')) {
         .map((x) => x.toFixed(2))
         .join(' ')})`,
   );
-  console.log('                        wall time            instructions (callgrind)');
-  const ir = values.callgrind ? callgrindCosts(Number(values['callgrind-warm']), Number(values['callgrind-requests'])) : null;
-  const irRoute = ir ? `${(ir.route / 1000).toFixed(0).padStart(7)} k Ir` : '  (no callgrind)';
-  const irTap = ir ? `${(ir.tap / 1000).toFixed(0).padStart(7)} k Ir` : '';
-  console.log(`  route()             ${(wall.routeNs / wall.requests / 1000).toFixed(1).padStart(8)} us            ${irRoute}`);
+  console.log(`  route()             ${(wall.routeNs / wall.requests / 1000).toFixed(1).padStart(8)} us`);
   console.log(
-    `  MrcBook.observe()   ${(wall.tapNs / wall.requests / 1000).toFixed(2).padStart(8)} us = ${((100 * wall.tapNs) / wall.routeNs).toFixed(1).padStart(4)}%  ` +
-      (ir ? `${irTap} = ${((100 * ir.tap) / ir.route).toFixed(1)}%` : '') +
-      '   (goal <= 5% of route())',
+    `  MrcBook.observe()   ${(wall.tapNs / wall.requests / 1000).toFixed(2).padStart(8)} us = ` +
+      `${((100 * wall.tapNs) / wall.routeNs).toFixed(1).padStart(4)}% of route() in wall time (goal <= 5%)`,
   );
-  if (ir)
+  const cg = values.callgrind
+    ? callgrindCosts(Number(values['callgrind-warm']), Number(values['callgrind-requests']), Number(values['callgrind-runs']))
+    : null;
+  if (cg) {
     console.log(
-      `  (callgrind: ${ir.requests} measured requests in each of two runs, route() and route() + observe(), after the same ` +
-        `warm-up; only the measured part counted (callgrind_control -z / -d); fleet rate after warm-up ${wall.sampleRate.toFixed(5)})`,
+      `  instructions per request (callgrind; ${cg.requests} measured requests after ${values['callgrind-warm']} warm-up, each part ` +
+        `counted alone in its own process${values.predictable ? ', node --predictable' : ''}; "rest" = all but V8's GC and optimizing compilers):`,
     );
+    const k = (x: number) => `${(x / 1000).toFixed(1).padStart(8)} k`;
+    for (let run = 0; run < cg.route.length; run++) {
+      const r = cg.route[run];
+      const o = cg.observe[run];
+      const rRest = r.total - r.gc - r.jit;
+      const oRest = o.total - o.gc - o.jit;
+      console.log(
+        `    run ${run + 1}: route() ${k(r.total)} (rest ${k(rRest)}), observe() ${k(o.total)} (rest ${k(oRest)}) = ` +
+          `${((100 * o.total) / r.total).toFixed(2)}% (rest: ${((100 * oRest) / rRest).toFixed(2)}%)`,
+      );
+    }
+  }
   console.log(`  memory of the curves (1+8)   ${(wall.memory / 1024).toFixed(0)} KiB (per curve at most ~ max samples x 150 B + 11 KiB)`);
 }
 
@@ -265,9 +279,12 @@ interface CostResult {
 /**
  * A warm-up round over `warm` prompts in every mode (route() and MrcBook.observe() both run, so the JIT has compiled
  * both and the book holds a working set at its steady sample rate), then the measured part over the first `measured`
- * prompts: 'base' nothing, 'route' route(), 'tap' route() and observe(). Timed (wall) over `rounds` measured rounds.
+ * prompts: 'route' route() (and finish()), 'observe' MrcBook.observe() alone (the measured prompts are routed first,
+ * outside the measured part), 'tap' route() and observe() interleaved (timed: wall time of each, over `rounds` rounds).
+ * Under callgrind (--cost-run) instrumentation is switched on just before the measured part and the counters dumped
+ * just after (callgrind_control -i on / -d), so the count is the measured part's alone.
  */
-function costRun(mode: 'base' | 'route' | 'tap', warm: number, measured: number, rounds: number, timeIt: boolean): CostResult {
+function costRun(mode: 'route' | 'observe' | 'tap', warm: number, measured: number, rounds: number, timeIt: boolean): CostResult {
   const trace = traces[0][1].slice(0, Math.max(warm, measured));
   const router = new KvRouter({ blockSize: BS, seed: 1 });
   for (let s = 0; s < 8; s++) router.addSource({ workerId: `w${s}`, dpRank: 0 });
@@ -283,12 +300,27 @@ function costRun(mode: 'base' | 'route' | 'tap', warm: number, measured: number,
   let routeNs = 0;
   let tapNs = 0;
   let blocks = 0;
-  // Under callgrind (--cost-run): count only the measured part (zero the counters now, dump them after).
-  const mark = (what: '-z' | '-d') => {
-    if (!timeIt) spawnSync('callgrind_control', [what, String(process.pid)], { encoding: 'utf8' });
+  const mark = (what: '-i' | '-d') => {
+    if (timeIt) return;
+    const r = spawnSync('callgrind_control', what === '-i' ? ['-i', 'on', String(process.pid)] : ['-d', String(process.pid)], {
+      encoding: 'utf8',
+    });
+    if (r.status !== 0) throw new Error(`callgrind_control ${what} failed: ${r.stderr}`);
   };
-  mark('-z');
-  if (mode !== 'base') {
+  if (mode === 'observe') {
+    const routed: { seq: BigUint64Array; isl: number }[] = [];
+    for (let i = 0; i < measured; i++) {
+      const d = router.route({ requestId: `r-${i}`, tokens: prompts[i] }, i);
+      if (d.kind !== 'routed') throw new Error('refused');
+      routed.push({ seq: d.seqHashes.slice(), isl: islBlocks(prompts[i].length, BS) });
+      router.finish(`r-${i}`, { cachedTokens: 0 }, i);
+      blocks += d.seqHashes.length;
+    }
+    mark('-i');
+    for (let i = 0; i < measured; i++) book.observe('model', keys[i % 8], routed[i].seq, routed[i].isl);
+    mark('-d');
+  } else {
+    mark('-i');
     for (let round = 0; round < rounds; round++) {
       for (let i = 0; i < measured; i++) {
         const t0 = timeIt ? process.hrtime.bigint() : 0n;
@@ -305,9 +337,9 @@ function costRun(mode: 'base' | 'route' | 'tap', warm: number, measured: number,
         blocks += d.seqHashes.length;
       }
     }
+    mark('-d');
   }
-  mark('-d');
-  const timed = measured * rounds;
+  const timed = mode === 'observe' ? measured : measured * rounds;
   return {
     requests: timed,
     meanTokens: prompts.slice(0, measured).reduce((a, p) => a + p.length, 0) / measured,
@@ -319,52 +351,65 @@ function costRun(mode: 'base' | 'route' | 'tap', warm: number, measured: number,
   };
 }
 
-/** Instructions per request of route() and of MrcBook.observe(), from three callgrind runs of this file. */
-function callgrindCosts(warm: number, requests: number): { route: number; tap: number; base: number; requests: number } | null {
+interface IrRun {
+  /** Instructions per measured request: all, V8's GC, V8's optimizing compilers. */
+  total: number;
+  gc: number;
+  jit: number;
+}
+
+/**
+ * Instructions per request of route() and of MrcBook.observe(), each counted alone in its own callgrind run of this file
+ * (--cost-run route | observe: the same warm-up, then only the measured calls instrumented), `runs` times each.
+ */
+function callgrindCosts(warm: number, requests: number, runs: number): { route: IrRun[]; observe: IrRun[]; requests: number } | null {
   const probe = spawnSync('valgrind', ['--version'], { encoding: 'utf8' });
   if (probe.status !== 0) {
     console.log('  (valgrind not found: no instruction counts)');
     return null;
   }
   const dir = mkdtempSync(join(tmpdir(), 'bench-mrc-'));
-  const ir: Record<string, number> = {};
+  const ir: { route: IrRun[]; observe: IrRun[] } = { route: [], observe: [] };
   try {
-    for (const mode of ['route', 'tap']) {
-      const out = join(dir, `callgrind.${mode}`);
-      const r = spawnSync(
-        'valgrind',
-        [
-          '--tool=callgrind',
-          `--callgrind-out-file=${out}`,
-          process.execPath,
-          '--import',
-          'tsx',
-          fileURLToPath(import.meta.url),
-          '--cost-run',
-          mode,
-          '--cost-warm',
-          String(warm),
-          '--cost-requests',
-          String(requests),
-          '--block-size',
-          String(BS),
-          '--sample-rate',
-          String(OPTS.sampleRate),
-          '--max-samples',
-          String(OPTS.maxSamples),
-          '--limit',
-          String(Math.max(warm, requests)),
-        ],
-        { encoding: 'utf8', maxBuffer: 64 << 20 },
-      );
-      if (r.status !== 0) throw new Error(`callgrind run ${mode} failed: ${r.stderr.slice(-2000)}`);
-      // The dump callgrind_control -d wrote: the measured part only (no start-up, no warm-up).
-      const m = /^(?:summary|totals): (\d+)/m.exec(readFileSync(`${out}.1`, 'utf8'));
-      if (!m) throw new Error(`no totals in ${out}`);
-      ir[mode] = Number(m[1]);
+    for (let run = 0; run < runs; run++) {
+      for (const mode of ['route', 'observe'] as const) {
+        const out = join(dir, `callgrind.${mode}.${run}`);
+        const r = spawnSync(
+          'valgrind',
+          [
+            '--tool=callgrind',
+            '--instr-atstart=no',
+            `--callgrind-out-file=${out}`,
+            process.execPath,
+            ...(values.predictable ? ['--predictable'] : []),
+            '--import',
+            'tsx',
+            fileURLToPath(import.meta.url),
+            '--cost-run',
+            mode,
+            '--cost-warm',
+            String(warm),
+            '--cost-requests',
+            String(requests),
+            '--block-size',
+            String(BS),
+            '--sample-rate',
+            String(OPTS.sampleRate),
+            '--max-samples',
+            String(OPTS.maxSamples),
+            '--limit',
+            String(Math.max(warm, requests)),
+          ],
+          { encoding: 'utf8', maxBuffer: 64 << 20 },
+        );
+        if (r.status !== 0) throw new Error(`callgrind run ${mode} failed: ${r.stderr.slice(-2000)}`);
+        // The dump callgrind_control -d wrote: the measured part only (no start-up, no warm-up).
+        const c = countsOf(`${out}.1`);
+        ir[mode].push({ total: c.total / requests, gc: c.gc / requests, jit: c.jit / requests });
+      }
     }
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
-  return { route: ir.route / requests, tap: (ir.tap - ir.route) / requests, base: 0, requests };
+  return { ...ir, requests };
 }

@@ -89,12 +89,41 @@ export function validateMrcOptions(o: MrcOptions): void {
 /** Decay steps per half-life. */
 const DECAY_STEPS = 16;
 
-/** Histogram bucket of a scaled distance x >= 0. Bucket 0 is [0, 1); bucket b >= 1 is [2^((b-1)/32), 2^(b/32)). */
+/**
+ * Histogram bucket of a scaled distance x >= 0. Bucket 0 is [0, 1); bucket b >= 1 is [2^((b-1)/32), 2^(b/32)). Read off
+ * the double's exponent and top 10 mantissa bits (a table holds the bucket at the start of each of the 1024 mantissa
+ * cells; a cell is narrower than a bucket, so one compare with the next bucket's lower bound finishes it): no log2 call.
+ */
 function bucketOf(x: number): number {
   if (x < 1) return 0;
-  const b = 1 + Math.floor(Math.log2(x) * BUCKETS_PER_OCTAVE);
-  return b < BUCKETS ? b : BUCKETS - 1;
+  if (!(x < BUCKET_MAX_X)) return BUCKETS - 1;
+  F64[0] = x;
+  const hi = U32[HI_WORD];
+  const b = 1 + ((hi >>> 20) - 1023) * BUCKETS_PER_OCTAVE + CELL_SUB[(hi >>> 10) & 1023];
+  return x >= BUCKET_LOW[b + 1] ? b + 1 : b;
 }
+
+const F64 = new Float64Array(1);
+const U32 = new Uint32Array(F64.buffer);
+/** Index of the word holding the sign, exponent and top mantissa bits (1 on little-endian hosts). */
+const HI_WORD = (() => {
+  F64[0] = 1;
+  return U32[1] === 0x3ff00000 ? 1 : 0;
+})();
+/** Distances from here on fall in the last bucket. */
+const BUCKET_MAX_X = 2 ** ((BUCKETS - 1) / BUCKETS_PER_OCTAVE);
+/** Sub-bucket (0..31) of the mantissa cell [1 + c/1024, 1 + (c+1)/1024) at its start. */
+const CELL_SUB = new Int32Array(1024);
+for (let c = 0; c < 1024; c++) {
+  const f = 1 + c / 1024;
+  let k = Math.floor(Math.log2(f) * BUCKETS_PER_OCTAVE);
+  while (k > 0 && 2 ** (k / BUCKETS_PER_OCTAVE) > f) k--;
+  while (2 ** ((k + 1) / BUCKETS_PER_OCTAVE) <= f) k++;
+  CELL_SUB[c] = k;
+}
+/** Lower bound of each bucket (BUCKET_LOW[b] = 2^((b-1)/32)), one past the last for the compare. */
+const BUCKET_LOW = new Float64Array(BUCKETS + 2);
+for (let b = 1; b < BUCKET_LOW.length; b++) BUCKET_LOW[b] = 2 ** ((b - 1) / BUCKETS_PER_OCTAVE);
 
 function bucketLow(b: number): number {
   return b === 0 ? 0 : 2 ** ((b - 1) / BUCKETS_PER_OCTAVE);
@@ -142,6 +171,28 @@ function newCandidates(size: number): Candidates {
 let SCRATCH_CANDIDATES = newCandidates(256);
 
 /**
+ * Integer thresholds of the pass at threshold `t` (shared; recomputed when `t` changes): a block at depth i < BOOST_DEPTH
+ * with 24-bit value v passes iff v < HEAD_T[i] (exactly v * (i + 1) < t * BOOST, the depth-boosted test), deeper blocks
+ * iff v < TAIL_T (exactly v < t).
+ */
+const HEAD_T = new Int32Array(256);
+let HEAD_T_FOR = Number.NaN;
+let TAIL_T = 0;
+function thresholdsFor(t: number): void {
+  if (t === HEAD_T_FOR) return;
+  HEAD_T_FOR = t;
+  const tB = t * BOOST;
+  for (let i = 0; i < BOOST_DEPTH; i++) {
+    // The least integer q with q * (i + 1) >= tB (products of integers below 2^33 are exact in a double).
+    let q = Math.ceil(tB / (i + 1));
+    while (q > 0 && (q - 1) * (i + 1) >= tB) q--;
+    while (q * (i + 1) < tB) q++;
+    HEAD_T[i] = Math.min(q, MRC_MODULUS);
+  }
+  TAIL_T = Math.min(Math.ceil(t), MRC_MODULUS);
+}
+
+/**
  * One pass over a request's hashes: the blocks sampled at threshold `t` (depth-boosted, as ShardsMrc samples). Callers
  * with several curves pass the highest of their thresholds; each curve keeps those under its own.
  */
@@ -150,16 +201,37 @@ export function collectCandidates(view: Uint32Array, fullBlocks: number, t: numb
   let c = out;
   c.count = 0;
   c.blocks = n;
-  // Depth-boosted head: v / (BOOST / (i + 1)) < t, as one multiply and compare; then the plain test (one compare). Two
-  // loops, so the per-block work is the test alone; a block that passes is copied out (rare: ~R of them).
-  const tB = t * BOOST;
+  thresholdsFor(t);
+  // Integer compares against precomputed thresholds (HEAD_T per depth in the boosted head, TAIL_T after), four blocks
+  // at a time: the signs of (value - threshold) OR-ed together say whether any of the four passes (values and
+  // thresholds are below 2^24 + 1, so the differences cannot overflow). A block that passes is copied out (rare: ~R).
+  const ht = HEAD_T;
   const head = Math.min(n, BOOST_DEPTH);
-  for (let i = 0; i < head; i++) {
-    if ((view[2 * i] & MOD_MASK) * (i + 1) < tB) c = pushCandidate(c, view, i);
+  let i = 0;
+  for (; i + 3 < head; i += 4) {
+    const k = 2 * i;
+    if (
+      (((view[k] & MOD_MASK) - ht[i]) |
+        ((view[k + 2] & MOD_MASK) - ht[i + 1]) |
+        ((view[k + 4] & MOD_MASK) - ht[i + 2]) |
+        ((view[k + 6] & MOD_MASK) - ht[i + 3])) <
+      0
+    ) {
+      for (let j = i; j < i + 4; j++) if ((view[2 * j] & MOD_MASK) < ht[j]) c = pushCandidate(c, view, j);
+    }
   }
-  for (let i = head; i < n; i++) {
-    if ((view[2 * i] & MOD_MASK) < t) c = pushCandidate(c, view, i);
+  for (; i < head; i++) if ((view[2 * i] & MOD_MASK) < ht[i]) c = pushCandidate(c, view, i);
+  const tt = TAIL_T;
+  for (; i + 3 < n; i += 4) {
+    const k = 2 * i;
+    if (
+      (((view[k] & MOD_MASK) - tt) | ((view[k + 2] & MOD_MASK) - tt) | ((view[k + 4] & MOD_MASK) - tt) | ((view[k + 6] & MOD_MASK) - tt)) <
+      0
+    ) {
+      for (let j = i; j < i + 4; j++) if ((view[2 * j] & MOD_MASK) < tt) c = pushCandidate(c, view, j);
+    }
   }
+  for (; i < n; i++) if ((view[2 * i] & MOD_MASK) < tt) c = pushCandidate(c, view, i);
   return c;
 }
 
@@ -189,8 +261,12 @@ let SCRATCH_LO = new Int32Array(256);
 let SCRATCH_HI = new Int32Array(256);
 let SCRATCH_NORM = new Float64Array(256);
 let SCRATCH_BOOST = new Float64Array(256);
+let SCRATCH_POS = new Int32Array(256);
+let SCRATCH_W = new Float64Array(256);
 function growScratch(n: number): void {
   const size = Math.max(n, 2 * SCRATCH_LO.length);
+  SCRATCH_POS = new Int32Array(size);
+  SCRATCH_W = new Float64Array(size);
   SCRATCH_LO = new Int32Array(size);
   SCRATCH_HI = new Int32Array(size);
   SCRATCH_NORM = new Float64Array(size);
@@ -227,6 +303,8 @@ export class ShardsMrc {
   private heapHi: number[] = [];
   private poppedLo = 0;
   private poppedHi = 0;
+  /** Set when shrink() deleted samples (table cells move): the touches of the request being observed re-find keys. */
+  private moved = false;
   private fenwick: Float64Array;
   private clock = 0;
   private readonly hist = new Float64Array(BUCKETS);
@@ -295,26 +373,36 @@ export class ShardsMrc {
       }
     }
     if (m === 0) return;
-    // Look-ups first, in chain order, with the running maximum over the chain's sampled blocks.
+    // Look-ups first, in chain order, with the running maximum over the chain's sampled blocks. Each keeps its table
+    // position and weight for its touch (the touches below re-find a key only after the table moved its cells).
+    const poss = SCRATCH_POS;
+    const ws = SCRATCH_W;
     let runMax = 0;
     let coldFromHere = false;
     const newest = this.prefix(this.clock); // no touch happens during the look-ups
     for (let j = 0; j < m; j++) {
       const weight = this.weightOf(boosts[j]);
+      ws[j] = weight;
       this.refs++;
       this.total += weight;
-      const at = coldFromHere ? -1 : this.lastTouch.get(los[j], his[j]);
-      if (at < 0) {
+      const pos = coldFromHere ? -1 : this.lastTouch.find(los[j], his[j]);
+      poss[j] = pos;
+      if (pos < 0) {
         coldFromHere = true; // an uncached ancestor makes every later block of the chain unusable
         this.cold += weight;
         continue;
       }
-      const d = newest - this.prefix(at);
+      const d = newest - this.prefix(this.lastTouch.valueAt(pos));
       if (d > runMax || this.ownOnly) runMax = d;
       this.hist[bucketOf(runMax)] += weight;
     }
     // Touches, last block first: a prefix is always more recent than its extensions.
-    for (let j = m - 1; j >= 0; j--) this.touch(los[j], his[j], norms[j], boosts[j]);
+    const cells = this.lastTouch.cells;
+    this.moved = false;
+    for (let j = m - 1; j >= 0; j--) {
+      if (this.moved || this.lastTouch.cells !== cells) this.touch(los[j], his[j], norms[j], boosts[j], -1, this.weightOf(boosts[j]));
+      else this.touch(los[j], his[j], norms[j], boosts[j], poss[j], ws[j]);
+    }
   }
 
   /**
@@ -418,28 +506,33 @@ export class ShardsMrc {
   private prefix(i: number): number {
     let s = 0;
     const f = this.fenwick;
-    for (; i > 0; i -= i & -i) s += f[i];
+    for (let j = i | 0; j > 0; j = (j & (j - 1)) | 0) s += f[j];
     return s;
   }
 
   private add(i: number, d: number): void {
     const f = this.fenwick;
-    for (; i < f.length; i += i & -i) f[i] += d;
+    const n = f.length | 0;
+    for (let j = i | 0; j < n; j = (j + (j & -j)) | 0) f[j] += d;
   }
 
-  private touch(lo: number, hi: number, norm: number, boost: number): void {
+  /**
+   * Moves a sample to the newest touch slot. `pos`: its table position from this request's look-up (-1: find it), `w`:
+   * its weight at the current threshold (a block's boost is fixed by its depth, so its old slot holds the same weight).
+   */
+  private touch(lo: number, hi: number, norm: number, boost: number, pos: number, w: number): void {
     if (this.clock + 1 >= this.fenwick.length) this.rebuild();
-    const pos = this.lastTouch.find(lo, hi);
+    if (pos < 0) pos = this.lastTouch.find(lo, hi);
     const at = pos >= 0 ? this.lastTouch.valueAt(pos) : -1;
-    if (at >= 0) {
-      this.add(at, -this.weightOf(this.slotBoost[at]));
-      this.slotBoost[at] = 0;
-    } else if (norm >= this.threshold) return; // dropped by a lowered threshold while this request was read
+    if (at < 0 && norm >= this.threshold) return; // dropped by a lowered threshold while this request was read
     const now = ++this.clock;
+    if (at >= 0) {
+      this.slotBoost[at] = 0;
+      this.move(at, now, w);
+    } else this.add(now, w);
     this.slotBoost[now] = boost;
     this.slotLo[now] = lo;
     this.slotHi[now] = hi;
-    this.add(now, this.weightOf(boost));
     if (pos >= 0) this.lastTouch.setAt(pos, now);
     else {
       this.lastTouch.set(lo, hi, now);
@@ -449,10 +542,33 @@ export class ShardsMrc {
   }
 
   /**
+   * Moves weight `w` from slot `from` to slot `to` > from: the two update walks up the tree, stopped where they meet
+   * (above it the two updates cancel), so a recently touched sample costs a few steps instead of two full walks.
+   */
+  private move(from: number, to: number, w: number): void {
+    const f = this.fenwick;
+    const n = f.length | 0;
+    let a = from | 0;
+    let b = to | 0;
+    while (a !== b) {
+      if (a < b) {
+        if (a >= n) return;
+        f[a] -= w;
+        a = (a + (a & -a)) | 0;
+      } else {
+        if (b >= n) return;
+        f[b] += w;
+        b = (b + (b & -b)) | 0;
+      }
+    }
+  }
+
+  /**
    * Drops the samples with the largest normalised hash value, a quarter of the bound at a time (so the O(n) pass that
    * re-weights the survivors is amortised), lowering the threshold to the last value dropped.
    */
   private shrink(): void {
+    this.moved = true;
     const target = this.maxSamples - Math.max(1, this.maxSamples >>> 2);
     while (this.lastTouch.size > target && this.heapVal.length > 0) {
       const top = this.heapVal[0];

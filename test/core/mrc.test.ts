@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { islBlocks } from '../../src/core/hashing.ts';
-import { MRC_MODULUS, MrcBook, ShardsMrc } from '../../src/core/mrc.ts';
+import { collectCandidates, depthBoost, MRC_MODULUS, MrcBook, ShardsMrc } from '../../src/core/mrc.ts';
 import { LruPrefixCache } from '../../src/sim/lru-prefix.ts';
 import { TraceHasher } from '../../src/sim/traces/expand.ts';
 import { generateAgentic, generateMultiTurn } from '../../src/sim/traces/generate.ts';
@@ -135,6 +135,47 @@ describe('ShardsMrc prefix rule', () => {
     m.observeHashes(inside, 1);
     m.observeHashes(inside, 1);
     expect(m.snapshot().sampledRefs).toBe(2);
+  });
+});
+
+describe('the sampling pass (collectCandidates)', () => {
+  // The pass compares integer thresholds four blocks at a time; it must pick exactly the blocks of the definition:
+  // v * (i + 1) < T * 256 at depth i < 255 (rate R * 256 / (i + 1)), v < T deeper, v the low 24 bits of the hash.
+  const reference = (seq: BigUint64Array, t: number): number[] => {
+    const out: number[] = [];
+    for (let i = 0; i < seq.length; i++) {
+      const v = Number(seq[i] & 0xffffffn);
+      if (v / depthBoost(i) < t) out.push(i);
+    }
+    return out;
+  };
+  const picked = (seq: BigUint64Array, t: number): number[] => {
+    const c = collectCandidates(new Uint32Array(seq.buffer, seq.byteOffset, seq.length * 2), seq.length, t);
+    return Array.from(c.index.subarray(0, c.count));
+  };
+
+  it('picks exactly the depth-boosted sample of the definition, at thresholds on and between integers', () => {
+    let x = 0x9e3779b97f4a7c15n;
+    const seq = new BigUint64Array(1003); // not a multiple of 4: the loops' remainders count
+    for (let i = 0; i < seq.length; i++) {
+      x = (x * 6364136223846793005n + 1442695040888963407n) & 0xffffffffffffffffn;
+      seq[i] = x;
+    }
+    for (const t of [1, 700.5, 65536, 65536.25, 0.05 * MRC_MODULUS, MRC_MODULUS / 3, MRC_MODULUS]) {
+      expect(picked(seq, t), `threshold ${t}`).toEqual(reference(seq, t));
+    }
+  });
+
+  it('treats a value exactly at a depth threshold as outside (v * (i + 1) = T * 256 is not sampled)', () => {
+    const t = 3000; // T * 256 = 768000 = 3000 * 256: at depth i the first value outside is ceil(768000 / (i + 1))
+    const seq = new BigUint64Array(300);
+    for (let i = 0; i < 300; i++) {
+      const edge = i < 255 ? Math.ceil((t * 256) / (i + 1)) : t;
+      seq[i] = BigInt(Math.min(edge - (i % 2), MRC_MODULUS - 1)) | (BigInt(i + 1) << 32n); // odd depths: one below
+    }
+    expect(picked(seq, t)).toEqual(reference(seq, t));
+    expect(picked(seq, t)).toContain(1);
+    expect(picked(seq, t)).not.toContain(2);
   });
 });
 
