@@ -2,12 +2,15 @@
 import { type Command, Option } from 'commander';
 import pino from 'pino';
 import { addServeOptions, CONFIG_OPTION, serveConfigFromCommand } from '../config/serve.ts';
-import { type RunningServer, startServer } from '../server/app.ts';
-import { type RunningCluster, startCluster } from '../server/cluster/primary.ts';
+import type { RunningServer } from '../server/app.ts';
+import type { RunningCluster } from '../server/cluster/primary.ts';
 import { SettingError } from '../config/settings.ts';
 import { LOG_REDACT_PATHS } from '../runtime/security/index.ts';
-import { bundledTokenizerDir, startEmbeddedFleet, type EmbeddedFleet } from '../mocker/embedded.ts';
-import { startK8sDiscovery, wantsK8s } from './k8s-discovery.ts';
+import type { EmbeddedFleet } from '../mocker/embedded.ts';
+import { wantsK8s } from './k8s-discovery.ts';
+
+// The server, the embedded fleet, the shells and discovery are loaded when the action runs, not when the command is
+// registered: `--help` and a refused flag do not pay for them.
 
 export function registerServe(program: Command): void {
   const serve = program
@@ -50,6 +53,7 @@ export function registerServe(program: Command): void {
       const natsUrls = config.nats ?? [];
       const k8s = wantsK8s(config);
       if (config.workers.length === 0 && mockCount > 0 && natsUrls.length === 0 && !k8s) {
+        const { bundledTokenizerDir, startEmbeddedFleet } = await import('../mocker/embedded.ts');
         config.tokenizerDir ??= bundledTokenizerDir();
         log.info(`no --worker given: starting an embedded fleet of ${mockCount} mock engines (a few seconds)`);
         fleet = await startEmbeddedFleet({
@@ -79,6 +83,7 @@ export function registerServe(program: Command): void {
       // --processes: the router itself listens on an internal loopback port; the HTTP shells take the public one.
       const multi = config.processes > 1;
       try {
+        const { startServer } = await import('../server/app.ts');
         server = await startServer(multi ? { ...config, host: '127.0.0.1', port: 0 } : config, {
           logger: log,
           readiness: () => natsReady && (discovery?.synced ?? true),
@@ -89,6 +94,7 @@ export function registerServe(program: Command): void {
       }
       if (k8s) {
         try {
+          const { startK8sDiscovery } = await import('./k8s-discovery.ts');
           discovery = await startK8sDiscovery(config, server.workers, server.metrics.registry, log);
         } catch (err) {
           await server.close(0);
@@ -98,6 +104,7 @@ export function registerServe(program: Command): void {
       let shells: RunningCluster | null = null;
       if (multi) {
         try {
+          const { startCluster } = await import('../server/cluster/primary.ts');
           shells = await startCluster(config, server, log);
         } catch (err) {
           await server.close(0);
