@@ -10,7 +10,9 @@
  * of two seq-hash arrays is a binary search (equal hashes at block i imply equal hashes at every j < i).
  *
  * The same structure is the predicted overlay: a sibling request sharing a prefix with an in-flight (or just
- * finished) request on a source is credited that prefix before the engine's Stored events arrive.
+ * finished) request on a source is credited that prefix before the engine's Stored events arrive. A just finished
+ * chain stops crediting what the engine has since said it removed (withdrawRecent, clearRecent: the router calls them
+ * from its events).
  */
 export interface ActiveRequest {
   readonly requestId: string;
@@ -28,7 +30,13 @@ interface Chain {
   readonly blocks: number;
 }
 
-interface RecentChain extends Chain {
+/**
+ * A finished request's chain in the overlay's grace period. `blocks` is what it still credits: the engine's removal of
+ * one of its blocks cuts it there (withdrawRecent), since a prefix is usable only whole.
+ */
+export interface RecentChain {
+  readonly view: Uint32Array;
+  blocks: number;
   readonly expiresAt: number;
 }
 
@@ -199,6 +207,39 @@ export class ActiveLoad {
       s.recentNext = (s.recentNext + 1) % this.recentPerSource;
     }
     return req;
+  }
+
+  /**
+   * The recently finished chains of `source` still crediting blocks at `now` (the objects themselves, to hand back to
+   * withdrawRecent). Empty for most sources: only requests finished less than the grace period ago are kept.
+   */
+  recentOn(source: number, now: number): RecentChain[] {
+    const s = this.sources.get(source);
+    const out: RecentChain[] = [];
+    if (!s) return out;
+    for (const c of s.recent) if (c.blocks > 0 && c.expiresAt > now) out.push(c);
+    return out;
+  }
+
+  /**
+   * The engine removed block `blocks` (or an earlier one) of a recent chain of `source`: the chain credits its first
+   * `blocks` blocks at most from now on. A chain cut to nothing leaves the first-block index.
+   */
+  withdrawRecent(source: number, chain: RecentChain, blocks: number): void {
+    if (blocks >= chain.blocks) return;
+    if (blocks <= 0) {
+      this.indexChain(source, chain, -1);
+      chain.blocks = 0;
+    } else chain.blocks = blocks;
+  }
+
+  /** The source's cache was cleared (engine reset or restart): its recently finished chains credit nothing. */
+  clearRecent(source: number): void {
+    const s = this.sources.get(source);
+    if (!s) return;
+    for (const c of s.recent) this.indexChain(source, c, -1);
+    s.recent.length = 0;
+    s.recentNext = 0;
   }
 
   /** Force-frees requests older than `staleMs`; returns their ids. */

@@ -8,7 +8,7 @@
  *   finish(id, info, now)    free the load; delivered cached tokens go to the ledger
  *   applyEvents(source, ev)  engine KV events into the index
  */
-import { ActiveLoad } from './active-load.ts';
+import { ActiveLoad, type RecentChain } from './active-load.ts';
 import { TtlIndex } from './approx.ts';
 import { computeSeqHashes, hashSeed, islBlocks as islBlocksOf } from './hashing.ts';
 import { CacheGroups, hashStoredEvent } from './index/groups.ts';
@@ -389,6 +389,7 @@ export class KvRouter {
     this.index.apply(entry.index, { kind: 'cleared' });
     this.groups.clearSource(entry.index);
     this.tiers.clear(entry.index);
+    this.active.clearRecent(entry.index);
     return true;
   }
 
@@ -406,6 +407,9 @@ export class KvRouter {
     let applied = 0;
     let rejected = 0;
     let reason: ApplyResult['reason'];
+    // The overlay's just-finished chains on this source, with how much of each the index held before the batch's
+    // first removal: whatever of that the batch removed is withdrawn from the overlay after it (withdrawRemoved).
+    let watched: WatchedChains | undefined;
     for (const ev of events) {
       if (isLowerTier(ev)) {
         const t = this.tiers.apply(entry.index, ev, (id) => this.index.seqHashOfEngineId(entry.index, id), now);
@@ -419,6 +423,8 @@ export class KvRouter {
       if (ev.kind === 'cleared') {
         this.tiers.clear(entry.index);
         this.groups.clearSource(entry.index);
+        this.active.clearRecent(entry.index);
+        watched = undefined;
       } else if (
         (ev.groupIdx !== undefined && ev.groupIdx !== 0) ||
         (ev.kind === 'stored' && ev.groupKind !== undefined) ||
@@ -433,12 +439,39 @@ export class KvRouter {
           continue;
         }
       }
+      if (ev.kind === 'removed' && watched === undefined) watched = this.watchRecent(entry.index, now);
       const r = this.index.apply(entry.index, ev.kind === 'stored' && ev.mmKeys && !ev.seqHashes ? this.withMmHashes(entry.index, ev) : ev);
       applied += r.applied;
       rejected += r.rejected;
       reason ??= r.reason;
     }
+    if (watched && watched.chains.length > 0) this.withdrawRemoved(entry.index, watched);
     return reason ? { applied, rejected, reason } : { applied, rejected };
+  }
+
+  /**
+   * The overlay's recently finished chains on `source` and the prefix of each the index holds now (before a removal):
+   * none when the overlay is off or no chain is in its grace period (the usual case: no probe at all).
+   */
+  private watchRecent(source: number, now: number): WatchedChains {
+    const chains = this.overlay ? this.active.recentOn(source, now) : [];
+    const held = new Int32Array(chains.length);
+    for (let i = 0; i < chains.length; i++) held[i] = this.index.heldPrefix(source, chains[i].view, chains[i].blocks);
+    return { chains, held };
+  }
+
+  /**
+   * After a batch with removals: a recent chain the index held further before the batch than after it lost blocks to
+   * the engine's own Removed events, so the overlay credits it only up to what is left. What the index never held (the
+   * Stored events still on their way, the overlay's purpose) stays credited; a block removed and stored again within
+   * the batch is held after it and withdraws nothing.
+   */
+  private withdrawRemoved(source: number, watched: WatchedChains): void {
+    const { chains, held } = watched;
+    for (let i = 0; i < chains.length; i++) {
+      const after = this.index.heldPrefix(source, chains[i].view, chains[i].blocks);
+      if (after < held[i]) this.active.withdrawRecent(source, chains[i], after);
+    }
   }
 
   /** A Stored event with multimodal keys, with its router hashes computed (the index hashes plain tokens only). */
@@ -1073,6 +1106,7 @@ export class KvRouter {
       this.index.apply(entry.index, { kind: 'cleared' });
       this.groups.clearSource(entry.index);
       this.tiers.clear(entry.index);
+      this.active.clearRecent(entry.index);
     }
   }
 
@@ -1093,6 +1127,12 @@ function degradedOf(s: SourceSnapshot): SourceDegraded | undefined {
   const d = s.degraded;
   if (!d || typeof d.reason !== 'string' || !Number.isFinite(d.since) || !Number.isInteger(d.losses)) return undefined;
   return { since: d.since, reason: d.reason, losses: d.losses };
+}
+
+/** Recent overlay chains of one source and the prefix of each the index held before a batch's first removal. */
+interface WatchedChains {
+  readonly chains: RecentChain[];
+  readonly held: Int32Array;
 }
 
 /** What `KvRouter.restore` did: sources and blocks loaded, and each source entry it could not load in full. */
