@@ -86,6 +86,8 @@ function maxPrefix(view: Uint32Array, n: number, chains: readonly Chain[], skip?
   return best;
 }
 
+const NO_CHAINS: readonly RecentChain[] = [];
+
 const u32 = (h: BigUint64Array) => new Uint32Array(h.buffer, h.byteOffset, h.length * 2);
 
 /** A chain's first block as a number (53 of its 64 bits): collisions only add candidates, never lose one. */
@@ -213,10 +215,10 @@ export class ActiveLoad {
    * The recently finished chains of `source` still crediting blocks at `now` (the objects themselves, to hand back to
    * withdrawRecent). Empty for most sources: only requests finished less than the grace period ago are kept.
    */
-  recentOn(source: number, now: number): RecentChain[] {
+  recentOn(source: number, now: number): readonly RecentChain[] {
     const s = this.sources.get(source);
+    if (!s || s.recent.length === 0) return NO_CHAINS;
     const out: RecentChain[] = [];
-    if (!s) return out;
     for (const c of s.recent) if (c.blocks > 0 && c.expiresAt > now) out.push(c);
     return out;
   }

@@ -450,26 +450,38 @@ export class KvRouter {
   }
 
   /**
-   * The overlay's recently finished chains on `source` and the prefix of each the index holds now (before a removal):
-   * none when the overlay is off or no chain is in its grace period (the usual case: no probe at all).
+   * Before a batch's first removal: the overlay's recently finished chains on `source` and the prefix of each the index
+   * holds. A chain the index holds whole leaves the overlay here (it credits nothing the index does not, and from now
+   * on the index alone follows what the engine removes), so a chain is probed in one removal batch after its Stored
+   * events arrived, not in every one. None when the overlay is off or no chain is in its grace period (no probe).
    */
   private watchRecent(source: number, now: number): WatchedChains {
-    const chains = this.overlay ? this.active.recentOn(source, now) : [];
-    const held = new Int32Array(chains.length);
-    for (let i = 0; i < chains.length; i++) held[i] = this.index.heldPrefix(source, chains[i].view, chains[i].blocks);
+    if (!this.overlay) return NO_WATCH;
+    const recent = this.active.recentOn(source, now);
+    if (recent.length === 0) return NO_WATCH;
+    const chains: RecentChain[] = [];
+    const held: number[] = [];
+    for (const c of recent) {
+      const h = this.index.heldPrefix(source, c.view, c.blocks);
+      if (h >= c.blocks) this.active.withdrawRecent(source, c, 0);
+      else if (h > 0) {
+        chains.push(c);
+        held.push(h);
+      }
+    }
     return { chains, held };
   }
 
   /**
    * After a batch with removals: a recent chain the index held further before the batch than after it lost blocks to
-   * the engine's own Removed events, so the overlay credits it only up to what is left. What the index never held (the
-   * Stored events still on their way, the overlay's purpose) stays credited; a block removed and stored again within
-   * the batch is held after it and withdraws nothing.
+   * the engine's own Removed events, so the overlay credits it only up to what is left (a prefix is usable only whole).
+   * What the index never held (the Stored events still on their way, the overlay's purpose) stays credited; a block
+   * removed and stored again within the batch is held after it and withdraws nothing.
    */
   private withdrawRemoved(source: number, watched: WatchedChains): void {
     const { chains, held } = watched;
     for (let i = 0; i < chains.length; i++) {
-      const after = this.index.heldPrefix(source, chains[i].view, chains[i].blocks);
+      const after = this.index.heldPrefix(source, chains[i].view, held[i]);
       if (after < held[i]) this.active.withdrawRecent(source, chains[i], after);
     }
   }
@@ -1131,9 +1143,10 @@ function degradedOf(s: SourceSnapshot): SourceDegraded | undefined {
 
 /** Recent overlay chains of one source and the prefix of each the index held before a batch's first removal. */
 interface WatchedChains {
-  readonly chains: RecentChain[];
-  readonly held: Int32Array;
+  readonly chains: readonly RecentChain[];
+  readonly held: readonly number[];
 }
+const NO_WATCH: WatchedChains = { chains: [], held: [] };
 
 /** What `KvRouter.restore` did: sources and blocks loaded, and each source entry it could not load in full. */
 export interface RestoreResult {

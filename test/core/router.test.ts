@@ -317,6 +317,15 @@ describe('overlay and approximate mode', () => {
       expect(next(r, 40).overlapBlocks).toBe(10);
     });
 
+    it('a chain whose last Stored events are still on their way loses the removed part of what the index held', () => {
+      const r = afterTurn({ stored: false });
+      r.applyEvents('a', [stored(prefix, 12, 500n)], 15); // blocks 12-15 not announced yet
+      expect(next(r, 20).overlapBlocks).toBe(16);
+      r.finish('t20', {}, 25);
+      r.applyEvents('a', [{ kind: 'removed', engineIds: ids(8, 12).reverse() }], 30);
+      expect(next(r, 40).overlapBlocks).toBe(8);
+    });
+
     it('keeps crediting what the engine has not announced yet (the overlay itself), and a block removed then stored again', () => {
       const r = afterTurn({ stored: false });
       // An unrelated eviction on A: the chain's Stored events are still on their way, its credit stays.
