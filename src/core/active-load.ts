@@ -31,12 +31,12 @@ interface Chain {
 }
 
 /**
- * A finished request's chain in the overlay's grace period. `blocks` is what it still credits: the engine's removal of
- * one of its blocks cuts it there (withdrawRecent), since a prefix is usable only whole.
+ * A finished request's chain in the overlay's grace period. `credit` is the leading blocks it still credits: the
+ * engine's removal of one of its blocks cuts it there (withdrawRecent), since a prefix is usable only whole. `blocks`
+ * stays the chain's length, as the first-block index counted it.
  */
-export interface RecentChain {
-  readonly view: Uint32Array;
-  blocks: number;
+export interface RecentChain extends Chain {
+  credit: number;
   readonly expiresAt: number;
 }
 
@@ -199,7 +199,7 @@ export class ActiveLoad {
     s.distinctBlocks -= req.blocks - maxPrefix(req.view, req.blocks, s.inFlight);
     if (req.requestBlocks > req.blocks) s.partialBlocks--;
     if (this.graceMs > 0 && req.blocks > 0 && now > -Infinity) {
-      const chain: RecentChain = { view: req.view, blocks: req.blocks, expiresAt: now + this.graceMs };
+      const chain: RecentChain = { view: req.view, blocks: req.blocks, credit: req.blocks, expiresAt: now + this.graceMs };
       if (s.recent.length < this.recentPerSource) s.recent.push(chain);
       else {
         this.indexChain(req.source, s.recent[s.recentNext], -1);
@@ -219,20 +219,17 @@ export class ActiveLoad {
     const s = this.sources.get(source);
     if (!s || s.recent.length === 0) return NO_CHAINS;
     const out: RecentChain[] = [];
-    for (const c of s.recent) if (c.blocks > 0 && c.expiresAt > now) out.push(c);
+    for (const c of s.recent) if (c.credit > 0 && c.expiresAt > now) out.push(c);
     return out;
   }
 
   /**
-   * The engine removed block `blocks` (or an earlier one) of a recent chain of `source`: the chain credits its first
-   * `blocks` blocks at most from now on. A chain cut to nothing leaves the first-block index.
+   * The engine removed block `blocks` (or an earlier one) of a recent chain: the chain credits its first `blocks`
+   * blocks at most from now on. It stays in the first-block index until it expires or is replaced (a false positive
+   * there costs a look at the source's chains; taking it out and back would churn the index at every finish).
    */
-  withdrawRecent(source: number, chain: RecentChain, blocks: number): void {
-    if (blocks >= chain.blocks) return;
-    if (blocks <= 0) {
-      this.indexChain(source, chain, -1);
-      chain.blocks = 0;
-    } else chain.blocks = blocks;
+  withdrawRecent(chain: RecentChain, blocks: number): void {
+    if (blocks < chain.credit) chain.credit = Math.max(0, blocks);
   }
 
   /** The source's cache was cleared (engine reset or restart): its recently finished chains credit nothing. */
@@ -305,7 +302,7 @@ export class ActiveLoad {
     let best = activePrefix >= 0 ? activePrefix : maxPrefix(view, seqHashes.length, s.inFlight);
     for (const c of s.recent) {
       if (c.expiresAt <= now || best >= seqHashes.length) continue;
-      best = longerPrefix(view, seqHashes.length, c.view, c.blocks, best);
+      best = longerPrefix(view, seqHashes.length, c.view, c.credit, best);
     }
     return best;
   }

@@ -462,8 +462,8 @@ export class KvRouter {
     const chains: RecentChain[] = [];
     const held: number[] = [];
     for (const c of recent) {
-      const h = this.index.heldPrefix(source, c.view, c.blocks);
-      if (h >= c.blocks) this.active.withdrawRecent(source, c, 0);
+      const h = this.index.heldPrefix(source, c.view, c.credit);
+      if (h >= c.credit) this.active.withdrawRecent(c, 0);
       else if (h > 0) {
         chains.push(c);
         held.push(h);
@@ -482,7 +482,7 @@ export class KvRouter {
     const { chains, held } = watched;
     for (let i = 0; i < chains.length; i++) {
       const after = this.index.heldPrefix(source, chains[i].view, held[i]);
-      if (after < held[i]) this.active.withdrawRecent(source, chains[i], after);
+      if (after < held[i]) this.active.withdrawRecent(chains[i], after);
     }
   }
 
