@@ -10,7 +10,9 @@
  * of two seq-hash arrays is a binary search (equal hashes at block i imply equal hashes at every j < i).
  *
  * The same structure is the predicted overlay: a sibling request sharing a prefix with an in-flight (or just
- * finished) request on a source is credited that prefix before the engine's Stored events arrive.
+ * finished) request on a source is credited that prefix before the engine's Stored events arrive. A just finished
+ * chain stops crediting what the engine has since said it removed (withdrawRecent, clearRecent: the router calls them
+ * from its events).
  */
 export interface ActiveRequest {
   readonly requestId: string;
@@ -28,7 +30,13 @@ interface Chain {
   readonly blocks: number;
 }
 
-interface RecentChain extends Chain {
+/**
+ * A finished request's chain in the overlay's grace period. `credit` is the leading blocks it still credits: the
+ * engine's removal of one of its blocks cuts it there (withdrawRecent), since a prefix is usable only whole. `blocks`
+ * stays the chain's length, as the first-block index counted it.
+ */
+export interface RecentChain extends Chain {
+  credit: number;
   readonly expiresAt: number;
 }
 
@@ -77,6 +85,8 @@ function maxPrefix(view: Uint32Array, n: number, chains: readonly Chain[], skip?
   }
   return best;
 }
+
+const NO_CHAINS: readonly RecentChain[] = [];
 
 const u32 = (h: BigUint64Array) => new Uint32Array(h.buffer, h.byteOffset, h.length * 2);
 
@@ -189,7 +199,7 @@ export class ActiveLoad {
     s.distinctBlocks -= req.blocks - maxPrefix(req.view, req.blocks, s.inFlight);
     if (req.requestBlocks > req.blocks) s.partialBlocks--;
     if (this.graceMs > 0 && req.blocks > 0 && now > -Infinity) {
-      const chain: RecentChain = { view: req.view, blocks: req.blocks, expiresAt: now + this.graceMs };
+      const chain: RecentChain = { view: req.view, blocks: req.blocks, credit: req.blocks, expiresAt: now + this.graceMs };
       if (s.recent.length < this.recentPerSource) s.recent.push(chain);
       else {
         this.indexChain(req.source, s.recent[s.recentNext], -1);
@@ -199,6 +209,36 @@ export class ActiveLoad {
       s.recentNext = (s.recentNext + 1) % this.recentPerSource;
     }
     return req;
+  }
+
+  /**
+   * The recently finished chains of `source` still crediting blocks at `now` (the objects themselves, to hand back to
+   * withdrawRecent). Empty for most sources: only requests finished less than the grace period ago are kept.
+   */
+  recentOn(source: number, now: number): readonly RecentChain[] {
+    const s = this.sources.get(source);
+    if (!s || s.recent.length === 0) return NO_CHAINS;
+    const out: RecentChain[] = [];
+    for (const c of s.recent) if (c.credit > 0 && c.expiresAt > now) out.push(c);
+    return out;
+  }
+
+  /**
+   * The engine removed block `blocks` (or an earlier one) of a recent chain: the chain credits its first `blocks`
+   * blocks at most from now on. It stays in the first-block index until it expires or is replaced (a false positive
+   * there costs a look at the source's chains; taking it out and back would churn the index at every finish).
+   */
+  withdrawRecent(chain: RecentChain, blocks: number): void {
+    if (blocks < chain.credit) chain.credit = Math.max(0, blocks);
+  }
+
+  /** The source's cache was cleared (engine reset or restart): its recently finished chains credit nothing. */
+  clearRecent(source: number): void {
+    const s = this.sources.get(source);
+    if (!s) return;
+    for (const c of s.recent) this.indexChain(source, c, -1);
+    s.recent.length = 0;
+    s.recentNext = 0;
   }
 
   /** Force-frees requests older than `staleMs`; returns their ids. */
@@ -262,7 +302,7 @@ export class ActiveLoad {
     let best = activePrefix >= 0 ? activePrefix : maxPrefix(view, seqHashes.length, s.inFlight);
     for (const c of s.recent) {
       if (c.expiresAt <= now || best >= seqHashes.length) continue;
-      best = longerPrefix(view, seqHashes.length, c.view, c.blocks, best);
+      best = longerPrefix(view, seqHashes.length, c.view, c.credit, best);
     }
     return best;
   }

@@ -8,7 +8,7 @@
  *   finish(id, info, now)    free the load; delivered cached tokens go to the ledger
  *   applyEvents(source, ev)  engine KV events into the index
  */
-import { ActiveLoad } from './active-load.ts';
+import { ActiveLoad, type RecentChain } from './active-load.ts';
 import { TtlIndex } from './approx.ts';
 import { computeSeqHashes, hashSeed, islBlocks as islBlocksOf } from './hashing.ts';
 import { CacheGroups, hashStoredEvent } from './index/groups.ts';
@@ -389,6 +389,7 @@ export class KvRouter {
     this.index.apply(entry.index, { kind: 'cleared' });
     this.groups.clearSource(entry.index);
     this.tiers.clear(entry.index);
+    this.active.clearRecent(entry.index);
     return true;
   }
 
@@ -406,6 +407,9 @@ export class KvRouter {
     let applied = 0;
     let rejected = 0;
     let reason: ApplyResult['reason'];
+    // The overlay's just-finished chains on this source, with how much of each the index held before the batch's
+    // first removal: whatever of that the batch removed is withdrawn from the overlay after it (withdrawRemoved).
+    let watched: WatchedChains | undefined;
     for (const ev of events) {
       if (isLowerTier(ev)) {
         const t = this.tiers.apply(entry.index, ev, (id) => this.index.seqHashOfEngineId(entry.index, id), now);
@@ -419,6 +423,8 @@ export class KvRouter {
       if (ev.kind === 'cleared') {
         this.tiers.clear(entry.index);
         this.groups.clearSource(entry.index);
+        this.active.clearRecent(entry.index);
+        watched = undefined;
       } else if (
         (ev.groupIdx !== undefined && ev.groupIdx !== 0) ||
         (ev.kind === 'stored' && ev.groupKind !== undefined) ||
@@ -433,12 +439,51 @@ export class KvRouter {
           continue;
         }
       }
+      if (ev.kind === 'removed' && watched === undefined) watched = this.watchRecent(entry.index, now);
       const r = this.index.apply(entry.index, ev.kind === 'stored' && ev.mmKeys && !ev.seqHashes ? this.withMmHashes(entry.index, ev) : ev);
       applied += r.applied;
       rejected += r.rejected;
       reason ??= r.reason;
     }
+    if (watched && watched.chains.length > 0) this.withdrawRemoved(entry.index, watched);
     return reason ? { applied, rejected, reason } : { applied, rejected };
+  }
+
+  /**
+   * Before a batch's first removal: the overlay's recently finished chains on `source` and the prefix of each the index
+   * holds. A chain the index holds whole leaves the overlay here (it credits nothing the index does not, and from now
+   * on the index alone follows what the engine removes), so a chain is probed in one removal batch after its Stored
+   * events arrived, not in every one. None when the overlay is off or no chain is in its grace period (no probe).
+   */
+  private watchRecent(source: number, now: number): WatchedChains {
+    if (!this.overlay) return NO_WATCH;
+    const recent = this.active.recentOn(source, now);
+    if (recent.length === 0) return NO_WATCH;
+    const chains: RecentChain[] = [];
+    const held: number[] = [];
+    for (const c of recent) {
+      const h = this.index.heldPrefix(source, c.view, c.credit);
+      if (h >= c.credit) this.active.withdrawRecent(c, 0);
+      else if (h > 0) {
+        chains.push(c);
+        held.push(h);
+      }
+    }
+    return { chains, held };
+  }
+
+  /**
+   * After a batch with removals: a recent chain the index held further before the batch than after it lost blocks to
+   * the engine's own Removed events, so the overlay credits it only up to what is left (a prefix is usable only whole).
+   * What the index never held (the Stored events still on their way, the overlay's purpose) stays credited; a block
+   * removed and stored again within the batch is held after it and withdraws nothing.
+   */
+  private withdrawRemoved(source: number, watched: WatchedChains): void {
+    const { chains, held } = watched;
+    for (let i = 0; i < chains.length; i++) {
+      const after = this.index.heldPrefix(source, chains[i].view, held[i]);
+      if (after < held[i]) this.active.withdrawRecent(chains[i], after);
+    }
   }
 
   /** A Stored event with multimodal keys, with its router hashes computed (the index hashes plain tokens only). */
@@ -1073,6 +1118,7 @@ export class KvRouter {
       this.index.apply(entry.index, { kind: 'cleared' });
       this.groups.clearSource(entry.index);
       this.tiers.clear(entry.index);
+      this.active.clearRecent(entry.index);
     }
   }
 
@@ -1094,6 +1140,13 @@ function degradedOf(s: SourceSnapshot): SourceDegraded | undefined {
   if (!d || typeof d.reason !== 'string' || !Number.isFinite(d.since) || !Number.isInteger(d.losses)) return undefined;
   return { since: d.since, reason: d.reason, losses: d.losses };
 }
+
+/** Recent overlay chains of one source and the prefix of each the index held before a batch's first removal. */
+interface WatchedChains {
+  readonly chains: readonly RecentChain[];
+  readonly held: readonly number[];
+}
+const NO_WATCH: WatchedChains = { chains: [], held: [] };
 
 /** What `KvRouter.restore` did: sources and blocks loaded, and each source entry it could not load in full. */
 export interface RestoreResult {

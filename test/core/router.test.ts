@@ -193,6 +193,41 @@ describe('active load', () => {
     expect(a.prefillTokens(0)).toBe(0);
   });
 
+  it('a withdrawn or cleared recent chain credits what is left and leaves the first-block index when nothing is', () => {
+    const a = new ActiveLoad({ graceMs: 100, recentPerSource: 2 });
+    const h = computeSeqHashes(toks(40), BS); // 10 blocks
+    const view = new Uint32Array(h.buffer, h.byteOffset, h.length * 2);
+    const finished = (id: string, source: number, now: number) => {
+      a.add({ requestId: id, source, seqHashes: h, requestBlocks: 10, prefillTokens: 0, startedAt: now });
+      a.free(id, now);
+    };
+    finished('x', 0, 0);
+    const [chain] = a.recentOn(0, 1);
+    a.withdrawRecent(chain, 12); // more than it credits: no change
+    expect(a.predictedPrefix(0, h, 1)).toBe(10);
+    a.withdrawRecent(chain, 4);
+    expect(a.predictedPrefix(0, h, 1)).toBe(4);
+    a.withdrawRecent(chain, 6); // never raised again
+    expect(a.predictedPrefix(0, h, 1)).toBe(4);
+    a.withdrawRecent(chain, 0);
+    expect(a.predictedPrefix(0, h, 1)).toBe(0);
+    expect(a.recentOn(0, 1)).toEqual([]);
+    // Still listed by its first block (a false positive the index allows) until replaced or expired.
+    expect([...a.sourcesSharingFirstBlock(view, 10)]).toEqual([0]);
+    // The ring replaces the withdrawn entry; counts stay balanced (the sweep below empties the index).
+    finished('y', 0, 2);
+    finished('z', 0, 3);
+    expect(a.predictedPrefix(0, h, 4)).toBe(10);
+    finished('w', 1, 3);
+    a.clearRecent(0);
+    expect(a.predictedPrefix(0, h, 4)).toBe(0);
+    expect(a.recentOn(0, 4)).toEqual([]);
+    expect(a.predictedPrefix(1, h, 4)).toBe(10);
+    expect([...a.sourcesSharingFirstBlock(view, 10)]).toEqual([1]);
+    a.sweep(1_000, 300_000);
+    expect([...a.sourcesSharingFirstBlock(view, 10)]).toEqual([]);
+  });
+
   it('the router returns load to zero through finish, cancel and the stale sweep', () => {
     const r = fleet(2);
     routed(r.route({ requestId: 'a', tokens: toks(30) }, 0));
@@ -244,6 +279,78 @@ describe('overlay and approximate mode', () => {
     r.sweep(2000);
     const later = routed(r.route({ requestId: 's2', tokens: [...prefix, 3] }, 2000));
     expect(later.bestOverlapBlocks).toBe(0);
+  });
+
+  describe("withdraws what the engine's own events removed", () => {
+    // One router, two idle sources, a finished request's chain in the overlay's grace period (default 2 s).
+    const prefix = toks(64, 5); // 16 full blocks
+    const ids = (from: number, to: number) => Array.from({ length: to - from }, (_, i) => 500n + BigInt(from + i));
+    const removedTail = (from: number): KvEvent => ({ kind: 'removed', engineIds: ids(from, 16).reverse() });
+    function afterTurn(opts: { stored: boolean }) {
+      const r = new KvRouter({ blockSize: BS });
+      r.addSource({ workerId: 'a', dpRank: 0 });
+      r.addSource({ workerId: 'b', dpRank: 0 });
+      const first = routed(r.route({ requestId: 't1', tokens: [...prefix, 1], allow: new Set(['a']) }, 0));
+      expect(first.sourceKey).toBe('a');
+      if (opts.stored) r.applyEvents('a', [stored(prefix, 16, 500n)], 5);
+      r.finish('t1', {}, 10);
+      return r;
+    }
+    // The next turn prefers 'a' (session affinity) and reports what is credited there.
+    const next = (r: KvRouter, now: number) =>
+      routed(r.route({ requestId: `t${now}`, tokens: [...prefix, 2], prefer: { sourceKey: 'a', loadFactor: 1 } }, now));
+
+    it('A stores then removes the prefix: the next request on A is credited nothing', () => {
+      const r = afterTurn({ stored: true });
+      expect(next(r, 20).overlapBlocks).toBe(16);
+      r.finish('t20', {}, 25);
+      // The engine evicts the chain, tail first (vLLM frees a request's blocks in reverse order).
+      r.applyEvents('a', [removedTail(0)], 30);
+      const d = next(r, 40);
+      expect(d.sourceKey).toBe('a');
+      expect(d.overlapBlocks).toBe(0);
+      expect(d.bestOverlapBlocks).toBe(0);
+      // The ledger predicts what the engine can deliver: t1 cold, t20 16 of 17 blocks, t40 none.
+      expect(r.ledger.view().predicted.blockWeighted).toBeCloseTo((0 + 16 + 0) / (17 * 3), 9);
+    });
+
+    it('a removed tail withdraws that block and every block after it, and the held head stays credited', () => {
+      const r = afterTurn({ stored: true });
+      r.applyEvents('a', [removedTail(10)], 30);
+      expect(next(r, 40).overlapBlocks).toBe(10);
+    });
+
+    it('a chain whose last Stored events are still on their way loses the removed part of what the index held', () => {
+      const r = afterTurn({ stored: false });
+      r.applyEvents('a', [stored(prefix, 12, 500n)], 15); // blocks 12-15 not announced yet
+      expect(next(r, 20).overlapBlocks).toBe(16);
+      r.finish('t20', {}, 25);
+      r.applyEvents('a', [{ kind: 'removed', engineIds: ids(8, 12).reverse() }], 30);
+      expect(next(r, 40).overlapBlocks).toBe(8);
+    });
+
+    it('keeps crediting what the engine has not announced yet (the overlay itself), and a block removed then stored again', () => {
+      const r = afterTurn({ stored: false });
+      // An unrelated eviction on A: the chain's Stored events are still on their way, its credit stays.
+      r.applyEvents('a', [stored(toks(8, 9000), 2, 900n), { kind: 'removed', engineIds: [901n, 900n] }], 15);
+      expect(next(r, 20).overlapBlocks).toBe(16);
+      r.finish('t20', {}, 25);
+      // Stored, then in one batch its last block evicted and stored again (another request recomputed it).
+      r.applyEvents('a', [stored(prefix, 16, 500n)], 30);
+      r.applyEvents('a', [{ kind: 'removed', engineIds: [515n] }, { ...stored(prefix, 16, 500n) }], 31);
+      expect(next(r, 40).overlapBlocks).toBe(16);
+    });
+
+    it('a cleared cache or a reset source withdraws all of its recent chains', () => {
+      const cleared = afterTurn({ stored: false });
+      cleared.applyEvents('a', [{ kind: 'cleared' }], 15);
+      expect(next(cleared, 20).overlapBlocks).toBe(0);
+      const reset = afterTurn({ stored: false });
+      reset.resetSource('a');
+      expect(next(reset, 20).overlapBlocks).toBe(0);
+      // The grace itself is untouched: without any event the finished chain is still credited.
+      expect(next(afterTurn({ stored: false }), 20).overlapBlocks).toBe(16);
+    });
   });
 
   it('approximate sources remember routing decisions for their TTL and capacity', () => {

@@ -3,13 +3,14 @@
  * (`kvroute mocker`, real ZMQ KV events), `kvroute serve --record FILE` in front of them fed a few hundred token
  * prompts with shared prefixes over real sockets, then `kvroute sim --trace FILE` with the same fleet shape (workers,
  * KV blocks per engine, block size, policy). The replay's block-weighted predicted hit (sim --json:
- * hit.predicted_block_weighted) must be within 0.03 of the live router's, read from its counters:
+ * hit.predicted_block_weighted) must be within 0.05 of the live router's, read from its counters:
  * router_kv_overlap_blocks_total / router_kv_isl_blocks_total (the blocks the chosen engine held at routing time over
- * the prompt blocks; the same ledger quantity the simulator reports). On this traffic the predicted hit hardly depends
- * on the engines' capacity (session affinity and the overlay's grace credit the previous turn), so the delivered hit
- * is compared too: the engines' cached / prompt tokens (router_kv_engine_cached_tokens_total /
- * router_kv_engine_prompt_tokens_total, token-weighted; sim: hit.engine_token_weighted), within 0.05, and a fleet of
- * 4x the blocks must deliver clearly more. Also: the byte bound rotates, recording is off by
+ * the prompt blocks; the same ledger quantity the simulator reports). The delivered hit is compared too: the engines'
+ * cached / prompt tokens (router_kv_engine_cached_tokens_total / router_kv_engine_prompt_tokens_total, token-weighted;
+ * sim: hit.engine_token_weighted), within 0.05, and a fleet of 4x the blocks must deliver clearly more. The router's
+ * prediction must be the engines' truth: the overlay withdraws what the engines' Removed events dropped, so predicted
+ * is within 0.05 of delivered live and 0.02 in the replay (before that, the overlay's grace credited the previous
+ * turn's evicted prefix: 0.81 predicted against 0.36 delivered). Also: the byte bound rotates, recording is off by
  * default, `kvroute epp --record` writes a file, and a malformed line is skipped and counted by the reader.
  */
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
@@ -133,7 +134,7 @@ async function complete(url: string, prompt: number[], session: string): Promise
 const asRun = (doc: string) => doc.replace(/^kvroute /, '').split(' ');
 
 describe('record and replay (processes)', () => {
-  it('serve --record, then sim --trace on the same fleet shape: block-weighted hit within 0.03 of the live run', async () => {
+  it('serve --record, then sim --trace on the same fleet shape: block-weighted hit within 0.05 of the live run', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'kvroute-record-'));
     const specs = await engines(ENGINES);
     const serve = cli(asRun(DOC_SERVE), {
@@ -192,8 +193,13 @@ describe('record and replay (processes)', () => {
       `record-replay: predicted block-weighted live ${live.toFixed(4)} (router_kv_overlap_blocks_total ${overlap} / router_kv_isl_blocks_total ${isl}) replay ${replay.toFixed(4)}; ` +
         `delivered token-weighted live ${liveDelivered.toFixed(4)} (router_kv_engine_cached_tokens_total ${cached} / router_kv_engine_prompt_tokens_total ${prompt}) replay ${replayDelivered.toFixed(4)}\n`,
     );
-    expect(live).toBeGreaterThan(0.3);
-    expect(Math.abs(replay - live)).toBeLessThanOrEqual(0.03);
+    expect(live).toBeGreaterThan(0.25);
+    // 0.03 before the overlay withdrew evicted blocks (both sides then read 0.81); predicted now follows delivered, so
+    // it inherits delivered's live-vs-model gap (0.025 measured), bounded at 0.05 as delivered is below.
+    expect(Math.abs(replay - live)).toBeLessThanOrEqual(0.05);
+    // Predicted is delivered: block- vs token-weighted differ by under a block per request on these prompts.
+    expect(Math.abs(live - liveDelivered)).toBeLessThanOrEqual(0.05);
+    expect(Math.abs(replay - replayDelivered)).toBeLessThanOrEqual(0.02);
     // Delivered reuse depends on eviction, so on how requests overlapped in time: the live engines run slower than the
     // engine model on a loaded machine (more blocks held at once). Measured 0.025 apart (bench/RESULTS.md); within 0.05.
     expect(Math.abs(replayDelivered - liveDelivered)).toBeLessThanOrEqual(0.05);

@@ -977,6 +977,26 @@ export class KvIndex {
     return slot !== NONE && this.sets.has(this.rec[slot * REC + SET], source);
   }
 
+  /**
+   * Leading blocks of a chain (`n` seq hashes as u32 halves) that `source` holds: a binary search of table probes,
+   * exact when the source's blocks are prefix-closed along the chain (an engine evicts a chain's tail before its
+   * prefix), else some prefix ending where a held block is followed by a missing one. The overlay's withdrawal reads
+   * it (router.ts, applyEvents); routing does not.
+   */
+  heldPrefix(source: number, view: Uint32Array, n: number): number {
+    if (this.liveBlocks === 0 || !this.sources[source]) return 0;
+    let lo = 0;
+    let hi = n;
+    while (lo < hi) {
+      const mid = (lo + hi + 1) >>> 1;
+      const k = 2 * (mid - 1);
+      const slot = this.findSlot(view[k], view[k + 1]);
+      if (slot !== NONE && this.sets.has(this.rec[slot * REC + SET], source)) lo = mid;
+      else hi = mid - 1;
+    }
+    return lo;
+  }
+
   /** Router hashes a source holds (for tests and debugging; not a hot path). */
   blocksOf(source: number): Set<bigint> {
     const out = new Set<bigint>();
