@@ -432,12 +432,7 @@ function whatIfRuns(
   const { base, whatIf } = runWhatIf(requests, {
     fleet: {
       ...fleet,
-      router: {
-        ...routerOptionsFrom(run),
-        overlay: o.overlay,
-        ...(o.overlayGraceMs !== undefined && { overlayGraceMs: o.overlayGraceMs }),
-      },
-      dispatch: dispatchOptionsFrom(run),
+      ...liveRouting(run, o),
       policy,
       rateScale: o.rateScale[0],
       hasher: new TraceHasher(settings.blockSize),
@@ -457,6 +452,18 @@ function whatIfRuns(
   });
   bar?.stop();
   return { results: [base], whatIf };
+}
+
+/** The live router's and dispatcher's options for one run's settings, with the sim's overlay flags. */
+function liveRouting(run: ReturnType<typeof runSettings>, o: SimCliOptions) {
+  return {
+    router: {
+      ...routerOptionsFrom(run),
+      overlay: o.overlay,
+      ...(o.overlayGraceMs !== undefined && { overlayGraceMs: o.overlayGraceMs }),
+    },
+    dispatch: dispatchOptionsFrom(run),
+  };
 }
 
 /** Every run of the sweeps (policy x queue order x rate scale x P/D threshold), with a progress bar on a terminal. */
@@ -487,12 +494,7 @@ function runSweep(requests: readonly TraceRequest[], settings: SimSettings, flee
           const run = runSettings(settings, { policy, queueOrder, disaggMinUncachedTokens });
           const r = runFleet(requests, {
             ...fleet,
-            router: {
-              ...routerOptionsFrom(run),
-              overlay: o.overlay,
-              ...(o.overlayGraceMs !== undefined && { overlayGraceMs: o.overlayGraceMs }),
-            },
-            dispatch: dispatchOptionsFrom(run),
+            ...liveRouting(run, o),
             policy,
             rateScale,
             hasher,

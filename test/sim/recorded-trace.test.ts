@@ -8,32 +8,14 @@ import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { describe, expect, it } from 'vitest';
 import { computeSeqHashes } from '../../src/core/hashing.ts';
-import { formatRecordHeader, formatRecordLine, parseRecordLine } from '../../src/core/traffic-record.ts';
+import { formatRecordLine, parseRecordLine } from '../../src/core/traffic-record.ts';
 import { runFleet } from '../../src/sim/run-fleet.ts';
-import { RecordedPrompts, TraceHasher } from '../../src/sim/traces/expand.ts';
-import type { TraceRequest } from '../../src/sim/traces/format.ts';
+import { RecordedPrompts } from '../../src/sim/traces/expand.ts';
+import { recordingHeader, recordingOf } from '../fixtures/recordings.ts';
 import { loadTrace } from '../../src/sim/traces/reader.ts';
 import { generateFromSpec } from '../../src/sim/traces/spec.ts';
 
-const header = (blockSize: number) => formatRecordHeader({ blockSize, startedAt: '2026-12-06T06:00:00.000Z', source: 'serve' });
-
-/** The recording `kvroute serve` would write of these trace requests at `bs` (its router hashes them the same way). */
-function recordingOf(requests: readonly TraceRequest[], bs: number): string[] {
-  const hasher = new TraceHasher(bs);
-  return requests.map((r) =>
-    formatRecordLine({
-      timestamp: r.timestamp,
-      inputLength: r.inputLength,
-      outputLength: r.outputLength,
-      blockHashes: hasher.seqHashes(r),
-      model: 'm',
-      tenant: r.tenant ?? 'default',
-      priority: r.priority ?? 0,
-      ...(r.sessionId !== undefined ? { sessionId: r.sessionId } : {}),
-      outcome: 'ok',
-    }),
-  );
-}
+const header = recordingHeader;
 
 function file(name: string, text: string | Buffer): string {
   const path = join(mkdtempSync(join(tmpdir(), 'kvroute-recorded-')), name);

@@ -9,9 +9,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
-import { formatRecordHeader, formatRecordLine } from '../../src/core/traffic-record.ts';
-import { TraceHasher } from '../../src/sim/traces/expand.ts';
 import { generateFromSpec } from '../../src/sim/traces/spec.ts';
+import { recordingHeader, recordingOf } from '../fixtures/recordings.ts';
 
 const run = promisify(execFile);
 const BIN = join(import.meta.dirname, '../../bin/kvroute.mjs');
@@ -103,24 +102,9 @@ describe('kvroute sim --what-if', () => {
 
   it('answers on a recording of `kvroute serve --record` (its own hashes and block size), measured as a plain replay', async () => {
     const bs = 32;
-    const hasher = new TraceHasher(bs);
-    const lines = generateFromSpec('agentic:requests=100', 3).map((r) =>
-      formatRecordLine({
-        timestamp: r.timestamp,
-        inputLength: r.inputLength,
-        outputLength: r.outputLength,
-        blockHashes: hasher.seqHashes(r),
-        model: 'm',
-        tenant: r.tenant ?? 'default',
-        priority: r.priority ?? 0,
-        outcome: 'ok',
-      }),
-    );
+    const lines = recordingOf(generateFromSpec('agentic:requests=100', 3), bs);
     const file = join(mkdtempSync(join(tmpdir(), 'kvroute-whatif-')), 'traffic.jsonl');
-    writeFileSync(
-      file,
-      `${[formatRecordHeader({ blockSize: bs, startedAt: '2026-12-06T06:00:00.000Z', source: 'serve' }), ...lines].join('\n')}\n`,
-    );
+    writeFileSync(file, `${[recordingHeader(bs), ...lines].join('\n')}\n`);
     const fleet = ['--trace', file, '--workers', '2', '--gpu-blocks', '256', '--policy', 'kv-pressure', '--json', '-', '--no-progress'];
     const doc = JSON.parse((await sim([...fleet, '--what-if'])).stdout);
     expect(doc.fleet.block_size).toBe(bs);
