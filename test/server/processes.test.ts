@@ -23,10 +23,13 @@ interface Serve {
 
 const running: Serve[] = [];
 const engines: FakeEngine[] = [];
+// A stop waits for in-flight requests up to --shutdown-grace-ms (below: 5 s, not the default 30 s, which is the
+// hook's own limit), then the shells' 5 s kill timer. Under a CPU hog one stop after a shell replacement once took the
+// whole default grace (a shell's drain saw a request still in flight; not diagnosed): the hook outlasts grace + kill.
 afterEach(async () => {
   await Promise.all(running.splice(0).map((s) => s.stop()));
   await Promise.all(engines.splice(0).map((e) => e.stop()));
-});
+}, 60_000);
 
 async function fleet(n: number, opts: ConstructorParameters<typeof FakeEngine>[0] = {}): Promise<FakeEngine[]> {
   const es = await Promise.all(Array.from({ length: n }, () => new FakeEngine(opts).start()));
@@ -37,7 +40,21 @@ async function fleet(n: number, opts: ConstructorParameters<typeof FakeEngine>[0
 async function serve(args: string[]): Promise<Serve> {
   const proc = spawn(
     process.execPath,
-    [CLI, 'serve', '--port', '0', '--health-interval-ms', '0', '--engine-metrics-interval-ms', '0', '--admin-token', ADMIN, ...args],
+    [
+      CLI,
+      'serve',
+      '--port',
+      '0',
+      '--health-interval-ms',
+      '0',
+      '--engine-metrics-interval-ms',
+      '0',
+      '--shutdown-grace-ms',
+      '5000',
+      '--admin-token',
+      ADMIN,
+      ...args,
+    ],
     { env: { ...process.env, KVROUTE_LOG_LEVEL: 'info' }, stdio: ['ignore', 'pipe', 'pipe'] },
   );
   let out = '';
