@@ -387,9 +387,7 @@ export class KvRouter {
       return true;
     }
     this.index.apply(entry.index, { kind: 'cleared' });
-    this.groups.clearSource(entry.index);
-    this.tiers.clear(entry.index);
-    this.active.clearRecent(entry.index);
+    this.clearBeside(entry.index);
     return true;
   }
 
@@ -421,9 +419,7 @@ export class KvRouter {
         continue;
       }
       if (ev.kind === 'cleared') {
-        this.tiers.clear(entry.index);
-        this.groups.clearSource(entry.index);
-        this.active.clearRecent(entry.index);
+        this.clearBeside(entry.index);
         watched = undefined;
       } else if (
         (ev.groupIdx !== undefined && ev.groupIdx !== 0) ||
@@ -1116,10 +1112,15 @@ export class KvRouter {
     for (const entry of entries) {
       if (!this.current(entry)) continue;
       this.index.apply(entry.index, { kind: 'cleared' });
-      this.groups.clearSource(entry.index);
-      this.tiers.clear(entry.index);
-      this.active.clearRecent(entry.index);
+      this.clearBeside(entry.index);
     }
+  }
+
+  /** A source's cache was cleared: what the router keeps beside the index for it goes too (groups, tiers, overlay). */
+  private clearBeside(source: number): void {
+    this.groups.clearSource(source);
+    this.tiers.clear(source);
+    this.active.clearRecent(source);
   }
 
   /** Loads one source of a snapshot taken with this router's block size (see restore). */
@@ -1128,6 +1129,8 @@ export class KvRouter {
     if (!this.sources.has(s.key)) this.addSource(parseSourceKey(s.key), { mode: 'events' });
     const entry = this.sources.get(s.key)!;
     this.tiers.clear(entry.index);
+    // As restoreSteps: the overlay's just-finished chains on the source credit nothing the snapshot does not hold.
+    this.active.clearRecent(entry.index);
     const r = this.index.restoreSource(entry.index, s);
     if (r.applied > 0 || r.rejected === 0) entry.degraded = degradedOf(s);
     return r;
