@@ -271,12 +271,14 @@ describe('ZMQ ingestion', () => {
   });
 
   it('requestReplay reports an unanswered endpoint as unavailable within the timeout', async () => {
-    // It answers (the test's own timeout guards a hang) and says the timeout is why; it waited for the timeout first,
-    // a lower bound that a loaded machine cannot break.
+    // It answers (the test's own timeout guards a hang) and says the timeout is why; it waited for the timeout first.
+    // The lower bound is half the timeout, not the timeout: the receive timer starts from libuv's loop time, cached when
+    // the loop turn began, so on a loaded machine it fires early by however long that turn has run (182 of 200 ms once,
+    // at load average 28); an answer that did not wait at all would still fail.
     const t0 = performance.now();
     const r = await requestReplay('tcp://127.0.0.1:9', 0n, () => {}, { timeoutMs: 200 });
     expect(r.ok).toBe(false);
     expect(r.reason).toMatch(/replay unavailable: timeout/);
-    expect(performance.now() - t0).toBeGreaterThanOrEqual(190);
+    expect(performance.now() - t0).toBeGreaterThanOrEqual(100);
   });
 });

@@ -102,11 +102,15 @@ describe('overload', () => {
         });
         return { status: r.status, retryAfter: r.headers.get('retry-after'), text: await r.text(), ct: r.headers.get('content-type') };
       };
+      const t0 = performance.now();
       const burst = await Promise.all(Array.from({ length: 30 }, () => call(a)));
+      const seconds = (performance.now() - t0) / 1000;
       const ok = burst.filter((r) => r.status === 200).length;
       const refused = burst.filter((r) => r.status === 429);
       expect(ok).toBeGreaterThanOrEqual(10);
-      expect(ok).toBeLessThanOrEqual(12); // the burst, plus what refills (5/s) while the 30 arrive
+      // The burst, plus what refills (5/s) while the 30 arrive: on a quiet machine they take well under a second; on a
+      // loaded one (load average 20+) they took over a second and 16 were admitted, which the bucket allows.
+      expect(ok).toBeLessThanOrEqual(10 + Math.ceil(5 * seconds) + 1);
       expect(refused.length).toBe(30 - ok);
       for (const r of refused) {
         expect(Number(r.retryAfter)).toBeGreaterThanOrEqual(1);
