@@ -206,7 +206,8 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
         cacheAnswers.get(m.id)?.(m.cache ?? undefined);
         return;
       case 'kvr.ready':
-        send(s, { k: 'kvr.start', config, primaryUrl: server.url });
+        // A shell forked (a replacement) just before the router began to stop: it is told to stop, not to start.
+        send(s, closing ? { k: 'kvr.close', graceMs: 0 } : { k: 'kvr.start', config, primaryUrl: server.url });
         return;
       case 'kvr.startFailed':
         if (!up) startError ??= new Error(m.message);
@@ -215,6 +216,7 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
       case 'kvr.listening':
         s.listening = true;
         publicUrl ??= m.url;
+        if (up) log.info({ pid: s.worker.process.pid }, `replacement HTTP shell ${s.worker.process.pid} listening`);
         return;
     }
   };
@@ -334,9 +336,15 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
         (s) =>
           new Promise<void>((resolve) => {
             if (s.worker.isDead()) return resolve();
-            s.worker.once('exit', () => resolve());
+            const kill = setTimeout(() => {
+              log.warn({ pid: s.worker.process.pid, graceMs }, 'an HTTP shell did not stop within the grace period: killed');
+              s.worker.kill('SIGKILL');
+            }, graceMs + 5_000).unref();
+            s.worker.once('exit', () => {
+              clearTimeout(kill);
+              resolve();
+            });
             send(s, { k: 'kvr.close', graceMs });
-            setTimeout(() => s.worker.kill('SIGKILL'), graceMs + 5_000).unref();
           }),
       );
       await Promise.all(exits);
