@@ -41,19 +41,7 @@ async function fleet(n: number, opts: ConstructorParameters<typeof FakeEngine>[0
 async function serve(args: string[]): Promise<Serve> {
   const proc = spawn(
     process.execPath,
-    [
-      CLI,
-      'serve',
-      '--port',
-      '0',
-      '--health-interval-ms',
-      '0',
-      '--engine-metrics-interval-ms',
-      '0',
-      '--admin-token',
-      ADMIN,
-      ...args,
-    ],
+    [CLI, 'serve', '--port', '0', '--health-interval-ms', '0', '--engine-metrics-interval-ms', '0', '--admin-token', ADMIN, ...args],
     { env: { ...process.env, KVROUTE_LOG_LEVEL: 'info' }, stdio: ['ignore', 'pipe', 'pipe'] },
   );
   let out = '';
