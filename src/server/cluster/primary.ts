@@ -93,6 +93,8 @@ interface ShellState {
   /** Requests dispatched and not yet finished. */
   readonly active: Set<string>;
   readonly outbox: Outbox<PrimaryMessage>;
+  /** kvr.start has been sent: until then the shell runs nothing of its own (a replacement still booting). */
+  started: boolean;
   listening: boolean;
 }
 
@@ -206,8 +208,13 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
         cacheAnswers.get(m.id)?.(m.cache ?? undefined);
         return;
       case 'kvr.ready':
-        // A shell forked (a replacement) just before the router began to stop: it is told to stop, not to start.
-        send(s, closing ? { k: 'kvr.close', graceMs: 0 } : { k: 'kvr.start', config, primaryUrl: server.url });
+        // A shell forked (a replacement) just before the router began to stop is told to stop, not to start.
+        if (closing) {
+          send(s, { k: 'kvr.close', graceMs: 0 });
+          return;
+        }
+        s.started = true;
+        send(s, { k: 'kvr.start', config, primaryUrl: server.url });
         return;
       case 'kvr.startFailed':
         if (!up) startError ??= new Error(m.message);
@@ -271,7 +278,15 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
     const outbox = new Outbox<PrimaryMessage>((m) => {
       if (worker.isConnected()) worker.send(m);
     });
-    const s: ShellState = { worker, waiting: new Map(), active: new Set(), told: new WeakSet(), outbox, listening: false };
+    const s: ShellState = {
+      worker,
+      waiting: new Map(),
+      active: new Set(),
+      told: new WeakSet(),
+      outbox,
+      started: false,
+      listening: false,
+    };
     shells.set(worker.id, s);
     worker.on('message', (m: unknown) => {
       if (!isShellMessage(m)) return;
@@ -336,6 +351,13 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
         (s) =>
           new Promise<void>((resolve) => {
             if (s.worker.isDead()) return resolve();
+            // Not started (a replacement still loading its modules): it holds nothing, and would only read kvr.close
+            // once booted.
+            if (!s.started) {
+              s.worker.once('exit', () => resolve());
+              s.worker.process.kill('SIGKILL');
+              return;
+            }
             const kill = setTimeout(() => {
               log.warn({ pid: s.worker.process.pid, graceMs }, 'an HTTP shell did not stop within the grace period: killed');
               s.worker.kill('SIGKILL');

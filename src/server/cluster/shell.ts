@@ -201,10 +201,14 @@ class ForwardedLifecycle implements LifecyclePort {
 }
 
 export async function runShell(config: ServeConfig, primaryUrl: string): Promise<void> {
-  // Messages that arrive while the shell starts up (a kvr.close: the router began to stop meanwhile) wait for their
-  // handler below instead of being lost; a lost kvr.close left the shell running until the primary's kill timer.
+  // Messages that arrive while the shell starts up wait for their handler below instead of being lost. A kvr.close (the
+  // router began to stop meanwhile) ends it at once: it listens on nothing and holds nothing yet. (A lost kvr.close left
+  // the shell running until the primary's kill timer, the whole grace period.)
   const early: PrimaryMessage[] = [];
-  const hold = (m: PrimaryMessage) => early.push(m);
+  const hold = (m: PrimaryMessage) => {
+    if (m.k === 'kvr.close') process.exit(0);
+    early.push(m);
+  };
   process.on('message', hold);
   const log: Logger = pino({ level: config.logLevel, base: { shell: process.pid }, redact: LOG_REDACT_PATHS });
   const guard = await buildSecurity(config, log);
