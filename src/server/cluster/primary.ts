@@ -291,6 +291,9 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
     worker.on('message', (m: unknown) => {
       if (!isShellMessage(m)) return;
       for (const one of m.k === 'kvr.batch' ? (Array.isArray(m.msgs) ? m.msgs : [null]) : [m]) {
+        // After the shell's exit the channel may still hand over what it wrote before it died: its requests were
+        // finished as cancelled at the exit (exactly once), so only its metrics still count.
+        if (!shells.has(worker.id) && one?.k !== 'kvr.metrics') continue;
         const problem = shellMessageProblem(one);
         if (problem) {
           drop(s, one, problem);
