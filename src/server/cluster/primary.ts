@@ -2,8 +2,9 @@
  * `kvroute serve --processes N`, the primary's side: it runs the whole router (src/server/app.ts) on an internal
  * loopback port, forks N HTTP shells (node:cluster) that share the public port, and answers their IPC: each submission
  * goes to the one Lifecycle/Dispatcher, in the order received, so decisions are the ones a single process makes for the
- * same sequence. A shell that dies is replaced; the requests it had in flight are finished as cancelled, so the
- * dispatcher's active load does not keep them. Metrics the shells record arrive in batches and land in the primary's
+ * same sequence. A shell that dies is replaced; the requests it had in flight are finished as cancelled (once: what it
+ * wrote before dying and arrives after its exit is ignored), so the dispatcher's active load does not keep them. A stop
+ * drains every started shell and kills one not started yet (it holds nothing). Metrics the shells record arrive in batches and land in the primary's
  * registry, which /metrics (forwarded by a shell to the primary) shows whole.
  */
 import cluster, { type Worker as ClusterWorker } from 'node:cluster';
@@ -80,7 +81,10 @@ export interface RunningCluster {
   shellPids(): number[];
   /** Shells started to replace ones that died. */
   readonly replaced: () => number;
-  /** Tells every shell to stop accepting and finish within the grace period; resolves when all have exited. */
+  /**
+   * Tells every started shell to stop accepting and finish within the grace period (killed 5 s after it), kills any not
+   * started yet; resolves when all have exited.
+   */
   close(graceMs: number): Promise<void>;
 }
 
