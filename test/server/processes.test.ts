@@ -257,6 +257,32 @@ describe('serve --processes', () => {
     expect(s.out()).not.toMatch(/did not stop within the grace period/);
   }, 120_000);
 
+  it('a stop refuses queued requests at once and lets the one in flight finish, as one process does', async () => {
+    // One worker held by each request until its first token (6 s away): the first runs, the next two queue.
+    const [e] = await fleet(1, { firstChunkDelayMs: 6_000 });
+    const s = await serve(['--worker', e.url, '--processes', '2', '--busy-prefill-tokens', '0', '--queue-limit', '10']);
+    const order: string[] = [];
+    const send = (name: string, seed: number) =>
+      post(s.url, '/v1/completions', { model: 'fake-model', prompt: randomTokens(32, seed), max_tokens: 2 }).then((r) => {
+        order.push(name);
+        return r.status;
+      });
+    const running = send('running', 1);
+    await until('one request at the engine', async () => e.active === 1);
+    const queued = [send('queued', 2), send('queued', 3)];
+    await until('two queued', async () => {
+      const r = await fetch(`${s.url}/debug/state`, { headers: { authorization: `Bearer ${ADMIN}` } });
+      return ((await r.json()) as { queue: { length: number } }).queue.length === 2;
+    });
+    const stopped = s.stop();
+    // The queued ones are refused (503, shutting down) before the running one ends; that one is drained and answered.
+    expect(await Promise.all(queued)).toEqual([503, 503]);
+    expect(await running).toBe(200);
+    expect(order).toEqual(['queued', 'queued', 'running']);
+    await stopped;
+    expect(s.proc.exitCode).toBe(0);
+  }, 120_000);
+
   it('a stop while a replacement shell is still starting ends at once', async () => {
     const [e] = await fleet(1);
     const s = await serve(['--worker', e.url, '--processes', '2', '--shutdown-grace-ms', '20000']);

@@ -354,6 +354,9 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
     replaced: () => replaced,
     close: async (graceMs) => {
       closing = true;
+      // Queued requests are refused at once, as one process does (app.ts close): those in flight get the grace period.
+      // Left queued, a shell's drain waited for each to reach a worker and run to its end, up to the whole grace.
+      server.lifecycle.close();
       const exits = [...shells.values()].map(
         (s) =>
           new Promise<void>((resolve) => {
