@@ -18,14 +18,15 @@ interface Serve {
   url: string;
   proc: ChildProcess;
   out: () => string;
-  stop(): Promise<void>;
+  /** SIGTERM; resolves with the milliseconds until the process exited. */
+  stop(): Promise<number>;
 }
 
 const running: Serve[] = [];
 const engines: FakeEngine[] = [];
-// A stop waits for in-flight requests up to --shutdown-grace-ms (below: 5 s, not the default 30 s, which is the
-// hook's own limit), then the shells' 5 s kill timer. Under a CPU hog one stop after a shell replacement once took the
-// whole default grace (a shell's drain saw a request still in flight; not diagnosed): the hook outlasts grace + kill.
+// A stop waits for in-flight requests up to --shutdown-grace-ms (the default 30 s), then the shells' 5 s kill timer;
+// with nothing in flight it ends at once (the tests that stop a router after a shell replacement assert so). The hook
+// outlasts grace + kill, so a stop that hangs fails its test's own bound rather than the hook.
 afterEach(async () => {
   await Promise.all(running.splice(0).map((s) => s.stop()));
   await Promise.all(engines.splice(0).map((e) => e.stop()));
@@ -40,21 +41,7 @@ async function fleet(n: number, opts: ConstructorParameters<typeof FakeEngine>[0
 async function serve(args: string[]): Promise<Serve> {
   const proc = spawn(
     process.execPath,
-    [
-      CLI,
-      'serve',
-      '--port',
-      '0',
-      '--health-interval-ms',
-      '0',
-      '--engine-metrics-interval-ms',
-      '0',
-      '--shutdown-grace-ms',
-      '5000',
-      '--admin-token',
-      ADMIN,
-      ...args,
-    ],
+    [CLI, 'serve', '--port', '0', '--health-interval-ms', '0', '--engine-metrics-interval-ms', '0', '--admin-token', ADMIN, ...args],
     { env: { ...process.env, KVROUTE_LOG_LEVEL: 'info' }, stdio: ['ignore', 'pipe', 'pipe'] },
   );
   let out = '';
@@ -82,10 +69,12 @@ async function serve(args: string[]): Promise<Serve> {
     proc,
     out: () => out,
     stop: async () => {
-      if (proc.exitCode !== null || proc.signalCode !== null) return;
+      if (proc.exitCode !== null || proc.signalCode !== null) return 0;
       const exited = new Promise((r) => proc.once('exit', r));
+      const t0 = Date.now();
       proc.kill('SIGTERM');
       await exited;
+      return Date.now() - t0;
     },
   };
   running.push(s);
@@ -241,20 +230,71 @@ describe('serve --processes', () => {
     // The dead shell's clients lost their streams; the other shell's finished.
     expect(results.filter((ok) => !ok).length).toBeGreaterThan(0);
     expect(results.filter((ok) => ok).length).toBeGreaterThan(0);
-    await until('a replacement shell', async () => /replaced by \d+/.test(s.out()));
+    // "replaced by" is said when the replacement is forked; it serves once it has started and listens.
+    await until('a replacement shell listening', async () => /replacement HTTP shell \d+ listening/.test(s.out()), 60_000);
     // What the dead shell held was finished as cancelled: nothing stays in the dispatcher's load.
     await until('nothing in flight', async () => (await inFlight(s)) === 0);
 
-    // The new shell serves too: ten requests on fresh connections, all answered.
+    // The new shell serves too: ten requests on fresh connections, all answered, by both shells.
+    const prefixes = new Set<string>();
     for (let i = 0; i < 10; i++) {
       const r = await post(s.url, '/v1/completions', { model: 'fake-model', prompt: randomTokens(32, 300 + i), max_tokens: 1 });
       expect(r.status, r.text).toBe(200);
+      prefixes.add(String(r.headers['x-kvroute-request-id']).split('-')[1]);
     }
+    expect(prefixes.size).toBe(2);
     // /metrics (the primary's registry, reached through a shell) counts the requests of every shell, the dead one's too.
     await until('metrics of every shell have arrived', async () => {
       const text = await (await fetch(`${s.url}/metrics`)).text();
       const m = /^router_api_requests_total\{api="completions"\} (\d+)$/m.exec(text);
       return Number(m?.[1]) === 14;
     });
+    // Nothing is in flight in any process: the stop ends at once, well inside the 30 s grace (it once waited all of it
+    // and the kill timer: the replacement, still starting when the router began to stop, lost its kvr.close).
+    expect(await inFlight(s)).toBe(0);
+    expect(await s.stop()).toBeLessThan(10_000);
+    expect(s.proc.exitCode).toBe(0);
+    expect(s.out()).not.toMatch(/did not stop within the grace period/);
+  }, 120_000);
+
+  it('a stop refuses queued requests at once and lets the one in flight finish, as one process does', async () => {
+    // One worker held by each request until its first token (6 s away): the first runs, the next two queue.
+    const [e] = await fleet(1, { firstChunkDelayMs: 6_000 });
+    const s = await serve(['--worker', e.url, '--processes', '2', '--busy-prefill-tokens', '0', '--queue-limit', '10']);
+    const order: string[] = [];
+    const send = (name: string, seed: number) =>
+      post(s.url, '/v1/completions', { model: 'fake-model', prompt: randomTokens(32, seed), max_tokens: 2 }).then((r) => {
+        order.push(name);
+        return r.status;
+      });
+    const running = send('running', 1);
+    await until('one request at the engine', async () => e.active === 1);
+    const queued = [send('queued', 2), send('queued', 3)];
+    await until('two queued', async () => {
+      const r = await fetch(`${s.url}/debug/state`, { headers: { authorization: `Bearer ${ADMIN}` } });
+      return ((await r.json()) as { queue: { length: number } }).queue.length === 2;
+    });
+    const stopped = s.stop();
+    // The queued ones are refused (503, shutting down) before the running one ends; that one is drained and answered.
+    expect(await Promise.all(queued)).toEqual([503, 503]);
+    expect(await running).toBe(200);
+    expect(order).toEqual(['queued', 'queued', 'running']);
+    await stopped;
+    expect(s.proc.exitCode).toBe(0);
+  }, 120_000);
+
+  it('a stop while a replacement shell is still starting ends at once', async () => {
+    const [e] = await fleet(1);
+    const s = await serve(['--worker', e.url, '--processes', '2', '--shutdown-grace-ms', '20000']);
+    const pids = (JSON.parse(/\{[^\n]*"shells":\[[\d,]+\][^\n]*\}/.exec(s.out())?.[0] ?? '{}') as { shells: number[] }).shells;
+    process.kill(pids[0], 'SIGKILL');
+    // SIGTERM as soon as the replacement is forked: it has not started (nor listened) yet, and holds nothing.
+    await until('a replacement shell forked', async () => /replaced by \d+/.test(s.out()));
+    const replacement = Number(/replaced by (\d+)/.exec(s.out())?.[1]);
+    expect(await s.stop()).toBeLessThan(10_000);
+    expect(s.proc.exitCode).toBe(0);
+    expect(s.out()).not.toMatch(/did not stop within the grace period/);
+    // The replacement is gone too, not left behind the primary.
+    expect(() => process.kill(replacement, 0)).toThrow();
   }, 120_000);
 });

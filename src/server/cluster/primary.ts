@@ -2,8 +2,9 @@
  * `kvroute serve --processes N`, the primary's side: it runs the whole router (src/server/app.ts) on an internal
  * loopback port, forks N HTTP shells (node:cluster) that share the public port, and answers their IPC: each submission
  * goes to the one Lifecycle/Dispatcher, in the order received, so decisions are the ones a single process makes for the
- * same sequence. A shell that dies is replaced; the requests it had in flight are finished as cancelled, so the
- * dispatcher's active load does not keep them. Metrics the shells record arrive in batches and land in the primary's
+ * same sequence. A shell that dies is replaced; the requests it had in flight are finished as cancelled (once: what it
+ * wrote before dying and arrives after its exit is ignored), so the dispatcher's active load does not keep them. A stop
+ * drains every started shell and kills one not started yet (it holds nothing). Metrics the shells record arrive in batches and land in the primary's
  * registry, which /metrics (forwarded by a shell to the primary) shows whole.
  */
 import cluster, { type Worker as ClusterWorker } from 'node:cluster';
@@ -80,7 +81,10 @@ export interface RunningCluster {
   shellPids(): number[];
   /** Shells started to replace ones that died. */
   readonly replaced: () => number;
-  /** Tells every shell to stop accepting and finish within the grace period; resolves when all have exited. */
+  /**
+   * Tells every started shell to stop accepting and finish within the grace period (killed 5 s after it), kills any not
+   * started yet; resolves when all have exited.
+   */
   close(graceMs: number): Promise<void>;
 }
 
@@ -93,6 +97,8 @@ interface ShellState {
   /** Requests dispatched and not yet finished. */
   readonly active: Set<string>;
   readonly outbox: Outbox<PrimaryMessage>;
+  /** kvr.start has been sent: until then the shell runs nothing of its own (a replacement still booting). */
+  started: boolean;
   listening: boolean;
 }
 
@@ -206,6 +212,12 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
         cacheAnswers.get(m.id)?.(m.cache ?? undefined);
         return;
       case 'kvr.ready':
+        // A shell forked (a replacement) just before the router began to stop is told to stop, not to start.
+        if (closing) {
+          send(s, { k: 'kvr.close', graceMs: 0 });
+          return;
+        }
+        s.started = true;
         send(s, { k: 'kvr.start', config, primaryUrl: server.url });
         return;
       case 'kvr.startFailed':
@@ -215,6 +227,7 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
       case 'kvr.listening':
         s.listening = true;
         publicUrl ??= m.url;
+        if (up) log.info({ pid: s.worker.process.pid }, `replacement HTTP shell ${s.worker.process.pid} listening`);
         return;
     }
   };
@@ -269,11 +282,22 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
     const outbox = new Outbox<PrimaryMessage>((m) => {
       if (worker.isConnected()) worker.send(m);
     });
-    const s: ShellState = { worker, waiting: new Map(), active: new Set(), told: new WeakSet(), outbox, listening: false };
+    const s: ShellState = {
+      worker,
+      waiting: new Map(),
+      active: new Set(),
+      told: new WeakSet(),
+      outbox,
+      started: false,
+      listening: false,
+    };
     shells.set(worker.id, s);
     worker.on('message', (m: unknown) => {
       if (!isShellMessage(m)) return;
       for (const one of m.k === 'kvr.batch' ? (Array.isArray(m.msgs) ? m.msgs : [null]) : [m]) {
+        // After the shell's exit the channel may still hand over what it wrote before it died: its requests were
+        // finished as cancelled at the exit (exactly once), so only its metrics still count.
+        if (!shells.has(worker.id) && one?.k !== 'kvr.metrics') continue;
         const problem = shellMessageProblem(one);
         if (problem) {
           drop(s, one, problem);
@@ -330,13 +354,29 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
     replaced: () => replaced,
     close: async (graceMs) => {
       closing = true;
+      // Queued requests are refused at once, as one process does (app.ts close): those in flight get the grace period.
+      // Left queued, a shell's drain waited for each to reach a worker and run to its end, up to the whole grace.
+      server.lifecycle.close();
       const exits = [...shells.values()].map(
         (s) =>
           new Promise<void>((resolve) => {
             if (s.worker.isDead()) return resolve();
-            s.worker.once('exit', () => resolve());
+            // Not started (a replacement still loading its modules): it holds nothing, and would only read kvr.close
+            // once booted.
+            if (!s.started) {
+              s.worker.once('exit', () => resolve());
+              s.worker.process.kill('SIGKILL');
+              return;
+            }
+            const kill = setTimeout(() => {
+              log.warn({ pid: s.worker.process.pid, graceMs }, 'an HTTP shell did not stop within the grace period: killed');
+              s.worker.kill('SIGKILL');
+            }, graceMs + 5_000).unref();
+            s.worker.once('exit', () => {
+              clearTimeout(kill);
+              resolve();
+            });
             send(s, { k: 'kvr.close', graceMs });
-            setTimeout(() => s.worker.kill('SIGKILL'), graceMs + 5_000).unref();
           }),
       );
       await Promise.all(exits);

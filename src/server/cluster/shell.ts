@@ -201,6 +201,15 @@ class ForwardedLifecycle implements LifecyclePort {
 }
 
 export async function runShell(config: ServeConfig, primaryUrl: string): Promise<void> {
+  // Messages that arrive while the shell starts up wait for their handler below instead of being lost. A kvr.close (the
+  // router began to stop meanwhile) ends it at once: it listens on nothing and holds nothing yet. (A lost kvr.close left
+  // the shell running until the primary's kill timer, the whole grace period.)
+  const early: PrimaryMessage[] = [];
+  const hold = (m: PrimaryMessage) => {
+    if (m.k === 'kvr.close') process.exit(0);
+    early.push(m);
+  };
+  process.on('message', hold);
   const log: Logger = pino({ level: config.logLevel, base: { shell: process.pid }, redact: LOG_REDACT_PATHS });
   const guard = await buildSecurity(config, log);
   const mode = config.tokenizerMode ?? (config.tokenizerDir ? 'local' : config.remoteTokenize ? 'remote' : null);
@@ -317,6 +326,7 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
       );
     } else if (m.k === 'kvr.close') void close(m.graceMs);
   };
+  process.off('message', hold);
   process.on('message', onMessage);
   process.on('disconnect', () => {
     // The primary is gone: no decision can be had. Stop at once.
@@ -324,9 +334,14 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
     process.exit(1);
   });
 
+  /** The listen under way (null before it starts): from then on the cluster may hand this shell connections. */
+  let listening: Promise<string> | null = null;
   const close = async (graceMs: number) => {
     if (closing) return;
     closing = true;
+    // Told to stop before it listened: it holds nothing.
+    if (!listening) process.exit(0);
+    await listening.catch(() => {});
     outbox.flush();
     await listener.drain(graceMs);
     forwarded.flush();
@@ -335,6 +350,8 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
     process.exit(0);
   };
 
-  const url = await listener.listen(config.port, config.host);
+  for (const m of early.splice(0)) onMessage(m);
+  listening = listener.listen(config.port, config.host);
+  const url = await listening;
   send({ k: 'kvr.listening', url });
 }
