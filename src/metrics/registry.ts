@@ -201,8 +201,10 @@ export class RouterMetrics {
     const remote = Promise.all([...this.remotes].map((r) => r.metrics()));
     const own = await this.registry.getMetricsAsJSON();
     // Series of the same name and labels are summed (counters and histograms: the shells record the request
-    // metrics, this registry everything else); the primary's own first, so its order of families is kept.
-    return AggregatorRegistry.aggregate([own, ...(await remote).flat()]).metrics();
+    // metrics, this registry everything else); this registry's first, so its order of families is kept, and each of
+    // its families by 'sum' (a family only it has shows as it is: prom-client's defaults would average or omit some).
+    const mine = own.map((m) => ({ ...m, aggregator: 'sum' as const }));
+    return AggregatorRegistry.aggregate([mine, ...(await remote).flat()]).metrics();
   }
 
   /** Stops the event-loop monitor. */
