@@ -205,9 +205,8 @@ export class RequestSeries {
 /** Adds `more` into `into` (the dashboard's totals of several registries: a primary and its HTTP shells). */
 export function addTotals(into: RequestTotalsJson, more: RequestTotalsJson): void {
   for (const [k, v] of Object.entries(more.overhead)) {
-    const o = (into.overhead[k] ??= { sum: 0, count: 0 });
-    o.sum += v.sum;
-    o.count += v.count;
+    const o = into.overhead[k];
+    into.overhead[k] = { sum: (o?.sum ?? 0) + v.sum, count: (o?.count ?? 0) + v.count };
   }
   for (const [k, v] of Object.entries(more.outcomes)) into.outcomes[k] = (into.outcomes[k] ?? 0) + v;
   for (const [k, v] of Object.entries(more.refusals)) into.refusals[k] = (into.refusals[k] ?? 0) + v;

@@ -227,7 +227,9 @@ describe('serve --processes', () => {
     // The same router series, but for the one --processes adds (the routing core's count of unreadable shell messages);
     // and the processes' own (process_*, nodejs_*: the primary's).
     const names = (m: Map<string, number>) =>
-      [...m.keys()].filter((k) => (k.startsWith('router_') && !k.startsWith('router_shell_messages_dropped_total')) || k.startsWith('process_start')).sort();
+      [...m.keys()]
+        .filter((k) => (k.startsWith('router_') && !k.startsWith('router_shell_messages_dropped_total')) || k.startsWith('process_start'))
+        .sort();
     expect(names(two)).toEqual(names(one));
     // The request metrics the shells now record, beside the primary's (finished requests' reuse, outcomes): every value
     // that does not depend on timing is equal. Timings (_sum, _bucket of seconds) and the processes' own gauges are not.

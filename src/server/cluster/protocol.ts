@@ -44,7 +44,12 @@ export type ShellMessage =
    * Asked at scrape time: the shell's tokenizer cache (router_tokenizer_cache_*; null: the shell has none) and its
    * request metrics (the registry the shell records them in, summed into the primary's /metrics).
    */
-  | { readonly k: 'kvr.cacheInfo'; readonly id: number; readonly cache: TokenizerCacheGauges | null; readonly metrics: ShellMetricsSnapshot }
+  | {
+      readonly k: 'kvr.cacheInfo';
+      readonly id: number;
+      readonly cache: TokenizerCacheGauges | null;
+      readonly metrics: ShellMetricsSnapshot;
+    }
   /** Unasked: the shell's request metrics, sent a second after they change and when it stops (what the primary keeps of a shell that dies). */
   | { readonly k: 'kvr.snapshot'; readonly metrics: ShellMetricsSnapshot }
   | { readonly k: 'kvr.listening'; readonly url: string }
