@@ -181,15 +181,18 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
       : null;
   const workers = new ShellWorkers(config.upstreamTimeoutMs);
   const lifecycle = new ForwardedLifecycle(workers);
-  // Request metrics, recorded here; sent to the primary when asked (scrape time) and a second after a change.
+  // Request metrics, recorded here; sent to the primary when asked (scrape time), when the shell stops, and
+  // KVROUTE_SHELL_REPORT_MS (default 1000; 0: never) after a change: the most a shell killed outright loses. Each report
+  // serialises the registry (~1 M instructions), a cost per interval, not per request.
+  const reportMs = Number(process.env.KVROUTE_SHELL_REPORT_MS ?? 1000);
   let reportTimer: NodeJS.Timeout | null = null;
   const report = async () => {
     if (reportTimer) clearTimeout(reportTimer);
     reportTimer = null;
     send({ k: 'kvr.snapshot', metrics: await metrics.snapshot() });
   };
-  const metrics = new ShellMetrics(config.metricsPrefix ?? '', () => {
-    reportTimer ??= setTimeout(() => void report(), 1000).unref();
+  const metrics = new ShellMetrics(config.metricsPrefix, () => {
+    if (reportMs > 0) reportTimer ??= setTimeout(() => void report(), reportMs).unref();
   });
   const targets = new Map<string, (w: ShellWorkerInfo | null) => void>();
   let targetSeq = 0;
