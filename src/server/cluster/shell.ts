@@ -182,9 +182,9 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
   const workers = new ShellWorkers(config.upstreamTimeoutMs);
   const lifecycle = new ForwardedLifecycle(workers);
   // Request metrics, recorded here; sent to the primary when asked (scrape time), when the shell stops, and
-  // KVROUTE_SHELL_REPORT_MS (default 1000; 0: never) after a change: the most a shell killed outright loses. Each report
-  // serialises the registry (~1 M instructions), a cost per interval, not per request.
-  const reportMs = Number(process.env.KVROUTE_SHELL_REPORT_MS ?? 1000);
+  // --shell-report-ms (0: never) after a change: the most a shell killed outright loses. Each report serialises the
+  // registry, a cost per interval, not per request.
+  const reportMs = config.shellReportMs;
   let reportTimer: NodeJS.Timeout | null = null;
   const report = async () => {
     if (reportTimer) clearTimeout(reportTimer);
