@@ -107,6 +107,14 @@ export const serveSchema = z.strictObject({
       'makes every decision (docs/architecture.md "Every core"). 1 = one process',
     group: GROUPS.listen,
   }),
+  shellReportMs: withDefault(ms(0), 1000, {
+    flag: '--shell-report-ms <ms>',
+    env: 'KVROUTE_SHELL_REPORT_MS',
+    help:
+      'with --processes: a shell sends its request metrics to the primary this long after they change (also when asked at ' +
+      'scrape time and when it stops); the most a shell killed outright loses. 0 = only when asked or stopping',
+    group: GROUPS.listen,
+  }),
   ...ROUTING,
   ...ADMISSION,
   tokenizerDir: optional(text(), {

@@ -10,13 +10,7 @@ import { LATENCY_BUCKETS } from './buckets.ts';
 export type PdLeg = 'prefill' | 'decode_first_token' | 'decode';
 
 export class PdMetrics {
-  private readonly legs: Histogram<'leg'>;
-  /** Plain sums for the dashboard. */
-  readonly legTotals: Record<PdLeg, { sum: number; count: number }> = {
-    prefill: { sum: 0, count: 0 },
-    decode_first_token: { sum: 0, count: 0 },
-    decode: { sum: 0, count: 0 },
-  };
+  private readonly legs: PdLegs;
 
   constructor(
     registry: Registry,
@@ -103,6 +97,32 @@ export class PdMetrics {
       (s) => ({ '': s.prefillRetries }),
       [''],
     );
+    this.legs = new PdLegs(registry, p);
+  }
+
+  legDuration(leg: PdLeg, seconds: number): void {
+    this.legs.legDuration(leg, seconds);
+  }
+
+  /** Plain sums for the dashboard. */
+  get legTotals(): Record<PdLeg, { sum: number; count: number }> {
+    return this.legs.totals;
+  }
+}
+
+/**
+ * router_pd_leg_duration_seconds alone: what a request handler records of a disaggregated request (an HTTP shell of
+ * `--processes` keeps it in its own registry, summed into the primary's /metrics at scrape time).
+ */
+export class PdLegs {
+  private readonly legs: Histogram<'leg'>;
+  readonly totals: Record<PdLeg, { sum: number; count: number }> = {
+    prefill: { sum: 0, count: 0 },
+    decode_first_token: { sum: 0, count: 0 },
+    decode: { sum: 0, count: 0 },
+  };
+
+  constructor(registry: Registry, p: string) {
     this.legs = new Histogram({
       name: `${p}router_pd_leg_duration_seconds`,
       help:
@@ -110,14 +130,14 @@ export class PdMetrics {
         '(decode request to its first token: KV transfer and first step), decode (decode request to the end of its answer).',
       buckets: LATENCY_BUCKETS,
       labelNames: ['leg'],
-      registers,
+      registers: [registry],
     });
   }
 
   legDuration(leg: PdLeg, seconds: number): void {
     if (!Number.isFinite(seconds) || seconds < 0) return;
     this.legs.observe({ leg }, seconds);
-    this.legTotals[leg].sum += seconds;
-    this.legTotals[leg].count++;
+    this.totals[leg].sum += seconds;
+    this.totals[leg].count++;
   }
 }

@@ -8,7 +8,7 @@
  * Per-request series carry one label, `worker` (the router's source key); overall values are `sum without (worker)`.
  * A per-instance Registry keeps tests and several routers in one process from colliding on the global one.
  */
-import { Registry } from 'prom-client';
+import { AggregatorRegistry, Registry } from 'prom-client';
 import { emptyTotals, type ReuseTotals } from '../core/ledger.ts';
 import type { FinishedRequest, KvRouter } from '../core/router.ts';
 import type { ApplyResult, RouteDecision } from '../core/types.ts';
@@ -16,7 +16,7 @@ import { labelObjects } from './bound.ts';
 import type { SumCount } from './buckets.ts';
 import { emptyEventTotals, type EventTotals, EventSeries, type IngestCounts } from './events.ts';
 import { type EventLoopLag, ProcessSeries } from './process.ts';
-import { type OverheadPhase, RequestSeries } from './requests.ts';
+import { addTotals, type OverheadPhase, RequestSeries, type RequestTotalsJson } from './requests.ts';
 import { ReuseSeries } from './reuse.ts';
 import { EngineMirror, type EngineTarget } from './scrape.ts';
 import { registerWorkerGauges } from './worker-gauges.ts';
@@ -31,8 +31,20 @@ export interface RouterMetricsOptions {
   readonly eventLoopWindowMs?: number;
 }
 
-/** The metrics a request handler records (a shell of `--processes` forwards them to the primary's registry). */
+/** The metrics a request handler records (a shell of `--processes` records them in its own registry: shell-metrics.ts). */
 export type RequestMetrics = Pick<RouterMetrics, 'routed' | 'firstToken' | 'token' | 'refused' | 'outcome' | 'apiRequest'>;
+
+/** prom-client's metric JSON (Registry.getMetricsAsJSON()), what AggregatorRegistry.aggregate() sums. */
+export type MetricJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>[number];
+
+/**
+ * Registries kept in other processes (the HTTP shells of `--processes`) whose request metrics /metrics and the
+ * dashboard add to this one's: `metrics()` at scrape time, `totals()` (the dashboard's, synchronous) as last reported.
+ */
+export interface RemoteRequestMetrics {
+  metrics(): Promise<readonly (readonly MetricJson[])[]>;
+  totals(): readonly RequestTotalsJson[];
+}
 
 export class RouterMetrics {
   readonly registry: Registry;
@@ -50,6 +62,7 @@ export class RouterMetrics {
   private readonly requests: RequestSeries;
   private readonly reuse: ReuseSeries;
   private readonly events: EventSeries;
+  private readonly remotes = new Set<RemoteRequestMetrics>();
 
   constructor(opts: RouterMetricsOptions) {
     this.router = opts.router;
@@ -177,8 +190,21 @@ export class RouterMetrics {
     this.mirror = mirror;
   }
 
-  render(): Promise<string> {
-    return this.registry.metrics();
+  /** Request metrics recorded in other processes: /metrics and the dashboard add them up with this registry's. */
+  addRemote(remote: RemoteRequestMetrics): void {
+    this.remotes.add(remote);
+  }
+
+  async render(): Promise<string> {
+    if (this.remotes.size === 0) return this.registry.metrics();
+    // The remotes are asked first: a collect of this registry may ask the same processes (tokenizer caches) meanwhile.
+    const remote = Promise.all([...this.remotes].map((r) => r.metrics()));
+    const own = await this.registry.getMetricsAsJSON();
+    // Series of the same name and labels are summed (counters and histograms: the shells record the request
+    // metrics, this registry everything else); this registry's first, so its order of families is kept, and each of
+    // its families by 'sum' (a family only it has shows as it is: prom-client's defaults would average or omit some).
+    const mine = own.map((m) => ({ ...m, aggregator: 'sum' as const }));
+    return AggregatorRegistry.aggregate([mine, ...(await remote).flat()]).metrics();
   }
 
   /** Stops the event-loop monitor. */
@@ -193,7 +219,8 @@ export class RouterMetrics {
   dashboardState(now: number = Date.now()): DashboardState {
     const st = this.router.state();
     const ledger = this.router.ledger;
-    const totals = this.requests.totals;
+    const totals = this.requests.totalsJson();
+    for (const r of this.remotes) for (const t of r.totals()) addTotals(totals, t);
     const workers: DashboardState['workers'] = {};
     for (const s of st.sources) {
       const ev = this.events.totals.get(s.source) ?? emptyEventTotals();
@@ -223,11 +250,11 @@ export class RouterMetrics {
       index: { blocks: st.index.blocks, pairs: st.index.pairs, bytes: st.index.bytes },
       reuse: { ...ledger.total },
       engine: this.mirror ? this.mirror.totals(this.decodeSource) : null,
-      overhead: Object.fromEntries([...totals.overhead].map(([k, v]) => [k, { ...v }])) as DashboardState['overhead'],
-      ttft: { ...totals.ttft },
-      itl: { ...totals.itl },
-      outcomes: Object.fromEntries(totals.outcomes),
-      refusals: Object.fromEntries(totals.refusals),
+      overhead: totals.overhead as DashboardState['overhead'],
+      ttft: totals.ttft,
+      itl: totals.itl,
+      outcomes: totals.outcomes,
+      refusals: totals.refusals,
       events: { ...events, blindSources: [...this.events.blind.values()].filter(Boolean).length },
       eventLoop: this.process.eventLoop(),
       workers,

@@ -13,6 +13,15 @@ export type OverheadPhase = (typeof OVERHEAD_PHASES)[number];
 
 type Worker = { worker: string };
 
+/** RequestSeries.totals as plain JSON (what an HTTP shell of `--processes` sends with its registry). */
+export interface RequestTotalsJson {
+  overhead: Record<string, SumCount>;
+  outcomes: Record<string, number>;
+  refusals: Record<string, number>;
+  ttft: SumCount;
+  itl: SumCount;
+}
+
 // Stable labels objects: the metrics' fast path (bound.ts) is keyed by the object.
 const API_LABELS = labelObjects('api');
 const PHASE_LABELS = labelObjects('phase');
@@ -37,6 +46,18 @@ export class RequestSeries {
     ttft: { sum: 0, count: 0 } as SumCount,
     itl: { sum: 0, count: 0 } as SumCount,
   };
+
+  /** The totals as plain JSON (a copy). */
+  totalsJson(): RequestTotalsJson {
+    const t = this.totals;
+    return {
+      overhead: Object.fromEntries([...t.overhead].map(([k, v]) => [k, { ...v }])),
+      outcomes: Object.fromEntries(t.outcomes),
+      refusals: Object.fromEntries(t.refusals),
+      ttft: { ...t.ttft },
+      itl: { ...t.itl },
+    };
+  }
 
   constructor(registry: Registry, p: string) {
     const registers = [registry];
@@ -179,4 +200,18 @@ export class RequestSeries {
     this.requests.inc(OUTCOME_LABELS(outcome));
     this.totals.outcomes.set(outcome, (this.totals.outcomes.get(outcome) ?? 0) + 1);
   }
+}
+
+/** Adds `more` into `into` (the dashboard's totals of several registries: a primary and its HTTP shells). */
+export function addTotals(into: RequestTotalsJson, more: RequestTotalsJson): void {
+  for (const [k, v] of Object.entries(more.overhead)) {
+    const o = into.overhead[k];
+    into.overhead[k] = { sum: (o?.sum ?? 0) + v.sum, count: (o?.count ?? 0) + v.count };
+  }
+  for (const [k, v] of Object.entries(more.outcomes)) into.outcomes[k] = (into.outcomes[k] ?? 0) + v;
+  for (const [k, v] of Object.entries(more.refusals)) into.refusals[k] = (into.refusals[k] ?? 0) + v;
+  into.ttft.sum += more.ttft.sum;
+  into.ttft.count += more.ttft.count;
+  into.itl.sum += more.itl.sum;
+  into.itl.count += more.itl.count;
 }

@@ -18,16 +18,10 @@ describe('shellMessageProblem', () => {
     expect(shellMessageProblem({ k: 'kvr.failed', id: 'r1', error: 'reset' })).toBeNull();
     expect(shellMessageProblem({ k: 'kvr.cancel', id: 'r1' })).toBeNull();
     expect(shellMessageProblem({ k: 'kvr.finish', id: 'r1', report: { outcome: 'ok' } })).toBeNull();
-    expect(
-      shellMessageProblem({
-        k: 'kvr.metrics',
-        calls: [
-          ['apiRequest', 'completions'],
-          ['outcome', 'ok'],
-        ],
-      }),
-    ).toBeNull();
-    expect(shellMessageProblem({ k: 'kvr.cacheInfo', id: 3, cache: null })).toBeNull();
+    const metrics = { json: '[]', totals: {} };
+    expect(shellMessageProblem({ k: 'kvr.routed', decision: { requestId: 'r1', worker: 'w0', api: 'completions' } })).toBeNull();
+    expect(shellMessageProblem({ k: 'kvr.cacheInfo', id: 3, cache: null, metrics })).toBeNull();
+    expect(shellMessageProblem({ k: 'kvr.snapshot', metrics })).toBeNull();
     expect(shellMessageProblem({ k: 'kvr.ready' })).toBeNull();
   });
 
@@ -44,8 +38,11 @@ describe('shellMessageProblem', () => {
     expect(shellMessageProblem({ k: 'kvr.submit', id: 'r1', sub: sub({ tokens: undefined }) })).toBe('kvr.submit without token ids');
     expect(shellMessageProblem({ k: 'kvr.failed', id: 'r1' })).toBe('kvr.failed without an error');
     expect(shellMessageProblem({ k: 'kvr.finish', id: 'r1' })).toBe('kvr.finish without a report');
-    expect(shellMessageProblem({ k: 'kvr.metrics', calls: [['exit', 1]] })).toBe('kvr.metrics with a bad call');
-    expect(shellMessageProblem({ k: 'kvr.metrics', calls: 'x' })).toBe('kvr.metrics with a bad call');
+    expect(shellMessageProblem({ k: 'kvr.metrics', calls: [['apiRequest', 'chat']] })).toBe('unknown kind kvr.metrics');
+    expect(shellMessageProblem({ k: 'kvr.routed', decision: { requestId: 'r1' } })).toBe('kvr.routed without a decision');
     expect(shellMessageProblem({ k: 'kvr.cacheInfo', id: 'x' })).toBe('kvr.cacheInfo without an id');
+    const noRegistry = 'a shell metrics snapshot without its registry';
+    expect(shellMessageProblem({ k: 'kvr.cacheInfo', id: 3, cache: null })).toBe(noRegistry);
+    expect(shellMessageProblem({ k: 'kvr.snapshot', metrics: { json: [], totals: {} } })).toBe(noRegistry);
   });
 });

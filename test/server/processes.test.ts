@@ -129,23 +129,45 @@ function conversationPrompts(requests: number): number[][] {
   return prompts;
 }
 
-/** The worker index (position in --worker) and overlap of each decision, one request at a time. */
-async function decisions(processes: number, prompts: number[][]): Promise<{ picks: string[]; requestIds: string[] }> {
+/**
+ * The worker index (position in --worker) and overlap of each decision, one request at a time; every third one
+ * streamed when `streamed`; and /metrics after the last.
+ */
+async function decisions(
+  processes: number,
+  prompts: number[][],
+  streamed = false,
+): Promise<{ picks: string[]; requestIds: string[]; metrics: string }> {
   const es = await fleet(3);
   const s = await serve([...es.flatMap((e) => ['--worker', e.url]), '--seed', '7', '--processes', String(processes)]);
   const index = new Map(es.map((e, i) => [new URL(e.url).host, i]));
   const picks: string[] = [];
   const requestIds: string[] = [];
-  for (const prompt of prompts) {
-    const r = await post(s.url, '/v1/completions', { model: 'fake-model', prompt, max_tokens: 2 });
+  for (const [i, prompt] of prompts.entries()) {
+    const stream = streamed && i % 3 === 0;
+    const r = await post(s.url, '/v1/completions', { model: 'fake-model', prompt, max_tokens: stream ? 4 : 2, stream });
     expect(r.status, r.text).toBe(200);
     picks.push(`${index.get(String(r.headers['x-kvroute-worker']))}/${r.headers['x-kvroute-overlap-blocks']}`);
     requestIds.push(String(r.headers['x-kvroute-request-id']));
     // The same sequence: each request arrives after the previous one has finished in the dispatcher.
     await until('the router has nothing in flight', async () => (await inFlight(s)) === 0);
   }
+  // Workers named by their position, as the picks are (each run's engines listen on other ports).
+  let metrics = await (await fetch(`${s.url}/metrics`)).text();
+  for (const [host, i] of index) metrics = metrics.replaceAll(host, `w${i}`);
   await s.stop();
-  return { picks, requestIds };
+  return { picks, requestIds, metrics };
+}
+
+/** Series of a /metrics text (name and labels) with their values. */
+function seriesOf(text: string): Map<string, number> {
+  const out = new Map<string, number>();
+  for (const line of text.split('\n')) {
+    if (line === '' || line.startsWith('#')) continue;
+    const at = line.lastIndexOf(' ');
+    out.set(line.slice(0, at), Number(line.slice(at + 1)));
+  }
+  return out;
 }
 
 describe('serve --processes', () => {
@@ -187,6 +209,33 @@ describe('serve --processes', () => {
     expect(shellsUsed.size).toBe(2);
   }, 120_000);
 
+  it('/metrics under two HTTP shells shows the series one process shows, with the same counts', async () => {
+    const prompts = conversationPrompts(12);
+    const one = seriesOf((await decisions(1, prompts, true)).metrics);
+    const two = seriesOf((await decisions(2, prompts, true)).metrics);
+    // The same router series, but for the one --processes adds (the routing core's count of unreadable shell messages);
+    // and the processes' own (process_*, nodejs_*: the primary's).
+    const names = (m: Map<string, number>) =>
+      [...m.keys()]
+        .filter((k) => (k.startsWith('router_') && !k.startsWith('router_shell_messages_dropped_total')) || k.startsWith('process_start'))
+        .sort();
+    expect(names(two)).toEqual(names(one));
+    // The request metrics the shells now record, beside the primary's (finished requests' reuse, outcomes): every value
+    // that does not depend on timing is equal. Timings (_sum, _bucket of seconds) and the processes' own gauges are not.
+    const counted = (k: string) =>
+      /^router_(api_requests_total|requests_total|requests_refused_total|kv_(isl|overlap|best_overlap)_blocks_total|kv_engine_(cached|prompt)_tokens_total|kv_predicted_cached_tokens_total|kv_(available_)?hit_rate_|kv_delivered_hit_rate_|kv_prediction_error_tokens_|prompt_tokens_|output_tokens_)/.test(
+        k,
+      ) || /^router_(time_to_first_token_seconds|inter_token_latency_seconds|routing_overhead_seconds)_count/.test(k);
+    const values = (m: Map<string, number>) => [...m].filter(([k]) => counted(k)).sort(([a], [b]) => (a < b ? -1 : 1));
+    expect(values(two)).toEqual(values(one));
+    // Not trivially equal: requests, first tokens, streamed tokens and routed blocks were counted.
+    const total = (prefix: string) => values(one).reduce((a, [k, v]) => (k.startsWith(prefix) ? a + v : a), 0);
+    expect(one.get('router_api_requests_total{api="completions"}')).toBe(12);
+    expect(total('router_time_to_first_token_seconds_count')).toBe(12);
+    expect(total('router_inter_token_latency_seconds_count')).toBeGreaterThan(0);
+    expect(total('router_kv_overlap_blocks_total')).toBeGreaterThan(0);
+  }, 180_000);
+
   it("the shells' tokenizer caches reach /metrics, added to the primary's", async () => {
     const [e] = await fleet(1);
     const s = await serve(['--worker', e.url, '--processes', '2', '--tokenizer', QWEN3_DIR, '--tokenizer-cache-mb', '8']);
@@ -225,6 +274,10 @@ describe('serve --processes', () => {
       ),
     );
     await until('four streams in flight', async () => (await inFlight(s)) === 4);
+    // Each shell counts its own requests; a scrape asks every shell, and what it reported stays counted after it dies.
+    const api = async () =>
+      Number(/^router_api_requests_total\{api="completions"\} (\d+)$/m.exec(await (await fetch(`${s.url}/metrics`)).text())?.[1]);
+    expect(await api()).toBe(4);
     process.kill(pids[0], 'SIGKILL');
     const results = await Promise.all(streams);
     // The dead shell's clients lost their streams; the other shell's finished.
@@ -244,11 +297,7 @@ describe('serve --processes', () => {
     }
     expect(prefixes.size).toBe(2);
     // /metrics (the primary's registry, reached through a shell) counts the requests of every shell, the dead one's too.
-    await until('metrics of every shell have arrived', async () => {
-      const text = await (await fetch(`${s.url}/metrics`)).text();
-      const m = /^router_api_requests_total\{api="completions"\} (\d+)$/m.exec(text);
-      return Number(m?.[1]) === 14;
-    });
+    expect(await api()).toBe(14);
     // Nothing is in flight in any process: the stop ends at once, well inside the 30 s grace (it once waited all of it
     // and the kill timer: the replacement, still starting when the router began to stop, lost its kvr.close).
     expect(await inFlight(s)).toBe(0);

@@ -4,24 +4,25 @@
  * goes to the one Lifecycle/Dispatcher, in the order received, so decisions are the ones a single process makes for the
  * same sequence. A shell that dies is replaced; the requests it had in flight are finished as cancelled (once: what it
  * wrote before dying and arrives after its exit is ignored), so the dispatcher's active load does not keep them. A stop
- * drains every started shell and kills one not started yet (it holds nothing). Metrics the shells record arrive in batches and land in the primary's
- * registry, which /metrics (forwarded by a shell to the primary) shows whole.
+ * drains every started shell and kills one not started yet (it holds nothing). The request metrics each shell records
+ * stay in its own registry: the primary asks for them at scrape time and /metrics (forwarded by a shell to the primary)
+ * shows their sum with its own registry; what a shell reported before it died is kept (a counter never goes back).
  */
 import cluster, { type Worker as ClusterWorker } from 'node:cluster';
 import { fileURLToPath } from 'node:url';
-import { Counter } from 'prom-client';
+import { AggregatorRegistry, Counter } from 'prom-client';
 import type { Logger } from 'pino';
 import type { ServeConfig } from '../../config/serve.ts';
 import type { RunningServer } from '../app.ts';
-import type { RecentDecision } from '../inference.ts';
 import type { RouteDecision } from '../../core/types.ts';
 import { sumCaches, type TokenizerCacheGauges } from '../../metrics/memory.ts';
+import type { MetricJson } from '../../metrics/registry.ts';
+import { addTotals, type RequestTotalsJson } from '../../metrics/requests.ts';
+import type { ShellMetricsSnapshot } from '../../metrics/shell-metrics.ts';
 import type { NextStep } from '../../runtime/lifecycle.ts';
 import {
   isShellMessage,
-  METRIC_CALLS,
   shellMessageProblem,
-  type MetricCall,
   Outbox,
   type PrimaryMessage,
   type ShellMessage,
@@ -100,6 +101,22 @@ interface ShellState {
   /** kvr.start has been sent: until then the shell runs nothing of its own (a replacement still booting). */
   started: boolean;
   listening: boolean;
+  /** The shell's request metrics as it last reported them (asked at scrape time, or sent after a change). */
+  metrics: ShellMetricsSnapshot | null;
+}
+
+/** The registry JSON of a snapshot; null if it does not read as one (left out of the sum). */
+function parseSnapshot(m: ShellMetricsSnapshot): MetricJson[] | null {
+  try {
+    const json = JSON.parse(m.json) as unknown;
+    return Array.isArray(json) && json.every((x) => typeof x?.name === 'string' && Array.isArray(x.values)) ? (json as MetricJson[]) : null;
+  } catch {
+    return null;
+  }
+}
+
+function emptyTotals(): RequestTotalsJson {
+  return { overhead: {}, outcomes: {}, refusals: {}, ttft: { sum: 0, count: 0 }, itl: { sum: 0, count: 0 } };
 }
 
 function shellEntry(): { exec: string; execArgv: string[] } {
@@ -161,14 +178,6 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
       send(s, { k: 'kvr.step', id, step: wireStep(step), workers });
     });
   };
-  const metric = (call: MetricCall) => {
-    const [name, ...args] = call;
-    if (!METRIC_CALLS.has(name)) return;
-    if (name === 'noteRouted') server.inference.noteRouted(args[0] as RecentDecision);
-    else if (name === 'legDuration') (server.inference.pd.legDuration as (...a: unknown[]) => void)(...args);
-    else (server.metrics[name] as (...a: unknown[]) => void).apply(server.metrics, args);
-  };
-
   const onMessage = (s: ShellState, m: ShellMessage): void => {
     const lc = server.lifecycle;
     switch (m.k) {
@@ -205,10 +214,14 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
         s.active.delete(m.id);
         lc.finish(m.id, m.report, m.outputTokens);
         return;
-      case 'kvr.metrics':
-        for (const c of m.calls) metric(c);
+      case 'kvr.routed':
+        server.inference.noteRouted(m.decision);
+        return;
+      case 'kvr.snapshot':
+        s.metrics = m.metrics;
         return;
       case 'kvr.cacheInfo':
+        s.metrics = m.metrics;
         cacheAnswers.get(m.id)?.(m.cache ?? undefined);
         return;
       case 'kvr.ready':
@@ -233,9 +246,15 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
   };
 
   // router_tokenizer_cache_*: the shells tokenize, so the series add up their caches, asked at scrape time (a shell
-  // that does not answer within a second is left out of that scrape).
+  // that does not answer within a second is left out of that scrape). The same answer brings the shell's request
+  // metrics (s.metrics); one question per shell serves every reader of one scrape.
   const cacheAnswers = new Map<number, (c: TokenizerCacheGauges | undefined) => void>();
   let cacheSeq = 0;
+  let asking: Promise<(TokenizerCacheGauges | undefined)[]> | null = null;
+  const askAll = (): Promise<(TokenizerCacheGauges | undefined)[]> =>
+    (asking ??= Promise.all([...shells.values()].filter((s) => s.listening).map(askCache)).finally(() => {
+      asking = null;
+    }));
   const askCache = (s: ShellState): Promise<TokenizerCacheGauges | undefined> =>
     new Promise((resolve) => {
       const id = ++cacheSeq;
@@ -248,8 +267,32 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
       cacheAnswers.set(id, done);
       send(s, { k: 'kvr.cacheInfo', id });
     });
-  const shellCaches = async () => sumCaches(await Promise.all([...shells.values()].filter((s) => s.listening).map(askCache)));
+  const shellCaches = async () => sumCaches(await askAll());
   server.tokenizerCaches.add(shellCaches);
+
+  // The request metrics the shells record (src/metrics/shell-metrics.ts), summed into /metrics and the dashboard: every
+  // shell's latest report (a shell that did not answer this scrape counts with its previous one), and what the shells
+  // that exited had reported (so a counter never goes back when its shell dies; a shell killed outright loses what it
+  // recorded after its last report: at most a second, or since the last scrape).
+  let retired: MetricJson[][] = [];
+  const retiredTotals = emptyTotals();
+  const retire = (s: ShellState) => {
+    const m = s.metrics;
+    s.metrics = null;
+    if (!m) return;
+    const json = parseSnapshot(m);
+    if (json) retired.push(json);
+    addTotals(retiredTotals, m.totals);
+  };
+  server.metrics.addRemote({
+    metrics: async () => {
+      await askAll();
+      if (retired.length > 1) retired = [await AggregatorRegistry.aggregate(retired).getMetricsAsJSON()];
+      const live = [...shells.values()].flatMap((s) => (s.metrics ? [parseSnapshot(s.metrics)] : [])).filter((j) => j !== null);
+      return [...retired, ...live];
+    },
+    totals: () => [retiredTotals, ...[...shells.values()].flatMap((s) => (s.metrics ? [s.metrics.totals] : []))],
+  });
 
   const dropped = new Counter({
     name: `${server.metrics.prefix}router_shell_messages_dropped_total`,
@@ -290,14 +333,15 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
       outbox,
       started: false,
       listening: false,
+      metrics: null,
     };
     shells.set(worker.id, s);
     worker.on('message', (m: unknown) => {
       if (!isShellMessage(m)) return;
       for (const one of m.k === 'kvr.batch' ? (Array.isArray(m.msgs) ? m.msgs : [null]) : [m]) {
         // After the shell's exit the channel may still hand over what it wrote before it died: its requests were
-        // finished as cancelled at the exit (exactly once), so only its metrics still count.
-        if (!shells.has(worker.id) && one?.k !== 'kvr.metrics') continue;
+        // finished as cancelled at the exit (exactly once), and its metrics were retired with the report it had made.
+        if (!shells.has(worker.id)) continue;
         const problem = shellMessageProblem(one);
         if (problem) {
           drop(s, one, problem);
@@ -312,6 +356,7 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
     });
     worker.once('exit', (code, signal) => {
       shells.delete(worker.id);
+      retire(s);
       // What it had in flight is over: its clients lost their connections with it.
       for (const ac of s.waiting.values()) ac.abort();
       for (const id of s.active) if (!s.waiting.has(id)) server.lifecycle.finish(id, { outcome: 'cancelled' });

@@ -8,6 +8,8 @@ import type { FinishReport, PrefillReport, Submission } from '../../core/dispatc
 import type { ServeConfig } from '../../config/serve.ts';
 import type { RouteDecision } from '../../core/types.ts';
 import type { TokenizerCacheGauges } from '../../metrics/memory.ts';
+import type { ShellMetricsSnapshot } from '../../metrics/shell-metrics.ts';
+import type { RecentDecision } from '../inference.ts';
 import type { NextStep } from '../../runtime/lifecycle.ts';
 
 /** Where a shell sends an attempt: what it needs of a worker to open its own connection pool. */
@@ -25,19 +27,6 @@ export interface ShellWorkerInfo {
 /** A routing decision as a step carries it to a shell: without its hashes and candidates (the shell reads neither). */
 export type WireDecision = Omit<RouteDecision, 'seqHashes' | 'candidates'>;
 
-/** Metric calls a shell batches (method name of RequestMetrics / PdMetrics, arguments). */
-export type MetricCall =
-  | readonly ['routed', ...unknown[]]
-  | readonly ['firstToken', ...unknown[]]
-  | readonly ['token', ...unknown[]]
-  | readonly ['refused', ...unknown[]]
-  | readonly ['outcome', ...unknown[]]
-  | readonly ['apiRequest', ...unknown[]]
-  | readonly ['legDuration', ...unknown[]]
-  | readonly ['noteRouted', ...unknown[]];
-
-export const METRIC_CALLS = new Set(['routed', 'firstToken', 'token', 'refused', 'outcome', 'apiRequest', 'legDuration', 'noteRouted']);
-
 /** Shell → primary. Each carries the router's request id. */
 export type ShellMessage =
   | { readonly k: 'kvr.submit'; readonly id: string; readonly sub: Submission }
@@ -49,9 +38,20 @@ export type ShellMessage =
   | { readonly k: 'kvr.prefillDone'; readonly id: string; readonly report: PrefillReport }
   | { readonly k: 'kvr.firstToken'; readonly id: string }
   | { readonly k: 'kvr.finish'; readonly id: string; readonly report: FinishReport; readonly outputTokens?: number }
-  | { readonly k: 'kvr.metrics'; readonly calls: readonly MetricCall[] }
-  /** The shell's tokenizer cache (router_tokenizer_cache_*), asked at scrape time; null: the shell has none. */
-  | { readonly k: 'kvr.cacheInfo'; readonly id: number; readonly cache: TokenizerCacheGauges | null }
+  /** A request was routed: the primary's blindness accounting and /debug/state's recent decisions. */
+  | { readonly k: 'kvr.routed'; readonly decision: RecentDecision }
+  /**
+   * Asked at scrape time: the shell's tokenizer cache (router_tokenizer_cache_*; null: the shell has none) and its
+   * request metrics (the registry the shell records them in, summed into the primary's /metrics).
+   */
+  | {
+      readonly k: 'kvr.cacheInfo';
+      readonly id: number;
+      readonly cache: TokenizerCacheGauges | null;
+      readonly metrics: ShellMetricsSnapshot;
+    }
+  /** Unasked: the shell's request metrics, sent a second after they change and when it stops (what the primary keeps of a shell that dies). */
+  | { readonly k: 'kvr.snapshot'; readonly metrics: ShellMetricsSnapshot }
   | { readonly k: 'kvr.listening'; readonly url: string }
   /** The shell's message handler is in place: send kvr.start (a message sent earlier would be lost). */
   | { readonly k: 'kvr.ready' }
@@ -129,12 +129,17 @@ export function shellMessageProblem(m: unknown): string | null {
     case 'kvr.prefillDone':
     case 'kvr.finish':
       return id() ?? (typeof o.report === 'object' && o.report !== null ? null : `${o.k} without a report`);
-    case 'kvr.metrics':
-      return Array.isArray(o.calls) && o.calls.every((c) => Array.isArray(c) && METRIC_CALLS.has(c[0]))
+    case 'kvr.routed': {
+      const d = o.decision as Record<string, unknown> | null | undefined;
+      return typeof d === 'object' && d !== null && typeof d.requestId === 'string' && typeof d.worker === 'string'
         ? null
-        : 'kvr.metrics with a bad call';
+        : 'kvr.routed without a decision';
+    }
     case 'kvr.cacheInfo':
-      return typeof o.id === 'number' ? null : 'kvr.cacheInfo without an id';
+      if (typeof o.id !== 'number') return 'kvr.cacheInfo without an id';
+      return snapshotProblem(o.metrics);
+    case 'kvr.snapshot':
+      return snapshotProblem(o.metrics);
     case 'kvr.listening':
       return typeof o.url === 'string' ? null : 'kvr.listening without a url';
     case 'kvr.startFailed':
@@ -144,6 +149,13 @@ export function shellMessageProblem(m: unknown): string | null {
     default:
       return `unknown kind ${o.k}`;
   }
+}
+
+function snapshotProblem(m: unknown): string | null {
+  const o = m as Record<string, unknown> | null | undefined;
+  return typeof o === 'object' && o !== null && typeof o.json === 'string' && typeof o.totals === 'object' && o.totals !== null
+    ? null
+    : 'a shell metrics snapshot without its registry';
 }
 
 export function isShellMessage(m: unknown): m is ShellMessage {

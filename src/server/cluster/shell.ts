@@ -3,7 +3,9 @@
  * routed API does the per-request work a core can do alone (read and parse the body, tokenize, proxy the attempt with
  * its own connection pools, relay the stream), asking the primary's dispatcher for each decision over IPC and telling
  * it of first tokens and finishes. Every other path (/health, /metrics, /v1/models, /admin, /debug, /tokenize, ...) is
- * passed to the primary's internal listener as it came, so there is one answer for each, from the one router.
+ * passed to the primary's internal listener as it came, so there is one answer for each, from the one router. The
+ * request metrics it records stay in its own registry (src/metrics/shell-metrics.ts): the primary asks for them at
+ * scrape time, and the shell also sends them a second after they change and when it stops.
  */
 import { randomBytes } from 'node:crypto';
 import cluster from 'node:cluster';
@@ -15,7 +17,7 @@ import type { RouteDecision } from '../../core/types.ts';
 import type { ServeConfig } from '../../config/serve.ts';
 import { HttpError } from '../../http/errors.ts';
 import type { TokenizerCacheGauges } from '../../metrics/memory.ts';
-import type { RequestMetrics } from '../../metrics/registry.ts';
+import { ShellMetrics } from '../../metrics/shell-metrics.ts';
 import { RemoteTokenizer } from '../../tokenizer/remote.ts';
 import { buildSecurity } from '../app.ts';
 import { createListener } from '../listener.ts';
@@ -30,7 +32,7 @@ import type { PdWorker } from '../../runtime/prefill-leg.ts';
 import { LOG_REDACT_PATHS, toHttpError } from '../../runtime/security/index.ts';
 import { NO_TRACE } from '../../runtime/tracing.ts';
 import { workerPool } from '../../runtime/workers.ts';
-import { type MetricCall, Outbox, type PrimaryMessage, type ShellMessage, type ShellWorkerInfo } from './protocol.ts';
+import { Outbox, type PrimaryMessage, type ShellMessage, type ShellWorkerInfo } from './protocol.ts';
 
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'transfer-encoding', 'upgrade', 'proxy-connection', 'te', 'trailer', 'host']);
 
@@ -38,23 +40,6 @@ const outbox = new Outbox<ShellMessage>((m) => {
   if (process.connected) process.send?.(m);
 });
 const send = (m: ShellMessage) => outbox.push(m);
-
-/** Metric calls, sent to the primary in one message per turn of the event loop. */
-class ForwardedMetrics {
-  private calls: MetricCall[] = [];
-
-  call(c: MetricCall): void {
-    if (this.calls.length === 0) setImmediate(() => this.flush());
-    this.calls.push(c);
-  }
-
-  flush(): void {
-    if (this.calls.length === 0) return;
-    send({ k: 'kvr.metrics', calls: this.calls });
-    this.calls = [];
-    outbox.flush();
-  }
-}
 
 const EMPTY_HASHES = new BigUint64Array(0);
 const NO_CANDIDATES: readonly never[] = [];
@@ -67,21 +52,6 @@ function fullStep(step: DispatchAttempt): DispatchAttempt {
     ? { ...step.prefill, decision: { ...step.prefill.decision, seqHashes: EMPTY_HASHES, candidates: NO_CANDIDATES } }
     : undefined;
   return { ...step, decision, ...(prefill ? { prefill } : {}) };
-}
-
-/**
- * What RouterMetrics.routed reads of a decision (its worker label, the reuse counters, the overhead phases): the
- * metric goes back to the primary with these fields only, not the whole decision it sent.
- */
-function routedFields(d: RouteDecision): RouteDecision {
-  return {
-    sourceKey: d.sourceKey,
-    promptTokens: d.promptTokens,
-    islBlocks: d.islBlocks,
-    overlapBlocks: d.overlapBlocks,
-    bestOverlapBlocks: d.bestOverlapBlocks,
-    ...(d.timingsMs ? { timingsMs: d.timingsMs } : {}),
-  } as RouteDecision;
 }
 
 /** The workers attempts are sent to, learnt from the primary's steps; one pool per worker, as the primary has. */
@@ -220,17 +190,21 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
       : null;
   const workers = new ShellWorkers(config.upstreamTimeoutMs);
   const lifecycle = new ForwardedLifecycle(workers);
-  const forwarded = new ForwardedMetrics();
+  // Request metrics, recorded here; sent to the primary when asked (scrape time), when the shell stops, and
+  // --shell-report-ms (0: never) after a change: the most a shell killed outright loses. Each report serialises the
+  // registry, a cost per interval, not per request.
+  const reportMs = config.shellReportMs;
+  let reportTimer: NodeJS.Timeout | null = null;
+  const report = async () => {
+    if (reportTimer) clearTimeout(reportTimer);
+    reportTimer = null;
+    send({ k: 'kvr.snapshot', metrics: await metrics.snapshot() });
+  };
+  const metrics = new ShellMetrics(config.metricsPrefix, () => {
+    if (reportMs > 0) reportTimer ??= setTimeout(() => void report(), reportMs).unref();
+  });
   const targets = new Map<string, (w: ShellWorkerInfo | null) => void>();
   let targetSeq = 0;
-  const metrics: RequestMetrics = {
-    routed: (d, t) => forwarded.call(['routed', routedFields(d), t]),
-    firstToken: (...a) => forwarded.call(['firstToken', ...a]),
-    token: (...a) => forwarded.call(['token', ...a]),
-    refused: (...a) => forwarded.call(['refused', ...a]),
-    outcome: (...a) => forwarded.call(['outcome', ...a]),
-    apiRequest: (...a) => forwarded.call(['apiRequest', ...a]),
-  };
   const idPrefix = randomBytes(4).toString('hex');
   let seq = 0;
   const ctx: InferenceContext = {
@@ -248,11 +222,11 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
     metrics,
     tokenizer,
     remote,
-    noteRouted: (d) => forwarded.call(['noteRouted', d]),
+    noteRouted: (decision) => send({ k: 'kvr.routed', decision }),
     nextRequestId: () => `kvr-${idPrefix}-${++seq}`,
     guard,
     sessionHeaders: sessionHeaderNames(config),
-    pd: { legDuration: (...a) => forwarded.call(['legDuration', ...a]) },
+    pd: metrics,
     // TensorRT-LLM's disagg_request_id must be unique across every process: each shell takes the next machine id after
     // the router's (cluster worker ids count from 1), so shells of one router never share one.
     disaggIds: new DisaggRequestIds(((config.disaggMachineId ?? disaggMachineIdOf(config.replicaId)) + (cluster.worker?.id ?? 0)) & 1023),
@@ -320,10 +294,11 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
       const read = tokenizer
         ? tokenizer.info().then((i) => i.cache as TokenizerCacheGauges | undefined)
         : Promise.resolve(remote?.cacheInfo);
-      void read.then(
-        (cache) => send({ k: 'kvr.cacheInfo', id, cache: cache ?? null }),
-        () => send({ k: 'kvr.cacheInfo', id, cache: null }),
+      const cache = read.then(
+        (c) => c ?? null,
+        () => null,
       );
+      void Promise.all([cache, metrics.snapshot()]).then(([c, snapshot]) => send({ k: 'kvr.cacheInfo', id, cache: c, metrics: snapshot }));
     } else if (m.k === 'kvr.close') void close(m.graceMs);
   };
   process.off('message', hold);
@@ -344,7 +319,7 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
     await listening.catch(() => {});
     outbox.flush();
     await listener.drain(graceMs);
-    forwarded.flush();
+    await report();
     outbox.flush();
     await Promise.all([tokenizer?.close(), workers.close(), primary.close().catch(() => {})]);
     process.exit(0);
