@@ -285,46 +285,83 @@ export class SseRelay {
     return rest;
   }
 
+  /**
+   * Complete events of which one or more mention "usage": only those are decoded and parsed; the bytes around them
+   * are forwarded as they came. A usage event is kept, rewritten (the client's cached tokens), or stripped (the
+   * router's own usage request: the usage-only chunk dropped, a usage field riding on a content chunk removed).
+   */
   private rewrite(complete: Buffer): Buffer {
-    const text = complete.toString('utf8');
-    const parts = text.split(/\r?\n\r?\n/);
-    const out: string[] = [];
-    for (const ev of parts) {
-      if (ev.length === 0) continue;
-      if (!ev.includes('"usage"')) {
-        out.push(ev);
-        if (!ev.includes('[DONE]')) this.events++;
+    let parts: Buffer[] | null = null;
+    let kept = 0;
+    let start = 0;
+    let usageAt = complete.indexOf(USAGE);
+    while (start < complete.length) {
+      const [contentEnd, end] = eventEnd(complete, start);
+      if (usageAt < 0 || usageAt >= end) {
+        if (contentEnd > start && indexIn(complete, DONE, start, contentEnd) < 0) this.events++;
+        start = end;
         continue;
       }
-      const dataAt = ev.indexOf('data:');
-      let parsed: Record<string, unknown> | undefined;
-      try {
-        parsed = dataAt >= 0 ? JSON.parse(ev.slice(dataAt + 5)) : undefined;
-      } catch {
-        parsed = undefined;
+      const replaced = this.usageEvent(complete.toString('utf8', start, contentEnd));
+      if (replaced !== null) {
+        parts ??= [];
+        if (start > kept) parts.push(complete.subarray(kept, start));
+        if (replaced.length > 0) parts.push(Buffer.from(replaced));
+        kept = end;
       }
-      if (!parsed || typeof parsed !== 'object' || !parsed.usage) {
-        out.push(ev);
-        this.events++;
-        continue;
-      }
-      this.usage = readUsage(parsed.usage) ?? this.usage;
-      if (!this.stripUsage) {
-        if (this.rewriteUsage && typeof parsed.usage === 'object') {
-          this.rewriteUsage(parsed.usage as Record<string, unknown>);
-          out.push(`data: ${JSON.stringify(parsed)}`);
-        } else out.push(ev);
-        if (Array.isArray(parsed.choices) && parsed.choices.length > 0) this.events++;
-        continue;
-      }
-      // The router's own usage request: drop the usage-only chunk, or the usage field of a chunk with content.
-      if (Array.isArray(parsed.choices) && parsed.choices.length === 0) continue;
-      delete parsed.usage;
-      out.push(`data: ${JSON.stringify(parsed)}`);
-      this.events++;
+      start = end;
+      usageAt = complete.indexOf(USAGE, end);
     }
-    return out.length === 0 ? EMPTY : Buffer.from(`${out.join('\n\n')}\n\n`);
+    if (parts === null) return complete;
+    if (kept < complete.length) parts.push(complete.subarray(kept));
+    return parts.length === 1 ? parts[0] : Buffer.concat(parts);
   }
+
+  /** One event mentioning "usage": its usage read; null to forward it as it came, or its replacement ('' drops it). */
+  private usageEvent(ev: string): string | null {
+    const dataAt = ev.indexOf('data:');
+    let parsed: Record<string, unknown> | undefined;
+    try {
+      parsed = dataAt >= 0 ? JSON.parse(ev.slice(dataAt + 5)) : undefined;
+    } catch {
+      parsed = undefined;
+    }
+    if (!parsed || typeof parsed !== 'object' || !parsed.usage) {
+      this.events++;
+      return null;
+    }
+    this.usage = readUsage(parsed.usage) ?? this.usage;
+    const withChoices = Array.isArray(parsed.choices) && parsed.choices.length > 0;
+    if (!this.stripUsage) {
+      if (withChoices) this.events++;
+      if (this.rewriteUsage && typeof parsed.usage === 'object') {
+        this.rewriteUsage(parsed.usage as Record<string, unknown>);
+        return `data: ${JSON.stringify(parsed)}\n\n`;
+      }
+      return null;
+    }
+    // The router's own usage request: drop the usage-only chunk, or the usage field of a chunk with content.
+    if (Array.isArray(parsed.choices) && parsed.choices.length === 0) return '';
+    delete parsed.usage;
+    this.events++;
+    return `data: ${JSON.stringify(parsed)}\n\n`;
+  }
+}
+
+/** Where the event starting at `start` ends: [end of its content, end of its blank line]; the buffer's end if none. */
+function eventEnd(buf: Buffer, start: number): [number, number] {
+  let i = buf.indexOf(0x0a, start);
+  while (i >= 0) {
+    if (buf[i + 1] === 0x0a) return [i, i + 2];
+    if (buf[i + 1] === 0x0d && buf[i + 2] === 0x0a) return [i, i + 3];
+    i = buf.indexOf(0x0a, i + 1);
+  }
+  return [buf.length, buf.length];
+}
+
+function indexIn(buf: Buffer, needle: Buffer, from: number, to: number): number {
+  const i = buf.indexOf(needle, from);
+  return i >= 0 && i + needle.length <= to ? i : -1;
 }
 
 function countEvents(buf: Buffer): number {
