@@ -112,7 +112,12 @@ class Attempt {
     // The engine continues the trace under this attempt's span (its traceparent goes in the headers).
     this.span = a.trace.enabled
       ? a.trace.attempt(
-          { 'kvroute.worker': this.decision.sourceKey, 'kvroute.attempt': attempt.attempt, 'server.address': worker.url, 'url.path': a.path },
+          {
+            'kvroute.worker': this.decision.sourceKey,
+            'kvroute.attempt': attempt.attempt,
+            'server.address': worker.url,
+            'url.path': a.path,
+          },
           headers,
         )
       : NOOP_ATTEMPT;
