@@ -400,6 +400,8 @@ class DirectAttempt implements UndiciDispatcher.DispatchHandler {
     if (this.settled) return;
     this.settled = true;
     clearTimeout(this.stall);
+    // A retried request adds the next attempt's listener: this one's goes.
+    this.at.a.res.removeListener('close', this.clientClosed);
     try {
       this.resolve(end());
     } catch (err) {
