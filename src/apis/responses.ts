@@ -31,6 +31,7 @@ export const responsesApi: ApiAdapter = {
       upstreamBody: (text) => withoutKvroute(body, text),
     };
   },
+  answerNeedsWhole: true,
   readAnswer(json) {
     const j = json as { usage?: unknown; id?: unknown } | null;
     const usage = readResponsesUsage(j?.usage) ?? {};

@@ -14,6 +14,7 @@
  *   anthropic   `event: message_*`; ends with message_stop; usage in message_start (cache_read_input_tokens) and
  *               message_delta (output_tokens)
  */
+import type { ApiAdapter } from './types.ts';
 
 export interface StreamUsage {
   promptTokens?: number;
@@ -29,6 +30,78 @@ const USAGE = Buffer.from('"usage"');
 const DONE = Buffer.from('[DONE]');
 const ERROR = Buffer.from('{"error"');
 const EMPTY = Buffer.alloc(0);
+
+/** How far from a whole answer's end its usage is looked for (vLLM writes it after the choices, before a few short fields). */
+const ANSWER_TAIL_BYTES = 4096;
+
+/**
+ * The usage of a whole JSON answer (as the API's adapter reads it) and the bytes to pass on. An OpenAI-style answer
+ * carries its `usage` object near its end: the last `"usage":` key of the answer's last 4 kB is found, its object
+ * delimited (strings and nesting honoured) and parsed alone, so reading the usage costs the same for an answer of any
+ * size. (The key's quotes cannot come from inside a JSON string, where a quote is escaped.) The whole answer is parsed
+ * instead when the adapter needs more than the usage (answerNeedsWhole), the usage is to be rewritten (`override`: a
+ * disaggregated request's cached tokens), or no usage object is in the tail. Not JSON: no usage, the bytes as they are.
+ */
+export function answerUsage(
+  api: Pick<ApiAdapter, 'readAnswer' | 'answerNeedsWhole'>,
+  body: Buffer,
+  override?: number | null,
+): { usage: StreamUsage | undefined; body: Buffer } {
+  if (override === undefined && !api.answerNeedsWhole) {
+    const usage = tailUsage(body);
+    if (usage !== undefined) return { usage: api.readAnswer({ usage }), body };
+  }
+  let usage: StreamUsage | undefined;
+  try {
+    const answer = JSON.parse(body.toString('utf8')) as { usage?: unknown };
+    usage = api.readAnswer(answer);
+    if (override !== undefined && answer.usage && typeof answer.usage === 'object') {
+      rewriteCachedTokens(answer.usage as Record<string, unknown>, override);
+      return { usage, body: Buffer.from(JSON.stringify(answer)) };
+    }
+  } catch {
+    /* not JSON: nothing to learn, still forward it */
+  }
+  return { usage, body };
+}
+
+/** The object after the last `"usage":` key in a buffer's last ANSWER_TAIL_BYTES, parsed; undefined when there is none. */
+export function tailUsage(buf: Buffer): unknown {
+  const at = buf.lastIndexOf(USAGE);
+  if (at < 0 || at < buf.length - ANSWER_TAIL_BYTES) return undefined;
+  let i = skipSpace(buf, at + USAGE.length);
+  if (buf[i] !== 0x3a /* : */) return undefined;
+  i = skipSpace(buf, i + 1);
+  if (buf[i] !== 0x7b /* { */) return undefined;
+  const end = valueEnd(buf, i);
+  if (end < 0) return undefined;
+  try {
+    return JSON.parse(buf.toString('utf8', i, end));
+  } catch {
+    return undefined;
+  }
+}
+
+function skipSpace(buf: Buffer, i: number): number {
+  while (i < buf.length && (buf[i] === 0x20 || buf[i] === 0x0a || buf[i] === 0x0d || buf[i] === 0x09)) i++;
+  return i;
+}
+
+/** The end (exclusive) of the object or array starting at `start`, strings skipped; -1 when it does not close. */
+function valueEnd(buf: Buffer, start: number): number {
+  let depth = 0;
+  for (let i = start; i < buf.length; i++) {
+    const c = buf[i];
+    if (c === 0x22 /* " */) {
+      for (i++; i < buf.length && buf[i] !== 0x22; i++) if (buf[i] === 0x5c /* \ */) i++;
+    } else if (c === 0x7b || c === 0x5b) depth++;
+    else if (c === 0x7d || c === 0x5d) {
+      depth--;
+      if (depth === 0) return i + 1;
+    }
+  }
+  return -1;
+}
 
 function lastBoundary(buf: Buffer): number {
   // End of the last complete event: after "\n\n" or "\n\r\n" (CRLF streams). -1 when none.
@@ -212,46 +285,83 @@ export class SseRelay {
     return rest;
   }
 
+  /**
+   * Complete events of which one or more mention "usage": only those are decoded and parsed; the bytes around them
+   * are forwarded as they came. A usage event is kept, rewritten (the client's cached tokens), or stripped (the
+   * router's own usage request: the usage-only chunk dropped, a usage field riding on a content chunk removed).
+   */
   private rewrite(complete: Buffer): Buffer {
-    const text = complete.toString('utf8');
-    const parts = text.split(/\r?\n\r?\n/);
-    const out: string[] = [];
-    for (const ev of parts) {
-      if (ev.length === 0) continue;
-      if (!ev.includes('"usage"')) {
-        out.push(ev);
-        if (!ev.includes('[DONE]')) this.events++;
+    let parts: Buffer[] | null = null;
+    let kept = 0;
+    let start = 0;
+    let usageAt = complete.indexOf(USAGE);
+    while (start < complete.length) {
+      const [contentEnd, end] = eventEnd(complete, start);
+      if (usageAt < 0 || usageAt >= end) {
+        if (contentEnd > start && indexIn(complete, DONE, start, contentEnd) < 0) this.events++;
+        start = end;
         continue;
       }
-      const dataAt = ev.indexOf('data:');
-      let parsed: Record<string, unknown> | undefined;
-      try {
-        parsed = dataAt >= 0 ? JSON.parse(ev.slice(dataAt + 5)) : undefined;
-      } catch {
-        parsed = undefined;
+      const replaced = this.usageEvent(complete.toString('utf8', start, contentEnd));
+      if (replaced !== null) {
+        parts ??= [];
+        if (start > kept) parts.push(complete.subarray(kept, start));
+        if (replaced.length > 0) parts.push(Buffer.from(replaced));
+        kept = end;
       }
-      if (!parsed || typeof parsed !== 'object' || !parsed.usage) {
-        out.push(ev);
-        this.events++;
-        continue;
-      }
-      this.usage = readUsage(parsed.usage) ?? this.usage;
-      if (!this.stripUsage) {
-        if (this.rewriteUsage && typeof parsed.usage === 'object') {
-          this.rewriteUsage(parsed.usage as Record<string, unknown>);
-          out.push(`data: ${JSON.stringify(parsed)}`);
-        } else out.push(ev);
-        if (Array.isArray(parsed.choices) && parsed.choices.length > 0) this.events++;
-        continue;
-      }
-      // The router's own usage request: drop the usage-only chunk, or the usage field of a chunk with content.
-      if (Array.isArray(parsed.choices) && parsed.choices.length === 0) continue;
-      delete parsed.usage;
-      out.push(`data: ${JSON.stringify(parsed)}`);
-      this.events++;
+      start = end;
+      usageAt = complete.indexOf(USAGE, end);
     }
-    return out.length === 0 ? EMPTY : Buffer.from(`${out.join('\n\n')}\n\n`);
+    if (parts === null) return complete;
+    if (kept < complete.length) parts.push(complete.subarray(kept));
+    return parts.length === 1 ? parts[0] : Buffer.concat(parts);
   }
+
+  /** One event mentioning "usage": its usage read; null to forward it as it came, or its replacement ('' drops it). */
+  private usageEvent(ev: string): string | null {
+    const dataAt = ev.indexOf('data:');
+    let parsed: Record<string, unknown> | undefined;
+    try {
+      parsed = dataAt >= 0 ? JSON.parse(ev.slice(dataAt + 5)) : undefined;
+    } catch {
+      parsed = undefined;
+    }
+    if (!parsed || typeof parsed !== 'object' || !parsed.usage) {
+      this.events++;
+      return null;
+    }
+    this.usage = readUsage(parsed.usage) ?? this.usage;
+    const withChoices = Array.isArray(parsed.choices) && parsed.choices.length > 0;
+    if (!this.stripUsage) {
+      if (withChoices) this.events++;
+      if (this.rewriteUsage && typeof parsed.usage === 'object') {
+        this.rewriteUsage(parsed.usage as Record<string, unknown>);
+        return `data: ${JSON.stringify(parsed)}\n\n`;
+      }
+      return null;
+    }
+    // The router's own usage request: drop the usage-only chunk, or the usage field of a chunk with content.
+    if (Array.isArray(parsed.choices) && parsed.choices.length === 0) return '';
+    delete parsed.usage;
+    this.events++;
+    return `data: ${JSON.stringify(parsed)}\n\n`;
+  }
+}
+
+/** Where the event starting at `start` ends: [end of its content, end of its blank line]; the buffer's end if none. */
+function eventEnd(buf: Buffer, start: number): [number, number] {
+  let i = buf.indexOf(0x0a, start);
+  while (i >= 0) {
+    if (buf[i + 1] === 0x0a) return [i, i + 2];
+    if (buf[i + 1] === 0x0d && buf[i + 2] === 0x0a) return [i, i + 3];
+    i = buf.indexOf(0x0a, i + 1);
+  }
+  return [buf.length, buf.length];
+}
+
+function indexIn(buf: Buffer, needle: Buffer, from: number, to: number): number {
+  const i = buf.indexOf(needle, from);
+  return i >= 0 && i + needle.length <= to ? i : -1;
 }
 
 function countEvents(buf: Buffer): number {

@@ -45,6 +45,11 @@ export interface ApiAdapter {
   parse(body: unknown): RoutedRequest;
   /** Usage (and the answer's id) of a whole JSON answer; undefined fields are unknown. */
   readAnswer(json: unknown): StreamUsage | undefined;
+  /**
+   * readAnswer needs more of the answer than its `usage` object (the Responses API's id): the whole answer is parsed.
+   * Otherwise readAnswer is given `{ usage }` read from the answer's tail (answerUsage, src/apis/sse.ts).
+   */
+  readonly answerNeedsWhole?: boolean;
   /** The in-band frame of a stream that failed after its first byte. */
   streamError(message: string): string;
 }

@@ -16,9 +16,9 @@ import type { ApiAdapter } from '../apis/index.ts';
 import type { PdMetrics } from '../metrics/disagg.ts';
 import type { PdWorker } from '../runtime/prefill-leg.ts';
 import { refusalError } from '../runtime/refusals.ts';
-import { type AttemptOutcome, type FlowContext, runRequest, type SubmittedRequest } from '../runtime/request-flow.ts';
+import { type AttemptOutcome, type AttemptPort, type FlowContext, runRequest, type SubmittedRequest } from '../runtime/request-flow.ts';
 import type { RequestTrace } from '../runtime/tracing.ts';
-import { pdAttempt } from './disagg-attempt.ts';
+import { type PdContext, pdAttempt } from './disagg-attempt.ts';
 import { proxyAttempt } from './proxy.ts';
 
 export interface RecentDecision {
@@ -51,14 +51,87 @@ export interface InferenceContext extends FlowContext<PdWorker> {
   readonly disaggIds: DisaggRequestIds;
 }
 
-/** What one HTTP request brings to its attempts. */
-interface Exchange {
-  readonly path: string;
-  readonly res: ServerResponse;
-  readonly signal: AbortSignal;
-  /** performance.now() when the request arrived (TTFT is measured from there). */
-  readonly t0: number;
-  readonly trace: RequestTrace;
+/**
+ * One HTTP request's side of the flow: the port its attempts go through (one object per request, its methods on the
+ * prototype, instead of closures and an exchange record), aborted when the client leaves.
+ */
+class Exchange implements AttemptPort<PdWorker> {
+  /** A client that leaves (while queued, tokenized or answered) aborts its request; a finished answer is not a leaving. */
+  readonly abort = new AbortController();
+
+  constructor(
+    private readonly ctx: InferenceContext,
+    private readonly path: string,
+    readonly res: ServerResponse,
+    /** performance.now() when the request arrived (TTFT is measured from there). */
+    private readonly t0: number,
+    private readonly trace: RequestTrace,
+  ) {
+    res.on('close', this.closed);
+  }
+
+  private readonly closed = (): void => {
+    if (!this.res.writableFinished) this.abort.abort();
+  };
+
+  dispatched(attempt: DispatchAttempt, request: SubmittedRequest): void {
+    dispatched(this.ctx, attempt, request, this.trace);
+  }
+
+  /** One attempt as serve sends it: proxied to its worker, or its prefill leg and then its decode leg. */
+  send(attempt: DispatchAttempt, worker: PdWorker, prefillWorker: PdWorker | undefined, r: SubmittedRequest): Promise<AttemptOutcome> {
+    const { ctx } = this;
+    const attemptCtx: PdContext = {
+      lifecycle: ctx.lifecycle,
+      metrics: ctx.metrics,
+      log: ctx.log,
+      clientStallTimeoutMs: ctx.config.clientStallTimeoutMs,
+      pd: ctx.pd,
+      disaggIds: ctx.disaggIds,
+    };
+    if (prefillWorker) {
+      return pdAttempt(attemptCtx, {
+        attempt,
+        api: r.api,
+        parsed: r.parsed,
+        path: this.path,
+        res: this.res,
+        signal: this.abort.signal,
+        t0: this.t0,
+        clientRequestId: r.clientRequestId,
+        tokenizeS: r.tokenizeS,
+        trace: this.trace,
+        decodeWorker: worker,
+        prefillWorker,
+        clientJson: r.json,
+        clientText: r.text,
+        upstreamBody: r.parsed.upstreamBody(r.text),
+      });
+    }
+    // Built from the client's bytes where the adapter can (no second UTF-8 encoding of the body); the client's bytes
+    // unchanged when the adapter left the text as it was. Bytes that are not valid UTF-8 go as their decoded text
+    // (invalid sequences replaced), as they always did.
+    const utf8 = isUtf8(r.raw);
+    let body: string | Buffer | null = utf8 ? (r.parsed.upstreamBytes?.(r.raw) ?? null) : null;
+    if (body === null) {
+      const text = r.parsed.upstreamBody(r.text);
+      body = utf8 && text === r.text ? r.raw : text;
+    }
+    return proxyAttempt(attemptCtx, {
+      attempt,
+      worker,
+      api: r.api,
+      parsed: r.parsed,
+      body,
+      path: this.path,
+      res: this.res,
+      signal: this.abort.signal,
+      t0: this.t0,
+      clientRequestId: r.clientRequestId,
+      tokenizeS: r.tokenizeS,
+      trace: this.trace,
+    });
+  }
 }
 
 export async function handleInference(
@@ -71,71 +144,9 @@ export async function handleInference(
   trace: RequestTrace,
 ): Promise<void> {
   const raw = await readBody(req, ctx.config.bodyLimitBytes);
-  // A client that leaves (while queued, tokenized or answered) aborts its request; a finished answer is not a leaving.
-  const abort = new AbortController();
-  res.on('close', () => {
-    if (!res.writableFinished) abort.abort();
-  });
-  const x: Exchange = { path, res, signal: abort.signal, t0, trace };
-  const result = await runRequest(
-    ctx,
-    { api, body: raw, headers: req.headers, signal: abort.signal, trace },
-    {
-      dispatched: (attempt, request) => dispatched(ctx, attempt, request, trace),
-      send: (attempt, worker, prefillWorker, request) => sendAttempt(ctx, attempt, worker, prefillWorker, request, x),
-    },
-  );
+  const x = new Exchange(ctx, path, res, t0, trace);
+  const result = await runRequest(ctx, { api, body: raw, headers: req.headers, signal: x.abort.signal, trace }, x);
   if (result.kind === 'refused') throw refusalError(result.refusal, ctx.config);
-}
-
-/** One attempt as serve sends it: proxied to its worker, or its prefill leg and then its decode leg. */
-function sendAttempt(
-  ctx: InferenceContext,
-  attempt: DispatchAttempt,
-  worker: PdWorker,
-  prefillWorker: PdWorker | undefined,
-  r: SubmittedRequest,
-  x: Exchange,
-): Promise<AttemptOutcome> {
-  const attemptCtx = {
-    lifecycle: ctx.lifecycle,
-    metrics: ctx.metrics,
-    log: ctx.log,
-    clientStallTimeoutMs: ctx.config.clientStallTimeoutMs,
-    pd: ctx.pd,
-    disaggIds: ctx.disaggIds,
-  };
-  const common = {
-    attempt,
-    api: r.api,
-    parsed: r.parsed,
-    path: x.path,
-    res: x.res,
-    signal: x.signal,
-    t0: x.t0,
-    clientRequestId: r.clientRequestId,
-    tokenizeS: r.tokenizeS,
-    trace: x.trace,
-  };
-  if (prefillWorker) {
-    const body = r.parsed.upstreamBody(r.text);
-    return pdAttempt(attemptCtx, {
-      ...common,
-      decodeWorker: worker,
-      prefillWorker,
-      clientJson: r.json,
-      clientText: r.text,
-      upstreamBody: body,
-    });
-  }
-  // Built from the client's bytes where the adapter can (no second UTF-8 encoding of the body); the client's bytes
-  // unchanged when the adapter left the text as it was. Bytes that are not valid UTF-8 go as their decoded text
-  // (invalid sequences replaced), as they always did.
-  const utf8 = isUtf8(r.raw);
-  const bytes = utf8 ? (r.parsed.upstreamBytes?.(r.raw) ?? null) : null;
-  if (bytes) return proxyAttempt(attemptCtx, { ...common, worker, body: bytes });
-  const body = r.parsed.upstreamBody(r.text);
-  return proxyAttempt(attemptCtx, { ...common, worker, body: utf8 && body === r.text ? r.raw : body });
 }
 
 /** An attempt handed out: logged, traced (queue wait, the decision), and noted for /debug/state. */

@@ -144,7 +144,14 @@ export class FakeEngine {
             usage,
           }
         : { id, object: 'text_completion', model: body.model, choices: [{ index: 0, text, finish_reason: 'stop' }], usage };
-      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(out));
+      const whole = JSON.stringify(out);
+      if (this.fail === 'midstream') {
+        // The head and half the answer, then the connection drops.
+        res.writeHead(200, { 'content-type': 'application/json', 'content-length': String(whole.length) });
+        res.write(whole.slice(0, whole.length >> 1), () => res.destroy());
+        return;
+      }
+      res.writeHead(200, { 'content-type': 'application/json' }).end(whole);
       return;
     }
     res.writeHead(200, { 'content-type': 'text/event-stream' });

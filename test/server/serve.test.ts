@@ -285,6 +285,22 @@ describe('failures', () => {
     expect(s.router.state().inFlight).toBe(0);
   });
 
+  it('a whole answer cut mid-body failed before answering: retried on the next worker, its usage read, nothing leaked', async () => {
+    const engines = await fleet(2);
+    engines[0].fail = 'midstream';
+    const s = await router(engines, { retries: 2 });
+    for (let i = 0; i < 4; i++) {
+      const r = await post(`${s.url}/v1/completions`, { model: 'fake-model', prompt: randomTokens(64, 80 + i) });
+      expect(r.status).toBe(200);
+      expect(r.headers.get('x-kvroute-worker')).toBe(new URL(engines[1].url).host);
+      const body = (await r.json()) as { usage: { prompt_tokens: number } };
+      expect(body.usage.prompt_tokens).toBe(64);
+    }
+    expect(engines[0].requests).toBeGreaterThan(0);
+    expect(s.router.state().inFlight).toBe(0);
+    expect(s.router.ledger.view().requests).toBe(4);
+  });
+
   it('aborts the upstream when the client disconnects, and active load returns to zero', async () => {
     const engines = await fleet(1, { chunks: 50, chunkDelayMs: 50 });
     const s = await router(engines);

@@ -66,6 +66,24 @@ describe('SseRelay', () => {
     expect(r.usage?.cachedTokens).toBe(0);
   });
 
+  it('takes the usage event out of a chunk in place: the other events pass byte for byte (CRLF framing too), counted', () => {
+    const crlf = (t: string) => t.replace(/\n/g, '\r\n');
+    const r = new SseRelay(true);
+    const whole = crlf(chunk(0) + chunk(1) + usage + done);
+    expect(r.push(Buffer.from(whole)).toString()).toBe(crlf(chunk(0) + chunk(1) + done));
+    expect(r.events).toBe(2);
+    expect(r.usage?.cachedTokens).toBe(64);
+    // The client's cached tokens rewritten (a disaggregated request): only the usage event is re-encoded.
+    const rw = new SseRelay(false, 'openai', (u) => {
+      (u.prompt_tokens_details as Record<string, unknown>).cached_tokens = 7;
+    });
+    const out = rw.push(Buffer.from(chunk(0) + usage + done)).toString();
+    expect(out.startsWith(chunk(0))).toBe(true);
+    expect(out.endsWith(done)).toBe(true);
+    expect(JSON.parse(out.slice(chunk(0).length + 6, -done.length)).usage.prompt_tokens_details).toEqual({ cached_tokens: 7 });
+    expect(rw.usage?.cachedTokens).toBe(64);
+  });
+
   it('notices an in-band error event from the engine', () => {
     const r = new SseRelay(true);
     relayAll(r, [chunk(0), 'data: {"error":{"message":"boom"}}\n\n']);
