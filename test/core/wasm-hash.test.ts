@@ -373,7 +373,8 @@ describe('both embedded builds (SIMD128 and scalar) agree with the napi referenc
       for (let len = 0; len <= 240; len++) {
         const bytes = Uint8Array.from({ length: len }, (_, i) => (i * 37 + len * 11 + 5) & 255);
         mem.set(bytes, base);
-        for (const seed of [0n, 1337n, (1n << 64n) - 1n]) expect(BigInt.asUintN(64, w.xxh3_64(base, len, seed))).toBe(xxh3.xxh64(bytes, seed));
+        for (const seed of [0n, 1337n, (1n << 64n) - 1n])
+          expect(BigInt.asUintN(64, w.xxh3_64(base, len, seed))).toBe(xxh3.xxh64(bytes, seed));
       }
       const tokens = Uint32Array.from({ length: 60 * 9 + 7 }, (_, i) => (i * 2654435761 + 12345) >>> 0);
       new Uint32Array(w.memory.buffer, base, tokens.length).set(tokens);
