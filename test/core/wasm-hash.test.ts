@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import fc from 'fast-check';
 import { xxh3 } from '@node-rs/xxhash';
 import { hashBlocksNapi, hashSeed } from '../../src/core/hashing.ts';
-import { hashBlocksWasm, WASM_MAX_BLOCK_TOKENS, xxh3Wasm } from '../../src/core/wasm/blocks.ts';
+import { hashBlocksWasm, instantiateXxh3, WASM_MAX_BLOCK_TOKENS, WASM_SIMD, xxh3Wasm } from '../../src/core/wasm/blocks.ts';
 
 const range = (a: number, b: number) => Array.from({ length: b - a }, (_, i) => a + i);
 const dec = (xs: BigUint64Array) => Array.from(xs, (x) => x.toString());
@@ -355,4 +355,42 @@ describe('WASM block hasher: token coercion matches the napi path', () => {
     });
     expect(dec(wasm)).toEqual(dec(napi));
   });
+});
+
+describe('both embedded builds (SIMD128 and scalar) agree with the napi reference', () => {
+  it('this engine validates the SIMD128 build (the one the hasher uses)', () => {
+    // Node 20 on x64 (SSE4.1) and arm64 runs wasm SIMD; if this fails the scalar fallback is what ships.
+    expect(WASM_SIMD).toBe(true);
+  });
+
+  for (const simd of [true, false]) {
+    it(`${simd ? 'SIMD128' : 'scalar'} build: xxh3_64 on every length, hash_blocks on block sizes 1..60 with and without a parent`, () => {
+      const w = instantiateXxh3(simd);
+      w.memory.grow(4);
+      const base = (Number(w.__heap_base.value) + 7) & ~7;
+      const mem = new Uint8Array(w.memory.buffer);
+      const u64 = new BigUint64Array(w.memory.buffer);
+      for (let len = 0; len <= 240; len++) {
+        const bytes = Uint8Array.from({ length: len }, (_, i) => (i * 37 + len * 11 + 5) & 255);
+        mem.set(bytes, base);
+        for (const seed of [0n, 1337n, (1n << 64n) - 1n])
+          expect(BigInt.asUintN(64, w.xxh3_64(base, len, seed))).toBe(xxh3.xxh64(bytes, seed));
+      }
+      const tokens = Uint32Array.from({ length: 60 * 9 + 7 }, (_, i) => (i * 2654435761 + 12345) >>> 0);
+      new Uint32Array(w.memory.buffer, base, tokens.length).set(tokens);
+      const seqPtr = base + tokens.length * 4 + 8 - ((tokens.length * 4) % 8);
+      const localPtr = seqPtr + 8 * 600;
+      for (let bs = 1; bs <= WASM_MAX_BLOCK_TOKENS; bs++) {
+        for (const parent of [null, 98765432123456789n]) {
+          const blocks = Math.floor(tokens.length / bs);
+          const napiSeq = new BigUint64Array(blocks);
+          const napiLocal = new BigUint64Array(blocks);
+          hashBlocksNapi({ tokens, blockSize: bs, seed: 4242n, parentSeq: parent, outSeq: napiSeq, outLocal: napiLocal });
+          expect(w.hash_blocks(base, blocks, bs, 4242n, parent === null ? 0 : 1, parent ?? 0n, seqPtr, localPtr)).toBe(blocks);
+          expect(dec(u64.slice(seqPtr / 8, seqPtr / 8 + blocks))).toEqual(dec(napiSeq));
+          expect(dec(u64.slice(localPtr / 8, localPtr / 8 + blocks))).toEqual(dec(napiLocal));
+        }
+      }
+    });
+  }
 });

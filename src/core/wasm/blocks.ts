@@ -6,10 +6,12 @@
  * i64 arithmetic. XXH3 inputs over 240 bytes are not implemented there, so blocks of more than 60 tokens must keep
  * using the napi path (see WASM_MAX_BLOCK_TOKENS).
  *
- * Instantiated synchronously at import (the module is ~4 KB, embedded as base64 so no file I/O is needed).
+ * Instantiated synchronously at import (embedded as base64 so no file I/O is needed). Two builds of the same C are
+ * embedded: one using wasm SIMD128 (only for the byte swap of XXH3's 9-16-byte path, which the chain step takes on
+ * every block) and a scalar one, taken where the engine does not validate SIMD (V8 on an x64 without SSE4.1).
  */
 import { endianness } from 'node:os';
-import { XXH3_BLOCKS_WASM_BASE64 } from './xxh3-blocks.wasm.ts';
+import { XXH3_BLOCKS_SIMD_WASM_BASE64, XXH3_BLOCKS_WASM_BASE64 } from './xxh3-blocks.wasm.ts';
 
 /** Max bytes per block the WASM path handles (240): block sizes up to 60 tokens. */
 export const WASM_MAX_BLOCK_TOKENS = 60;
@@ -20,12 +22,14 @@ interface WasmMemory {
   grow(pages: number): number;
 }
 interface WasmApi {
+  validate(bytes: Uint8Array): boolean;
   Module: new (bytes: Uint8Array) => object;
   Instance: new (module: object, imports: object) => { exports: unknown };
 }
 const WA = (globalThis as unknown as { WebAssembly: WasmApi }).WebAssembly;
 
-interface Exports {
+/** The module's exports (both builds have the same). */
+export interface Xxh3Exports {
   memory: WasmMemory;
   __heap_base: { value: number };
   xxh3_64(ptr: number, len: number, seed: bigint): bigint;
@@ -45,7 +49,16 @@ const PAGE = 65536;
 // WebAssembly memory is little-endian; typed-array views use the host's order, so big-endian hosts go through a DataView.
 const LITTLE_ENDIAN_HOST = endianness() === 'LE';
 
-const wasm = new WA.Instance(new WA.Module(Buffer.from(XXH3_BLOCKS_WASM_BASE64, 'base64')), {}).exports as Exports;
+/** A fresh instance of one build (`simd`: the SIMD128 one); the hasher below uses one instance of the preferred build. */
+export function instantiateXxh3(simd: boolean): Xxh3Exports {
+  const bytes = Buffer.from(simd ? XXH3_BLOCKS_SIMD_WASM_BASE64 : XXH3_BLOCKS_WASM_BASE64, 'base64');
+  return new WA.Instance(new WA.Module(bytes), {}).exports as Xxh3Exports;
+}
+
+/** Whether this engine runs the SIMD128 build (it validates it): the hasher's build. */
+export const WASM_SIMD = WA.validate(Buffer.from(XXH3_BLOCKS_SIMD_WASM_BASE64, 'base64'));
+
+const wasm = instantiateXxh3(WASM_SIMD);
 const memory = wasm.memory;
 // Everything below __heap_base belongs to the module (its constants and stack); our scratch starts above it.
 const BASE = (Number(wasm.__heap_base.value) + 7) & ~7;
