@@ -37,6 +37,7 @@
  */
 
 import { U64Map } from './index/u64-map.ts';
+import { mrcScanWasm } from './wasm/blocks.ts';
 
 /** Hash-space modulus: sampling reads the low 24 bits of a block hash's low word. */
 export const MRC_MODULUS = 1 << 24;
@@ -172,8 +173,8 @@ let SCRATCH_CANDIDATES = newCandidates(256);
 
 /**
  * Integer thresholds of the pass at threshold `t` (shared; recomputed when `t` changes): a block at depth i < BOOST_DEPTH
- * with 24-bit value v passes iff v < HEAD_T[i] (exactly v * (i + 1) < t * BOOST, the depth-boosted test), deeper blocks
- * iff v < TAIL_T (exactly v < t).
+ * with 24-bit value v passes iff v < HEAD_T[i] (exactly v * BOOST_DIV[i] < t * BOOST, the depth-boosted test), deeper
+ * blocks iff v < TAIL_T (exactly v < t).
  */
 const HEAD_T = new Int32Array(256);
 let HEAD_T_FOR = Number.NaN;
@@ -183,10 +184,11 @@ function thresholdsFor(t: number): void {
   HEAD_T_FOR = t;
   const tB = t * BOOST;
   for (let i = 0; i < BOOST_DEPTH; i++) {
-    // The least integer q with q * (i + 1) >= tB (products of integers below 2^33 are exact in a double).
-    let q = Math.ceil(tB / (i + 1));
-    while (q > 0 && (q - 1) * (i + 1) >= tB) q--;
-    while (q * (i + 1) < tB) q++;
+    const d = BOOST_DIV[i];
+    // The least integer q with q * d >= tB (products of integers below 2^33 are exact in a double).
+    let q = Math.ceil(tB / d);
+    while (q > 0 && (q - 1) * d >= tB) q--;
+    while (q * d < tB) q++;
     HEAD_T[i] = Math.min(q, MRC_MODULUS);
   }
   TAIL_T = Math.min(Math.ceil(t), MRC_MODULUS);
@@ -222,6 +224,17 @@ export function collectCandidates(view: Uint32Array, fullBlocks: number, t: numb
   }
   for (; i < head; i++) if ((view[2 * i] & MOD_MASK) < ht[i]) c = pushCandidate(c, view, i);
   const tt = TAIL_T;
+  // The tail (all of a long chain but its first BOOST_DEPTH blocks) in the wasm module when it is long enough to repay
+  // the call and the copy: the same test, ~2 instructions a block against ~16 here.
+  if (n - i >= WASM_TAIL_MIN) {
+    if (SCRATCH_TAIL.length < n - i) SCRATCH_TAIL = new Int32Array(Math.max(n - i, 2 * SCRATCH_TAIL.length));
+    const tail = SCRATCH_TAIL;
+    const count = mrcScanWasm(view, i, n, tt, tail);
+    if (count >= 0) {
+      for (let k = 0; k < count; k++) c = pushCandidate(c, view, tail[k]);
+      return c;
+    }
+  }
   for (; i + 3 < n; i += 4) {
     const k = 2 * i;
     if (
@@ -234,6 +247,11 @@ export function collectCandidates(view: Uint32Array, fullBlocks: number, t: numb
   for (; i < n; i++) if ((view[2 * i] & MOD_MASK) < tt) c = pushCandidate(c, view, i);
   return c;
 }
+
+/** Tails shorter than this are scanned in JS (the wasm call and the copy cost about as much as ~40 blocks here). */
+const WASM_TAIL_MIN = 64;
+/** The wasm pass's output (indices of the tail's passing blocks). */
+let SCRATCH_TAIL = new Int32Array(256);
 
 function pushCandidate(c: Candidates, view: Uint32Array, i: number): Candidates {
   if (c.count === c.index.length) {
@@ -273,12 +291,22 @@ function growScratch(n: number): void {
   SCRATCH_BOOST = new Float64Array(size);
 }
 
-/** Depth boost: R_i = min(1, R * BOOST / (i + 1)) for the first BOOST blocks of a chain. */
+/**
+ * Depth boost: R_i = min(1, R * BOOST / BOOST_DIV[i]) at depth i < BOOST_DEPTH, where BOOST_DIV[i] = (i + 1)^BOOST_POW
+ * (an integer, so the pass's test stays exact integer arithmetic); R from BOOST_DEPTH on (the first depth whose divisor
+ * reaches BOOST).
+ */
 const BOOST = 256;
-const BOOST_DEPTH = BOOST - 1;
+const BOOST_POW = 2;
+const BOOST_DIV = (() => {
+  const d: number[] = [];
+  for (let i = 0; (i + 1) ** BOOST_POW < BOOST; i++) d.push((i + 1) ** BOOST_POW);
+  return Float64Array.from(d);
+})();
+const BOOST_DEPTH = BOOST_DIV.length;
 /** Rate multiplier at chain depth i: shallow blocks (shared prompts) are sampled more often. */
 export function depthBoost(i: number): number {
-  return i < BOOST_DEPTH ? BOOST / (i + 1) : 1;
+  return i < BOOST_DEPTH ? BOOST / BOOST_DIV[i] : 1;
 }
 
 /**
@@ -362,7 +390,7 @@ export class ShardsMrc {
     const t = this.threshold;
     for (let k = 0; k < c.count; k++) {
       const i = c.index[k];
-      const b = i < BOOST_DEPTH ? BOOST / (i + 1) : 1;
+      const b = i < BOOST_DEPTH ? BOOST / BOOST_DIV[i] : 1;
       const norm = c.value[k] / b;
       if (norm < t) {
         los[m] = c.lo[k];

@@ -190,3 +190,27 @@ u32 hash_blocks(const u32 *tokens, u32 nblocks, u32 bs, u64 seed, u32 has_parent
   }
   return nblocks;
 }
+
+/*
+ * The miss-ratio curve's sampling pass over the tail of a chain (src/core/mrc.ts, collectCandidates): writes to `out`
+ * the indices i in [from, n) whose seq hash (the u64 at seq + 8 i) has its low 24 bits below `t` (t <= 2^24), in
+ * order, and returns how many. Eight blocks at a time: (v - t) wraps to a value with the top bit set iff v < t, so the
+ * OR of eight differences says whether any of them passes (rare: about t / 2^24 of the blocks).
+ */
+EXPORT("mrc_scan")
+u32 mrc_scan(const u64 *seq, u32 from, u32 n, u32 t, u32 *out) {
+  const u32 mask = 0xffffffu;
+  u32 c = 0;
+  u32 i = from;
+  for (; i + 8 <= n; i += 8) {
+    u32 any = 0;
+    for (u32 j = 0; j < 8; j++) any |= ((u32)seq[i + j] & mask) - t;
+    if (any >> 31) {
+      for (u32 j = 0; j < 8; j++)
+        if (((u32)seq[i + j] & mask) < t) out[c++] = i + j;
+    }
+  }
+  for (; i < n; i++)
+    if (((u32)seq[i] & mask) < t) out[c++] = i;
+  return c;
+}
