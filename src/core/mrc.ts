@@ -155,6 +155,9 @@ export interface Candidates {
   lo: Int32Array;
   hi: Int32Array;
   value: Int32Array;
+  /** The block's depth boost and its value over it (what a curve compares with its threshold), computed once. */
+  boost: Float64Array;
+  norm: Float64Array;
 }
 
 function newCandidates(size: number): Candidates {
@@ -165,6 +168,8 @@ function newCandidates(size: number): Candidates {
     lo: new Int32Array(size),
     hi: new Int32Array(size),
     value: new Int32Array(size),
+    boost: new Float64Array(size),
+    norm: new Float64Array(size),
   };
 }
 
@@ -260,6 +265,8 @@ function pushCandidate(c: Candidates, view: Uint32Array, i: number): Candidates 
     bigger.lo.set(c.lo);
     bigger.hi.set(c.hi);
     bigger.value.set(c.value);
+    bigger.boost.set(c.boost);
+    bigger.norm.set(c.norm);
     bigger.count = c.count;
     bigger.blocks = c.blocks;
     if (c === SCRATCH_CANDIDATES) SCRATCH_CANDIDATES = bigger;
@@ -270,7 +277,11 @@ function pushCandidate(c: Candidates, view: Uint32Array, i: number): Candidates 
   c.index[k] = i;
   c.lo[k] = lo | 0;
   c.hi[k] = view[2 * i + 1] | 0;
-  c.value[k] = lo & MOD_MASK;
+  const v = lo & MOD_MASK;
+  c.value[k] = v;
+  const b = i < BOOST_DEPTH ? BOOST / BOOST_DIV[i] : 1;
+  c.boost[k] = b;
+  c.norm[k] = v / b;
   return c;
 }
 
@@ -381,23 +392,32 @@ export class ShardsMrc {
     this.requests++;
     this.isl += Math.max(promptBlocks, n);
     this.full += n;
+    // The candidates under this curve's threshold: all of them when it is the threshold they were collected at (the
+    // fleet curve's, which engine and model curves follow), read in place; else copied out.
     if (SCRATCH_LO.length < c.count) growScratch(c.count);
-    const los = SCRATCH_LO;
-    const his = SCRATCH_HI;
-    const norms = SCRATCH_NORM;
-    const boosts = SCRATCH_BOOST;
-    let m = 0;
     const t = this.threshold;
-    for (let k = 0; k < c.count; k++) {
-      const i = c.index[k];
-      const b = i < BOOST_DEPTH ? BOOST / BOOST_DIV[i] : 1;
-      const norm = c.value[k] / b;
-      if (norm < t) {
-        los[m] = c.lo[k];
-        his[m] = c.hi[k];
-        norms[m] = norm;
-        boosts[m] = b;
-        m++;
+    const cn = c.norm;
+    let m = 0;
+    while (m < c.count && cn[m] < t) m++;
+    let los = c.lo;
+    let his = c.hi;
+    let norms = cn;
+    let boosts = c.boost;
+    if (m < c.count) {
+      los = SCRATCH_LO;
+      his = SCRATCH_HI;
+      norms = SCRATCH_NORM;
+      boosts = SCRATCH_BOOST;
+      m = 0;
+      for (let k = 0; k < c.count; k++) {
+        const norm = cn[k];
+        if (norm < t) {
+          los[m] = c.lo[k];
+          his[m] = c.hi[k];
+          norms[m] = norm;
+          boosts[m] = c.boost[k];
+          m++;
+        }
       }
     }
     if (m === 0) return;
@@ -620,14 +640,21 @@ export class ShardsMrc {
     this.slotBoost = new Float64Array(size);
     this.slotLo = new Int32Array(size);
     this.slotHi = new Int32Array(size);
+    const renumbered = new Int32Array(this.clock + 1);
     let t = 0;
     for (let at = 1; at <= this.clock; at++) {
       if (oldBoost[at] === 0) continue;
       t++;
+      renumbered[at] = t;
       this.slotBoost[t] = oldBoost[at];
       this.slotLo[t] = oldLo[at];
       this.slotHi[t] = oldHi[at];
-      this.lastTouch.set(oldLo[at], oldHi[at], t);
+    }
+    // Every key in the table has a live slot: renumber the values where they lie (no look-up per sample).
+    const table = this.lastTouch;
+    for (let pos = 0, cap = table.capacity; pos < cap; pos++) {
+      const at = table.valueAt(pos);
+      if (at >= 0) table.setAt(pos, renumbered[at]);
     }
     this.clock = t;
     this.fenwick = new Float64Array(size);

@@ -14,6 +14,8 @@ typedef unsigned long long u64;
 typedef u32 u32_unaligned __attribute__((aligned(1)));
 typedef u64 u64_unaligned __attribute__((aligned(1)));
 
+#include <wasm_simd128.h>
+
 #define EXPORT(name) __attribute__((export_name(name)))
 
 static const u64 PRIME64_1 = 0x9E3779B185EBCA87ULL;
@@ -194,18 +196,24 @@ u32 hash_blocks(const u32 *tokens, u32 nblocks, u32 bs, u64 seed, u32 has_parent
 /*
  * The miss-ratio curve's sampling pass over the tail of a chain (src/core/mrc.ts, collectCandidates): writes to `out`
  * the indices i in [from, n) whose seq hash (the u64 at seq + 8 i) has its low 24 bits below `t` (t <= 2^24), in
- * order, and returns how many. Eight blocks at a time: (v - t) wraps to a value with the top bit set iff v < t, so the
- * OR of eight differences says whether any of them passes (rare: about t / 2^24 of the blocks).
+ * order, and returns how many. Eight blocks at a time in SIMD (this function only: the hashing above stays scalar):
+ * (v - t) is negative iff v < t (both below 2^24 + 1), so the sign bits of eight differences say whether any of the
+ * eight passes (rare: about t / 2^24 of the blocks); those eight are then checked one by one.
  */
 EXPORT("mrc_scan")
+__attribute__((target("simd128")))
 u32 mrc_scan(const u64 *seq, u32 from, u32 n, u32 t, u32 *out) {
   const u32 mask = 0xffffffu;
+  const v128_t vmask = wasm_i32x4_splat((int)mask);
+  const v128_t vt = wasm_i32x4_splat((int)t);
   u32 c = 0;
   u32 i = from;
   for (; i + 8 <= n; i += 8) {
-    u32 any = 0;
-    for (u32 j = 0; j < 8; j++) any |= ((u32)seq[i + j] & mask) - t;
-    if (any >> 31) {
+    const v128_t *p = (const v128_t *)(seq + i); /* lanes: lo, hi, lo, hi (little-endian u64s) */
+    v128_t lo0 = wasm_i32x4_shuffle(wasm_v128_load(p), wasm_v128_load(p + 1), 0, 2, 4, 6);
+    v128_t lo1 = wasm_i32x4_shuffle(wasm_v128_load(p + 2), wasm_v128_load(p + 3), 0, 2, 4, 6);
+    v128_t d = wasm_v128_or(wasm_i32x4_sub(wasm_v128_and(lo0, vmask), vt), wasm_i32x4_sub(wasm_v128_and(lo1, vmask), vt));
+    if (wasm_i32x4_bitmask(d)) {
       for (u32 j = 0; j < 8; j++)
         if (((u32)seq[i + j] & mask) < t) out[c++] = i + j;
     }
