@@ -634,22 +634,27 @@ export class ShardsMrc {
   /** Renumbers live touch times 1..n in order (slot order is time order: no sort) and rebuilds the tree. */
   private rebuild(): void {
     const size = Math.max(MIN_SLOTS, 4 * this.lastTouch.size + 2);
+    const clock = this.clock;
     const oldBoost = this.slotBoost;
     const oldLo = this.slotLo;
     const oldHi = this.slotHi;
-    this.slotBoost = new Float64Array(size);
-    this.slotLo = new Int32Array(size);
-    this.slotHi = new Int32Array(size);
-    const renumbered = new Int32Array(this.clock + 1);
+    const boost = new Float64Array(size);
+    const lo = new Int32Array(size);
+    const hi = new Int32Array(size);
+    const renumbered = new Int32Array(clock + 1);
     let t = 0;
-    for (let at = 1; at <= this.clock; at++) {
-      if (oldBoost[at] === 0) continue;
+    for (let at = 1; at <= clock; at++) {
+      const b = oldBoost[at];
+      if (b === 0) continue;
       t++;
       renumbered[at] = t;
-      this.slotBoost[t] = oldBoost[at];
-      this.slotLo[t] = oldLo[at];
-      this.slotHi[t] = oldHi[at];
+      boost[t] = b;
+      lo[t] = oldLo[at];
+      hi[t] = oldHi[at];
     }
+    this.slotBoost = boost;
+    this.slotLo = lo;
+    this.slotHi = hi;
     // Every key in the table has a live slot: renumber the values where they lie (no look-up per sample).
     const table = this.lastTouch;
     for (let pos = 0, cap = table.capacity; pos < cap; pos++) {
@@ -664,11 +669,17 @@ export class ShardsMrc {
   /** Rebuilds the tree in place from the slots' boosts at the current threshold (O(n) construction). */
   private reweight(): void {
     const f = this.fenwick;
+    const n = f.length;
+    const boost = this.slotBoost;
+    const clock = this.clock;
     f.fill(0);
-    for (let i = 1; i <= this.clock; i++) if (this.slotBoost[i] !== 0) f[i] = this.weightOf(this.slotBoost[i]);
-    for (let i = 1; i < f.length; i++) {
+    for (let i = 1; i <= clock; i++) {
+      const b = boost[i];
+      if (b !== 0) f[i] = this.weightOf(b);
+    }
+    for (let i = 1; i < n; i++) {
       const j = i + (i & -i);
-      if (j < f.length) f[j] += f[i];
+      if (j < n) f[j] += f[i];
     }
   }
 
