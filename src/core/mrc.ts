@@ -8,13 +8,15 @@
  *     is either always or never sampled, which is what keeps reuse distances among sampled blocks meaningful;
  *   - the stack distance of a sampled reference (distinct blocks touched since its previous touch) is estimated as the
  *     sum of 1/R over the sampled blocks touched since; each sampled reference weighs 1/R in a histogram of distances;
- *   - the first blocks of a chain are sampled at a higher rate, R_i = min(1, R · max(1, 256 / (i + 1))) at depth i (a
- *     block's depth is fixed by its hash, which names its whole prefix, so the decision is still a function of the
- *     block). Shared system prompts are few blocks that carry much of the reuse; sampling them at R alone makes the
+ *   - the first blocks of a chain are sampled at a higher rate, R_i = min(1, R · 256 / (i + 1)²) at depth i < 15, R
+ *     deeper (a block's depth is fixed by its hash, which names its whole prefix, so the decision is still a function of
+ *     the block). Shared system prompts are few blocks that carry much of the reuse; sampling them at R alone makes the
  *     estimate hinge on whether one or two hot blocks happen to fall under T (on the Mooncake conversation trace at a
- *     final rate of 0.017 the error at 0.5x capacity was -0.035 with a boost of 16 and -0.010 with 256). Weights use
- *     each block's own rate, so the estimate stays unbiased (importance sampling); the cost is about R · 256 · ln(depth)
- *     extra sampled blocks per request, and the sample bound still holds (the base rate falls further instead);
+ *     final rate of 0.017 the error at 0.5x capacity was -0.035 with a boost of 16/(i + 1) and -0.010 with 256/(i + 1)).
+ *     Weights use each block's own rate, so the estimate stays unbiased (importance sampling); the cost is about
+ *     R · 256 · π²/6 extra sampled blocks per request (the earlier 256/(i + 1) over 255 blocks cost R · 256 · ln(255),
+ *     nearly four times as many, for 0.004 less error on the benchmark traces: bench/RESULTS.md), and the sample bound
+ *     still holds (the base rate falls further instead);
  *   - the sample set is bounded (`maxSamples`): past it, the samples with the largest normalised hash value are dropped
  *     (an eighth of the set at a time) and T is lowered to that value (the rate falls as the working set grows; memory
  *     does not);
