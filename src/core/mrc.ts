@@ -8,13 +8,15 @@
  *     is either always or never sampled, which is what keeps reuse distances among sampled blocks meaningful;
  *   - the stack distance of a sampled reference (distinct blocks touched since its previous touch) is estimated as the
  *     sum of 1/R over the sampled blocks touched since; each sampled reference weighs 1/R in a histogram of distances;
- *   - the first blocks of a chain are sampled at a higher rate, R_i = min(1, R · max(1, 256 / (i + 1))) at depth i (a
- *     block's depth is fixed by its hash, which names its whole prefix, so the decision is still a function of the
- *     block). Shared system prompts are few blocks that carry much of the reuse; sampling them at R alone makes the
+ *   - the first blocks of a chain are sampled at a higher rate, R_i = min(1, R · 256 / (i + 1)²) at depth i < 15, R
+ *     deeper (a block's depth is fixed by its hash, which names its whole prefix, so the decision is still a function of
+ *     the block). Shared system prompts are few blocks that carry much of the reuse; sampling them at R alone makes the
  *     estimate hinge on whether one or two hot blocks happen to fall under T (on the Mooncake conversation trace at a
- *     final rate of 0.017 the error at 0.5x capacity was -0.035 with a boost of 16 and -0.010 with 256). Weights use
- *     each block's own rate, so the estimate stays unbiased (importance sampling); the cost is about R · 256 · ln(depth)
- *     extra sampled blocks per request, and the sample bound still holds (the base rate falls further instead);
+ *     final rate of 0.017 the error at 0.5x capacity was -0.035 with a boost of 16/(i + 1) and -0.010 with 256/(i + 1)).
+ *     Weights use each block's own rate, so the estimate stays unbiased (importance sampling); the cost is about
+ *     R · 256 · π²/6 extra sampled blocks per request (the earlier 256/(i + 1) over 255 blocks cost R · 256 · ln(255),
+ *     nearly four times as many, for 0.004 less error on the benchmark traces: bench/RESULTS.md), and the sample bound
+ *     still holds (the base rate falls further instead);
  *   - the sample set is bounded (`maxSamples`): past it, the samples with the largest normalised hash value are dropped
  *     (an eighth of the set at a time) and T is lowered to that value (the rate falls as the working set grows; memory
  *     does not);
@@ -37,6 +39,7 @@
  */
 
 import { U64Map } from './index/u64-map.ts';
+import { mrcScanWasm } from './wasm/blocks.ts';
 
 /** Hash-space modulus: sampling reads the low 24 bits of a block hash's low word. */
 export const MRC_MODULUS = 1 << 24;
@@ -154,6 +157,9 @@ export interface Candidates {
   lo: Int32Array;
   hi: Int32Array;
   value: Int32Array;
+  /** The block's depth boost and its value over it (what a curve compares with its threshold), computed once. */
+  boost: Float64Array;
+  norm: Float64Array;
 }
 
 function newCandidates(size: number): Candidates {
@@ -164,6 +170,8 @@ function newCandidates(size: number): Candidates {
     lo: new Int32Array(size),
     hi: new Int32Array(size),
     value: new Int32Array(size),
+    boost: new Float64Array(size),
+    norm: new Float64Array(size),
   };
 }
 
@@ -172,8 +180,8 @@ let SCRATCH_CANDIDATES = newCandidates(256);
 
 /**
  * Integer thresholds of the pass at threshold `t` (shared; recomputed when `t` changes): a block at depth i < BOOST_DEPTH
- * with 24-bit value v passes iff v < HEAD_T[i] (exactly v * (i + 1) < t * BOOST, the depth-boosted test), deeper blocks
- * iff v < TAIL_T (exactly v < t).
+ * with 24-bit value v passes iff v < HEAD_T[i] (exactly v * BOOST_DIV[i] < t * BOOST, the depth-boosted test), deeper
+ * blocks iff v < TAIL_T (exactly v < t).
  */
 const HEAD_T = new Int32Array(256);
 let HEAD_T_FOR = Number.NaN;
@@ -183,10 +191,11 @@ function thresholdsFor(t: number): void {
   HEAD_T_FOR = t;
   const tB = t * BOOST;
   for (let i = 0; i < BOOST_DEPTH; i++) {
-    // The least integer q with q * (i + 1) >= tB (products of integers below 2^33 are exact in a double).
-    let q = Math.ceil(tB / (i + 1));
-    while (q > 0 && (q - 1) * (i + 1) >= tB) q--;
-    while (q * (i + 1) < tB) q++;
+    const d = BOOST_DIV[i];
+    // The least integer q with q * d >= tB (products of integers below 2^33 are exact in a double).
+    let q = Math.ceil(tB / d);
+    while (q > 0 && (q - 1) * d >= tB) q--;
+    while (q * d < tB) q++;
     HEAD_T[i] = Math.min(q, MRC_MODULUS);
   }
   TAIL_T = Math.min(Math.ceil(t), MRC_MODULUS);
@@ -222,6 +231,17 @@ export function collectCandidates(view: Uint32Array, fullBlocks: number, t: numb
   }
   for (; i < head; i++) if ((view[2 * i] & MOD_MASK) < ht[i]) c = pushCandidate(c, view, i);
   const tt = TAIL_T;
+  // The tail (all of a long chain but its first BOOST_DEPTH blocks) in the wasm module when it is long enough to repay
+  // the call and the copy: the same test, ~2 instructions a block against ~16 here.
+  if (n - i >= WASM_TAIL_MIN) {
+    if (SCRATCH_TAIL.length < n - i) SCRATCH_TAIL = new Int32Array(Math.max(n - i, 2 * SCRATCH_TAIL.length));
+    const tail = SCRATCH_TAIL;
+    const count = mrcScanWasm(view, i, n, tt, tail);
+    if (count >= 0) {
+      for (let k = 0; k < count; k++) c = pushCandidate(c, view, tail[k]);
+      return c;
+    }
+  }
   for (; i + 3 < n; i += 4) {
     const k = 2 * i;
     if (
@@ -235,6 +255,11 @@ export function collectCandidates(view: Uint32Array, fullBlocks: number, t: numb
   return c;
 }
 
+/** Tails shorter than this are scanned in JS (the wasm call and the copy cost about as much as ~40 blocks here). */
+const WASM_TAIL_MIN = 64;
+/** The wasm pass's output (indices of the tail's passing blocks). */
+let SCRATCH_TAIL = new Int32Array(256);
+
 function pushCandidate(c: Candidates, view: Uint32Array, i: number): Candidates {
   if (c.count === c.index.length) {
     const bigger = newCandidates(2 * c.count);
@@ -242,6 +267,8 @@ function pushCandidate(c: Candidates, view: Uint32Array, i: number): Candidates 
     bigger.lo.set(c.lo);
     bigger.hi.set(c.hi);
     bigger.value.set(c.value);
+    bigger.boost.set(c.boost);
+    bigger.norm.set(c.norm);
     bigger.count = c.count;
     bigger.blocks = c.blocks;
     if (c === SCRATCH_CANDIDATES) SCRATCH_CANDIDATES = bigger;
@@ -252,7 +279,11 @@ function pushCandidate(c: Candidates, view: Uint32Array, i: number): Candidates 
   c.index[k] = i;
   c.lo[k] = lo | 0;
   c.hi[k] = view[2 * i + 1] | 0;
-  c.value[k] = lo & MOD_MASK;
+  const v = lo & MOD_MASK;
+  c.value[k] = v;
+  const b = i < BOOST_DEPTH ? BOOST / BOOST_DIV[i] : 1;
+  c.boost[k] = b;
+  c.norm[k] = v / b;
   return c;
 }
 
@@ -273,12 +304,22 @@ function growScratch(n: number): void {
   SCRATCH_BOOST = new Float64Array(size);
 }
 
-/** Depth boost: R_i = min(1, R * BOOST / (i + 1)) for the first BOOST blocks of a chain. */
+/**
+ * Depth boost: R_i = min(1, R * BOOST / BOOST_DIV[i]) at depth i < BOOST_DEPTH, where BOOST_DIV[i] = (i + 1)^BOOST_POW
+ * (an integer, so the pass's test stays exact integer arithmetic); R from BOOST_DEPTH on (the first depth whose divisor
+ * reaches BOOST).
+ */
 const BOOST = 256;
-const BOOST_DEPTH = BOOST - 1;
+const BOOST_POW = 2;
+const BOOST_DIV = (() => {
+  const d: number[] = [];
+  for (let i = 0; (i + 1) ** BOOST_POW < BOOST; i++) d.push((i + 1) ** BOOST_POW);
+  return Float64Array.from(d);
+})();
+const BOOST_DEPTH = BOOST_DIV.length;
 /** Rate multiplier at chain depth i: shallow blocks (shared prompts) are sampled more often. */
 export function depthBoost(i: number): number {
-  return i < BOOST_DEPTH ? BOOST / (i + 1) : 1;
+  return i < BOOST_DEPTH ? BOOST / BOOST_DIV[i] : 1;
 }
 
 /**
@@ -353,23 +394,32 @@ export class ShardsMrc {
     this.requests++;
     this.isl += Math.max(promptBlocks, n);
     this.full += n;
+    // The candidates under this curve's threshold: all of them when it is the threshold they were collected at (the
+    // fleet curve's, which engine and model curves follow), read in place; else copied out.
     if (SCRATCH_LO.length < c.count) growScratch(c.count);
-    const los = SCRATCH_LO;
-    const his = SCRATCH_HI;
-    const norms = SCRATCH_NORM;
-    const boosts = SCRATCH_BOOST;
-    let m = 0;
     const t = this.threshold;
-    for (let k = 0; k < c.count; k++) {
-      const i = c.index[k];
-      const b = i < BOOST_DEPTH ? BOOST / (i + 1) : 1;
-      const norm = c.value[k] / b;
-      if (norm < t) {
-        los[m] = c.lo[k];
-        his[m] = c.hi[k];
-        norms[m] = norm;
-        boosts[m] = b;
-        m++;
+    const cn = c.norm;
+    let m = 0;
+    while (m < c.count && cn[m] < t) m++;
+    let los = c.lo;
+    let his = c.hi;
+    let norms = cn;
+    let boosts = c.boost;
+    if (m < c.count) {
+      los = SCRATCH_LO;
+      his = SCRATCH_HI;
+      norms = SCRATCH_NORM;
+      boosts = SCRATCH_BOOST;
+      m = 0;
+      for (let k = 0; k < c.count; k++) {
+        const norm = cn[k];
+        if (norm < t) {
+          los[m] = c.lo[k];
+          his[m] = c.hi[k];
+          norms[m] = norm;
+          boosts[m] = c.boost[k];
+          m++;
+        }
       }
     }
     if (m === 0) return;
@@ -586,20 +636,32 @@ export class ShardsMrc {
   /** Renumbers live touch times 1..n in order (slot order is time order: no sort) and rebuilds the tree. */
   private rebuild(): void {
     const size = Math.max(MIN_SLOTS, 4 * this.lastTouch.size + 2);
+    const clock = this.clock;
     const oldBoost = this.slotBoost;
     const oldLo = this.slotLo;
     const oldHi = this.slotHi;
-    this.slotBoost = new Float64Array(size);
-    this.slotLo = new Int32Array(size);
-    this.slotHi = new Int32Array(size);
+    const boost = new Float64Array(size);
+    const lo = new Int32Array(size);
+    const hi = new Int32Array(size);
+    const renumbered = new Int32Array(clock + 1);
     let t = 0;
-    for (let at = 1; at <= this.clock; at++) {
-      if (oldBoost[at] === 0) continue;
+    for (let at = 1; at <= clock; at++) {
+      const b = oldBoost[at];
+      if (b === 0) continue;
       t++;
-      this.slotBoost[t] = oldBoost[at];
-      this.slotLo[t] = oldLo[at];
-      this.slotHi[t] = oldHi[at];
-      this.lastTouch.set(oldLo[at], oldHi[at], t);
+      renumbered[at] = t;
+      boost[t] = b;
+      lo[t] = oldLo[at];
+      hi[t] = oldHi[at];
+    }
+    this.slotBoost = boost;
+    this.slotLo = lo;
+    this.slotHi = hi;
+    // Every key in the table has a live slot: renumber the values where they lie (no look-up per sample).
+    const table = this.lastTouch;
+    for (let pos = 0, cap = table.capacity; pos < cap; pos++) {
+      const at = table.valueAt(pos);
+      if (at >= 0) table.setAt(pos, renumbered[at]);
     }
     this.clock = t;
     this.fenwick = new Float64Array(size);
@@ -609,11 +671,17 @@ export class ShardsMrc {
   /** Rebuilds the tree in place from the slots' boosts at the current threshold (O(n) construction). */
   private reweight(): void {
     const f = this.fenwick;
+    const n = f.length;
+    const boost = this.slotBoost;
+    const clock = this.clock;
     f.fill(0);
-    for (let i = 1; i <= this.clock; i++) if (this.slotBoost[i] !== 0) f[i] = this.weightOf(this.slotBoost[i]);
-    for (let i = 1; i < f.length; i++) {
+    for (let i = 1; i <= clock; i++) {
+      const b = boost[i];
+      if (b !== 0) f[i] = this.weightOf(b);
+    }
+    for (let i = 1; i < n; i++) {
       const j = i + (i & -i);
-      if (j < f.length) f[j] += f[i];
+      if (j < n) f[j] += f[i];
     }
   }
 

@@ -139,8 +139,9 @@ describe('ShardsMrc prefix rule', () => {
 });
 
 describe('the sampling pass (collectCandidates)', () => {
-  // The pass compares integer thresholds four blocks at a time; it must pick exactly the blocks of the definition:
-  // v * (i + 1) < T * 256 at depth i < 255 (rate R * 256 / (i + 1)), v < T deeper, v the low 24 bits of the hash.
+  // The pass compares integer thresholds (four blocks at a time in JS, eight in the wasm module for long tails); it must
+  // pick exactly the blocks of the definition: v * (i + 1)^2 < T * 256 at depth i < 15 (rate R * 256 / (i + 1)^2),
+  // v < T deeper, v the low 24 bits of the hash.
   const reference = (seq: BigUint64Array, t: number): number[] => {
     const out: number[] = [];
     for (let i = 0; i < seq.length; i++) {
@@ -166,16 +167,37 @@ describe('the sampling pass (collectCandidates)', () => {
     }
   });
 
-  it('treats a value exactly at a depth threshold as outside (v * (i + 1) = T * 256 is not sampled)', () => {
-    const t = 3000; // T * 256 = 768000 = 3000 * 256: at depth i the first value outside is ceil(768000 / (i + 1))
-    const seq = new BigUint64Array(300);
-    for (let i = 0; i < 300; i++) {
-      const edge = i < 255 ? Math.ceil((t * 256) / (i + 1)) : t;
-      seq[i] = BigInt(Math.min(edge - (i % 2), MRC_MODULUS - 1)) | (BigInt(i + 1) << 32n); // odd depths: one below
+  it('treats a value exactly at a depth threshold as outside (v * (i + 1)^2 = T * 256 is not sampled)', () => {
+    const t = 3000; // T * 256 = 768000: at depth i < 15 the first value outside is ceil(768000 / (i + 1)^2), deeper T
+    // 300 blocks: the tail goes through the wasm pass; 60: through the JS loop (tails under 64 blocks).
+    for (const length of [300, 60]) {
+      const seq = new BigUint64Array(length);
+      for (let i = 0; i < length; i++) {
+        const edge = i < 15 ? Math.ceil((t * 256) / (i + 1) ** 2) : t;
+        seq[i] = BigInt(Math.min(edge - (i % 2), MRC_MODULUS - 1)) | (BigInt(i + 1) << 32n); // odd depths: one below
+      }
+      expect(picked(seq, t), `${length} blocks`).toEqual(reference(seq, t));
+      expect(picked(seq, t)).toContain(1);
+      expect(picked(seq, t)).not.toContain(2);
+      expect(picked(seq, t)).toContain(15); // deeper than the boost: one below T
+      expect(picked(seq, t)).not.toContain(16);
     }
-    expect(picked(seq, t)).toEqual(reference(seq, t));
-    expect(picked(seq, t)).toContain(1);
-    expect(picked(seq, t)).not.toContain(2);
+  });
+
+  it('boosts the first 15 blocks of a chain by 256 / (i + 1)^2 and no deeper block', () => {
+    expect([0, 1, 2, 3, 14, 15, 16, 300].map(depthBoost)).toEqual([256, 64, 256 / 9, 16, 256 / 225, 1, 1, 1]);
+  });
+
+  it('picks the blocks of the definition on random chains of every length around the switch from the JS loop to the wasm pass', () => {
+    let x = 0x1234567n;
+    for (let length = 0; length < 120; length++) {
+      const seq = new BigUint64Array(length);
+      for (let i = 0; i < length; i++) {
+        x = (x * 6364136223846793005n + 1442695040888963407n) & 0xffffffffffffffffn;
+        seq[i] = x;
+      }
+      for (const t of [0.02 * MRC_MODULUS, 0.3 * MRC_MODULUS]) expect(picked(seq, t), `${length} blocks`).toEqual(reference(seq, t));
+    }
   });
 });
 

@@ -392,5 +392,27 @@ describe('both embedded builds (SIMD128 and scalar) agree with the napi referenc
         }
       }
     });
+
+    it(`${simd ? 'SIMD128' : 'scalar'} build: mrc_scan finds exactly the blocks whose low 24 bits are under the threshold`, () => {
+      const w = instantiateXxh3(simd);
+      w.memory.grow(4);
+      const base = (Number(w.__heap_base.value) + 7) & ~7;
+      const n = 1_003; // not a multiple of 8: the tail loop runs too
+      const words = new Uint32Array(w.memory.buffer, base, 2 * n);
+      for (let i = 0; i < 2 * n; i++) words[i] = (i * 2654435761 + 977) >>> 0;
+      // Values at the threshold itself and one below it, on both sides of an eight-block group's edge.
+      const t = 1 << 21;
+      words[2 * 7] = (words[2 * 7] & 0xff000000) | t;
+      words[2 * 8] = (words[2 * 8] & 0xff000000) | (t - 1);
+      const outPtr = base + 8 * n;
+      for (const from of [0, 5, 15, 1_000]) {
+        const want: number[] = [];
+        for (let i = from; i < n; i++) if ((words[2 * i] & 0xffffff) < t) want.push(i);
+        const count = w.mrc_scan(base, from, n, t, outPtr);
+        expect(Array.from(new Uint32Array(w.memory.buffer, outPtr, count))).toEqual(want);
+      }
+      expect(w.mrc_scan(base, 0, n, 0, outPtr)).toBe(0);
+      expect(w.mrc_scan(base, 0, n, 1 << 24, outPtr)).toBe(n);
+    });
   }
 });

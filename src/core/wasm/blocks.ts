@@ -7,8 +7,9 @@
  * using the napi path (see WASM_MAX_BLOCK_TOKENS).
  *
  * Instantiated synchronously at import (embedded as base64 so no file I/O is needed). Two builds of the same C are
- * embedded: one using wasm SIMD128 (only for the byte swap of XXH3's 9-16-byte path, which the chain step takes on
- * every block) and a scalar one, taken where the engine does not validate SIMD (V8 on an x64 without SSE4.1).
+ * embedded: one using wasm SIMD128 (for the byte swap of XXH3's 9-16-byte path, which the chain step takes on every
+ * block, and the miss-ratio curve's sampling pass, eight blocks at a time) and a scalar one, taken where the engine does
+ * not validate SIMD (V8 on an x64 without SSE4.1).
  */
 import { endianness } from 'node:os';
 import { XXH3_BLOCKS_SIMD_WASM_BASE64, XXH3_BLOCKS_WASM_BASE64 } from './xxh3-blocks.wasm.ts';
@@ -43,6 +44,7 @@ export interface Xxh3Exports {
     outSeq: number,
     outLocal: number,
   ): number;
+  mrc_scan(seq: number, from: number, n: number, t: number, out: number): number;
 }
 
 const PAGE = 65536;
@@ -167,4 +169,23 @@ export function xxh3Wasm(bytes: Uint8Array, seed: bigint): bigint {
   ensureMemory(BASE + 240);
   new Uint8Array(memory.buffer, BASE, bytes.length).set(bytes);
   return BigInt.asUintN(64, wasm.xxh3_64(BASE, bytes.length, seed));
+}
+
+/**
+ * The miss-ratio curve's sampling pass (src/core/mrc.ts, collectCandidates) over blocks [from, n) of a chain: `seq` is
+ * the u32 view of its seq hashes (low word at 2i, at least 2n long); writes to `out` (at least n - from long) the
+ * indices whose hash has its low 24 bits below `t` (an integer, at most 2^24), in order, and returns how many. One copy
+ * of the hashes into the module's memory and one call: about 2 instructions a block where the JS loop takes ~16 (V8
+ * checks every typed-array read). Returns -1 on a big-endian host (the caller scans in JS).
+ */
+export function mrcScanWasm(seq: Uint32Array, from: number, n: number, t: number, out: Int32Array): number {
+  if (!LITTLE_ENDIAN_HOST) return -1;
+  const seqPtr = BASE;
+  const outPtr = seqPtr + ((seq.length * 4 + 7) & ~7);
+  ensureMemory(outPtr + (n - from) * 4);
+  u32.set(seq, seqPtr / 4);
+  const count = wasm.mrc_scan(seqPtr, from, n, t, outPtr);
+  const at = outPtr / 4;
+  for (let k = 0; k < count; k++) out[k] = u32[at + k];
+  return count;
 }

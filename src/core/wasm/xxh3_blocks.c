@@ -226,3 +226,34 @@ u32 hash_blocks(const u32 *tokens, u32 nblocks, u32 bs, u64 seed, u32 has_parent
     hash_run(p, nblocks, bs * 4, seed, has_parent, parent, out_seq, out_local);
   return nblocks;
 }
+
+/*
+ * The miss-ratio curve's sampling pass over the tail of a chain (src/core/mrc.ts, collectCandidates): writes to `out`
+ * the indices i in [from, n) whose seq hash (the u64 at seq + 8 i) has its low 24 bits below `t` (t <= 2^24), in
+ * order, and returns how many. In the SIMD128 build eight blocks at a time (the scalar build checks one at a time):
+ * (v - t) is negative iff v < t (both below 2^24 + 1), so the sign bits of eight differences say whether any of the
+ * eight passes (rare: about t / 2^24 of the blocks); those eight are then checked one by one.
+ */
+EXPORT("mrc_scan")
+u32 mrc_scan(const u64 *seq, u32 from, u32 n, u32 t, u32 *out) {
+  const u32 mask = 0xffffffu;
+  u32 c = 0;
+  u32 i = from;
+#ifdef __wasm_simd128__
+  const v128_t vmask = wasm_i32x4_splat((int)mask);
+  const v128_t vt = wasm_i32x4_splat((int)t);
+  for (; i + 8 <= n; i += 8) {
+    const v128_t *p = (const v128_t *)(seq + i); /* lanes: lo, hi, lo, hi (little-endian u64s) */
+    v128_t lo0 = wasm_i32x4_shuffle(wasm_v128_load(p), wasm_v128_load(p + 1), 0, 2, 4, 6);
+    v128_t lo1 = wasm_i32x4_shuffle(wasm_v128_load(p + 2), wasm_v128_load(p + 3), 0, 2, 4, 6);
+    v128_t d = wasm_v128_or(wasm_i32x4_sub(wasm_v128_and(lo0, vmask), vt), wasm_i32x4_sub(wasm_v128_and(lo1, vmask), vt));
+    if (wasm_i32x4_bitmask(d)) {
+      for (u32 j = 0; j < 8; j++)
+        if (((u32)seq[i + j] & mask) < t) out[c++] = i + j;
+    }
+  }
+#endif
+  for (; i < n; i++)
+    if (((u32)seq[i] & mask) < t) out[c++] = i;
+  return c;
+}
