@@ -1,11 +1,11 @@
 /**
  * The Dockerfile without a Docker daemon: its instructions are read, checked for the shape the image promises
  * (multi-stage, production dependencies only, non-root, a health check, `kvroute` as the entrypoint), and what it
- * runs is run here, in a fresh copy of the repository: the build stage's RUN (scripts/docker/build.sh: npm ci, npm
- * pack), the final stage's install (scripts/docker/install.sh: the tarball with --omit=dev), then ENTRYPOINT + CMD
+ * runs is run here, in a fresh copy of the repository: the build stage's RUN (scripts/docker/build.sh: npm ci
+ * --ignore-scripts, npm pack, whose prepack compiles), the final stage's install (scripts/docker/install.sh: the tarball with --omit=dev), then ENTRYPOINT + CMD
  * with the image's ENV, and the HEALTHCHECK command against the started router. The tarball and the installed package
  * are then handed to the caller (test/e2e/package.test.ts), which runs the package as a user installs it from there:
- * the build stage is `npm ci` then `npm pack` and the final stage `npm install --omit=dev <tarball>`, the very
+ * the build stage is `npm ci` (without install scripts) then `npm pack` and the final stage `npm install --omit=dev <tarball>`, the very
  * commands a user runs to pack and install the package, so one npm pack and one install serve both. Slow (a full npm
  * ci): ~1-2 minutes, so it runs inside test/e2e/package.test.ts, after that file's own install, never beside another
  * heavy install.

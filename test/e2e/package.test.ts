@@ -3,7 +3,7 @@
  *  1. the README's first command, `npm ci && npx kvroute serve`, verbatim, in a fresh copy of the repository (its
  *     files, no node_modules, no dist/): `prepare` builds, the router serves a streamed chat answer;
  *  2. the Dockerfile's steps (test/deploy/dockerfile-steps.ts), here so that its install never runs beside the one
- *     above: its build stage is `npm ci` then `npm pack` in a fresh copy, its final stage `npm install --omit=dev
+ *     above: its build stage is `npm ci --ignore-scripts` then `npm pack` (one compile, by prepack) in a fresh copy, its final stage `npm install --omit=dev
  *     <tarball>` (production dependencies only: no tsx, no TypeScript), the commands a user packs and installs the
  *     package with;
  *  3. that tarball and that install, as a user runs the package: `kvroute --help`, `kvroute serve` (embedded fleet,
