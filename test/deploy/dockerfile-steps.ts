@@ -12,6 +12,7 @@
  */
 import { spawnSync } from 'node:child_process';
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -121,10 +122,14 @@ export function describeDockerfile(then?: (installed: Installed) => void): void 
     const OUT = join(WORK, 'out');
     const PREFIX = join(WORK, 'opt-kvroute');
     const started: ShellProcess[] = [];
-    // Removing a full node_modules copy takes a while on a loaded machine (over 120 s at load 20).
+    /** The build stage's node_modules, removed once the tarball is made (the disk's work overlaps the install). */
+    let buildModulesRemoved: Promise<void> = Promise.resolve();
+    // Removing a full node_modules copy takes a while on a loaded machine (over 120 s at load 20); fs.promises.rm
+    // unlinks in parallel (see test/e2e/package.test.ts).
     afterAll(async () => {
       await Promise.all(started.map((p) => p.stop()));
-      rmSync(WORK, { recursive: true, force: true });
+      await buildModulesRemoved;
+      await rm(WORK, { recursive: true, force: true });
     }, 300_000);
     const ins = readDockerfile();
     const last = Math.max(...ins.map((i) => i.stage));
@@ -158,6 +163,7 @@ export function describeDockerfile(then?: (installed: Installed) => void): void 
       const build = await runShell(substitute(buildRuns[0], paths), { cwd: SRC, env: ENV }, 400_000);
       expect(build.code, build.stderr.slice(-3000)).toBe(0);
       expect(existsSync(join(OUT, 'kvroute.tgz'))).toBe(true);
+      buildModulesRemoved = rm(join(SRC, 'node_modules'), { recursive: true, force: true }).catch(() => {});
 
       const finalRuns = final.filter((i) => i.op === 'RUN').map((i) => i.args);
       expect(finalRuns).toHaveLength(1);
