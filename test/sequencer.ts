@@ -30,6 +30,22 @@ export const SLOWEST: Readonly<Record<string, number>> = {
   'test/sim/scenarios.test.ts': 12,
   'test/server/multimodal-serve.test.ts': 12,
   'test/reliability/chaos-nats.test.ts': 11,
+  // From a loaded run's report (2026-12-06), scaled to CI's quiet total: unlisted, they started late and stretched the end.
+  'test/sim/what-if-cli.test.ts': 25,
+  'test/core/mrc.test.ts': 22,
+  'test/epp/epp.test.ts': 20,
+  'test/reliability/cli-auth.test.ts': 16,
+  'test/epp/parity.test.ts': 16,
+  'test/epp/k8s.test.ts': 16,
+  'test/epp/wire.test.ts': 14,
+  'test/discovery/k8s-serve.test.ts': 14,
+  'test/sim/recorded-trace.test.ts': 13,
+  'test/epp/nats.test.ts': 13,
+  'test/tokenizer/local.test.ts': 11,
+  'test/server/mrc-process.test.ts': 11,
+  'test/mocker/cli.test.ts': 11,
+  'test/ingest/fuzz.test.ts': 11,
+  'test/mocker/pd-cli.test.ts': 10,
 };
 
 /** The estimate for a file, by its path relative to the root (`/` separators), or undefined. */

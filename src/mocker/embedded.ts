@@ -7,6 +7,7 @@ import { existsSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { startMocker } from './server.ts';
+import { loadHfTokenizer } from './tokenizer.ts';
 import type { MockerHandle } from './types.ts';
 
 /** How the router reaches one embedded engine (the fields of a `--worker` spec it needs). */
@@ -44,12 +45,15 @@ export async function startEmbeddedFleet(options: {
   speedup?: number;
 }): Promise<EmbeddedFleet> {
   const mockers: MockerHandle[] = [];
+  // One load for every engine: the real tokenizer takes over a second of CPU to load (Qwen3's 151k-token vocabulary),
+  // and an engine only reads it (the router's own, in its tokenizer thread, is another).
+  const tokenizer = options.tokenizerDir === undefined ? undefined : await loadHfTokenizer(options.tokenizerDir);
   try {
     for (let i = 0; i < options.count; i++) {
       mockers.push(
         await startMocker({
           model: options.model,
-          tokenizer: options.tokenizerDir,
+          tokenizer,
           engine: { blockSize: options.blockSize },
           speedup: options.speedup,
           seed: 1000 + i,

@@ -58,9 +58,10 @@ export async function startMocker(options: MockerOptions = {}): Promise<MockerHa
     stats,
   });
 
-  const tokenizer: MockTokenizer = options.tokenizer
-    ? await loadHfTokenizer(options.tokenizer)
-    : new SimpleTokenizer(options.engine?.vocabSize ?? 32000);
+  const tokenizer: MockTokenizer =
+    typeof options.tokenizer === 'string'
+      ? await loadHfTokenizer(options.tokenizer)
+      : (options.tokenizer ?? new SimpleTokenizer(options.engine?.vocabSize ?? 32000));
   const engineCfg: Partial<EngineConfig> = { ...options.engine, vocabSize: options.engine?.vocabSize ?? tokenizer.vocabSize };
   const ranks = Array.from({ length: dp }, (_, r) => new Rank(r, new MockEngine(engineCfg)));
   const engines = ranks.map((r) => r.engine);

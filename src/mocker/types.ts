@@ -2,6 +2,7 @@
 import type { HashType, WireFormat } from '../engines/vllm/events.ts';
 import type { EngineConfig, MockEngine } from './engine/index.ts';
 import type { MockPd, MockPdOptions } from './disagg-side.ts';
+import type { MockTokenizer } from './tokenizer.ts';
 
 export interface MockerFaults {
   /** Fraction of event batches not sent on PUB (they still take a seq and stay replayable: a gap to recover). */
@@ -57,8 +58,12 @@ export interface MockerOptions {
   dataParallelSize?: number;
   /** Batches kept for replay per rank (vLLM buffer_steps). */
   bufferSteps?: number;
-  /** Directory with tokenizer.json (+ tokenizer_config.json); absent = the deterministic SimpleTokenizer. */
-  tokenizer?: string;
+  /**
+   * Directory with tokenizer.json (+ tokenizer_config.json), or a tokenizer already loaded from one (loadHfTokenizer;
+   * the embedded fleet's engines share one: each load costs over a second of CPU); absent = the deterministic
+   * SimpleTokenizer.
+   */
+  tokenizer?: string | MockTokenizer;
   /** Report usage.prompt_tokens_details.cached_tokens (vLLM --enable-prompt-tokens-details). Default true. */
   enablePromptTokensDetails?: boolean;
   /** max_tokens when a request gives none. Default 16. */

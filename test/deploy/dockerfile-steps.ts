@@ -1,17 +1,18 @@
 /**
  * The Dockerfile without a Docker daemon: its instructions are read, checked for the shape the image promises
  * (multi-stage, production dependencies only, non-root, a health check, `kvroute` as the entrypoint), and what it
- * runs is run here, in a fresh copy of the repository: the build stage's RUN (scripts/docker/build.sh: npm ci, npm
- * pack), the final stage's install (scripts/docker/install.sh: the tarball with --omit=dev), then ENTRYPOINT + CMD
+ * runs is run here, in a fresh copy of the repository: the build stage's RUN (scripts/docker/build.sh: npm ci
+ * --ignore-scripts, npm pack, whose prepack compiles), the final stage's install (scripts/docker/install.sh: the tarball with --omit=dev), then ENTRYPOINT + CMD
  * with the image's ENV, and the HEALTHCHECK command against the started router. The tarball and the installed package
  * are then handed to the caller (test/e2e/package.test.ts), which runs the package as a user installs it from there:
- * the build stage is `npm ci` then `npm pack` and the final stage `npm install --omit=dev <tarball>`, the very
+ * the build stage is `npm ci` (without install scripts) then `npm pack` and the final stage `npm install --omit=dev <tarball>`, the very
  * commands a user runs to pack and install the package, so one npm pack and one install serve both. Slow (a full npm
  * ci): ~1-2 minutes, so it runs inside test/e2e/package.test.ts, after that file's own install, never beside another
  * heavy install.
  */
 import { spawnSync } from 'node:child_process';
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -121,10 +122,14 @@ export function describeDockerfile(then?: (installed: Installed) => void): void 
     const OUT = join(WORK, 'out');
     const PREFIX = join(WORK, 'opt-kvroute');
     const started: ShellProcess[] = [];
-    // Removing a full node_modules copy takes a while on a loaded machine (over 120 s at load 20).
+    /** The build stage's node_modules, removed once the tarball is made (the disk's work overlaps the install). */
+    let buildModulesRemoved: Promise<void> = Promise.resolve();
+    // Removing a full node_modules copy takes a while on a loaded machine (over 120 s at load 20); fs.promises.rm
+    // unlinks in parallel (see test/e2e/package.test.ts).
     afterAll(async () => {
       await Promise.all(started.map((p) => p.stop()));
-      rmSync(WORK, { recursive: true, force: true });
+      await buildModulesRemoved;
+      await rm(WORK, { recursive: true, force: true });
     }, 300_000);
     const ins = readDockerfile();
     const last = Math.max(...ins.map((i) => i.stage));
@@ -158,6 +163,7 @@ export function describeDockerfile(then?: (installed: Installed) => void): void 
       const build = await runShell(substitute(buildRuns[0], paths), { cwd: SRC, env: ENV }, 400_000);
       expect(build.code, build.stderr.slice(-3000)).toBe(0);
       expect(existsSync(join(OUT, 'kvroute.tgz'))).toBe(true);
+      buildModulesRemoved = rm(join(SRC, 'node_modules'), { recursive: true, force: true }).catch(() => {});
 
       const finalRuns = final.filter((i) => i.op === 'RUN').map((i) => i.args);
       expect(finalRuns).toHaveLength(1);
