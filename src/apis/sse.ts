@@ -14,7 +14,6 @@
  *   anthropic   `event: message_*`; ends with message_stop; usage in message_start (cache_read_input_tokens) and
  *               message_delta (output_tokens)
  */
-import type { ApiAdapter } from './types.ts';
 
 export interface StreamUsage {
   promptTokens?: number;
@@ -34,6 +33,12 @@ const EMPTY = Buffer.alloc(0);
 /** How far from a whole answer's end its usage is looked for (vLLM writes it after the choices, before a few short fields). */
 const ANSWER_TAIL_BYTES = 4096;
 
+/** What answerUsage needs of an API's adapter (ApiAdapter in types.ts has both; named here so sse.ts imports nothing of it). */
+export interface AnswerReader {
+  readAnswer(json: unknown): StreamUsage | undefined;
+  readonly answerNeedsWhole?: boolean;
+}
+
 /**
  * The usage of a whole JSON answer (as the API's adapter reads it) and the bytes to pass on. An OpenAI-style answer
  * carries its `usage` object near its end: the last `"usage":` key of the answer's last 4 kB is found, its object
@@ -42,11 +47,7 @@ const ANSWER_TAIL_BYTES = 4096;
  * instead when the adapter needs more than the usage (answerNeedsWhole), the usage is to be rewritten (`override`: a
  * disaggregated request's cached tokens), or no usage object is in the tail. Not JSON: no usage, the bytes as they are.
  */
-export function answerUsage(
-  api: Pick<ApiAdapter, 'readAnswer' | 'answerNeedsWhole'>,
-  body: Buffer,
-  override?: number | null,
-): { usage: StreamUsage | undefined; body: Buffer } {
+export function answerUsage(api: AnswerReader, body: Buffer, override?: number | null): { usage: StreamUsage | undefined; body: Buffer } {
   if (override === undefined && !api.answerNeedsWhole) {
     const usage = tailUsage(body);
     if (usage !== undefined) return { usage: api.readAnswer({ usage }), body };
