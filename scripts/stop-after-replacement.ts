@@ -11,10 +11,11 @@
  * measured in turn within each run, so an A/B shares the machine's load. `--hogs N` starts N CPU hogs (`node -e
  * 'for(;;){}'`) for the whole measurement and ends them by pid. Exit code 1 when a stop took longer than half the grace.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { request } from 'node:http';
 import { loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
+import { endCpuHogs, startCpuHogs } from './cpu-hogs.ts';
 import { FakeEngine } from '../test/server/fake-engine.ts';
 
 const opts = { runs: 5, hogs: 0, graceMs: 30_000, clis: [] as string[], atFork: false };
@@ -32,18 +33,6 @@ for (let i = 0; i < argv.length; i++) {
   }
 }
 if (opts.clis.length === 0) opts.clis.push(fileURLToPath(new URL('../bin/kvroute.mjs', import.meta.url)));
-
-const hogs: ChildProcess[] = [];
-const endHogs = () => {
-  for (const h of hogs) if (h.pid !== undefined && h.exitCode === null && h.signalCode === null) process.kill(h.pid, 'SIGKILL');
-};
-process.on('exit', endHogs);
-for (const sig of ['SIGINT', 'SIGTERM'] as const) {
-  process.on(sig, () => {
-    endHogs();
-    process.exit(130);
-  });
-}
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const la = () =>
@@ -123,7 +112,7 @@ async function once(cli: string, run: number): Promise<Stop> {
   }
 }
 
-for (let i = 0; i < opts.hogs; i++) hogs.push(spawn(process.execPath, ['-e', 'for(;;){}'], { stdio: 'ignore' }));
+startCpuHogs(opts.hogs);
 console.log(`stop after a shell replacement: ${opts.runs} runs, ${opts.hogs} CPU hogs, grace ${opts.graceMs} ms; load ${la()}`);
 const all = new Map<string, number[]>(opts.clis.map((c) => [c, []]));
 let slow = false;
@@ -137,7 +126,7 @@ for (let run = 1; run <= opts.runs; run++) {
     );
   }
 }
-endHogs();
+endCpuHogs();
 for (const [cli, ms] of all) {
   const sorted = [...ms].sort((a, b) => a - b);
   console.log(`${cli}: stops ${sorted.join(', ')} ms (median ${sorted[Math.floor(sorted.length / 2)]})`);

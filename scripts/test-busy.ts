@@ -14,11 +14,12 @@
  * `npm run test:busy -- --runs 1 test/core/restore-steps.test.ts -t "budget"`. Each run's JSON report is kept as
  * test-artifacts/busy-run-N.json.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { copyFileSync, existsSync, readFileSync, rmSync } from 'node:fs';
 import { availableParallelism, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { endCpuHogs, startCpuHogs } from './cpu-hogs.ts';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const REPORT = join(ROOT, 'test-artifacts/vitest.json');
@@ -46,19 +47,6 @@ const la = () =>
   loadavg()
     .map((x) => x.toFixed(2))
     .join(' ');
-
-/** Hogs, ended by pid whatever happens. */
-const hogs: ChildProcess[] = [];
-function endHogs(): void {
-  for (const h of hogs) if (h.pid !== undefined && h.exitCode === null && h.signalCode === null) process.kill(h.pid, 'SIGKILL');
-}
-process.on('exit', endHogs);
-for (const sig of ['SIGINT', 'SIGTERM'] as const) {
-  process.on(sig, () => {
-    endHogs();
-    process.exit(130);
-  });
-}
 
 interface TestTime {
   readonly name: string;
@@ -121,11 +109,8 @@ function runSuite(args: string[]): Promise<RunResult> {
 async function main(): Promise<void> {
   const opts = parseArgs(process.argv.slice(2));
   console.log(`test:busy: ${opts.runs} run(s) of vitest run ${opts.vitest.join(' ')} with ${opts.hogs} CPU hog(s); load average ${la()}`);
-  for (let i = 0; i < opts.hogs; i++) {
-    const h = spawn(process.execPath, ['-e', 'for (;;) {}'], { stdio: 'ignore' });
-    hogs.push(h);
-  }
-  console.log(`test:busy: hogs started, pids ${hogs.map((h) => h.pid).join(', ')}`);
+  const hogPids = startCpuHogs(opts.hogs);
+  console.log(`test:busy: hogs started, pids ${hogPids.join(', ')}`);
   const results: RunResult[] = [];
   try {
     for (let run = 1; run <= opts.runs; run++) {
@@ -148,7 +133,7 @@ async function main(): Promise<void> {
       }
     }
   } finally {
-    endHogs();
+    endCpuHogs();
   }
   console.log(`\ntest:busy summary (${opts.hogs} hog(s), load average at the end ${la()}):`);
   console.log('| run | result | tests passed | failed | wall s |');
