@@ -94,6 +94,9 @@ class Attempt {
   readonly headers: Record<string, string>;
   readonly span: AttemptTrace;
   private committed = false;
+  /** A relayed stream's chunks: none passed on yet, and when the last one was. */
+  private firstChunk = true;
+  private lastChunk = 0;
 
   constructor(
     readonly ctx: AttemptContext,
@@ -156,6 +159,18 @@ class Attempt {
       const at = Date.now();
       a.trace.span('first_token', at, at, { 'kvroute.ttft_s': (now - a.t0) / 1000, 'kvroute.worker': this.decision.sourceKey });
     }
+  }
+
+  /** A relayed stream's chunk is about to go to the client: the first token, or the time since the previous chunk. */
+  chunkOut(): void {
+    const now = performance.now();
+    if (this.firstChunk) {
+      this.firstChunk = false;
+      this.firstToken();
+    } else {
+      this.ctx.metrics.token(this.decision.sourceKey, (now - this.lastChunk) / 1000);
+    }
+    this.lastChunk = now;
   }
 
   /** A whole answer (or an engine's 4xx) is in: counted, finished, and passed on with its length. */
@@ -277,8 +292,6 @@ class DirectAttempt implements UndiciDispatcher.DispatchHandler {
   private chunks: Buffer[] = [];
   private size = 0;
   private stream: SseRelay | null = null;
-  private first = true;
-  private last = 0;
   private stall: NodeJS.Timeout | undefined;
   private resolve: (o: AttemptOutcome) => void = () => {};
   private reject: (err: unknown) => void = () => {};
@@ -339,14 +352,7 @@ class DirectAttempt implements UndiciDispatcher.DispatchHandler {
     const out = relay.push(chunk);
     if (out.length === 0) return;
     const at = this.at;
-    const tNow = performance.now();
-    if (this.first) {
-      this.first = false;
-      at.firstToken();
-    } else {
-      at.ctx.metrics.token(at.decision.sourceKey, (tNow - this.last) / 1000);
-    }
-    this.last = tNow;
+    at.chunkOut();
     const { res } = at.a;
     if (!res.write(out)) {
       // Backpressure: a slow client slows the upstream read instead of growing a buffer here. A client that stops
@@ -458,8 +464,6 @@ async function requestAttempt(at: Attempt): Promise<AttemptOutcome> {
     at.sendStreamHead(upstream.headers);
   };
   if (!a.failOnLeadingError) sendHead();
-  let first = true;
-  let last = 0;
   let failure: string | null = null;
   let leadingError: string | null = null;
   await new Promise<void>((resolve) => {
@@ -477,14 +481,7 @@ async function requestAttempt(at: Attempt): Promise<AttemptOutcome> {
         }
         sendHead();
       }
-      const tNow = performance.now();
-      if (first) {
-        first = false;
-        at.firstToken();
-      } else {
-        ctx.metrics.token(at.decision.sourceKey, (tNow - last) / 1000);
-      }
-      last = tNow;
+      at.chunkOut();
       if (!res.write(out)) {
         // Backpressure, and the stall timeout: as DirectAttempt.
         body.pause();
