@@ -125,3 +125,32 @@ export function labelObjects<K extends string>(name: K): (value: string) => Read
     return o;
   };
 }
+
+/**
+ * The `worker` label values of one registry, bounded: the first `max` workers get their own, the rest share `_other`.
+ * `onNew` runs once per new label with its labels object (its series exist at 0 from then on, so rate() sees the first
+ * request instead of a new series). The labels objects are the reused ones the fast path above finds its series by.
+ */
+export class WorkerLabels {
+  private readonly seen = new Set<string>();
+  private readonly objects = labelObjects('worker');
+
+  constructor(
+    private readonly max: number,
+    private readonly onNew: (labels: { worker: string }) => void,
+  ) {}
+
+  label(sourceKey: string): string {
+    if (this.seen.has(sourceKey)) return sourceKey;
+    const label = this.seen.size < this.max ? sourceKey : '_other';
+    if (!this.seen.has(label)) {
+      this.seen.add(label);
+      this.onNew(this.objects(label));
+    }
+    return label;
+  }
+
+  of(sourceKey: string): { worker: string } {
+    return this.objects(this.label(sourceKey));
+  }
+}

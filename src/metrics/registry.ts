@@ -12,7 +12,7 @@ import { AggregatorRegistry, Registry } from 'prom-client';
 import { emptyTotals, type ReuseTotals } from '../core/ledger.ts';
 import type { FinishedRequest, KvRouter } from '../core/router.ts';
 import type { ApplyResult, RouteDecision } from '../core/types.ts';
-import { labelObjects } from './bound.ts';
+import { WorkerLabels } from './bound.ts';
 import type { SumCount } from './buckets.ts';
 import { emptyEventTotals, type EventTotals, EventSeries, type IngestCounts } from './events.ts';
 import { type EventLoopLag, ProcessSeries } from './process.ts';
@@ -51,9 +51,7 @@ export class RouterMetrics {
   readonly contentType: string;
   readonly prefix: string;
   private readonly router: KvRouter;
-  private readonly maxWorkers: number;
-  private readonly workerLabels = new Set<string>();
-  private readonly workerLabelObjects = labelObjects('worker');
+  private readonly workers: WorkerLabels;
   private mirror?: EngineMirror;
   private readonly health = new Map<string, boolean>();
   /** Decode workers of a P/D fleet (by source key): their engine counters are not prefix-cache truth. */
@@ -67,7 +65,6 @@ export class RouterMetrics {
   constructor(opts: RouterMetricsOptions) {
     this.router = opts.router;
     this.prefix = opts.prefix ?? '';
-    this.maxWorkers = opts.maxWorkerLabels ?? 256;
     if (this.prefix !== '' && !/^[a-zA-Z_:][a-zA-Z0-9_:]*$/.test(this.prefix)) {
       throw new RangeError(`metrics prefix "${this.prefix}" is not a valid Prometheus name prefix ([a-zA-Z_:][a-zA-Z0-9_:]*)`);
     }
@@ -81,6 +78,7 @@ export class RouterMetrics {
     this.reuse = new ReuseSeries(registry, p, () => {
       for (const key of this.router.sourceKeys()) this.label(key);
     });
+    this.workers = new WorkerLabels(opts.maxWorkerLabels ?? 256, (labels) => this.reuse.zero(labels));
     this.events = new EventSeries(registry, p, label);
     registerWorkerGauges(registry, p, { router: this.router, label, health: this.health, blind: this.events.blind });
     this.events.registerBlindCount(registry, p);
@@ -88,19 +86,12 @@ export class RouterMetrics {
 
   /** Bounded cardinality: the first `maxWorkerLabels` workers get their own label, the rest share `_other`. */
   private label(sourceKey: string): string {
-    if (this.workerLabels.has(sourceKey)) return sourceKey;
-    const label = this.workerLabels.size < this.maxWorkers ? sourceKey : '_other';
-    if (!this.workerLabels.has(label)) {
-      this.workerLabels.add(label);
-      // Series exist at 0 from the moment a worker is known, so rate() sees the first request instead of a new series.
-      this.reuse.zero(this.workerLabelObjects(label));
-    }
-    return label;
+    return this.workers.label(sourceKey);
   }
 
   /** The labels object of a worker's series: one per label, so the metrics' fast path (bound.ts) finds its series. */
   private workerLabelsOf(sourceKey: string): { worker: string } {
-    return this.workerLabelObjects(this.label(sourceKey));
+    return this.workers.of(sourceKey);
   }
 
   /** At routing time. timingsS.tokenize is measured by the shell; hash/find/select come from the decision. */

@@ -7,7 +7,7 @@
  */
 import { Registry } from 'prom-client';
 import type { RouteDecision } from '../core/types.ts';
-import { labelObjects } from './bound.ts';
+import { WorkerLabels } from './bound.ts';
 import { PdLegs, type PdLeg } from './disagg.ts';
 import type { RequestMetrics } from './registry.ts';
 import { RequestSeries, type RequestTotalsJson } from './requests.ts';
@@ -24,8 +24,7 @@ export class ShellMetrics implements RequestMetrics {
   private readonly requests: RequestSeries;
   private readonly reuse: ReuseSeries;
   private readonly legs: PdLegs;
-  private readonly workerLabels = new Set<string>();
-  private readonly workerLabelObjects = labelObjects('worker');
+  private readonly workers: WorkerLabels;
 
   /**
    * `maxWorkerLabels` as RouterMetrics (the first workers seen get their own label, the rest `_other`); `changed`
@@ -34,24 +33,17 @@ export class ShellMetrics implements RequestMetrics {
   constructor(
     prefix: string,
     private readonly changed: () => void = () => {},
-    private readonly maxWorkers = 256,
+    maxWorkers = 256,
   ) {
     this.requests = new RequestSeries(this.registry, prefix);
     this.reuse = new ReuseSeries(this.registry, prefix, () => {});
     this.legs = new PdLegs(this.registry, prefix);
+    // As RouterMetrics: a worker's reuse series exist at 0 from its first request.
+    this.workers = new WorkerLabels(maxWorkers, (labels) => this.reuse.zero(labels));
   }
 
   private workerLabelsOf(sourceKey: string): { worker: string } {
-    if (!this.workerLabels.has(sourceKey)) {
-      const label = this.workerLabels.size < this.maxWorkers ? sourceKey : '_other';
-      if (!this.workerLabels.has(label)) {
-        this.workerLabels.add(label);
-        // As RouterMetrics.label: a worker's reuse series exist at 0 from its first request.
-        this.reuse.zero(this.workerLabelObjects(label));
-      }
-      return this.workerLabelObjects(label);
-    }
-    return this.workerLabelObjects(sourceKey);
+    return this.workers.of(sourceKey);
   }
 
   routed(decision: RouteDecision, timingsS: { tokenize: number }): void {
