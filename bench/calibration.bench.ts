@@ -23,6 +23,7 @@
  * Hit rates are the engines' own counters, token-weighted (what Dynamo and Mooncake report); nothing here is timed
  * except the simulator's CPU cost, printed with the load average.
  */
+import { usage } from '../scripts/usage.ts';
 import { loadavg } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -33,6 +34,8 @@ import { TraceHasher } from '../src/sim/traces/expand.ts';
 import type { TraceRequest } from '../src/sim/traces/format.ts';
 import { loadTrace } from '../src/sim/traces/reader.ts';
 import { generateFromSpec, isTraceSpec } from '../src/sim/traces/spec.ts';
+
+usage(import.meta.url);
 
 const EXPERIMENTS = ['dynamo', 'mooncake-lru', 'mooncake-local'] as const;
 type Experiment = (typeof EXPERIMENTS)[number];

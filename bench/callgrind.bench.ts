@@ -203,8 +203,11 @@ async function count(target: string, bin: string, label: string, upstream: strin
   // The exit dumps (nothing counted after the -d ones: the processes were killed) are not counted.
   const main = sumOf(multi ? `${base}.${pid}` : base);
   const shellCounts = multi ? shells.map((p) => sumOf(`${base}.${p}`)) : [];
-  for (const f of readdirSync(dir))
-    if (f === base || (f.startsWith(`${base}.`) && /^\d+$/.test(f.slice(base.length + 1)))) rmSync(join(dir, f));
+  // Without --keep the dumps go now (a later row of the same tag must not sum them); with it they stay for
+  // callgrind_annotate, and the next row of this tag (a rerun into the same directory) would find them: refused at the start.
+  if (!KEEP)
+    for (const f of readdirSync(dir))
+      if (f === base || (f.startsWith(`${base}.`) && /^\d+$/.test(f.slice(base.length + 1)))) rmSync(join(dir, f));
   if (!multi) return { main };
   const s: Counts = { total: 0, gc: 0, jit: 0 };
   for (const c of shellCounts) {
@@ -221,6 +224,10 @@ async function main() {
   const { url: upstream, child: up } = await startUpstreamProcess(CHUNKS);
   const dir = KEEP ?? mkdtempSync(join(tmpdir(), 'kvroute-callgrind-'));
   mkdirSync(dir, { recursive: true });
+  if (KEEP && readdirSync(dir).some((f) => f.startsWith('callgrind.'))) {
+    await stopChild(up);
+    throw new Error(`--keep ${dir} already holds callgrind dumps: give an empty or new directory (rows would sum old dumps)`);
+  }
   const load = loadavg().map((x) => x.toFixed(1));
   progress(`loadavg ${load.join(' ')}; dumps in ${dir}`);
 

@@ -10,11 +10,14 @@
  *
  *   npm run bench:epp [-- --requests 2000 --concurrency 32 --tokens 2048]
  */
+import { usage } from '../scripts/usage.ts';
 import { spawn } from 'node:child_process';
 import { loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { type MockerHandle, startMocker } from '../src/mocker/server.ts';
 import { EnvoySide } from '../test/epp/envoy-side.ts';
+
+usage(import.meta.url);
 
 const args = process.argv.slice(2);
 function arg(name: string, def: number): number {

@@ -14,6 +14,7 @@
  * Here the prompts are built once (32 of them, plain arrays) and hashed in turn. Run at two N and take the difference:
  * start-up and the prompts cancel out, and (N2 - N1) calls remain.
  */
+import { usage } from '../scripts/usage.ts';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
@@ -21,6 +22,8 @@ import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { performance } from 'node:perf_hooks';
 import * as here from '../src/core/wasm/blocks.ts';
+
+usage(import.meta.url);
 
 function arg(name: string, fallback: string): string {
   const i = process.argv.indexOf(`--${name}`);

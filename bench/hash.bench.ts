@@ -5,10 +5,13 @@
  *
  *   npm run bench:hash [-- --calls 1000 --tokens 32768]
  */
+import { usage } from '../scripts/usage.ts';
 import { loadavg } from 'node:os';
 import { hashBlocksNapi } from '../src/core/hashing.ts';
 import { hashBlocksWasm } from '../src/core/wasm/blocks.ts';
 import { latency, type Latency } from './lib/measure.ts';
+
+usage(import.meta.url);
 
 function arg(name: string, fallback: number): number {
   const i = process.argv.indexOf(`--${name}`);

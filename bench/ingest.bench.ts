@@ -15,6 +15,7 @@
  *
  * Options: --batches N (default 16000), --format array|map|both (default both), --runs R (default 2, best reported).
  */
+import { usage } from '../scripts/usage.ts';
 import { fork } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { loadavg } from 'node:os';
@@ -26,6 +27,8 @@ import { SourceIngest } from '../src/ingest/source-ingest.ts';
 import { quietLog } from '../src/log.ts';
 import { ZmqSource } from '../src/transport/zmq-source.ts';
 import { createRng } from '../src/core/rng.ts';
+
+usage(import.meta.url);
 
 const BLOCK_SIZE = 16;
 const TOPIC = 'kv-events';

@@ -6,10 +6,13 @@
  *
  *   npm run build && node --import tsx bench/jit-trace.ts [--stream] [--seconds 15] [--phases 3]
  */
+import { usage } from '../scripts/usage.ts';
 import { spawn } from 'node:child_process';
 import { parseArgs } from 'node:util';
 import { startFastUpstream } from './lib/fast-upstream.ts';
 import { idsWorkload } from './lib/http-workloads.ts';
+
+usage(import.meta.url);
 
 const { values } = parseArgs({
   options: {

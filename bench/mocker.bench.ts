@@ -12,6 +12,7 @@
  * At any speedup >= 1 this load asks for far more tokens per second than two cores can stream (1,600 streams with
  * ~6 ms modelled decode steps), so the engines run CPU-bound: the figure shows the loop stays responsive at saturation.
  */
+import { usage } from '../scripts/usage.ts';
 import { fork } from 'node:child_process';
 import { loadavg } from 'node:os';
 import { PerformanceObserver, monitorEventLoopDelay, performance } from 'node:perf_hooks';
@@ -21,6 +22,8 @@ import { connect } from 'node:net';
 import * as zmq from 'zeromq';
 import { startMocker, type MockerHandle } from '../src/mocker/server.ts';
 import { MockEngine } from '../src/mocker/engine/index.ts';
+
+usage(import.meta.url);
 
 const { values } = parseArgs({
   options: {

@@ -31,6 +31,7 @@
  *              without concurrent compiler or GC threads); and the memory of all curves (fleet + 8 engines)
  * Goals (issue 27): |predicted - measured| <= 0.03; cost <= 5% of route().
  */
+import { usage } from '../scripts/usage.ts';
 import { spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
@@ -48,6 +49,8 @@ import type { TraceRequest } from '../src/sim/traces/format.ts';
 import { generateAgentic } from '../src/sim/traces/generate.ts';
 import { loadTrace } from '../src/sim/traces/reader.ts';
 import { countsOf } from './lib/callgrind-counts.ts';
+
+usage(import.meta.url);
 
 const { values } = parseArgs({
   allowNegative: true,

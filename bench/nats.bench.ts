@@ -11,6 +11,7 @@
  *
  *   npm run bench:nats [-- --blocks 1000000 --after 100000 --per-batch 32]
  */
+import { usage } from '../scripts/usage.ts';
 import { spawn } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { loadavg } from 'node:os';
@@ -24,6 +25,8 @@ import { NatsServer } from '../test/nats/nats-server.ts';
 import { STREAM } from '../src/transport/nats/protocol.ts';
 import { connect } from '@nats-io/transport-node';
 import { jetstreamManager } from '@nats-io/jetstream';
+
+usage(import.meta.url);
 
 function arg(name: string, fallback: string): string {
   const i = process.argv.indexOf(`--${name}`);

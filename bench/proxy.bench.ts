@@ -11,6 +11,7 @@
  * (10 ms between tokens is already faster than most engines under load). The latency probe asks it for no delay, so
  * the difference is the proxy's own work.
  */
+import { usage } from '../scripts/usage.ts';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -20,6 +21,8 @@ import { readFileSync } from 'node:fs';
 import autocannon from 'autocannon';
 import { Agent, request } from 'undici';
 import { waitForLine } from './lib/child.ts';
+
+usage(import.meta.url);
 
 const args = process.argv.slice(2);
 function arg(name: string, def: number): number {

@@ -8,10 +8,13 @@
  *   npm run bench:route -- --sweep [--tokens 8192]     fleet sizes 64, 256, 1,024, 4,096: exhaustive vs auto (sampled
  *                                                       above 256 sources), one table
  */
+import { usage } from '../scripts/usage.ts';
 import { performance, PerformanceObserver } from 'node:perf_hooks';
 import { KvRouter } from '../src/core/router.ts';
 import { createRng } from '../src/core/rng.ts';
 import type { KvEvent } from '../src/core/types.ts';
+
+usage(import.meta.url);
 
 function arg(name: string, fallback: number): number {
   const i = process.argv.indexOf(`--${name}`);

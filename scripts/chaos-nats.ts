@@ -21,6 +21,7 @@
  * healed). Requests lost are engine requests that failed or got no answer in 10 s. Prints one line per round and a
  * summary; exit code 1 when a round did not heal or a request was lost.
  */
+import { usage } from './usage.ts';
 import { type ChildProcess, execFileSync, fork, spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { connect } from '@nats-io/transport-node';
@@ -31,6 +32,8 @@ import { startMocker, type MockerHandle } from '../src/mocker/server.ts';
 import { SNAPSHOT_BUCKET, SNAPSHOT_NAME } from '../src/transport/nats/protocol.ts';
 import { NatsReplica } from '../src/transport/nats/replica.ts';
 import { NatsServer } from '../test/nats/nats-server.ts';
+
+usage(import.meta.url);
 
 const BS = 16;
 const WORKER_TTL_MS = 3000;

@@ -15,6 +15,7 @@
  *
  * Exit code 1 when a check fails.
  */
+import { usage } from './usage.ts';
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { connect, type Socket } from 'node:net';
@@ -27,6 +28,8 @@ import { startMocker, type MockerHandle } from '../src/mocker/server.ts';
 import { startServer, type RunningServer } from '../src/server/app.ts';
 import { DEFAULTS, type ServeConfig } from '../src/config/serve.ts';
 import { createRng } from '../src/core/rng.ts';
+
+usage(import.meta.url);
 
 // ------------------------------------------------------------------------------------------------ helpers
 

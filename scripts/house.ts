@@ -9,6 +9,7 @@ import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import ts from 'typescript';
+import { usage } from './usage.ts';
 
 export interface ImportEdge {
   readonly from: string;
@@ -267,6 +268,7 @@ function printFigures(h: HouseFigures): void {
 }
 
 if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
+  usage(import.meta.url);
   const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
   const { POLICY_NAMES } = await import('../src/core/scheduling/registry.ts');
   const figures = analyseHouse(root, POLICY_NAMES);

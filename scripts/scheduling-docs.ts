@@ -8,6 +8,7 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { SOURCE_FILTERS, WORKER_FILTERS } from '../src/core/scheduling/filters.ts';
 import { describeRegistry } from '../src/core/scheduling/registry.ts';
+import { usage } from './usage.ts';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 export const TARGETS = [
@@ -60,6 +61,7 @@ export function withTables(text: string, filters: boolean): string {
 }
 
 if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
+  usage(import.meta.url);
   const check = process.argv.includes('--check');
   let stale = 0;
   for (const t of TARGETS) {

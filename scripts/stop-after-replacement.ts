@@ -11,12 +11,15 @@
  * measured in turn within each run, so an A/B shares the machine's load. `--hogs N` starts N CPU hogs (`node -e
  * 'for(;;){}'`) for the whole measurement and ends them by pid. Exit code 1 when a stop took longer than half the grace.
  */
+import { usage } from './usage.ts';
 import { spawn } from 'node:child_process';
 import { request } from 'node:http';
 import { loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { endCpuHogs, startCpuHogs } from './cpu-hogs.ts';
 import { FakeEngine } from '../test/server/fake-engine.ts';
+
+usage(import.meta.url);
 
 const opts = { runs: 5, hogs: 0, graceMs: 30_000, clis: [] as string[], atFork: false };
 const argv = process.argv.slice(2);

@@ -14,12 +14,15 @@
  * `npm run test:busy -- --runs 1 test/core/restore-steps.test.ts -t "budget"`. Each run's JSON report is kept as
  * test-artifacts/busy-run-N.json.
  */
+import { usage } from './usage.ts';
 import { spawn } from 'node:child_process';
 import { copyFileSync, existsSync, readFileSync, rmSync } from 'node:fs';
 import { availableParallelism, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { endCpuHogs, startCpuHogs } from './cpu-hogs.ts';
+
+usage(import.meta.url);
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const REPORT = join(ROOT, 'test-artifacts/vitest.json');
