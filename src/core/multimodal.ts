@@ -12,7 +12,7 @@
  * block after the first image block differs too, as in the engine's chain (hashing.ts: hashBlocksWithKeys).
  */
 export { hashBlocksWithKeys };
-import { hashBlocksInto, hashBlocksWithKeys } from './hashing.ts';
+import { computeSeqHashes, hashBlocksInto, hashBlocksWithKeys, hashSeed } from './hashing.ts';
 import type { MmBlockKey, MmItem } from './types.ts';
 
 /**
@@ -72,4 +72,21 @@ export function computeSeqHashesMm(tokens: ArrayLike<number>, blockSize: number,
   if (!keys) hashBlocksInto({ tokens, from: 0, count: n * blockSize, blockSize, seed, parentSeq: null, outSeq: out, outOffset: 0 });
   else hashBlocksWithKeys({ tokens, from: 0, blocks: n, blockSize, seed, parentSeq: null, keys, outSeq: out, outOffset: 0 });
   return out;
+}
+
+/**
+ * A request's sequence hashes (full blocks) as the router computes them: its adapter and salt in the seed, its
+ * multimodal items in the block identities. The one definition for KvRouter.route and for the HTTP shells of
+ * `serve --processes`, which hash ahead of the primary (src/server/cluster/shell.ts).
+ */
+export function requestSeqHashes(
+  tokens: ArrayLike<number>,
+  blockSize: number,
+  loraName?: string | null,
+  cacheSalt?: string | null,
+  mmItems?: readonly MmItem[],
+): BigUint64Array {
+  const seed = hashSeed(loraName, cacheSalt);
+  if (mmItems && mmItems.length > 0) return computeSeqHashesMm(tokens, blockSize, seed, mmItems);
+  return computeSeqHashes(tokens, blockSize, seed);
 }

@@ -10,12 +10,12 @@
  */
 import { ActiveLoad, type RecentChain } from './active-load.ts';
 import { TtlIndex } from './approx.ts';
-import { computeSeqHashes, hashSeed, islBlocks as islBlocksOf } from './hashing.ts';
+import { islBlocks as islBlocksOf } from './hashing.ts';
 import { CacheGroups, hashStoredEvent } from './index/groups.ts';
 import { KvIndex, type IndexApplyResult } from './index/kv-index.ts';
 import { type IndexCapture, RouterSnapshot, type RouterSnapshotData, type SourceSnapshot } from './index/snapshot.ts';
 import { RESTORE_STEP, snapshotEvents } from './index/snapshot-events.ts';
-import { computeSeqHashesMm } from './multimodal.ts';
+import { requestSeqHashes } from './multimodal.ts';
 import { isLowerTier, TierIndex } from './tiers.ts';
 import { predictedCachedTokens, ReuseLedger } from './ledger.ts';
 import { createRng, type Rng } from './rng.ts';
@@ -516,8 +516,7 @@ export class KvRouter {
 
   /** Sequence hashes of a request, with its adapter and salt in the seed. */
   hashRequest(tokens: ArrayLike<number>, loraName?: string | null, cacheSalt?: string | null, mmItems?: readonly MmItem[]): BigUint64Array {
-    if (mmItems && mmItems.length > 0) return computeSeqHashesMm(tokens, this.blockSize, hashSeed(loraName, cacheSalt), mmItems);
-    return computeSeqHashes(tokens, this.blockSize, hashSeed(loraName, cacheSalt));
+    return requestSeqHashes(tokens, this.blockSize, loraName, cacheSalt, mmItems);
   }
 
   route(req: RouteRequest, now: number): RouteResult {

@@ -3,7 +3,10 @@
  * core decides. Every request goes on a fresh connection, so the cluster spreads them over the shells.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
+import { mkdtempSync, readFileSync } from 'node:fs';
 import { createServer, request } from 'node:http';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import type { AddressInfo } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -209,16 +212,77 @@ describe('serve --processes', () => {
     expect(shellsUsed.size).toBe(2);
   }, 120_000);
 
+  it("the shells' block hashes are the ones the routing core computes: block sizes, partial blocks, a chat, an adapter, a salt", async () => {
+    // Per run: the recorded trace (--record: each request's block hashes as routed, src/runtime/recorder.ts) and /metrics.
+    const run = async (processes: number, blockSize: number) => {
+      const [e] = await fleet(1, { adapters: ['sql-lora'] });
+      const file = join(mkdtempSync(join(tmpdir(), 'kvroute-shellhash-')), 'trace.jsonl');
+      const s = await serve([
+        ...['--worker', e.url, '--processes', String(processes), '--block-size', String(blockSize)],
+        ...['--tokenizer', QWEN3_DIR, '--record', file],
+      ]);
+      const bodies: [string, Record<string, unknown>][] = [
+        // A partial last block, one exactly full, one shorter than a block.
+        ['/v1/completions', { model: 'fake-model', prompt: randomTokens(3 * blockSize + 5, 1) }],
+        ['/v1/completions', { model: 'fake-model', prompt: randomTokens(4 * blockSize, 2) }],
+        ['/v1/completions', { model: 'fake-model', prompt: randomTokens(blockSize - 1, 3) }],
+        // A LoRA adapter (its name seeds the hashes: a shell learns it from the primary), then its base model again.
+        ['/v1/completions', { model: 'sql-lora', prompt: randomTokens(2 * blockSize + 3, 4) }],
+        ['/v1/completions', { model: 'sql-lora', prompt: randomTokens(2 * blockSize + 3, 5) }],
+        ['/v1/completions', { model: 'fake-model', prompt: randomTokens(2 * blockSize + 3, 4) }],
+        // A tenant's salt, and text prompts the shells tokenize (completions and a chat template).
+        ['/v1/completions', { model: 'fake-model', prompt: randomTokens(4 * blockSize, 2), cache_salt: 'tenant-a' }],
+        ['/v1/completions', { model: 'fake-model', prompt: 'the shells hash what they tokenize '.repeat(20) }],
+        ['/v1/chat/completions', { model: 'fake-model', messages: [{ role: 'user', content: 'how are blocks hashed? '.repeat(20) }] }],
+      ];
+      for (const [path, body] of bodies) {
+        for (let i = 0; i < 2; i++) {
+          const r = await post(s.url, path, { ...body, max_tokens: 2 });
+          expect(r.status, r.text).toBe(200);
+          await until('the router has nothing in flight', async () => (await inFlight(s)) === 0);
+        }
+      }
+      const metrics = seriesOf(await (await fetch(`${s.url}/metrics`)).text());
+      await s.stop();
+      const lines = readFileSync(file, 'utf8').trim().split('\n').slice(1);
+      const trace = lines.map((l) => {
+        const r = JSON.parse(l) as { block_hashes: string[]; input_length: number; model: string };
+        return { hashes: r.block_hashes, tokens: r.input_length, model: r.model };
+      });
+      return { trace, metrics };
+    };
+    for (const blockSize of [16, 64]) {
+      const one = await run(1, blockSize);
+      const two = await run(2, blockSize);
+      expect(two.trace).toEqual(one.trace);
+      expect(one.trace).toHaveLength(18);
+      // Not trivially equal (request i is trace[2i] and trace[2i + 1]): full blocks hashed, none for a prompt shorter than
+      // a block, the same prompt the same hashes, the adapter's and the salt's differ from the base model's.
+      expect(one.trace[0].hashes).toHaveLength(3);
+      expect(one.trace[4].hashes).toHaveLength(0);
+      expect(one.trace[6].hashes).toEqual(one.trace[7].hashes);
+      expect(one.trace[6].hashes[0]).not.toBe(one.trace[10].hashes[0]);
+      expect(one.trace[12].hashes[0]).not.toBe(one.trace[2].hashes[0]);
+      expect(one.trace[14].hashes.length).toBeGreaterThan(0);
+      expect(one.trace[17].hashes.length).toBeGreaterThan(0);
+      // The shells hashed with no adapter until the primary said the model is one (once per shell at most), and every
+      // submission was read.
+      const rehashes = two.metrics.get('router_shell_rehashes_total') ?? 0;
+      expect(rehashes).toBeGreaterThanOrEqual(1);
+      expect(rehashes).toBeLessThanOrEqual(2);
+      expect(two.metrics.get('router_shell_messages_dropped_total')).toBe(0);
+    }
+  }, 240_000);
+
   it('/metrics under two HTTP shells shows the series one process shows, with the same counts', async () => {
     const prompts = conversationPrompts(12);
     const one = seriesOf((await decisions(1, prompts, true)).metrics);
     const two = seriesOf((await decisions(2, prompts, true)).metrics);
-    // The same router series, but for the one --processes adds (the routing core's count of unreadable shell messages);
+    // The same router series, but for the ones --processes adds (the routing core's counts of unreadable shell messages
+    // and of submissions hashed again);
     // and the processes' own (process_*, nodejs_*: the primary's).
     const names = (m: Map<string, number>) =>
-      [...m.keys()]
-        .filter((k) => (k.startsWith('router_') && !k.startsWith('router_shell_messages_dropped_total')) || k.startsWith('process_start'))
-        .sort();
+      [...m.keys()].filter((k) => (k.startsWith('router_') && !k.startsWith('router_shell_')) || k.startsWith('process_start')).sort();
     expect(names(two)).toEqual(names(one));
     // The request metrics the shells now record, beside the primary's (finished requests' reuse, outcomes): every value
     // that does not depend on timing is equal. Timings (_sum, _bucket of seconds) and the processes' own gauges are not.

@@ -56,7 +56,7 @@ export {
 } from './disagg-legs.ts';
 import type { KvKnobs, MmItem, RouteDecision } from '../types.ts';
 import type { BreakerOptions, BreakerState } from './breaker.ts';
-import { type EligibilityRefusal, eligibility, type WorkerRole } from '../scheduling/filters.ts';
+import { type EligibilityRefusal, eligibility, hashLoraOf, type WorkerRole } from '../scheduling/filters.ts';
 import { type EngineFlavor, type WorkerConfig, WorkerState } from './worker-state.ts';
 import { type PinOptions, PinTable } from './pins.ts';
 import { TokenBudgets } from './budget.ts';
@@ -352,6 +352,16 @@ export class Dispatcher {
     if (!w || w.healthy === healthy) return [];
     w.healthy = healthy;
     return this.drain(now);
+  }
+
+  /**
+   * The adapter a submission's blocks would be hashed with if it were routed now (null: none). A submission that comes
+   * with `seqHashes` computed elsewhere (an HTTP shell of `serve --processes`) is routed with them as they are: its
+   * sender checks they were seeded with this one first.
+   */
+  hashLoraOf(sub: Pick<Submission, 'model' | 'roles' | 'pinKey'>, now: number): string | null {
+    const pinned = sub.pinKey !== undefined ? this.pins.peek(sub.pinKey, now) : undefined;
+    return hashLoraOf(this.workerStates.values(), { model: sub.model, roles: sub.roles, pinned }, now);
   }
 
   /** Models and adapters discovered from the engine (ignored when the configuration names the models). */

@@ -75,6 +75,12 @@ export class PinTable {
     return p.workerId;
   }
 
+  /** lookup() without its side effects (an expired pin is left for lookup to drop and count). */
+  peek(key: string, now: number): string | undefined {
+    const p = this.pins.get(key);
+    return p && p.expiresAt > now ? p.workerId : undefined;
+  }
+
   /** Drops every pin to a worker (it left the fleet: its stored state went with it). */
   dropWorker(workerId: string): number {
     let n = 0;

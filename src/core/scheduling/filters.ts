@@ -127,6 +127,21 @@ export interface Ineligible {
   readonly message: string;
 }
 
+/**
+ * The adapter name a request's blocks are hashed with (eligibility's `loraName`): the model, once a worker passing the
+ * filters up to the role lists it as a LoRA adapter (healthy or not); otherwise null. What an HTTP shell of
+ * `serve --processes` that hashes ahead of the routing core must have seeded its hashes with.
+ */
+export function hashLoraOf(workers: Iterable<FilterableWorker>, q: EligibilityQuery, now: number): string | null {
+  for (const w of workers) {
+    if (!w.adapters.has(q.model)) continue;
+    let k = 0;
+    while (k <= ROLE_FILTER && WORKER_FILTERS[k].admits(w, q, now)) k++;
+    if (k > ROLE_FILTER) return q.model;
+  }
+  return null;
+}
+
 /** Runs the worker-level filters in order on each worker; the first filter that leaves nothing names the refusal. */
 export function eligibility<W extends FilterableWorker>(workers: Iterable<W>, q: EligibilityQuery, now: number): Eligible<W> | Ineligible {
   const passed = new Array<number>(WORKER_FILTERS.length).fill(0);
@@ -140,7 +155,7 @@ export function eligibility<W extends FilterableWorker>(workers: Iterable<W>, q:
     for (; k < WORKER_FILTERS.length; k++) {
       if (!WORKER_FILTERS[k].admits(w, q, now)) break;
       passed[k]++;
-      // A LoRA adapter is hashed with its name once a worker of the right role lists it, healthy or not.
+      // A LoRA adapter is hashed with its name once a worker of the right role lists it, healthy or not (hashLoraOf).
       if (k === ROLE_FILTER && w.adapters.has(q.model)) loraName = q.model;
     }
     if (k < WORKER_FILTERS.length) continue;

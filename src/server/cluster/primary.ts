@@ -184,6 +184,16 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
       case 'kvr.batch':
         return; // unpacked by the listener
       case 'kvr.submit':
+        // Hashed in the shell: with the adapter routing uses now, or the shell hashes again (a model became an adapter,
+        // or stopped being one, since the shell learnt it).
+        if (m.sub.seqHashes) {
+          const lora = server.dispatcher.hashLoraOf(m.sub, Date.now());
+          if (lora !== (m.lora ?? null)) {
+            rehashed.inc();
+            send(s, { k: 'kvr.rehash', id: m.id, lora });
+            return;
+          }
+        }
         answer(s, m.id, (signal) => lc.submit(m.sub, signal));
         return;
       case 'kvr.failed':
@@ -299,6 +309,13 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
     help: 'IPC messages from the HTTP shells of --processes the routing core could not act on (malformed): dropped.',
     registers: [server.metrics.registry],
   });
+  const rehashed = new Counter({
+    name: `${server.metrics.prefix}router_shell_rehashes_total`,
+    help:
+      'Submissions an HTTP shell of --processes hashed with another LoRA adapter than routing uses (the model became ' +
+      'an adapter, or stopped being one, since the shell learnt it): sent back to be hashed again.',
+    registers: [server.metrics.registry],
+  });
   /** A malformed message: counted, logged, and a request it names refused at once (its client gets an error). */
   const drop = (s: ShellState, m: unknown, problem: string) => {
     dropped.inc();
@@ -342,7 +359,7 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
         // After the shell's exit the channel may still hand over what it wrote before it died: its requests were
         // finished as cancelled at the exit (exactly once), and its metrics were retired with the report it had made.
         if (!shells.has(worker.id)) continue;
-        const problem = shellMessageProblem(one);
+        const problem = shellMessageProblem(one, config.blockSize);
         if (problem) {
           drop(s, one, problem);
           continue;

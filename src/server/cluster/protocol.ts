@@ -29,7 +29,13 @@ export type WireDecision = Omit<RouteDecision, 'seqHashes' | 'candidates'>;
 
 /** Shell → primary. Each carries the router's request id. */
 export type ShellMessage =
-  | { readonly k: 'kvr.submit'; readonly id: string; readonly sub: Submission }
+  /**
+   * A request to route. The shell hashes the prompt's blocks (`sub.seqHashes` and `sub.promptTokens`, no token ids):
+   * `lora` names the adapter it seeded them with (null: none), which the primary checks against the one routing would
+   * use (a model becomes an adapter when a worker lists it): a mismatch is answered with kvr.rehash, not routed.
+   * Token ids instead of hashes (the primary hashes) when the shell could not hash them, or after a second kvr.rehash.
+   */
+  | { readonly k: 'kvr.submit'; readonly id: string; readonly sub: Submission; readonly lora?: string | null }
   | { readonly k: 'kvr.failed'; readonly id: string; readonly error: string }
   | { readonly k: 'kvr.prefillFailed'; readonly id: string; readonly error: string }
   | { readonly k: 'kvr.cancel'; readonly id: string }
@@ -65,6 +71,8 @@ export type PrimaryMessage =
   | { readonly k: 'kvr.start'; readonly config: ServeConfig; readonly primaryUrl: string }
   | { readonly k: 'kvr.step'; readonly id: string; readonly step: NextStep; readonly workers: readonly ShellWorkerInfo[] }
   | { readonly k: 'kvr.target'; readonly id: string; readonly worker: ShellWorkerInfo | null }
+  /** The submission's hashes were seeded with another adapter than routing uses (`lora`): submit it again. */
+  | { readonly k: 'kvr.rehash'; readonly id: string; readonly lora: string | null }
   | { readonly k: 'kvr.close'; readonly graceMs: number }
   | { readonly k: 'kvr.cacheInfo'; readonly id: number }
   | { readonly k: 'kvr.batch'; readonly msgs: readonly PrimaryMessage[] };
@@ -101,7 +109,7 @@ export class Outbox<M> {
  * (router_shell_messages_dropped_total); one that carries a request id is answered with a refusal, so its client gets
  * an error instead of waiting.
  */
-export function shellMessageProblem(m: unknown): string | null {
+export function shellMessageProblem(m: unknown, blockSize: number): string | null {
   if (typeof m !== 'object' || m === null) return 'not an object';
   const o = m as Record<string, unknown>;
   if (typeof o.k !== 'string' || !o.k.startsWith('kvr.')) return 'no kvr.* kind';
@@ -113,10 +121,12 @@ export function shellMessageProblem(m: unknown): string | null {
       if (typeof sub !== 'object' || sub === null) return 'kvr.submit without a submission';
       if (sub.requestId !== o.id) return 'kvr.submit whose submission names another request';
       if (typeof sub.model !== 'string') return 'kvr.submit without a model';
-      const tokensOk = sub.tokens === undefined || sub.tokens instanceof Uint32Array || Array.isArray(sub.tokens);
-      const hashesOk = sub.seqHashes === undefined || sub.seqHashes instanceof BigUint64Array;
-      if (!tokensOk || !hashesOk || (sub.tokens === undefined && sub.seqHashes === undefined)) return 'kvr.submit without token ids';
-      return null;
+      if (sub.tokens !== undefined) {
+        const tokensOk = sub.tokens instanceof Uint32Array || Array.isArray(sub.tokens);
+        return tokensOk && sub.seqHashes === undefined ? null : 'kvr.submit without token ids';
+      }
+      if (sub.seqHashes === undefined) return 'kvr.submit without token ids';
+      return hashesProblem(sub, o.lora, blockSize);
     }
     case 'kvr.failed':
     case 'kvr.prefillFailed':
@@ -149,6 +159,19 @@ export function shellMessageProblem(m: unknown): string | null {
     default:
       return `unknown kind ${o.k}`;
   }
+}
+
+/** A submission's block hashes as a shell computes them: one per full block of its prompt, and the adapter they name. */
+function hashesProblem(sub: Record<string, unknown>, lora: unknown, blockSize: number): string | null {
+  if (!(sub.seqHashes instanceof BigUint64Array)) return 'kvr.submit whose block hashes are not a BigUint64Array';
+  const n = sub.promptTokens;
+  if (typeof n !== 'number' || !Number.isInteger(n) || n < 0) return 'kvr.submit with block hashes but no prompt length';
+  const blocks = Math.floor(n / blockSize);
+  if (sub.seqHashes.length !== blocks) {
+    return `kvr.submit with ${sub.seqHashes.length} block hashes for ${n} tokens (${blocks} full blocks of ${blockSize})`;
+  }
+  if (lora !== null && typeof lora !== 'string') return 'kvr.submit with block hashes but no adapter they were seeded with';
+  return null;
 }
 
 function snapshotProblem(m: unknown): string | null {

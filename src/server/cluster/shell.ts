@@ -13,6 +13,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import pino, { type Logger } from 'pino';
 import { Pool } from 'undici';
 import type { DispatchAttempt, FinishReport, PrefillReport, Submission } from '../../core/dispatch/dispatcher.ts';
+import { requestSeqHashes } from '../../core/multimodal.ts';
 import type { RouteDecision } from '../../core/types.ts';
 import type { ServeConfig } from '../../config/serve.ts';
 import { HttpError } from '../../http/errors.ts';
@@ -86,11 +87,73 @@ class ShellWorkers {
   }
 }
 
+/** Models a shell keeps the LoRA adapter of (each learnt from a kvr.rehash): more are forgotten, oldest first. */
+const MAX_ADAPTERS = 1024;
+
+/**
+ * A prompt's block hashes, computed in the shell as the primary's router would (src/core/multimodal.ts
+ * requestSeqHashes, the configured block size): the routing core then reads 8 bytes per block instead of 4 per token.
+ * The one input the shell cannot know, whether the model is a LoRA adapter on the fleet (its name then seeds the
+ * hashes), it learns from the primary's kvr.rehash answers.
+ */
+export class ShellHasher {
+  private readonly adapters = new Map<string, string>();
+
+  constructor(private readonly blockSize: number) {}
+
+  /** The submission as it crosses to the primary: hashes and prompt length for token ids (tokens as they are if hashing fails). */
+  wire(sub: Submission): { sub: Submission; lora?: string | null } {
+    const tokens = sub.tokens;
+    if (!tokens) return { sub };
+    const lora = this.adapters.get(sub.model) ?? null;
+    let seqHashes: BigUint64Array;
+    try {
+      seqHashes = requestSeqHashes(tokens, this.blockSize, lora, sub.cacheSalt, sub.mmItems);
+    } catch {
+      return { sub: withTokens(sub) };
+    }
+    const { tokens: _t, mmItems: _m, ...rest } = sub;
+    return { sub: { ...rest, seqHashes, promptTokens: tokens.length }, lora };
+  }
+
+  /** The primary hashes `model` with `lora`: remembered for the next submissions. */
+  learn(model: string, lora: string | null): void {
+    this.adapters.delete(model);
+    if (lora === null) return;
+    this.adapters.set(model, lora);
+    if (this.adapters.size > MAX_ADAPTERS) this.adapters.delete(this.adapters.keys().next().value as string);
+  }
+}
+
+/** Token ids as a typed array: the channel copies its bytes instead of serialising each number. */
+function withTokens(sub: Submission): Submission {
+  const tokens = sub.tokens && !(sub.tokens instanceof Uint32Array) ? Uint32Array.from(sub.tokens) : sub.tokens;
+  return { ...sub, tokens };
+}
+
 /** The primary's Lifecycle seen from a shell: each step is the primary dispatcher's answer. */
 class ForwardedLifecycle implements LifecyclePort {
   private readonly waiters = new Map<string, (step: NextStep) => void>();
+  /** Submissions waiting for their first step, kept for a kvr.rehash (how many they had). */
+  private readonly submitted = new Map<string, { sub: Submission; rehashes: number }>();
 
-  constructor(private readonly workers: ShellWorkers) {}
+  constructor(
+    private readonly workers: ShellWorkers,
+    private readonly hasher: ShellHasher,
+  ) {}
+
+  /**
+   * The primary routes with another adapter than the submission was hashed with: hashed again with it (and learnt),
+   * or, the second time (the fleet's adapters changing meanwhile), sent as token ids for the primary to hash.
+   */
+  rehash(id: string, lora: string | null): void {
+    const entry = this.submitted.get(id);
+    if (!entry) return;
+    entry.rehashes++;
+    this.hasher.learn(entry.sub.model, lora);
+    const wire = entry.rehashes > 1 ? { sub: withTokens(entry.sub) } : this.hasher.wire(entry.sub);
+    if (this.waiters.has(id)) send({ k: 'kvr.submit', id, ...wire });
+  }
 
   /** A step from the primary (its decisions without hashes and candidates: empty ones put back). */
   step(id: string, wire: NextStep, workers: readonly ShellWorkerInfo[]): void {
@@ -103,6 +166,7 @@ class ForwardedLifecycle implements LifecyclePort {
       return;
     }
     this.waiters.delete(id);
+    this.submitted.delete(id);
     waiter(step);
   }
 
@@ -114,6 +178,7 @@ class ForwardedLifecycle implements LifecyclePort {
       }
       const onAbort = () => {
         if (!this.waiters.delete(id)) return;
+        this.submitted.delete(id);
         send({ k: 'kvr.cancel', id });
         resolve({ kind: 'aborted' });
       };
@@ -127,9 +192,9 @@ class ForwardedLifecycle implements LifecyclePort {
   }
 
   submit(sub: Submission, signal: AbortSignal): Promise<NextStep> {
-    // Token ids as a typed array: the channel copies its bytes instead of serialising each number.
-    const tokens = sub.tokens && !(sub.tokens instanceof Uint32Array) ? Uint32Array.from(sub.tokens) : sub.tokens;
-    return this.wait(sub.requestId, signal, { k: 'kvr.submit', id: sub.requestId, sub: { ...sub, tokens } });
+    const id = sub.requestId;
+    if (!signal.aborted) this.submitted.set(id, { sub, rehashes: 0 });
+    return this.wait(id, signal, { k: 'kvr.submit', id, ...this.hasher.wire(sub) });
   }
 
   failed(requestId: string, error: string, signal: AbortSignal): Promise<NextStep> {
@@ -154,6 +219,7 @@ class ForwardedLifecycle implements LifecyclePort {
 
   /** The primary is gone: nothing will answer. */
   abandon(): void {
+    this.submitted.clear();
     for (const [id, w] of this.waiters) {
       this.waiters.delete(id);
       w({
@@ -189,7 +255,7 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
       ? new RemoteTokenizer({ mode: mode === 'render' ? 'render' : 'tokenize', cacheBytes: Math.floor(config.tokenizerCacheMb * 2 ** 20) })
       : null;
   const workers = new ShellWorkers(config.upstreamTimeoutMs);
-  const lifecycle = new ForwardedLifecycle(workers);
+  const lifecycle = new ForwardedLifecycle(workers, new ShellHasher(config.blockSize));
   // Request metrics, recorded here; sent to the primary when asked (scrape time), when the shell stops, and
   // --shell-report-ms (0: never) after a change: the most a shell killed outright loses. Each report serialises the
   // registry, a cost per interval, not per request.
@@ -286,6 +352,7 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
   const onMessage = (m: PrimaryMessage) => {
     if (m.k === 'kvr.batch') for (const one of m.msgs) onMessage(one);
     else if (m.k === 'kvr.step') lifecycle.step(m.id, m.step, m.workers);
+    else if (m.k === 'kvr.rehash') lifecycle.rehash(m.id, m.lora);
     else if (m.k === 'kvr.target') {
       targets.get(m.id)?.(m.worker);
       targets.delete(m.id);
