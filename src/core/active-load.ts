@@ -52,6 +52,14 @@ interface SourceLoad {
   recentNext: number;
 }
 
+/** What `ActiveLoad.figures` shows of a source's load (its SourceLoad, read-only). */
+export interface ActiveFigures {
+  readonly prefillTokens: number;
+  readonly distinctBlocks: number;
+  readonly partialBlocks: number;
+  readonly inFlight: readonly unknown[];
+}
+
 /** Longest common prefix, in blocks, of two seq-hash chains given as (lo, hi) u32 views. */
 export function commonPrefix(a: Uint32Array, an: number, b: Uint32Array, bn: number): number {
   return longerPrefix(a, an, b, bn, 0);
@@ -266,6 +274,14 @@ export class ActiveLoad {
     for (const id of this.requestsOn(source)) this.free(id);
     for (const c of this.sources.get(source)?.recent ?? []) this.indexChain(source, c, -1);
     this.sources.delete(source);
+  }
+
+  /**
+   * A source's in-flight figures in one lookup (undefined: nothing was ever in flight there): route() reads them for
+   * every source of every request. activeBlocks = distinctBlocks + partialBlocks; activeRequests = inFlight.length.
+   */
+  figures(source: number): ActiveFigures | undefined {
+    return this.sources.get(source);
   }
 
   prefillTokens(source: number): number {
