@@ -11,7 +11,7 @@
  * Prints route() and phase p50 / p90 / p99 per side and the per-call difference of route() (this - against).
  */
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, symlinkSync } from 'node:fs';
+import { mkdtempSync, rmSync, symlinkSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -38,6 +38,7 @@ type RouterModule = typeof here;
 async function against(commit: string): Promise<RouterModule> {
   const repo = fileURLToPath(new URL('..', import.meta.url));
   const dir = mkdtempSync(join(tmpdir(), 'kvroute-route-ab-'));
+  process.on('exit', () => rmSync(dir, { recursive: true, force: true }));
   execFileSync('sh', ['-c', `git -C "${repo}" archive "${commit}" src package.json | tar -x -C "${dir}"`]);
   symlinkSync(join(repo, 'node_modules'), join(dir, 'node_modules'));
   return (await import(pathToFileURL(join(dir, 'src/core/router.ts')).href)) as RouterModule;
