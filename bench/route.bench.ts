@@ -1,6 +1,7 @@
 /**
  * bench:route — KvRouter.route() for a 32k-token prompt over 64 sources: hash + find matches + select, measured per
- * call with the phases broken down (the router's injected clock). Target (issue 2): p99 <= 0.5 ms.
+ * call with the phases broken down (the router's injected clock). Target (issue 2): p99 <= 0.5 ms; goal (issue 29):
+ * p99 <= 250 us. The verdict line judges both (on an idle machine: on a loaded one the p99 is the scheduler's).
  *
  *   npm run bench:route [-- --iterations 2000 --tokens 32768 --sources 64 --selection auto|exhaustive|sampled]
  *                          [--cold]
@@ -8,6 +9,7 @@
  *   npm run bench:route -- --sweep [--tokens 8192]     fleet sizes 64, 256, 1,024, 4,096: exhaustive vs auto (sampled
  *                                                       above 256 sources), one table
  */
+import { loadavg } from 'node:os';
 import { usage } from '../scripts/usage.ts';
 import { performance, PerformanceObserver } from 'node:perf_hooks';
 import { KvRouter } from '../src/core/router.ts';
@@ -128,10 +130,14 @@ if (SWEEP) {
     `bench:route  ${TOKENS}-token prompts (${TOKENS / BS} blocks of ${BS}), ${SOURCES} sources, selection ${SELECTION}, ${ITER} calls, node ${process.version}` +
       `${COLD ? ', cold (no shared prefixes)' : ''}`,
   );
-  console.log(`  route() total   ${fmt(total)}   (target p99 <= 500 us)`);
+  console.log(`  route() total   ${fmt(total)}   (target p99 <= 500 us, issue 2; goal p99 <= 250 us, issue 29)`);
   console.log(`    hash          ${fmt(hash)}`);
   console.log(`    find matches  ${fmt(find)}`);
   console.log(`    select        ${fmt(select)}`);
   console.log(`  GC: ${tailGc(total, spans)}`);
-  console.log(`  verdict: ${pct(total, 99) <= 0.5 ? 'PASS' : 'MISS'} (p99 ${(pct(total, 99) * 1000).toFixed(0)} us)`);
+  const p99 = pct(total, 99);
+  const judge = (limitMs: number) => (p99 <= limitMs ? 'PASS' : 'MISS');
+  console.log(
+    `  verdict: issue 2 (p99 <= 500 us) ${judge(0.5)}, issue 29 (p99 <= 250 us) ${judge(0.25)} (p99 ${(p99 * 1000).toFixed(0)} us, load average ${loadavg()[0].toFixed(1)})`,
+  );
 }

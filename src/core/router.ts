@@ -590,35 +590,13 @@ export class KvRouter {
    * its key, busy on its load facts (facts.ts); the overlap of busy sources still counts towards the best overlap any
    * source holds. Sampled selection (load-ordered policies over large fleets) evaluates only part of the fleet.
    */
-  private gather(
-    policy: Policy,
-    facts: RequestFacts,
-    q: SourceFilterQuery,
-  ): { candidates: Candidate[]; busySources: string[]; bestOverlap: number; refusal?: SourceRefusal } {
-    const candidates: Candidate[] = [];
-    const busySources: string[] = [];
-    const passed = [0, 0, 0];
-    let bestOverlap = 0;
-    const evaluate = (entry: SourceEntry): void => {
-      if (!ALLOW_FILTER.admits(entry.key, q)) return;
-      passed[0]++;
-      if (!EXCLUDE_FILTER.admits(entry.key, q)) return;
-      passed[1]++;
-      const load = facts.load(entry);
-      const ov = facts.overlap(entry, load.activePrefixBlocks);
-      if (ov > bestOverlap) bestOverlap = ov;
-      if (!BUSY_FILTER.admits(load, q)) {
-        busySources.push(entry.key);
-        return;
-      }
-      passed[2]++;
-      candidates.push(facts.candidate(entry, load, ov));
-    };
-    if (!this.selectSampled(policy, q, facts.seqHashes, facts.view, facts.fromIndex, evaluate)) {
-      for (const entry of this.sources.values()) evaluate(entry);
+  private gather(policy: Policy, facts: RequestFacts, q: SourceFilterQuery): Gathering {
+    const g = new Gathering(facts, q);
+    if (!this.selectSampled(policy, q, facts.seqHashes, facts.view, facts.fromIndex, g)) {
+      for (const entry of this.sources.values()) g.evaluate(entry);
     }
-    const refusal = candidates.length === 0 ? SOURCE_FILTERS[passed.indexOf(0)].refusal : undefined;
-    return { candidates, busySources, bestOverlap, ...(refusal ? { refusal } : {}) };
+    g.refusal = g.candidates.length === 0 ? SOURCE_FILTERS[g.passed.indexOf(0)].refusal : undefined;
+    return g;
   }
 
   /** Records a pick: active load, the load order, the approximate index, the ledger and the request's record. */
@@ -743,7 +721,7 @@ export class KvRouter {
     seqHashes: BigUint64Array,
     view: Uint32Array,
     fromIndex: ArrayLike<number>,
-    evaluate: (entry: SourceEntry) => void,
+    g: Gathering,
   ): boolean {
     if (this.selection === 'exhaustive') return false;
     if (this.selection === 'auto' && this.sources.size <= this.exhaustiveLimit) return false;
@@ -754,7 +732,7 @@ export class KvRouter {
       const entry = this.byIndex[s];
       if (!entry) return;
       seen.add(s);
-      evaluate(entry);
+      g.evaluate(entry);
     };
     for (let s = 0; s < fromIndex.length; s++) if (fromIndex[s] > 0) visit(s);
     for (const s of this.active.sourcesSharingFirstBlock(view, seqHashes.length)) visit(s);
@@ -770,12 +748,12 @@ export class KvRouter {
     }
     if (cold > 0 || seen.size >= this.sources.size) return true;
     // Nothing cold passed the filters (a subset, or everything excluded or busy): judge the whole fleet.
-    return this.rescan(evaluate, seen);
+    return this.rescan(g, seen);
   }
 
   /** Evaluates the sources not yet seen (the sampled path's fallback keeps what it already evaluated). */
-  private rescan(evaluate: (entry: SourceEntry) => void, seen: ReadonlySet<number>): boolean {
-    for (const entry of this.sources.values()) if (!seen.has(entry.index)) evaluate(entry);
+  private rescan(g: Gathering, seen: ReadonlySet<number>): boolean {
+    for (const entry of this.sources.values()) if (!seen.has(entry.index)) g.evaluate(entry);
     return true;
   }
 
@@ -1155,6 +1133,42 @@ export interface RestoreResult {
   sources: number;
   blocks: number;
   rejected: Array<{ key: string; blocks: number; reason: string }>;
+}
+
+/**
+ * One request's candidates as gather() collects them: each source through the source-level filters (filters.ts),
+ * allow and exclude on its key, busy on its load facts (facts.ts); the overlap of busy sources still counts towards the
+ * best overlap any source holds. A class, not a closure per request: route() is the hot path.
+ */
+class Gathering {
+  readonly candidates: Candidate[] = [];
+  readonly busySources: string[] = [];
+  /** Sources that passed each filter of SOURCE_FILTERS (allow, exclude, busy). */
+  readonly passed = [0, 0, 0];
+  bestOverlap = 0;
+  refusal: SourceRefusal | undefined = undefined;
+
+  constructor(
+    private readonly facts: RequestFacts,
+    private readonly q: SourceFilterQuery,
+  ) {}
+
+  evaluate(entry: SourceEntry): void {
+    const { facts, q } = this;
+    if (!ALLOW_FILTER.admits(entry.key, q)) return;
+    this.passed[0]++;
+    if (!EXCLUDE_FILTER.admits(entry.key, q)) return;
+    this.passed[1]++;
+    const load = facts.load(entry);
+    const ov = facts.overlap(entry, load.activePrefixBlocks);
+    if (ov > this.bestOverlap) this.bestOverlap = ov;
+    if (!BUSY_FILTER.admits(load, q)) {
+      this.busySources.push(entry.key);
+      return;
+    }
+    this.passed[2]++;
+    this.candidates.push(facts.candidate(entry, load, ov));
+  }
 }
 
 /** The candidates in pick order, as a decision reports them. */

@@ -176,4 +176,49 @@ describe('ActiveLoad prefixes', () => {
       { numRuns: 50 },
     );
   });
+
+  it('predictedPrefix equals a brute-force LCP over in-flight and unexpired recent chains, query after query', () => {
+    // Chains remember the hash they were last compared at (their probe): queries that share a prefix, in any order and
+    // repeated, must read the same answers as a fresh comparison.
+    fc.assert(
+      fc.property(fc.integer({ min: 1, max: 2 ** 30 }), (seed) => {
+        const rand = createRng(seed);
+        const seqs = chains(rand, 30, 40).map((c) => BigUint64Array.from(c.slice(0, 1 + Math.floor(rand() * c.length))));
+        const active = new ActiveLoad({ graceMs: 100, recentPerSource: 4 });
+        const recent: { seq: BigUint64Array; expiresAt: number }[][] = [[], [], []];
+        let now = 0;
+        for (let r = 0; r < 40; r++) {
+          const source = Math.floor(rand() * 3);
+          const seqHashes = seqs[Math.floor(rand() * seqs.length)];
+          active.add({ requestId: `r${r}`, source, seqHashes, requestBlocks: seqHashes.length, prefillTokens: 0, startedAt: now });
+          if (rand() < 0.5) {
+            const freed = active.free(`r${Math.floor(rand() * r)}`, now);
+            if (freed) recent[freed.source] = [...recent[freed.source], { seq: freed.seqHashes, expiresAt: now + 100 }].slice(-4);
+          }
+          now += 10;
+        }
+        const lcp = (a: BigUint64Array, b: BigUint64Array) => {
+          let k = 0;
+          while (k < a.length && k < b.length && a[k] === b[k]) k++;
+          return k;
+        };
+        const inFlight: BigUint64Array[][] = [[], [], []];
+        for (let r = 0; r < 40; r++) {
+          const req = active.get(`r${r}`);
+          if (req) inFlight[req.source].push(req.seqHashes);
+        }
+        for (let round = 0; round < 3; round++) {
+          for (let k = 0; k < seqs.length; k++) {
+            const q = seqs[Math.floor(rand() * seqs.length)];
+            const s = Math.floor(rand() * 3);
+            const live = recent[s].filter((c) => c.expiresAt > now).map((c) => c.seq);
+            const expected = Math.max(0, ...[...inFlight[s], ...live].map((c) => lcp(q, c)));
+            expect(active.predictedPrefix(s, q, now)).toBe(expected);
+            expect(active.activePrefix(s, q)).toBe(Math.max(0, ...inFlight[s].map((c) => lcp(q, c))));
+          }
+        }
+      }),
+      { numRuns: 50 },
+    );
+  });
 });

@@ -56,12 +56,13 @@ export function bandedMin(margin: number): Picker {
       let min = Infinity;
       for (const x of costs) if (x < min) min = x;
       const banded = costs.map((x) => (x <= min + margin ? min : x));
-      // Lexicographic tie key: overlap beyond the margin (descending), then cached blocks (ascending).
-      const tie = (i: number) => {
-        const c = ctx.candidates[i];
-        return -Math.max(0, c.overlapBlocks - margin) * 2 ** 32 + c.cachedBlocks;
-      };
-      return orderByCost(banded, ctx.rng, tie);
+      // Lexicographic tie key: overlap beyond the margin (descending), then cached blocks (ascending). An argument, not
+      // a named closure: tsx (esbuild's keepNames) would rename a named one on every call.
+      return orderByCost(
+        banded,
+        ctx.rng,
+        (i) => -Math.max(0, ctx.candidates[i].overlapBlocks - margin) * 2 ** 32 + ctx.candidates[i].cachedBlocks,
+      );
     },
   };
 }

@@ -86,10 +86,57 @@ export interface PolicyEntry {
   create(): Policy;
 }
 
-/** Indices sorted by cost, ties broken by `tie` then by a seeded shuffle key. */
+/**
+ * Indices sorted by cost, ties broken by `tie` then by a seeded shuffle key (one draw per index, in index order).
+ *
+ * The comparison (cost, then tie, then the draw) is a total preorder unless a cost or a tie is NaN, so every stable
+ * sort orders it the same way: a merge sort with the comparison written inline (no comparator calls, `tie` read once
+ * per index) gives Array#sort's order at about half its time for a fleet's 64 candidates. With a NaN, whose comparisons
+ * are not transitive, the order is Array#sort's own.
+ */
 export function orderByCost(costs: readonly number[], rng: Rng, tie?: (i: number) => number): number[] {
-  const jitter = costs.map(() => rng());
-  const order = costs.map((_, i) => i);
-  order.sort((a, b) => costs[a] - costs[b] || (tie ? tie(a) - tie(b) : 0) || jitter[a] - jitter[b]);
+  const n = costs.length;
+  const jitter: number[] = [];
+  const ties: number[] = [];
+  let order: number[] = [];
+  let nan = false;
+  for (let i = 0; i < n; i++) {
+    jitter.push(rng());
+    order.push(i);
+    const t = tie ? tie(i) : 0;
+    ties.push(t);
+    if (Number.isNaN(costs[i]) || Number.isNaN(t)) nan = true;
+  }
+  if (nan) {
+    order.sort((a, b) => costs[a] - costs[b] || ties[a] - ties[b] || jitter[a] - jitter[b]);
+    return order;
+  }
+  // Bottom-up merge sort; the left run wins unless its head compares greater (stable).
+  let next: number[] = order.slice();
+  for (let width = 1; width < n; width *= 2) {
+    for (let lo = 0; lo < n; lo += 2 * width) {
+      const mid = Math.min(lo + width, n);
+      const hi = Math.min(lo + 2 * width, n);
+      let i = lo;
+      let j = mid;
+      let k = lo;
+      while (i < mid && j < hi) {
+        const a = order[i];
+        const b = order[j];
+        if ((costs[a] - costs[b] || ties[a] - ties[b] || jitter[a] - jitter[b]) > 0) {
+          next[k++] = b;
+          j++;
+        } else {
+          next[k++] = a;
+          i++;
+        }
+      }
+      while (i < mid) next[k++] = order[i++];
+      while (j < hi) next[k++] = order[j++];
+    }
+    const done = next;
+    next = order;
+    order = done;
+  }
   return order;
 }
