@@ -53,6 +53,25 @@ describe('tokenizer in a worker thread', () => {
     expect(Array.from(ids)).toEqual(Array.from(local.encodeChat(input)));
   });
 
+  it('answers each of the calls made in one turn (one message to the thread) on its own, a failing one alone', async () => {
+    const chats = [1, 2, 3].map((seed) => ({ messages: [{ role: 'user', content: `${long(seed).slice(0, 2000)} turn ${seed}` }] }));
+    const bad = { messages: [{ role: 'user', content: 'x' }], chat_template: '{% if %}' };
+    const results = await Promise.allSettled([
+      thread.encodeChat(chats[0]),
+      thread.encodePrompt('a completion prompt'),
+      thread.encodeChat(bad),
+      thread.encodeChat(chats[1]),
+      thread.encodeChat(chats[2]),
+    ]);
+    const ids = (r: PromiseSettledResult<ArrayLike<number>>) => (r.status === 'fulfilled' ? Array.from(r.value) : r.reason);
+    expect(ids(results[0])).toEqual(Array.from(local.encodeChat(chats[0])));
+    expect(ids(results[1])).toEqual(Array.from(local.encodePrompt('a completion prompt')));
+    expect(results[2].status).toBe('rejected');
+    expect(() => local.encodeChat(bad)).toThrow();
+    expect(ids(results[3])).toEqual(Array.from(local.encodeChat(chats[1])));
+    expect(ids(results[4])).toEqual(Array.from(local.encodeChat(chats[2])));
+  });
+
   it('rejects calls after the thread is gone instead of hanging', async () => {
     const t = await threadTokenizer(QWEN3_DIR);
     await t.close();
