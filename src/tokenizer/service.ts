@@ -105,10 +105,16 @@ export async function threadTokenizer(dir: string, options?: LocalTokenizerOptio
   // message, posted once this turn's I/O callbacks have run: a message and a wake-up of the thread cost about as much
   // as a warm chat's whole tokenization (bench/RESULTS.md, "CPU per request: warm chat").
   let queued: ThreadRequest[] = [];
+  /** Calls and the messages that carried them (/debug/state: calls per message is the batching). */
+  let calls = 0;
+  let messages = 0;
   const flush = () => {
     const batch = queued;
     queued = [];
-    if (!dead) worker.postMessage(batch.length === 1 ? batch[0] : batch);
+    if (dead) return;
+    calls += batch.length;
+    messages++;
+    worker.postMessage(batch.length === 1 ? batch[0] : batch);
   };
   const call = (req: Omit<ThreadRequest, 'id'>): Promise<ThreadReply> => {
     if (dead) return Promise.reject(dead);
@@ -138,7 +144,8 @@ export async function threadTokenizer(dir: string, options?: LocalTokenizerOptio
     },
     info: async () => {
       const r = await call({ kind: 'info' } as Omit<ThreadRequest, 'id'>);
-      return r.ok && 'info' in r ? { thread: true, ...r.info } : { thread: true };
+      const sent = { calls, messages };
+      return r.ok && 'info' in r ? { thread: true, ...sent, ...r.info } : { thread: true, ...sent };
     },
     close: async () => {
       await worker.terminate();
