@@ -27,7 +27,8 @@ export class ClientCancel {
 
   addEventListener(_type: 'abort', fn: () => void, _options?: { once?: boolean }): void {
     if (this.aborted) return;
-    (this.listeners ??= []).push(fn);
+    if (this.listeners === null) this.listeners = [fn];
+    else this.listeners.push(fn);
   }
 
   removeEventListener(_type: 'abort', fn: () => void): void {
