@@ -6,6 +6,7 @@
 import { Worker } from 'node:worker_threads';
 import type { ChatPromptInput } from './chat.ts';
 import type { LocalTokenizer, LocalTokenizerOptions } from './local.ts';
+import { SentStrings } from './shared-strings.ts';
 import type { ThreadReply, ThreadRequest } from './thread.ts';
 import type { MmItem } from '../core/types.ts';
 
@@ -105,6 +106,9 @@ export async function threadTokenizer(dir: string, options?: LocalTokenizerOptio
   // message, posted once this turn's I/O callbacks have run: a message and a wake-up of the thread cost about as much
   // as a warm chat's whole tokenization (bench/RESULTS.md, "CPU per request: warm chat").
   let queued: ThreadRequest[] = [];
+  // Long message contents go once, then by reference (shared-strings.ts). Packed when the call is queued: calls reach
+  // the thread in the order they are queued, so both tables see the same changes in the same order.
+  const sent = new SentStrings();
   /** Calls and the messages that carried them (/debug/state: calls per message is the batching). */
   let calls = 0;
   let messages = 0;
@@ -134,18 +138,18 @@ export async function threadTokenizer(dir: string, options?: LocalTokenizerOptio
   };
   return {
     kind: 'thread',
-    encodeChat: (input) => ids({ kind: 'chat', input } as Omit<ThreadRequest, 'id'>),
+    encodeChat: (input) => ids({ kind: 'chat', ...sent.pack(input) } as Omit<ThreadRequest, 'id'>),
     encodePrompt: (text) => ids({ kind: 'prompt', text } as Omit<ThreadRequest, 'id'>),
     encodeChatMedia: async (input, placeholderTokens, placeholderId) => {
-      const r = await call({ kind: 'chatMedia', input, placeholderTokens, placeholderId } as Omit<ThreadRequest, 'id'>);
+      const r = await call({ kind: 'chatMedia', ...sent.pack(input), placeholderTokens, placeholderId } as Omit<ThreadRequest, 'id'>);
       if (!r.ok) throw new Error(r.error);
       if (!('media' in r)) throw new Error('tokenizer thread answered without media ids');
       return r.media;
     },
     info: async () => {
       const r = await call({ kind: 'info' } as Omit<ThreadRequest, 'id'>);
-      const sent = { calls, messages };
-      return r.ok && 'info' in r ? { thread: true, ...sent, ...r.info } : { thread: true, ...sent };
+      const posted = { calls, messages };
+      return r.ok && 'info' in r ? { thread: true, ...posted, ...r.info } : { thread: true, ...posted };
     },
     close: async () => {
       await worker.terminate();

@@ -4,14 +4,15 @@
  */
 import { getHeapStatistics } from 'node:v8';
 import { parentPort, workerData } from 'node:worker_threads';
-import type { ChatPromptInput } from './chat.ts';
 import { LocalTokenizer, type LocalTokenizerOptions } from './local.ts';
+import { KnownStrings, type PackedChat } from './shared-strings.ts';
 import type { MmItem } from '../core/types.ts';
 
+/** A chat's input travels packed (shared-strings.ts): long contents by reference. */
 export type ThreadRequest =
-  | { id: number; kind: 'chat'; input: ChatPromptInput }
+  | ({ id: number; kind: 'chat' } & PackedChat)
   | { id: number; kind: 'prompt'; text: string }
-  | { id: number; kind: 'chatMedia'; input: ChatPromptInput; placeholderTokens: number; placeholderId?: number }
+  | ({ id: number; kind: 'chatMedia'; placeholderTokens: number; placeholderId?: number } & PackedChat)
   | { id: number; kind: 'info' };
 
 export type ThreadReply =
@@ -24,6 +25,7 @@ const { dir, options } = workerData as { dir: string; options?: LocalTokenizerOp
 
 const tok = await LocalTokenizer.load(dir, options);
 const port = parentPort!;
+const known = new KnownStrings();
 
 /** One request's reply and the buffers it hands over (its ids: transferred, not copied). */
 function answer(req: ThreadRequest, transfer: ArrayBuffer[]): ThreadReply {
@@ -45,11 +47,11 @@ function answer(req: ThreadRequest, transfer: ArrayBuffer[]): ThreadReply {
       };
     }
     if (req.kind === 'chatMedia') {
-      const media = tok.encodeChatMedia(req.input, req.placeholderTokens, req.placeholderId);
+      const media = tok.encodeChatMedia(known.unpack(req), req.placeholderTokens, req.placeholderId);
       if (media) transfer.push(media.ids.buffer as ArrayBuffer);
       return { id: req.id, ok: true, media };
     }
-    const ids = req.kind === 'chat' ? tok.encodeChat(req.input) : Uint32Array.from(tok.encodePrompt(req.text));
+    const ids = req.kind === 'chat' ? tok.encodeChat(known.unpack(req)) : Uint32Array.from(tok.encodePrompt(req.text));
     transfer.push(ids.buffer as ArrayBuffer);
     return { id: req.id, ok: true, ids };
   } catch (err) {

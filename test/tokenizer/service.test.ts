@@ -35,6 +35,19 @@ describe('tokenizer in a worker thread', () => {
     expect((await thread.info()).fastTemplate).toBe('qwen3');
   });
 
+  it('gives the same ids when a long system prompt comes again (sent to the thread by reference)', async () => {
+    const system = long(4);
+    for (let turn = 0; turn < 3; turn++) {
+      const input = {
+        messages: [
+          { role: 'system', content: system },
+          { role: 'user', content: `turn ${turn}` },
+        ],
+      };
+      expect(Array.from(await thread.encodeChat(input))).toEqual(Array.from(local.encodeChat(input)));
+    }
+  });
+
   it('keeps the event loop running while a long cold prompt is tokenized', async () => {
     // Order, not time: work queued on the loop after the request runs before the thread's answer arrives, which an
     // inline (synchronous) encode cannot allow. The time the loop stays free is measured by bench:tokenize.
