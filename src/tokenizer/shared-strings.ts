@@ -35,7 +35,7 @@ export class SentStrings {
   pack(input: ChatPromptInput): PackedChat {
     const stamp = ++this.stamp;
     let messages: unknown[] | null = null;
-    let defs: [number, string][] | undefined;
+    const defs: [number, string][] = [];
     const src = input.messages;
     for (let i = 0; i < src.length; i++) {
       const m = src[i] as { content?: unknown } | null;
@@ -44,7 +44,7 @@ export class SentStrings {
       let e = this.ids.get(c);
       if (e === undefined) {
         e = { id: this.nextId++, stamp };
-        (defs ??= []).push([e.id, c]);
+        defs.push([e.id, c]);
         this.chars += c.length;
       } else {
         this.ids.delete(c); // re-inserted below: the Map's order is the recency order
@@ -55,15 +55,15 @@ export class SentStrings {
       messages[i] = { ...m, content: { kvrouteShared: e.id } satisfies SharedRef };
     }
     if (messages === null) return { input };
-    let drops: number[] | undefined;
+    const drops: number[] = [];
     while (this.chars > SHARED_MAX_CHARS) {
       const oldest = this.ids.entries().next().value;
       if (oldest === undefined || oldest[1].stamp === stamp) break; // never what this call refers to
       this.ids.delete(oldest[0]);
       this.chars -= oldest[0].length;
-      (drops ??= []).push(oldest[1].id);
+      drops.push(oldest[1].id);
     }
-    return { input: { ...input, messages }, ...(defs ? { defs } : {}), ...(drops ? { drops } : {}) };
+    return { input: { ...input, messages }, ...(defs.length > 0 ? { defs } : {}), ...(drops.length > 0 ? { drops } : {}) };
   }
 }
 
