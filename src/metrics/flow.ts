@@ -13,6 +13,7 @@
 import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
 import type { DispatchAttempt, DispatchRefusal, RefusalCode } from '../core/dispatch/dispatcher.ts';
 import type { FlowQueue } from '../core/dispatch/flow.ts';
+import { fastCounter, fastHistogram } from './bound.ts';
 
 const WAIT_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
 
@@ -23,12 +24,23 @@ const OUTCOME: Partial<Record<RefusalCode, string>> = {
   token_budget_exceeded: 'budget',
 };
 
+interface DispatchLabels {
+  readonly requests: { band: string; tenant: string; outcome: string };
+  readonly tokens: { tenant: string };
+  readonly wait: { band: string };
+}
+
 export class FlowMetrics {
   private readonly tenants = new Set<string>();
   private readonly wait: Histogram<'band'>;
   private readonly requests: Counter<'band' | 'tenant' | 'outcome'>;
   private readonly tokens: Counter<'tenant'>;
   private readonly sessions: Counter<'outcome' | 'reason'>;
+  /**
+   * One set of labels objects per band and (bounded) tenant, reused for every dispatched request: the metrics' fast path
+   * (bound.ts) finds their series by these objects instead of prom-client hashing a new labels object per call.
+   */
+  private readonly dispatchLabels = new Map<string, Map<string, DispatchLabels>>();
   /** Plain totals for the dashboard and /debug/state. */
   readonly totals = { sessions: { new: 0, kept: 0, moved: 0 } as Record<string, number>, byOutcome: new Map<string, number>() };
 
@@ -60,25 +72,31 @@ export class FlowMetrics {
         for (const e of sums.values()) this.set({ band: e.band, tenant: e.tenant }, e.n);
       },
     });
-    this.wait = new Histogram({
-      name: `${prefix}router_flow_queue_wait_seconds`,
-      help: 'Time a dispatched request waited in the queue (0 when it never waited), by band.',
-      labelNames: ['band'],
-      buckets: WAIT_BUCKETS,
-      registers,
-    });
-    this.requests = new Counter({
-      name: `${prefix}router_flow_requests_total`,
-      help: 'Requests by band, tenant and admission outcome: dispatched (first attempt), shed (sheddable band, saturated), expired (band TTL), deadline (TTFT objective unmeetable), budget (token budget), refused (any other refusal).',
-      labelNames: ['band', 'tenant', 'outcome'],
-      registers,
-    });
-    this.tokens = new Counter({
-      name: `${prefix}router_flow_dispatched_tokens_total`,
-      help: "Prompt tokens dispatched, by tenant: a tenant's share of the fleet's prefill work.",
-      labelNames: ['tenant'],
-      registers,
-    });
+    this.wait = fastHistogram(
+      new Histogram({
+        name: `${prefix}router_flow_queue_wait_seconds`,
+        help: 'Time a dispatched request waited in the queue (0 when it never waited), by band.',
+        labelNames: ['band'],
+        buckets: WAIT_BUCKETS,
+        registers,
+      }),
+    );
+    this.requests = fastCounter(
+      new Counter({
+        name: `${prefix}router_flow_requests_total`,
+        help: 'Requests by band, tenant and admission outcome: dispatched (first attempt), shed (sheddable band, saturated), expired (band TTL), deadline (TTFT objective unmeetable), budget (token budget), refused (any other refusal).',
+        labelNames: ['band', 'tenant', 'outcome'],
+        registers,
+      }),
+    );
+    this.tokens = fastCounter(
+      new Counter({
+        name: `${prefix}router_flow_dispatched_tokens_total`,
+        help: "Prompt tokens dispatched, by tenant: a tenant's share of the fleet's prefill work.",
+        labelNames: ['tenant'],
+        registers,
+      }),
+    );
     this.sessions = new Counter({
       name: `${prefix}router_session_requests_total`,
       help: 'Requests carrying a session id: new (no live session), kept (its worker again), moved (elsewhere; reason overloaded or unavailable).',
@@ -96,12 +114,26 @@ export class FlowMetrics {
     return '_other';
   }
 
+  private labelsOf(band: string, tenant: string): DispatchLabels {
+    let byTenant = this.dispatchLabels.get(band);
+    if (byTenant === undefined) {
+      byTenant = new Map();
+      this.dispatchLabels.set(band, byTenant);
+    }
+    let l = byTenant.get(tenant);
+    if (l === undefined) {
+      l = { requests: { band, tenant, outcome: 'dispatched' }, tokens: { tenant }, wait: { band } };
+      byTenant.set(tenant, l);
+    }
+    return l;
+  }
+
   dispatched(a: DispatchAttempt): void {
     if (a.attempt === 0) {
-      const tenant = this.tenant(a.tenant);
-      this.requests.inc({ band: a.band, tenant, outcome: 'dispatched' });
-      this.tokens.inc({ tenant }, a.decision.promptTokens);
-      this.wait.observe({ band: a.band }, a.queuedMs / 1000);
+      const l = this.labelsOf(a.band, this.tenant(a.tenant));
+      this.requests.inc(l.requests);
+      this.tokens.inc(l.tokens, a.decision.promptTokens);
+      this.wait.observe(l.wait, a.queuedMs / 1000);
       this.count('dispatched');
     }
     if (a.session) {

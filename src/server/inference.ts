@@ -15,6 +15,7 @@ import type { ServeConfig } from '../config/serve.ts';
 import type { ApiAdapter } from '../apis/index.ts';
 import type { PdMetrics } from '../metrics/disagg.ts';
 import type { PdWorker } from '../runtime/prefill-leg.ts';
+import { ClientCancel } from '../runtime/cancel.ts';
 import { refusalError } from '../runtime/refusals.ts';
 import { type AttemptOutcome, type AttemptPort, type FlowContext, runRequest, type SubmittedRequest } from '../runtime/request-flow.ts';
 import type { RequestTrace } from '../runtime/tracing.ts';
@@ -57,7 +58,7 @@ export interface InferenceContext extends FlowContext<PdWorker> {
  */
 class Exchange implements AttemptPort<PdWorker> {
   /** A client that leaves (while queued, tokenized or answered) aborts its request; a finished answer is not a leaving. */
-  readonly abort = new AbortController();
+  readonly abort = new ClientCancel();
 
   constructor(
     private readonly ctx: InferenceContext,
@@ -96,6 +97,7 @@ class Exchange implements AttemptPort<PdWorker> {
         parsed: r.parsed,
         path: this.path,
         res: this.res,
+        // The legs' undici requests take the signal: a real one.
         signal: this.abort.signal,
         t0: this.t0,
         clientRequestId: r.clientRequestId,
@@ -125,7 +127,9 @@ class Exchange implements AttemptPort<PdWorker> {
       body,
       path: this.path,
       res: this.res,
-      signal: this.abort.signal,
+      // An attempt on one worker goes through undici's dispatch() (proxy.ts DirectAttempt), which reads `aborted` only
+      // (none of the fields that would take it through pool.request() is set here).
+      signal: this.abort.flowSignal,
       t0: this.t0,
       clientRequestId: r.clientRequestId,
       tokenizeS: r.tokenizeS,
@@ -145,7 +149,7 @@ export async function handleInference(
 ): Promise<void> {
   const raw = await readBody(req, ctx.config.bodyLimitBytes);
   const x = new Exchange(ctx, path, res, t0, trace);
-  const result = await runRequest(ctx, { api, body: raw, headers: req.headers, signal: x.abort.signal, trace }, x);
+  const result = await runRequest(ctx, { api, body: raw, headers: req.headers, signal: x.abort.flowSignal, trace }, x);
   if (result.kind === 'refused') throw refusalError(result.refusal, ctx.config);
 }
 

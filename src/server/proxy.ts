@@ -227,11 +227,16 @@ class Attempt {
     return DONE;
   }
 
-  /** The stream's head: counted from here on, sent at once. */
+  /**
+   * The stream's head: counted from here on, sent in this turn of the event loop. It goes out in one write with
+   * whatever else this turn writes (the events and the end that came in the same upstream read): see batchWrites.
+   */
   sendStreamHead(upstreamHeaders: IncomingHttpHeaders): void {
     this.commit();
-    this.a.res.writeHead(200, this.responseHeaders(upstreamHeaders, 'cache-control', 'no-cache'));
-    this.a.res.flushHeaders();
+    const { res } = this.a;
+    res.writeHead(200, this.responseHeaders(upstreamHeaders, 'cache-control', 'no-cache'));
+    batchWrites(res);
+    res.flushHeaders();
   }
 
   /** A new relay of this attempt's stream. */
@@ -271,6 +276,23 @@ class Attempt {
 }
 
 const DONE: AttemptOutcome = { kind: 'done' };
+
+/**
+ * Holds a response's writes until the current callback (the upstream read that brought the head, and the events and
+ * end that came with it) has run, then sends them in one write: a stream's head no longer costs a syscall of its own
+ * when its first events came with it. node:http already does this for the writes after the head (res.write corks the
+ * socket until process.nextTick, res.end flushes); the head flushed alone was the exception. Nothing waits past this
+ * turn of the event loop.
+ */
+function batchWrites(res: ServerResponse): void {
+  if (res.writableCorked > 0 || res.destroyed) return;
+  res.cork();
+  process.nextTick(uncork, res);
+}
+
+function uncork(res: ServerResponse): void {
+  res.uncork();
+}
 
 /** Text kept of an engine's 5xx answer for the failure message. */
 const ERROR_TEXT_BYTES = 1024;

@@ -6,6 +6,7 @@
 import { Worker } from 'node:worker_threads';
 import type { ChatPromptInput } from './chat.ts';
 import type { LocalTokenizer, LocalTokenizerOptions } from './local.ts';
+import { SentStrings } from './shared-strings.ts';
 import type { ThreadReply, ThreadRequest } from './thread.ts';
 import type { MmItem } from '../core/types.ts';
 
@@ -88,7 +89,10 @@ export async function threadTokenizer(dir: string, options?: LocalTokenizerOptio
     if (pending.size === 0) worker.unref();
     return p;
   };
-  worker.on('message', (reply: ThreadReply) => settle(reply.id)?.resolve(reply));
+  worker.on('message', (reply: ThreadReply | ThreadReply[]) => {
+    if (!Array.isArray(reply)) settle(reply.id)?.resolve(reply);
+    else for (const r of reply) settle(r.id)?.resolve(r);
+  });
   const fail = (err: Error) => {
     dead = err;
     for (const p of pending.values()) p.reject(err);
@@ -98,13 +102,32 @@ export async function threadTokenizer(dir: string, options?: LocalTokenizerOptio
   worker.on('exit', (code) => fail(new Error(`tokenizer thread exited (code ${code})`)));
   worker.unref();
 
+  // Calls made in one turn of the event loop (the requests whose bodies came in together) go to the thread as one
+  // message, posted once this turn's I/O callbacks have run: a message and a wake-up of the thread cost about as much
+  // as a warm chat's whole tokenization (bench/RESULTS.md, "CPU per request: warm chat").
+  let queued: ThreadRequest[] = [];
+  // Long message contents go once, then by reference (shared-strings.ts). Packed when the call is queued: calls reach
+  // the thread in the order they are queued, so both tables see the same changes in the same order.
+  const sent = new SentStrings();
+  /** Calls and the messages that carried them (/debug/state: calls per message is the batching). */
+  let calls = 0;
+  let messages = 0;
+  const flush = () => {
+    const batch = queued;
+    queued = [];
+    if (dead) return;
+    calls += batch.length;
+    messages++;
+    worker.postMessage(batch.length === 1 ? batch[0] : batch);
+  };
   const call = (req: Omit<ThreadRequest, 'id'>): Promise<ThreadReply> => {
     if (dead) return Promise.reject(dead);
     const id = nextId++;
     return new Promise((resolve, reject) => {
       if (pending.size === 0) worker.ref();
       pending.set(id, { resolve, reject });
-      worker.postMessage({ ...req, id });
+      if (queued.length === 0) setImmediate(flush);
+      queued.push({ ...req, id } as ThreadRequest);
     });
   };
   const ids = async (req: Omit<ThreadRequest, 'id'>): Promise<Uint32Array> => {
@@ -115,17 +138,18 @@ export async function threadTokenizer(dir: string, options?: LocalTokenizerOptio
   };
   return {
     kind: 'thread',
-    encodeChat: (input) => ids({ kind: 'chat', input } as Omit<ThreadRequest, 'id'>),
+    encodeChat: (input) => ids({ kind: 'chat', ...sent.pack(input) } as Omit<ThreadRequest, 'id'>),
     encodePrompt: (text) => ids({ kind: 'prompt', text } as Omit<ThreadRequest, 'id'>),
     encodeChatMedia: async (input, placeholderTokens, placeholderId) => {
-      const r = await call({ kind: 'chatMedia', input, placeholderTokens, placeholderId } as Omit<ThreadRequest, 'id'>);
+      const r = await call({ kind: 'chatMedia', ...sent.pack(input), placeholderTokens, placeholderId } as Omit<ThreadRequest, 'id'>);
       if (!r.ok) throw new Error(r.error);
       if (!('media' in r)) throw new Error('tokenizer thread answered without media ids');
       return r.media;
     },
     info: async () => {
       const r = await call({ kind: 'info' } as Omit<ThreadRequest, 'id'>);
-      return r.ok && 'info' in r ? { thread: true, ...r.info } : { thread: true };
+      const posted = { calls, messages };
+      return r.ok && 'info' in r ? { thread: true, ...posted, ...r.info } : { thread: true, ...posted };
     },
     close: async () => {
       await worker.terminate();

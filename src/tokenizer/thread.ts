@@ -4,14 +4,15 @@
  */
 import { getHeapStatistics } from 'node:v8';
 import { parentPort, workerData } from 'node:worker_threads';
-import type { ChatPromptInput } from './chat.ts';
 import { LocalTokenizer, type LocalTokenizerOptions } from './local.ts';
+import { KnownStrings, type PackedChat } from './shared-strings.ts';
 import type { MmItem } from '../core/types.ts';
 
+/** A chat's input travels packed (shared-strings.ts): long contents by reference. */
 export type ThreadRequest =
-  | { id: number; kind: 'chat'; input: ChatPromptInput }
+  | ({ id: number; kind: 'chat' } & PackedChat)
   | { id: number; kind: 'prompt'; text: string }
-  | { id: number; kind: 'chatMedia'; input: ChatPromptInput; placeholderTokens: number; placeholderId?: number }
+  | ({ id: number; kind: 'chatMedia'; placeholderTokens: number; placeholderId?: number } & PackedChat)
   | { id: number; kind: 'info' };
 
 export type ThreadReply =
@@ -24,10 +25,13 @@ const { dir, options } = workerData as { dir: string; options?: LocalTokenizerOp
 
 const tok = await LocalTokenizer.load(dir, options);
 const port = parentPort!;
-port.on('message', (req: ThreadRequest) => {
+const known = new KnownStrings();
+
+/** One request's reply and the buffers it hands over (its ids: transferred, not copied). */
+function answer(req: ThreadRequest, transfer: ArrayBuffer[]): ThreadReply {
   try {
     if (req.kind === 'info') {
-      port.postMessage({
+      return {
         id: req.id,
         ok: true,
         info: {
@@ -40,18 +44,26 @@ port.on('message', (req: ThreadRequest) => {
           heapUsedBytes: getHeapStatistics().used_heap_size,
           heapTotalBytes: getHeapStatistics().total_heap_size,
         },
-      } satisfies ThreadReply);
-      return;
+      };
     }
     if (req.kind === 'chatMedia') {
-      const media = tok.encodeChatMedia(req.input, req.placeholderTokens, req.placeholderId);
-      port.postMessage({ id: req.id, ok: true, media } satisfies ThreadReply, media ? [media.ids.buffer as ArrayBuffer] : []);
-      return;
+      const media = tok.encodeChatMedia(known.unpack(req), req.placeholderTokens, req.placeholderId);
+      if (media) transfer.push(media.ids.buffer as ArrayBuffer);
+      return { id: req.id, ok: true, media };
     }
-    const ids = req.kind === 'chat' ? tok.encodeChat(req.input) : Uint32Array.from(tok.encodePrompt(req.text));
-    port.postMessage({ id: req.id, ok: true, ids } satisfies ThreadReply, [ids.buffer as ArrayBuffer]);
+    const ids = req.kind === 'chat' ? tok.encodeChat(known.unpack(req)) : Uint32Array.from(tok.encodePrompt(req.text));
+    transfer.push(ids.buffer as ArrayBuffer);
+    return { id: req.id, ok: true, ids };
   } catch (err) {
-    port.postMessage({ id: req.id, ok: false, error: (err as Error).message } satisfies ThreadReply);
+    return { id: req.id, ok: false, error: (err as Error).message };
   }
+}
+
+// A batch (the requests the server's event loop made in one turn) is answered with one message: a message each way
+// per turn instead of per request.
+port.on('message', (msg: ThreadRequest | ThreadRequest[]) => {
+  const transfer: ArrayBuffer[] = [];
+  const reply = Array.isArray(msg) ? msg.map((req) => answer(req, transfer)) : answer(msg, transfer);
+  port.postMessage(reply, transfer);
 });
 port.postMessage({ id: 0, ok: true, info: { ready: true } } satisfies ThreadReply);

@@ -1,3 +1,5 @@
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import OpenAI from 'openai';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { RunningServer } from '../../src/server/app.ts';
@@ -299,6 +301,47 @@ describe('failures', () => {
     expect(engines[0].requests).toBeGreaterThan(0);
     expect(s.router.state().inFlight).toBe(0);
     expect(s.router.ledger.view().requests).toBe(4);
+  });
+
+  it('sends a stream’s head as soon as the engine does, before its first event; head, events and end arrive whole', async () => {
+    // An engine that sends its head at once and its first event only once told to (or after 3 s): the client must see
+    // the head first. The events that come with or after it reach the client as sent.
+    let release: () => void = () => {};
+    const released = new Promise<void>((r) => {
+      release = r;
+    });
+    const order: string[] = [];
+    const ev = (text: string) => `data: {"id":"e","object":"text_completion","choices":[{"index":0,"text":"${text}"}]}\n\n`;
+    const sent = `${ev('a')}${ev('b')}data: [DONE]\n\n`;
+    const engine = createServer((req, res) => {
+      req.resume();
+      if (req.method !== 'POST') {
+        // Health checks and the model list.
+        res.writeHead(200, { 'content-type': 'application/json' }).end('{"object":"list","data":[{"id":"fake-model","object":"model"}]}');
+        return;
+      }
+      req.on('end', async () => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.flushHeaders();
+        await Promise.race([released, sleep(3000)]);
+        order.push('first event sent');
+        res.end(sent);
+      });
+    });
+    await new Promise<void>((r) => engine.listen(0, '127.0.0.1', r));
+    cleanups.push(() => new Promise((r) => engine.close(() => r())));
+    const s = await serve({ workers: [{ url: `http://127.0.0.1:${(engine.address() as AddressInfo).port}` }] });
+    cleanups.push(() => s.close(200));
+    const r = await post(`${s.url}/v1/completions`, { model: 'fake-model', prompt: randomTokens(64, 5), stream: true });
+    order.push('head received');
+    release();
+    expect(r.status).toBe(200);
+    expect(r.headers.get('content-type')).toBe('text/event-stream');
+    expect(r.headers.get('x-kvroute-worker')).toMatch(/^127\.0\.0\.1:\d+$/);
+    const text = await r.text();
+    expect(order).toEqual(['head received', 'first event sent']);
+    expect(text).toBe(sent);
+    await until(() => s.router.state().inFlight === 0);
   });
 
   it('aborts the upstream when the client disconnects, and active load returns to zero', async () => {

@@ -35,6 +35,19 @@ describe('tokenizer in a worker thread', () => {
     expect((await thread.info()).fastTemplate).toBe('qwen3');
   });
 
+  it('gives the same ids when a long system prompt comes again (sent to the thread by reference)', async () => {
+    const system = long(4);
+    for (let turn = 0; turn < 3; turn++) {
+      const input = {
+        messages: [
+          { role: 'system', content: system },
+          { role: 'user', content: `turn ${turn}` },
+        ],
+      };
+      expect(Array.from(await thread.encodeChat(input))).toEqual(Array.from(local.encodeChat(input)));
+    }
+  });
+
   it('keeps the event loop running while a long cold prompt is tokenized', async () => {
     // Order, not time: work queued on the loop after the request runs before the thread's answer arrives, which an
     // inline (synchronous) encode cannot allow. The time the loop stays free is measured by bench:tokenize.
@@ -51,6 +64,25 @@ describe('tokenizer in a worker thread', () => {
     const ids = await encoded;
     expect(order).toEqual(['loop turn 1', 'loop turn 2', 'answer']);
     expect(Array.from(ids)).toEqual(Array.from(local.encodeChat(input)));
+  });
+
+  it('answers each of the calls made in one turn (one message to the thread) on its own, a failing one alone', async () => {
+    const chats = [1, 2, 3].map((seed) => ({ messages: [{ role: 'user', content: `${long(seed).slice(0, 2000)} turn ${seed}` }] }));
+    const bad = { messages: [{ role: 'user', content: 'x' }], chat_template: '{% if %}' };
+    const results = await Promise.allSettled([
+      thread.encodeChat(chats[0]),
+      thread.encodePrompt('a completion prompt'),
+      thread.encodeChat(bad),
+      thread.encodeChat(chats[1]),
+      thread.encodeChat(chats[2]),
+    ]);
+    const ids = (r: PromiseSettledResult<ArrayLike<number>>) => (r.status === 'fulfilled' ? Array.from(r.value) : r.reason);
+    expect(ids(results[0])).toEqual(Array.from(local.encodeChat(chats[0])));
+    expect(ids(results[1])).toEqual(Array.from(local.encodePrompt('a completion prompt')));
+    expect(results[2].status).toBe('rejected');
+    expect(() => local.encodeChat(bad)).toThrow();
+    expect(ids(results[3])).toEqual(Array.from(local.encodeChat(chats[1])));
+    expect(ids(results[4])).toEqual(Array.from(local.encodeChat(chats[2])));
   });
 
   it('rejects calls after the thread is gone instead of hanging', async () => {
