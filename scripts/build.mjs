@@ -1,9 +1,10 @@
 /**
  * `npm run build` (and `prepare`, `prepack`): compiles src/ to dist/, one file at a time, with TypeScript's own
- * transpiler (`ts.transpileModule`) and tsconfig.build.json's options and files. The output is byte for byte what
- * `tsc -p tsconfig.build.json` emits (test/house/build.test.ts compares the two), in about a third of its CPU: the
- * program is not type-checked here. Type checking is `npm run typecheck`'s, over src/ and the tests, bench and
- * scripts together; `npm test` runs it first.
+ * transpiler (`ts.transpileModule`) and tsconfig.build.json's options and files, in about a third of the CPU of
+ * `tsc -p tsconfig.build.json`: the program is not type-checked here. The output is byte for byte what that tsc emits
+ * (bench/RESULTS.md, "Build and test start-up", has the comparison's command): tsconfig.json sets isolatedModules, so
+ * `npm run typecheck` refuses any code whose file-by-file transpile could differ from the whole program's. Type
+ * checking is `npm run typecheck`'s, over src/ and the tests, bench and scripts together; `npm test` runs it first.
  *
  * Incremental: a file is compiled again only when its output is missing or older than its source, tsconfig.json,
  * tsconfig.build.json or this script; when nothing needs compiling, TypeScript is not even loaded (a test run's global
