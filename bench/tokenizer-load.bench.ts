@@ -49,8 +49,9 @@ function load(way: Way): Steps {
   const t4 = cpu();
   if (size !== 151_643) throw new Error(`${way}: vocabulary size ${size}`);
   const ids = tokenizer.encode(SAMPLE, { add_special_tokens: false }).ids;
-  reference ??= ids;
-  if (ids.length !== reference.length || ids.some((id, i) => id !== reference![i])) throw new Error(`${way}: ids differ`);
+  const expected: number[] = reference ?? ids;
+  reference = expected;
+  if (ids.length !== expected.length || ids.some((id: number, i: number) => id !== expected[i])) throw new Error(`${way}: ids differ`);
   return { read: t1 - t0, parse: t2 - t1, construct: t3 - t2, vocabSize: t4 - t3, total: t4 - t0 };
 }
 
