@@ -5,13 +5,18 @@
  *   - embedded: `kvroute serve` alone (4 embedded mock engines, the Qwen3 tokenizer in a thread), the README's command;
  *   - engines:  `kvroute serve --tokenizer DIR --worker URL,events=..,replay=..` against one `kvroute mocker` process
  *     started once beforehand (the README's real-engine command).
- * The modes alternate run by run (tsx, compiled, tsx, ...) so a drift in machine load hits both alike.
+ * The modes alternate run by run (tsx, compiled, tsx, ...) so a drift in machine load hits both alike. Besides the wall
+ * time, each start-up's CPU time up to the first 200 (user + system, all its threads, read from /proc/<pid>/stat at that
+ * moment; Linux only): on a loaded machine the CPU seconds are the comparable figure.
  *
- *   npm run build && npm run bench:startup [-- --runs 7]
+ *   npm run build && npm run bench:startup [-- --runs 7] [--modes tsx,compiled] [--compare DIR]
+ *
+ * --compare DIR adds a mode "DIR": another checkout's bin/kvroute.mjs, built (`git archive <commit> | tar -x -C DIR`,
+ * node_modules linked, `npm run build` there), to compare two commits' start-ups in one run.
  */
 import { usage } from '../scripts/usage.ts';
 import { type ChildProcess, spawn } from 'node:child_process';
-import { copyFileSync, mkdtempSync } from 'node:fs';
+import { copyFileSync, mkdtempSync, readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -20,13 +25,23 @@ import { fileURLToPath } from 'node:url';
 usage(import.meta.url);
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
-const RUNS = Number(process.argv[process.argv.indexOf('--runs') + 1]) || 7;
+const arg = (name: string) => (process.argv.includes(name) ? process.argv[process.argv.indexOf(name) + 1] : undefined);
+const RUNS = Number(arg('--runs')) || 7;
+const COMPARE = arg('--compare');
 
-const MODES = {
+const MODES: Record<string, string[]> = {
   tsx: ['--import', 'tsx', join(ROOT, 'src/cli/main.ts')],
   compiled: [join(ROOT, 'bin/kvroute.mjs')],
-} as const;
-type Mode = keyof typeof MODES;
+  ...(COMPARE ? { [COMPARE]: [join(COMPARE, 'bin/kvroute.mjs')] } : {}),
+};
+type Mode = string;
+const RUN_MODES: Mode[] = (arg('--modes')?.split(',') ?? ['tsx', 'compiled']).concat(COMPARE ? [COMPARE] : []);
+
+/** CPU ms a process has used so far, all its threads (user + system; /proc/<pid>/stat, clock ticks of 10 ms). */
+function cpuMs(pid: number): number {
+  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+  return (Number(fields[11]) + Number(fields[12])) * 10; // utime, stime: fields 14 and 15 of stat(5)
+}
 
 function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
@@ -47,8 +62,8 @@ function stop(child: ChildProcess): Promise<void> {
   });
 }
 
-/** Milliseconds from spawn to the first 200 from /health (polled every 5 ms once the port is known). */
-async function startToHealthy(mode: Mode, args: string[]): Promise<number> {
+/** Wall and CPU milliseconds from spawn to the first 200 from /health (polled every 5 ms once the port is known). */
+async function startToHealthy(mode: Mode, args: string[]): Promise<{ wall: number; cpu: number }> {
   const port = await freePort();
   const t0 = performance.now();
   const child = spawn(process.execPath, [...MODES[mode], 'serve', '--port', String(port), ...args], {
@@ -66,7 +81,7 @@ async function startToHealthy(mode: Mode, args: string[]): Promise<number> {
         (r) => r.status === 200,
         () => false,
       );
-      if (ok) return performance.now() - t0;
+      if (ok) return { wall: performance.now() - t0, cpu: cpuMs(child.pid!) };
       if (performance.now() - t0 > 60_000) throw new Error(`${mode} serve not healthy after 60 s: ${stderr}`);
       await new Promise((r) => setTimeout(r, 5));
     }
@@ -109,15 +124,15 @@ async function main(): Promise<void> {
     ],
   };
   try {
-    console.log('| start-up | mode | start to healthy ms: median | min | max |');
-    console.log('|---|---|---|---|---|');
+    console.log('| start-up | mode | start to healthy ms: median | min | max | CPU ms to healthy: median | min | max |');
+    console.log('|---|---|---|---|---|---|---|---|');
     for (const [name, args] of Object.entries(scenarios)) {
-      const times: Record<Mode, number[]> = { tsx: [], compiled: [] };
-      await startToHealthy('compiled', args); // warm-up: file cache, npm-free first run
-      for (let i = 0; i < RUNS; i++) for (const mode of ['tsx', 'compiled'] as Mode[]) times[mode].push(await startToHealthy(mode, args));
-      for (const mode of ['tsx', 'compiled'] as Mode[]) {
-        const t = times[mode];
-        console.log(`| ${name} | ${mode} | ${median(t).toFixed(0)} | ${Math.min(...t).toFixed(0)} | ${Math.max(...t).toFixed(0)} |`);
+      const times = Object.fromEntries(RUN_MODES.map((m) => [m, [] as { wall: number; cpu: number }[]]));
+      for (const mode of RUN_MODES) await startToHealthy(mode, args); // warm-up: file cache, npm-free first run
+      for (let i = 0; i < RUNS; i++) for (const mode of RUN_MODES) times[mode].push(await startToHealthy(mode, args));
+      for (const mode of RUN_MODES) {
+        const row = (xs: number[]) => `${median(xs).toFixed(0)} | ${Math.min(...xs).toFixed(0)} | ${Math.max(...xs).toFixed(0)}`;
+        console.log(`| ${name} | ${mode} | ${row(times[mode].map((t) => t.wall))} | ${row(times[mode].map((t) => t.cpu))} |`);
       }
     }
   } finally {

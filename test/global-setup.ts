@@ -1,7 +1,8 @@
 /**
  * Runs once before any test:
- *  - builds dist/: tests that start `kvroute` as a process run bin/kvroute.mjs, which runs the compiled CLI, since that
- *    is what ships. Incremental (dist/.tsbuildinfo), so an up-to-date build costs ~2 s.
+ *  - builds dist/ (`npm run build`: scripts/build.mjs): tests that start `kvroute` as a process run bin/kvroute.mjs,
+ *    which runs the compiled CLI, since that is what ships. Incremental (a file whose output is newer is skipped), so an
+ *    up-to-date build costs a directory walk.
  *  - finds or fetches Chromium and nats-server (test/fixtures/test-binaries.ts) and hands their paths to the tests as
  *    KVR_TEST_CHROMIUM and KVR_TEST_NATS_SERVER (test workers inherit this process's environment), while the build
  *    runs (on a fresh clone Chromium's decompression takes a few seconds of the other core).
@@ -9,7 +10,6 @@
  *    (test/fixtures/process-sweep.ts).
  */
 import { spawn } from 'node:child_process';
-import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
 import { RUN_MARK, sweepOrphans, sweepRun } from './fixtures/process-sweep.ts';
 import { ensureChromium, ensureNatsServer } from './fixtures/test-binaries.ts';
@@ -20,9 +20,8 @@ export default async function setup(): Promise<() => void> {
   const mark = `${process.pid}-${Date.now()}`;
   process.env[RUN_MARK] = mark;
   const root = fileURLToPath(new URL('..', import.meta.url));
-  const tsc = createRequire(import.meta.url).resolve('typescript/bin/tsc');
   const build = new Promise<void>((resolve, reject) => {
-    const child = spawn(process.execPath, [tsc, '-p', 'tsconfig.build.json'], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, ['scripts/build.mjs'], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
     child.stdout.on('data', (d: Buffer) => (out += d));
     child.stderr.on('data', (d: Buffer) => (out += d));

@@ -14,7 +14,6 @@ import { createSecureContext, type SecureContextOptions } from 'node:tls';
 import { join } from 'node:path';
 import { hostname } from 'node:os';
 import * as grpc from '@grpc/grpc-js';
-import selfsigned from 'selfsigned';
 
 export interface KeyPair {
   readonly cert: Buffer;
@@ -32,6 +31,8 @@ export const RELOAD_INTERVAL_MS = 1000;
 /** A fresh self-signed certificate for this host (ECDSA P-256, valid a year), in PEM. */
 export async function selfSignedPair(): Promise<KeyPair> {
   const names = [...new Set(['localhost', hostname()])];
+  // Loaded here, not at start: the package (X.509 in JavaScript, ~140 files) is only needed when a certificate is made.
+  const { default: selfsigned } = await import('selfsigned');
   const pems = await selfsigned.generate([{ name: 'commonName', value: 'kvroute-epp' }], {
     keyType: 'ec',
     curve: 'P-256',

@@ -83,7 +83,7 @@ class HfTokenizer implements MockTokenizer {
   readonly vocabSize: number;
 
   constructor(private readonly local: LocalTokenizer) {
-    this.vocabSize = local.tokenizer.get_vocab(false).size;
+    this.vocabSize = local.regularVocabSize;
   }
 
   encode(text: string): number[] {

@@ -11,7 +11,8 @@
  */
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { Tokenizer } from '@huggingface/tokenizers';
+import type { Tokenizer } from '@huggingface/tokenizers';
+import { createTokenizer, regularVocabSize } from './bpe-tables.ts';
 import { ChatTemplate, type ChatPromptInput } from './chat.ts';
 import { type LruInfo, ownKey, WeightedLru } from './lru.ts';
 import type { MmItem } from '../core/types.ts';
@@ -82,6 +83,7 @@ export class LocalTokenizer {
   /** False when the tokenizer's added tokens make segment-wise encoding unsafe (see the file comment). */
   readonly segmentCaching: boolean;
   private lastStats: TokenizeStats = { segments: 0, cachedSegments: 0, encodedChars: 0 };
+  private regularVocab: number | undefined;
 
   constructor(
     readonly tokenizer: Tokenizer,
@@ -117,7 +119,13 @@ export class LocalTokenizer {
     ]);
     const tokenizerJson = JSON.parse(tj);
     const config = JSON.parse(tc);
-    return new LocalTokenizer(new Tokenizer(tokenizerJson, config), tokenizerJson, config, options);
+    return new LocalTokenizer(createTokenizer(tokenizerJson, config), tokenizerJson, config, options);
+  }
+
+  /** The vocabulary's size without its added tokens (`get_vocab(false).size`), counted once. */
+  get regularVocabSize(): number {
+    this.regularVocab ??= regularVocabSize(this.tokenizer);
+    return this.regularVocab;
   }
 
   /** Encodes the whole text in one go: the reference the cached path must equal. */
@@ -208,7 +216,7 @@ export class LocalTokenizer {
       .split(MEDIA_MARKER);
     // A template that drops a part (a text-only template ignoring non-text content) leaves nothing to key: text only.
     if (pieces.length !== media.length + 1) return null;
-    const id = placeholderId ?? this.tokenizer.get_vocab(false).size - 1;
+    const id = placeholderId ?? this.regularVocabSize - 1;
     const ids: number[] = [];
     const items: MmItem[] = [];
     pieces.forEach((piece, i) => {
