@@ -256,11 +256,11 @@ async function main() {
     console.log('| ----- | ------------------: | ---------: |');
     for (const [c, v] of [...r.cats].sort((a, b) => b[1] - a[1])) console.log(`| ${c} | ${((100 * v) / r.busy).toFixed(1)}% | ${us(v)} |`);
   };
-  const worker = ONLY === 'chat' ? 'worker thread (tokenizer)' : 'worker thread';
+  const tok = ONLY === 'chat' ? ' (tokenizer)' : '';
   for (const { tid, r } of mine) {
     if (r.busy === 0) continue;
     const who = multi ? 'primary (the routing core), ' : '';
-    console.log(`### ${who}${tid === 0 ? 'main thread' : `${worker} ${tid}`}: ${us(r.busy)} µs per request\n`);
+    console.log(`### ${who}${tid === 0 ? 'main thread' : `worker thread ${tid}${tok}`}: ${us(r.busy)} µs per request\n`);
     table(r);
     console.log(`\ntop kvroute functions (innermost kvroute frame, callees included):\n`);
     for (const [f, v] of [...r.fns].sort((a, b) => b[1] - a[1]).slice(0, TOP))
@@ -274,7 +274,7 @@ async function main() {
   const pids = new Set(shells.map((p) => p.pid));
   for (const [label, group] of [
     ['main threads', shells.filter((p) => p.tid === 0)],
-    [`${worker}s`, shells.filter((p) => p.tid !== 0)],
+    [`worker threads${tok}`, shells.filter((p) => p.tid !== 0)],
   ] as const) {
     const r = sum(group.map((p) => p.r));
     if (r.busy === 0) continue;
