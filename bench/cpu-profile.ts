@@ -40,7 +40,8 @@ usage: npm run bench:cpu-profile -- [options]
   --connections <n>      keep-alive connections (default 16)
   --ids <n>              token ids per completions prompt (default 2048)
   --system-tokens <n>    approximate tokens of the chat system prompt (default 8192)
-  --top <n>              also list the n kvroute functions with the most samples (innermost kvroute frame; default 25)
+  --top <n>              also list the n kvroute functions with the most samples (innermost kvroute frame) and the
+                         n functions with the most self time, per thread of kvroute (the primary) (default 25)
   --bin <path>           kvroute's bin/kvroute.mjs (default this checkout's)
   --keep <dir>           write the .cpuprofile files there and keep them (CPU.<date>.<time>.<pid>.<thread>.<n>)
   -h, --help             this text`;
