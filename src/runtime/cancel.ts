@@ -4,7 +4,8 @@
  * is routed at once and never aborted. So a front end need not make an AbortController and its AbortSignal per request
  * (~4 µs together at load 10, `node` alone: a measurable share of a token-id request): this is what the flow touches,
  * and the real AbortSignal (undici's requests take one) is made only when asked for, already aborted if the client
- * has left, and aborted with it otherwise.
+ * has left, and aborted with it otherwise. `serve --processes N`'s primary uses it the same way for each submission a
+ * shell forwards (aborted when the shell cancels it or dies).
  */
 export class ClientCancel {
   aborted = false;

@@ -19,6 +19,7 @@ import { sumCaches, type TokenizerCacheGauges } from '../../metrics/memory.ts';
 import type { MetricJson } from '../../metrics/registry.ts';
 import { addTotals, type RequestTotalsJson } from '../../metrics/requests.ts';
 import type { ShellMetricsSnapshot } from '../../metrics/shell-metrics.ts';
+import { ClientCancel } from '../../runtime/cancel.ts';
 import type { NextStep } from '../../runtime/lifecycle.ts';
 import {
   isShellMessage,
@@ -29,36 +30,6 @@ import {
   type ShellWorkerInfo,
   type WireDecision,
 } from './protocol.ts';
-
-/**
- * A waiting submission's cancel: what Lifecycle.wait reads of an AbortSignal (aborted, one 'abort' listener added and
- * removed), without an AbortController and its AbortSignal per request: nearly every step is decided at once, and then
- * wait() never touches the signal beyond `aborted` (issue 29: the two objects were ~2% of the primary's CPU).
- */
-class Cancel {
-  aborted = false;
-  private listener: (() => void) | null = null;
-
-  addEventListener(_type: 'abort', fn: () => void): void {
-    this.listener = fn;
-  }
-
-  removeEventListener(_type: 'abort', fn: () => void): void {
-    if (this.listener === fn) this.listener = null;
-  }
-
-  abort(): void {
-    if (this.aborted) return;
-    this.aborted = true;
-    const fn = this.listener;
-    this.listener = null;
-    fn?.();
-  }
-
-  get signal(): AbortSignal {
-    return this as unknown as AbortSignal;
-  }
-}
 
 /**
  * The decision as it crosses to a shell: without its hashes and every candidate's scores (the shell reads neither; a
@@ -92,7 +63,7 @@ export interface RunningCluster {
 interface ShellState {
   readonly worker: ClusterWorker;
   /** Submissions (or retries) waiting for the dispatcher's next step: aborted when the shell cancels or dies. */
-  readonly waiting: Map<string, Cancel>;
+  readonly waiting: Map<string, ClientCancel>;
   /** Workers whose connection details this shell has been sent (each is sent once, with the first step to it). */
   readonly told: WeakSet<object>;
   /** Requests dispatched and not yet finished. */
@@ -162,10 +133,12 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
   };
   const send = (s: ShellState, m: PrimaryMessage) => s.outbox.push(m);
   const answer = (s: ShellState, id: string, wait: (signal: AbortSignal) => Promise<NextStep>) => {
-    const cancel = new Cancel();
+    // What Lifecycle.wait reads of an AbortSignal, without an AbortController and its AbortSignal per submission:
+    // nearly every step is decided at once (issue 29: the two objects were ~2% of the primary's CPU).
+    const cancel = new ClientCancel();
     s.waiting.set(id, cancel);
     s.active.add(id);
-    void wait(cancel.signal).then((step) => {
+    void wait(cancel.flowSignal).then((step) => {
       s.waiting.delete(id);
       if (step.kind !== 'dispatch') s.active.delete(id); // refused or aborted: nothing left to finish
       if (step.kind !== 'dispatch') {
