@@ -245,6 +245,41 @@ describe('WASM block hasher is bit-identical to the napi path (hashBlocksNapi, t
     hashBlocksWasm({ tokens: range(0, 36), from: 0, count: 36, blockSize: 16, seed: 1337n, parentSeq: null, outSeq: small, outOffset: 0 });
     expect(dec(small)).toEqual(['15310707395893867146', '13769157705258532664']);
   });
+
+  it('a plain-array prompt with a trailing partial block, larger than any before (copied whole), matches napi', () => {
+    // 4,500 blocks of 16 plus 15 tokens: the largest input in this file, so memory must grow to hold the copied tail.
+    const tokens = Array.from({ length: 4500 * 16 + 15 }, (_, i) => (i * 104_729 + 7) % 151_000);
+    const napi = new BigUint64Array(4500);
+    const napiLocal = new BigUint64Array(4500);
+    const wasm = new BigUint64Array(4500);
+    const wasmLocal = new BigUint64Array(4500);
+    hashBlocksNapi({
+      tokens,
+      from: 0,
+      count: tokens.length,
+      blockSize: 16,
+      seed: 7n,
+      parentSeq: 99n,
+      outSeq: napi,
+      outOffset: 0,
+      outLocal: napiLocal,
+    });
+    expect(
+      hashBlocksWasm({
+        tokens,
+        from: 0,
+        count: tokens.length,
+        blockSize: 16,
+        seed: 7n,
+        parentSeq: 99n,
+        outSeq: wasm,
+        outOffset: 0,
+        outLocal: wasmLocal,
+      }),
+    ).toBe(4500);
+    expect(dec(wasm)).toEqual(dec(napi));
+    expect(dec(wasmLocal)).toEqual(dec(napiLocal));
+  });
 });
 
 describe('WASM block hasher: empty, partial and bad input', () => {

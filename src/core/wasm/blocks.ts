@@ -131,8 +131,12 @@ export function hashBlocksWasm(run: BlockRun): number {
     throw new RangeError(`hashBlocksWasm: output arrays too short for ${blocks} blocks at offset ${outOffset}`);
   }
   const n = blocks * blockSize;
+  // A plain-array prompt whose full blocks start at 0 is copied whole, its trailing partial block included (it lands
+  // in scratch the module never reads): TypedArray#set takes a whole array in one bulk copy, where a slice would
+  // first build a second array of the prompt's length.
+  const copied = LITTLE_ENDIAN_HOST && from === 0 && Array.isArray(tokens) && tokens.length < n + blockSize ? tokens.length : n;
   const tokPtr = BASE;
-  const seqPtr = tokPtr + ((n * 4 + 7) & ~7);
+  const seqPtr = tokPtr + ((copied * 4 + 7) & ~7);
   const localPtr = seqPtr + blocks * 8;
   ensureMemory(localPtr + (outLocal ? blocks * 8 : 0));
 
@@ -142,7 +146,7 @@ export function hashBlocksWasm(run: BlockRun): number {
     u32.set(tokens.subarray(from, from + n), tokPtr / 4);
   } else if (Array.isArray(tokens) && from + n <= tokens.length) {
     // TypedArray#set from a plain array is a native bulk copy (same ToUint32 conversion), ~4x faster than a JS loop.
-    u32.set(from === 0 && n === tokens.length ? tokens : tokens.slice(from, from + n), tokPtr / 4);
+    u32.set(copied === tokens.length ? tokens : tokens.slice(from, from + n), tokPtr / 4);
   } else {
     const at = tokPtr / 4;
     for (let i = 0; i < n; i++) u32[at + i] = tokens[from + i];
