@@ -12,7 +12,7 @@
  *
  *   node scripts/build.mjs [--out DIR]   (default: tsconfig.build.json's outDir, dist/)
  */
-import { mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -69,9 +69,14 @@ if (stale.length > 0) {
   const problems = [];
   for (const file of stale) {
     const out = ts.transpileModule(readFileSync(file, 'utf8'), { compilerOptions: options, fileName: file, reportDiagnostics: true });
-    for (const d of out.diagnostics ?? [])
-      problems.push(`${relative(ROOT, file)}: ${ts.flattenDiagnosticMessageText(d.messageText, '\n')}`);
     const target = outputOf(file);
+    if (out.diagnostics?.length) {
+      for (const d of out.diagnostics) problems.push(`${relative(ROOT, file)}: ${ts.flattenDiagnosticMessageText(d.messageText, '\n')}`);
+      // No output for a file that did not transpile, and none left from before: a rerun must not find a newer output
+      // and skip the file (the build would then pass with broken JavaScript in dist/).
+      rmSync(target, { force: true });
+      continue;
+    }
     mkdirSync(dirname(target), { recursive: true });
     writeFileSync(target, out.outputText);
   }
