@@ -39,13 +39,23 @@ export class ClientCancel {
     if (i >= 0) l.splice(i, 1);
   }
 
-  /** The client left: every listener runs once, the real signal (if made) aborts. */
+  /** The client left: every listener runs once, the real signal (if made) aborts; a listener that throws stops neither
+   * the others nor the signal (as with an EventTarget), and its error is thrown once they have all run. */
   abort(): void {
     if (this.aborted) return;
     this.aborted = true;
     const l = this.listeners;
     this.listeners = null;
-    if (l) for (const fn of l) fn();
+    let failed: { err: unknown } | null = null;
+    if (l)
+      for (const fn of l) {
+        try {
+          fn();
+        } catch (err) {
+          failed ??= { err };
+        }
+      }
     this.controller?.abort();
+    if (failed) throw failed.err;
   }
 }

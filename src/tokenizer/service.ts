@@ -94,7 +94,7 @@ export async function threadTokenizer(dir: string, options?: LocalTokenizerOptio
     else for (const r of reply) settle(r.id)?.resolve(r);
   });
   const fail = (err: Error) => {
-    dead = err;
+    dead ??= err; // the first cause (a failed post, then the exit it leads to)
     for (const p of pending.values()) p.reject(err);
     pending.clear();
   };
@@ -118,7 +118,15 @@ export async function threadTokenizer(dir: string, options?: LocalTokenizerOptio
     if (dead) return;
     calls += batch.length;
     messages++;
-    worker.postMessage(batch.length === 1 ? batch[0] : batch);
+    try {
+      worker.postMessage(batch.length === 1 ? batch[0] : batch);
+    } catch (err) {
+      // Not cloneable (inputs come from JSON, so not expected). The batch carried table changes the thread now lacks
+      // (shared-strings.ts), so the two tables would disagree: the tokenizer fails as if its thread had died (every
+      // call, now and later, rejects with this error) rather than answer from a table out of step.
+      fail(new Error(`tokenizer thread: a batch could not be posted (${(err as Error).message})`));
+      void worker.terminate();
+    }
   };
   const call = (req: Omit<ThreadRequest, 'id'>): Promise<ThreadReply> => {
     if (dead) return Promise.reject(dead);

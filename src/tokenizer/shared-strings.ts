@@ -77,17 +77,21 @@ export class KnownStrings {
     let input = p.input;
     let messages: unknown[] | null = null;
     const src = input.messages;
-    for (let i = 0; i < src.length; i++) {
-      const m = src[i] as { content?: unknown } | null;
-      const c = m !== null && typeof m === 'object' ? (m.content as Partial<SharedRef> | null | undefined) : undefined;
-      if (c === null || typeof c !== 'object' || Array.isArray(c) || typeof c.kvrouteShared !== 'number') continue;
-      const s = this.strings.get(c.kvrouteShared);
-      if (s === undefined) throw new Error(`tokenizer thread: shared string ${c.kvrouteShared} unknown`);
-      messages ??= src.slice();
-      messages[i] = { ...m, content: s };
+    // The removals apply even when a reference fails: the server side has dropped those strings either way.
+    try {
+      for (let i = 0; i < src.length; i++) {
+        const m = src[i] as { content?: unknown } | null;
+        const c = m !== null && typeof m === 'object' ? (m.content as Partial<SharedRef> | null | undefined) : undefined;
+        if (c === null || typeof c !== 'object' || Array.isArray(c) || typeof c.kvrouteShared !== 'number') continue;
+        const s = this.strings.get(c.kvrouteShared);
+        if (s === undefined) throw new Error(`tokenizer thread: shared string ${c.kvrouteShared} unknown`);
+        messages ??= src.slice();
+        messages[i] = { ...m, content: s };
+      }
+    } finally {
+      if (p.drops) for (const id of p.drops) this.strings.delete(id);
     }
     if (messages !== null) input = { ...input, messages };
-    if (p.drops) for (const id of p.drops) this.strings.delete(id);
     return input;
   }
 

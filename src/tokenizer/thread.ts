@@ -5,7 +5,7 @@
 import { getHeapStatistics } from 'node:v8';
 import { parentPort, workerData } from 'node:worker_threads';
 import { LocalTokenizer, type LocalTokenizerOptions } from './local.ts';
-import { KnownStrings, type PackedChat } from './shared-strings.ts';
+import { KnownStrings, type PackedChat, SHARED_MIN_CHARS } from './shared-strings.ts';
 import type { MmItem } from '../core/types.ts';
 
 /** A chat's input travels packed (shared-strings.ts): long contents by reference. */
@@ -59,11 +59,37 @@ function answer(req: ThreadRequest, transfer: ArrayBuffer[]): ThreadReply {
   }
 }
 
+/** A request that may take long: text the thread has not seen (a plain prompt, or a chat bringing new long contents). */
+function mayBeSlow(req: ThreadRequest): boolean {
+  if (req.kind === 'prompt') return req.text.length >= SHARED_MIN_CHARS;
+  return req.kind !== 'info' && req.defs !== undefined;
+}
+
+/** Posts replies; one that cannot be posted (not cloneable) is answered as a failed call instead of ending the thread. */
+function post(replies: ThreadReply[], transfer: ArrayBuffer[]): void {
+  try {
+    port.postMessage(replies.length === 1 ? replies[0] : replies, transfer);
+  } catch (err) {
+    const error = `tokenizer thread: reply not sent (${(err as Error).message})`;
+    port.postMessage(replies.map((r) => ({ id: r.id, ok: false, error }) satisfies ThreadReply));
+  }
+}
+
 // A batch (the requests the server's event loop made in one turn) is answered with one message: a message each way
-// per turn instead of per request.
+// per turn instead of per request. Replies gathered before a request that may take long (a cold prompt: 100+ ms of
+// BPE) go first, so a warm chat that came in the same turn does not wait for it.
 port.on('message', (msg: ThreadRequest | ThreadRequest[]) => {
-  const transfer: ArrayBuffer[] = [];
-  const reply = Array.isArray(msg) ? msg.map((req) => answer(req, transfer)) : answer(msg, transfer);
-  port.postMessage(reply, transfer);
+  const batch = Array.isArray(msg) ? msg : [msg];
+  let replies: ThreadReply[] = [];
+  let transfer: ArrayBuffer[] = [];
+  for (const req of batch) {
+    if (replies.length > 0 && mayBeSlow(req)) {
+      post(replies, transfer);
+      replies = [];
+      transfer = [];
+    }
+    replies.push(answer(req, transfer));
+  }
+  post(replies, transfer);
 });
 port.postMessage({ id: 0, ok: true, info: { ready: true } } satisfies ThreadReply);

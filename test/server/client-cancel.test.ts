@@ -31,4 +31,19 @@ describe('ClientCancel (a request’s "the client left" without an AbortControll
     after.abort();
     expect(after.signal.aborted).toBe(true);
   });
+
+  it('runs every listener and aborts the real signal when one listener throws, then throws its error', () => {
+    const c = new ClientCancel();
+    const signal = c.signal;
+    const calls: string[] = [];
+    c.flowSignal.addEventListener('abort', () => {
+      calls.push('a');
+      throw new Error('listener a failed');
+    });
+    c.flowSignal.addEventListener('abort', () => calls.push('b'));
+    expect(() => c.abort()).toThrow('listener a failed');
+    expect(calls).toEqual(['a', 'b']);
+    expect(signal.aborted).toBe(true);
+    expect(c.flowSignal.aborted).toBe(true);
+  });
 });

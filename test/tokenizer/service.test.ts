@@ -85,6 +85,24 @@ describe('tokenizer in a worker thread', () => {
     expect(ids(results[4])).toEqual(Array.from(local.encodeChat(chats[2])));
   });
 
+  it('answers a short call before a long cold prompt queued after it in the same turn', async () => {
+    // Order, not time. Replies posted in one message settle in one macrotask: a few microtasks after the short call's
+    // answer, the long one's continuation would have run too. Answered on its own first, the short call finds the
+    // long prompt still pending.
+    let longDone = false;
+    const short = thread.encodeChat({ messages: [{ role: 'user', content: 'a short warm question' }] }).then(async () => {
+      await null;
+      await null;
+      return longDone;
+    });
+    const cold = thread.encodePrompt(long(31) + long(32) + long(33)).then((ids) => {
+      longDone = true;
+      return ids;
+    });
+    expect(await short).toBe(false);
+    expect((await cold).length).toBeGreaterThan(1000);
+  });
+
   it('rejects calls after the thread is gone instead of hanging', async () => {
     const t = await threadTokenizer(QWEN3_DIR);
     await t.close();

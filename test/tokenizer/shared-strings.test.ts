@@ -59,4 +59,15 @@ describe('long message contents sent to the tokenizer thread once, then by refer
     const second = sent.pack({ messages: [{ role: 'system', content: text(3) }] });
     expect(() => new KnownStrings().unpack(wire(second))).toThrow(/unknown/);
   });
+
+  it('applies the removals a call carries even when one of its references fails', () => {
+    const known = new KnownStrings();
+    known.unpack({ input: { messages: [] }, defs: [[7, text(7)]] });
+    expect(known.size).toBe(1);
+    const call = { input: { messages: [{ role: 'user', content: { kvrouteShared: 99 } }] }, drops: [7] } as unknown as Parameters<
+      KnownStrings['unpack']
+    >[0];
+    expect(() => known.unpack(call)).toThrow(/unknown/);
+    expect(known.size).toBe(0);
+  });
 });

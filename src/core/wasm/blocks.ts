@@ -134,7 +134,8 @@ export function hashBlocksWasm(run: BlockRun): number {
   // A plain-array prompt whose full blocks start at 0 is copied whole, its trailing partial block included (it lands
   // in scratch the module never reads): TypedArray#set takes a whole array in one bulk copy, where a slice would
   // first build a second array of the prompt's length.
-  const copied = LITTLE_ENDIAN_HOST && from === 0 && Array.isArray(tokens) && tokens.length < n + blockSize ? tokens.length : n;
+  const copied =
+    LITTLE_ENDIAN_HOST && from === 0 && Array.isArray(tokens) && tokens.length >= n && tokens.length < n + blockSize ? tokens.length : n;
   const tokPtr = BASE;
   const seqPtr = tokPtr + ((copied * 4 + 7) & ~7);
   const localPtr = seqPtr + blocks * 8;
