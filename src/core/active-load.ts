@@ -332,11 +332,6 @@ export class ActiveLoad {
     return s ? s.distinctBlocks + s.partialBlocks : 0;
   }
 
-  /** Trailing partial blocks among `activeBlocks` (one per in-flight request whose prompt ends mid-block). */
-  partialBlocks(source: number): number {
-    return this.sources.get(source)?.partialBlocks ?? 0;
-  }
-
   activeRequests(source: number): number {
     return this.sources.get(source)?.inFlight.length ?? 0;
   }
