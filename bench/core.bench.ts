@@ -1,0 +1,209 @@
+/**
+ * bench:core — the routing core's own CPU per request, without HTTP and without IPC: what the primary of
+ * `serve --processes N` must spend per request however cheap its channel to the shells becomes (issue 29, "Every core").
+ *
+ * The whole router is started in this process (startServer, default settings, workers that are never called), and each
+ * request takes the calls a shell's messages make in the primary: `lifecycle.submit` with the block hashes a shell
+ * computed (hashed before the timed loop), `noteRouted`, `firstToken`, `finish`, with `--in-flight` requests open at a
+ * time. Two fleets, each timed:
+ *   approximate   workers without KV events: the router records each routed prompt's blocks itself
+ *   events        workers with KV events: after each request its worker's engine stores the blocks it did not hold
+ *                 (`applyEvents` with the blocks' token ids and engine block ids, as the event decoder hands them on;
+ *                 the msgpack decode itself is not in the figure)
+ *                 Each engine holds `--capacity` blocks and evicts its oldest stored blocks past that (a removed
+ *                 event), so the index stays the size of the fleet's caches.
+ * The workload: 2,048-token prompts, each a 1,536-token prefix of one of 64 conversation families and 512 fresh tokens
+ * (so ~32 new blocks per request once the families are cached), 8 workers.
+ *
+ *   npm run bench:core [-- --requests 20000 --warmup 5000 --in-flight 32 --workers 8 --tokens 2048 --fresh 512
+ *                          --capacity 16384]
+ *
+ * Prints the time inside the core's calls per request (performance.now around them; the prompt, its hashes and the
+ * engine's bookkeeping are made outside the timed calls, as the shells and the engines make them), on an idle machine
+ * the routing core's CPU per request. A primary that did only this would saturate at s / p shells for a shell cost s
+ * (bench:capacity `--processes 1,2`).
+ */
+import { loadavg } from 'node:os';
+import { performance } from 'node:perf_hooks';
+import pino from 'pino';
+import { usage } from '../scripts/usage.ts';
+import { DEFAULTS, type ServeConfig } from '../src/config/serve.ts';
+import { requestSeqHashes } from '../src/core/multimodal.ts';
+import type { KvEvent } from '../src/core/types.ts';
+import { ClientCancel } from '../src/runtime/cancel.ts';
+import { startServer } from '../src/server/app.ts';
+
+usage(import.meta.url);
+
+function arg(name: string, fallback: number): number {
+  const i = process.argv.indexOf(`--${name}`);
+  return i >= 0 ? Number(process.argv[i + 1]) : fallback;
+}
+
+const REQUESTS = arg('requests', 20_000);
+const WARMUP = arg('warmup', 5_000);
+const IN_FLIGHT = arg('in-flight', 32);
+const WORKERS = arg('workers', 8);
+const TOKENS = arg('tokens', 2048);
+const FRESH = arg('fresh', 512);
+const CAPACITY = arg('capacity', 16_384);
+const FAMILIES = 64;
+const BS = DEFAULTS.blockSize;
+
+interface Row {
+  fleet: string;
+  coreUs: number;
+  applyUs: number;
+  newBlocks: number;
+  overlap: number;
+}
+
+function prompt(i: number): number[] {
+  const fam = i % FAMILIES;
+  const out = new Array<number>(TOKENS);
+  for (let j = 0; j < TOKENS - FRESH; j++) out[j] = (fam * 7_919 + j * 31) % 151_000;
+  for (let j = TOKENS - FRESH; j < TOKENS; j++) out[j] = (i * 1_003 + j * 17) % 151_000;
+  return out;
+}
+
+async function run(fleet: 'approximate' | 'events'): Promise<Row> {
+  const total = WARMUP + REQUESTS;
+  const config: ServeConfig = {
+    ...DEFAULTS,
+    port: 0,
+    healthIntervalMs: 0,
+    remoteTokenize: false,
+    engineMetricsIntervalMs: 0,
+    logLevel: 'silent',
+    // Never connected to: the decisions are made, no request is sent. A ZMQ endpoint nobody binds makes the worker an
+    // event-fed one (the subscriber waits quietly).
+    workers: Array.from({ length: WORKERS }, (_, w) => ({
+      url: `http://127.0.0.1:${9 + w}`,
+      id: `w${w}`,
+      models: ['bench'],
+      ...(fleet === 'events' ? { events: `tcp://127.0.0.1:${20_000 + w}` } : {}),
+    })),
+  };
+  const server = await startServer(config, { logger: pino({ level: 'silent' }) });
+  const { lifecycle, router } = server;
+  // Per worker, the engine: the block id of each block hash it holds, and the order it stored them in (oldest first).
+  const engines = new Map<string, { ids: Map<bigint, bigint>; order: bigint[]; head: number }>();
+  let nextEngineId = 1n;
+  const open: string[] = [];
+  let coreMs = 0;
+  let applyMs = 0;
+  let newBlocks = 0;
+  let overlap = 0;
+  for (let i = 0; i < total; i++) {
+    if (i === WARMUP) {
+      coreMs = 0;
+      applyMs = 0;
+      newBlocks = 0;
+      overlap = 0;
+    }
+    const id = `r${i}`;
+    // The shell's part: the prompt and its block hashes.
+    const tokens = prompt(i);
+    const hashes = requestSeqHashes(tokens, BS);
+    const t0 = performance.now();
+    const step = await lifecycle.submit(
+      { requestId: id, model: 'bench', seqHashes: hashes, promptTokens: TOKENS },
+      new ClientCancel().flowSignal,
+    );
+    if (step.kind !== 'dispatch') throw new Error(`request ${i} was not routed: ${JSON.stringify(step)}`);
+    const d = step.decision;
+    server.inference.noteRouted({
+      requestId: id,
+      api: 'completions',
+      at: Date.now(),
+      model: 'bench',
+      worker: d.sourceKey,
+      policy: d.policy,
+      promptTokens: d.promptTokens,
+      islBlocks: d.islBlocks,
+      overlapBlocks: d.overlapBlocks,
+      bestOverlapBlocks: d.bestOverlapBlocks,
+      attempt: 0,
+      queuedMs: 0,
+    } as Parameters<typeof server.inference.noteRouted>[0]);
+    lifecycle.firstToken(id);
+    open.push(id);
+    if (open.length > IN_FLIGHT) lifecycle.finish(open.shift() as string, { outcome: 'ok', cachedTokens: d.overlapBlocks * BS });
+    coreMs += performance.now() - t0;
+    overlap += d.overlapBlocks;
+    if (fleet !== 'events') continue;
+    // The engine stores the blocks the decision said it lacked, and evicts its oldest past its capacity.
+    let engine = engines.get(d.sourceKey);
+    if (!engine) {
+      engine = { ids: new Map(), order: [], head: 0 };
+      engines.set(d.sourceKey, engine);
+    }
+    const from = d.overlapBlocks;
+    const to = hashes.length;
+    if (to <= from) continue;
+    const ids: bigint[] = [];
+    for (let b = from; b < to; b++) {
+      const e = nextEngineId++;
+      ids.push(e);
+      engine.ids.set(hashes[b], e);
+      engine.order.push(hashes[b]);
+    }
+    const events: KvEvent[] = [
+      {
+        kind: 'stored',
+        parent: from > 0 ? (engine.ids.get(hashes[from - 1]) ?? null) : null,
+        engineIds: ids,
+        tokens: tokens.slice(from * BS, to * BS),
+        blockSize: BS,
+      },
+    ];
+    const evicted: bigint[] = [];
+    while (engine.order.length - engine.head > CAPACITY) {
+      const h = engine.order[engine.head++];
+      const e = engine.ids.get(h);
+      if (e !== undefined) evicted.push(e);
+      engine.ids.delete(h);
+    }
+    if (engine.head > 65_536) {
+      engine.order = engine.order.slice(engine.head);
+      engine.head = 0;
+    }
+    if (evicted.length > 0) events.push({ kind: 'removed', engineIds: evicted });
+    newBlocks += to - from;
+    const t1 = performance.now();
+    router.applyEvents(d.sourceKey, events);
+    applyMs += performance.now() - t1;
+  }
+  for (const id of open) lifecycle.finish(id, { outcome: 'ok' });
+  await server.close();
+  return {
+    fleet,
+    coreUs: (coreMs * 1000) / REQUESTS,
+    applyUs: (applyMs * 1000) / REQUESTS,
+    newBlocks: newBlocks / REQUESTS,
+    overlap: overlap / REQUESTS,
+  };
+}
+
+const load0 = loadavg()[0].toFixed(1);
+const rows: Row[] = [];
+for (const fleet of ['approximate', 'events'] as const) {
+  console.error(`[core] ${fleet}: ${WARMUP} warm-up + ${REQUESTS} timed requests`);
+  rows.push(await run(fleet));
+}
+console.log(
+  `# bench:core  node ${process.version}, ${TOKENS}-token prompts (${FRESH} fresh), ${WORKERS} workers, ${IN_FLIGHT} in flight, ` +
+    `${REQUESTS} timed requests, loadavg ${load0} -> ${loadavg()[0].toFixed(1)}`,
+);
+console.log('');
+console.log(
+  '| fleet | µs in submit + routed + first token + finish | µs applying KV events | routing core µs/request | new blocks/request | overlap blocks/request |',
+);
+console.log('|---|---:|---:|---:|---:|---:|');
+for (const r of rows) {
+  console.log(
+    `| ${r.fleet} | ${r.coreUs.toFixed(1)} | ${r.fleet === 'events' ? r.applyUs.toFixed(1) : '-'} | ${(r.coreUs + r.applyUs).toFixed(1)} | ` +
+      `${r.fleet === 'events' ? r.newBlocks.toFixed(1) : '-'} | ${r.overlap.toFixed(1)} |`,
+  );
+}
+process.exit(0);
