@@ -16,7 +16,7 @@
  * (so ~32 new blocks per request once the families are cached), 8 workers.
  *
  *   npm run bench:core [-- --requests 20000 --warmup 5000 --in-flight 32 --workers 8 --tokens 2048 --fresh 512
- *                          --capacity 16384]
+ *                          --capacity 16384 --only approximate|events]
  *
  * Prints the time inside the core's calls per request (performance.now around them; the prompt, its hashes and the
  * engine's bookkeeping are made outside the timed calls, as the shells and the engines make them), on an idle machine
@@ -48,6 +48,10 @@ const TOKENS = arg('tokens', 2048);
 const FRESH = arg('fresh', 512);
 const CAPACITY = arg('capacity', 16_384);
 const FAMILIES = 64;
+const ONLY = (() => {
+  const i = process.argv.indexOf('--only');
+  return i >= 0 ? process.argv[i + 1] : null;
+})();
 const BS = DEFAULTS.blockSize;
 
 interface Row {
@@ -187,7 +191,7 @@ async function run(fleet: 'approximate' | 'events'): Promise<Row> {
 
 const load0 = loadavg()[0].toFixed(1);
 const rows: Row[] = [];
-for (const fleet of ['approximate', 'events'] as const) {
+for (const fleet of (['approximate', 'events'] as const).filter((f) => ONLY === null || f === ONLY)) {
   console.error(`[core] ${fleet}: ${WARMUP} warm-up + ${REQUESTS} timed requests`);
   rows.push(await run(fleet));
 }

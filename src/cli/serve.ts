@@ -68,9 +68,6 @@ export function registerServe(program: Command): void {
           `embedded fleet up: ${mockCount} mock engines serving "${config.mockModel}" with KV events over ZMQ`,
         );
       }
-      if (config.processes > 1 && natsUrls.length > 0) {
-        throw new SettingError('--processes > 1 cannot be combined with --nats (run one replica per process instead)');
-      }
       if (config.processes > 1 && config.rateLimit) {
         // Each shell would keep its own buckets: N times the limit.
         throw new SettingError('--processes > 1 cannot be combined with --rate-limit (each process would allow the whole rate)');

@@ -125,6 +125,75 @@ describe('kvroute serve --nats', () => {
     expect(code).toBe(0);
   }, 120_000);
 
+  it('runs as several --processes replicas: the primaries share the index and the load, the shells route', async () => {
+    // The relays of the test above still feed JetStream (they stop in afterAll); a prompt of its own here.
+    const replicas = await Promise.all(
+      ['pa', 'pb'].map(async (id) => {
+        const port = await freePort();
+        const p = spawnCli([
+          'serve',
+          '--nats',
+          nats.url,
+          '--processes',
+          '2',
+          '--port',
+          String(port),
+          '--replica-id',
+          id,
+          '--log-level',
+          'warn',
+          '--health-interval-ms',
+          '0',
+          '--no-remote-tokenize',
+        ]);
+        let stderr = '';
+        p.stderr!.on('data', (d) => (stderr += d));
+        return { p, url: `http://127.0.0.1:${port}`, stderr: () => stderr };
+      }),
+    );
+    for (const r of replicas) {
+      await until(async () => (await health(r.url)) === 200, 60_000, `replica ready (stderr: ${r.stderr()})`);
+      await until(
+        async () => ((await (await fetch(`${r.url}/debug/state`)).json()) as { router: { sources: unknown[] } }).router.sources.length === 2,
+        20_000,
+        'both relayed workers discovered',
+      );
+    }
+    const [a, b] = replicas;
+    const prompt = Array.from({ length: 640 }, (_, i) => (i * 104_729 + 17) % 50_000);
+    const ask = async (url: string) => {
+      const r = await fetch(`${url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'mock-model', prompt, max_tokens: 2 }),
+      });
+      expect(r.status).toBe(200);
+      await r.arrayBuffer();
+      return { worker: r.headers.get('x-kvroute-worker'), overlap: Number(r.headers.get('x-kvroute-overlap-blocks')) };
+    };
+    const counter = async (url: string, name: string) => {
+      const text = await (await fetch(`${url}/metrics`)).text();
+      const line = text.split('\n').find((l) => l.startsWith(`${name} `));
+      return line ? Number(line.split(' ')[1]) : 0;
+    };
+    const first = await ask(a.url);
+    expect(first.overlap).toBe(0);
+    // The engine's Stored events reach replica b's primary through JetStream; b's shells route by them.
+    await until(
+      async () => (await ask(b.url)).overlap === 40,
+      20_000,
+      "replica b's shells see the blocks replica a's request left on the engine",
+    );
+    expect((await ask(b.url)).worker).toBe(first.worker);
+    // Lifecycle shared: what a's shells routed, a's primary announced and b's primary folded into its active load.
+    const published = await counter(a.url, 'router_nats_lifecycle_published_total');
+    expect(published).toBeGreaterThanOrEqual(1);
+    await until(async () => (await counter(b.url, 'router_nats_remote_requests_total')) >= 1, 10_000, 'b counts a\'s requests');
+    for (const r of replicas) r.p.kill('SIGTERM');
+    const codes = await Promise.all(replicas.map((r) => new Promise<number | null>((resolve) => r.p.on('exit', resolve))));
+    expect(codes).toEqual([0, 0]);
+  }, 150_000);
+
   it('answers /health 503 "starting" until the replica is ready', async () => {
     let ready = false;
     const server = await startServer(
