@@ -12,16 +12,21 @@
  *                 the msgpack decode itself is not in the figure)
  *                 Each engine holds `--capacity` blocks and evicts its oldest stored blocks past that (a removed
  *                 event), so the index stays the size of the fleet's caches.
+ *   replicas      the approximate fleet with the router a NATS replica (a nats-server started on a free port) and a
+ *                 second replica in the same process: every request the first routes is announced on NATS and folded
+ *                 into the second's active load (what `--nats` adds per request, both sides).
  * The workload: 2,048-token prompts, each a 1,536-token prefix of one of 64 conversation families and 512 fresh tokens
  * (so ~32 new blocks per request once the families are cached), 8 workers.
  *
  *   npm run bench:core [-- --requests 20000 --warmup 5000 --in-flight 32 --workers 8 --tokens 2048 --fresh 512
- *                          --capacity 16384 --only approximate|events]
+ *                          --capacity 16384 --only approximate|events|replicas]
  *
  * Prints the time inside the core's calls per request (performance.now around them; the prompt, its hashes and the
  * engine's bookkeeping are made outside the timed calls, as the shells and the engines make them), on an idle machine
- * the routing core's CPU per request. A primary that did only this would saturate at s / p shells for a shell cost s
- * (bench:capacity `--processes 1,2`).
+ * the routing core's CPU per request; and the process's CPU per request over the timed requests (process.cpuUsage:
+ * this bench's prompts and hashes included, and for `replicas` the second replica's side), whose difference between
+ * `replicas` and `approximate` is what sharing the lifecycle costs. A primary that did only this would saturate at
+ * s / p shells for a shell cost s (bench:capacity `--processes 1,2`). The loop yields to I/O every 32 requests.
  */
 import { loadavg } from 'node:os';
 import { performance } from 'node:perf_hooks';
@@ -31,7 +36,9 @@ import { DEFAULTS, type ServeConfig } from '../src/config/serve.ts';
 import { requestSeqHashes } from '../src/core/multimodal.ts';
 import type { KvEvent } from '../src/core/types.ts';
 import { ClientCancel } from '../src/runtime/cancel.ts';
+import { attachToServer } from '../src/runtime/nats.ts';
 import { startServer } from '../src/server/app.ts';
+import { NatsServer } from '../test/nats/nats-server.ts';
 
 usage(import.meta.url);
 
@@ -56,6 +63,7 @@ const BS = DEFAULTS.blockSize;
 
 interface Row {
   fleet: string;
+  cpuUs: number;
   coreUs: number;
   applyUs: number;
   newBlocks: number;
@@ -70,7 +78,9 @@ function prompt(i: number): number[] {
   return out;
 }
 
-async function run(fleet: 'approximate' | 'events'): Promise<Row> {
+type Fleet = 'approximate' | 'events' | 'replicas';
+
+async function run(fleet: Fleet): Promise<Row> {
   const total = WARMUP + REQUESTS;
   const config: ServeConfig = {
     ...DEFAULTS,
@@ -90,6 +100,16 @@ async function run(fleet: 'approximate' | 'events'): Promise<Row> {
   };
   const server = await startServer(config, { logger: pino({ level: 'silent' }) });
   const { lifecycle, router } = server;
+  // replicas: this router and a peer (same workers), both NATS replicas; only this one routes.
+  const nats = fleet === 'replicas' ? new NatsServer() : null;
+  const peer = nats ? await startServer(config, { logger: pino({ level: 'silent' }) }) : null;
+  const attached: { close(): Promise<void> }[] = [];
+  if (nats && peer) {
+    await nats.start();
+    for (const [i, s] of [server, peer].entries()) {
+      attached.push(await attachToServer(s, { servers: nats.url, replicaId: `bench-${i}`, snapshotIntervalMs: 0 }));
+    }
+  }
   // Per worker, the engine: the block id of each block hash it holds, and the order it stored them in (oldest first).
   const engines = new Map<string, { ids: Map<bigint, bigint>; order: bigint[]; head: number }>();
   let nextEngineId = 1n;
@@ -98,13 +118,17 @@ async function run(fleet: 'approximate' | 'events'): Promise<Row> {
   let applyMs = 0;
   let newBlocks = 0;
   let overlap = 0;
+  let cpu0 = process.cpuUsage();
   for (let i = 0; i < total; i++) {
     if (i === WARMUP) {
       coreMs = 0;
       applyMs = 0;
       newBlocks = 0;
       overlap = 0;
+      cpu0 = process.cpuUsage();
     }
+    // Let I/O in (the NATS client's writes and reads, timers), as a server's event loop would between requests.
+    if (i % 32 === 0) await new Promise((resolve) => setImmediate(resolve));
     const id = `r${i}`;
     // The shell's part: the prompt and its block hashes.
     const tokens = prompt(i);
@@ -179,9 +203,22 @@ async function run(fleet: 'approximate' | 'events'): Promise<Row> {
     applyMs += performance.now() - t1;
   }
   for (const id of open) lifecycle.finish(id, { outcome: 'ok' });
+  // Until the peer has folded every announced request in (its remote-request count stops moving).
+  if (peer) {
+    for (let last = -1, now = 0; now !== last; ) {
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      last = now;
+      now = Number((await peer.metrics.registry.getSingleMetricAsString('router_nats_remote_requests_total')).split(' ').pop());
+    }
+  }
+  const cpu = process.cpuUsage(cpu0);
+  for (const a of attached) await a.close();
   await server.close();
+  await peer?.close();
+  await nats?.dispose();
   return {
     fleet,
+    cpuUs: (cpu.user + cpu.system) / REQUESTS,
     coreUs: (coreMs * 1000) / REQUESTS,
     applyUs: (applyMs * 1000) / REQUESTS,
     newBlocks: newBlocks / REQUESTS,
@@ -191,7 +228,7 @@ async function run(fleet: 'approximate' | 'events'): Promise<Row> {
 
 const load0 = loadavg()[0].toFixed(1);
 const rows: Row[] = [];
-for (const fleet of (['approximate', 'events'] as const).filter((f) => ONLY === null || f === ONLY)) {
+for (const fleet of (['approximate', 'events', 'replicas'] as const).filter((f) => ONLY === null || f === ONLY)) {
   console.error(`[core] ${fleet}: ${WARMUP} warm-up + ${REQUESTS} timed requests`);
   rows.push(await run(fleet));
 }
@@ -201,12 +238,14 @@ console.log(
 );
 console.log('');
 console.log(
-  '| fleet | µs in submit + routed + first token + finish | µs applying KV events | routing core µs/request | new blocks/request | overlap blocks/request |',
+  '| fleet | µs in submit + routed + first token + finish | µs applying KV events | routing core µs/request | ' +
+    'process CPU µs/request | new blocks/request | overlap blocks/request |',
 );
-console.log('|---|---:|---:|---:|---:|---:|');
+console.log('|---|---:|---:|---:|---:|---:|---:|');
 for (const r of rows) {
   console.log(
     `| ${r.fleet} | ${r.coreUs.toFixed(1)} | ${r.fleet === 'events' ? r.applyUs.toFixed(1) : '-'} | ${(r.coreUs + r.applyUs).toFixed(1)} | ` +
+      `${r.cpuUs.toFixed(1)} | ` +
       `${r.fleet === 'events' ? r.newBlocks.toFixed(1) : '-'} | ${r.overlap.toFixed(1)} |`,
   );
 }

@@ -3,6 +3,10 @@
  * peers' announcements are folded into the router with trackRemote / firstToken / finish under the id
  * `<peer>/<request>`, and a peer silent for `peerTtlMs` (or saying bye) has its requests freed. A starting (or
  * reconnected) replica says hello; peers answer by re-announcing what they have in flight.
+ *
+ * Messages are published at the end of the event-loop turn that made them, in order: the NATS client writes what is
+ * published in one synchronous run as one socket write, so a busy replica pays one write per turn, not one per
+ * lifecycle step (bench:core's `replicas` fleet measures it).
  */
 import type { KvRouter } from '../../core/router.ts';
 import type { RouteDecision } from '../../core/types.ts';
@@ -39,6 +43,9 @@ export class PeerLoad {
   private readonly peers = new Map<string, Peer>();
   private readonly local = new Map<string, Added>();
   private closed = false;
+  /** Encoded messages of this turn, published by `flush` (setImmediate). */
+  private queued: Uint8Array[] = [];
+  private scheduled = false;
   readonly stats: PeerLoadStats = { lifecyclePublished: 0, lifecyclePublishErrors: 0, remoteAdded: 0, remoteExpired: 0, peers: 0 };
 
   constructor(private readonly d: PeerLoadDeps) {}
@@ -82,19 +89,37 @@ export class PeerLoad {
     this.publish({ kind: 'hello', replica: this.d.replicaId });
   }
 
-  /** Says bye (peers free this replica's requests at once); nothing is published after it. */
+  /** Says bye (peers free this replica's requests at once) after what is queued; nothing is published after it. */
   bye(): void {
     this.publish({ kind: 'bye', replica: this.d.replicaId });
+    this.flush();
     this.closed = true;
   }
 
   private publish(m: LoadMessage): void {
     if (this.closed) return;
-    try {
-      this.d.send(encodeLoad(m));
-      this.stats.lifecyclePublished++;
-    } catch {
-      this.stats.lifecyclePublishErrors++;
+    this.queued.push(encodeLoad(m));
+    if (this.scheduled) return;
+    this.scheduled = true;
+    setImmediate(() => this.flush());
+  }
+
+  /** Publishes the queued messages in order (one socket write for all of them: see the file's header). */
+  flush(): void {
+    this.scheduled = false;
+    if (this.closed) {
+      this.queued = [];
+      return;
+    }
+    const q = this.queued;
+    this.queued = [];
+    for (const data of q) {
+      try {
+        this.d.send(data);
+        this.stats.lifecyclePublished++;
+      } catch {
+        this.stats.lifecyclePublishErrors++;
+      }
     }
   }
 
