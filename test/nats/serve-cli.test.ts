@@ -154,7 +154,8 @@ describe('kvroute serve --nats', () => {
     for (const r of replicas) {
       await until(async () => (await health(r.url)) === 200, 60_000, `replica ready (stderr: ${r.stderr()})`);
       await until(
-        async () => ((await (await fetch(`${r.url}/debug/state`)).json()) as { router: { sources: unknown[] } }).router.sources.length === 2,
+        async () =>
+          ((await (await fetch(`${r.url}/debug/state`)).json()) as { router: { sources: unknown[] } }).router.sources.length === 2,
         20_000,
         'both relayed workers discovered',
       );
@@ -188,7 +189,7 @@ describe('kvroute serve --nats', () => {
     // Lifecycle shared: what a's shells routed, a's primary announced and b's primary folded into its active load.
     const published = await counter(a.url, 'router_nats_lifecycle_published_total');
     expect(published).toBeGreaterThanOrEqual(1);
-    await until(async () => (await counter(b.url, 'router_nats_remote_requests_total')) >= 1, 10_000, 'b counts a\'s requests');
+    await until(async () => (await counter(b.url, 'router_nats_remote_requests_total')) >= 1, 10_000, "b counts a's requests");
     for (const r of replicas) r.p.kill('SIGTERM');
     const codes = await Promise.all(replicas.map((r) => new Promise<number | null>((resolve) => r.p.on('exit', resolve))));
     expect(codes).toEqual([0, 0]);
