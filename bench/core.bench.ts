@@ -38,6 +38,7 @@ import type { KvEvent } from '../src/core/types.ts';
 import { ClientCancel } from '../src/runtime/cancel.ts';
 import { attachToServer } from '../src/runtime/nats.ts';
 import { startServer } from '../src/server/app.ts';
+import { PeerLoad } from '../src/transport/nats/peer-load.ts';
 import { NatsServer } from '../test/nats/nats-server.ts';
 
 usage(import.meta.url);
@@ -66,6 +67,7 @@ interface Row {
   cpuUs: number;
   coreUs: number;
   applyUs: number;
+  foldUs: number;
   newBlocks: number;
   overlap: number;
 }
@@ -79,6 +81,15 @@ function prompt(i: number): number[] {
 }
 
 type Fleet = 'approximate' | 'events' | 'replicas';
+
+// The peer's side of `replicas`: time in PeerLoad.onMessage (decode + fold into the active load), summed here.
+let foldMs = 0;
+const onMessage = PeerLoad.prototype.onMessage;
+PeerLoad.prototype.onMessage = function (this: PeerLoad, data: Uint8Array): void {
+  const t = performance.now();
+  onMessage.call(this, data);
+  foldMs += performance.now() - t;
+};
 
 async function run(fleet: Fleet): Promise<Row> {
   const total = WARMUP + REQUESTS;
@@ -123,6 +134,7 @@ async function run(fleet: Fleet): Promise<Row> {
     if (i === WARMUP) {
       coreMs = 0;
       applyMs = 0;
+      foldMs = 0;
       newBlocks = 0;
       overlap = 0;
       cpu0 = process.cpuUsage();
@@ -221,6 +233,7 @@ async function run(fleet: Fleet): Promise<Row> {
     cpuUs: (cpu.user + cpu.system) / REQUESTS,
     coreUs: (coreMs * 1000) / REQUESTS,
     applyUs: (applyMs * 1000) / REQUESTS,
+    foldUs: (foldMs * 1000) / REQUESTS,
     newBlocks: newBlocks / REQUESTS,
     overlap: overlap / REQUESTS,
   };
@@ -239,13 +252,13 @@ console.log(
 console.log('');
 console.log(
   '| fleet | µs in submit + routed + first token + finish | µs applying KV events | routing core µs/request | ' +
-    'process CPU µs/request | new blocks/request | overlap blocks/request |',
+    'process CPU µs/request | peer: µs folding in | new blocks/request | overlap blocks/request |',
 );
-console.log('|---|---:|---:|---:|---:|---:|---:|');
+console.log('|---|---:|---:|---:|---:|---:|---:|---:|');
 for (const r of rows) {
   console.log(
     `| ${r.fleet} | ${r.coreUs.toFixed(1)} | ${r.fleet === 'events' ? r.applyUs.toFixed(1) : '-'} | ${(r.coreUs + r.applyUs).toFixed(1)} | ` +
-      `${r.cpuUs.toFixed(1)} | ` +
+      `${r.cpuUs.toFixed(1)} | ${r.fleet === 'replicas' ? r.foldUs.toFixed(1) : '-'} | ` +
       `${r.fleet === 'events' ? r.newBlocks.toFixed(1) : '-'} | ${r.overlap.toFixed(1)} |`,
   );
 }
