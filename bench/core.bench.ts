@@ -31,7 +31,7 @@
 import { loadavg } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import pino from 'pino';
-import { usage } from '../scripts/usage.ts';
+import { numArg, usage } from '../scripts/usage.ts';
 import { DEFAULTS, type ServeConfig } from '../src/config/serve.ts';
 import { requestSeqHashes } from '../src/core/multimodal.ts';
 import type { KvEvent } from '../src/core/types.ts';
@@ -43,18 +43,13 @@ import { NatsServer } from '../test/nats/nats-server.ts';
 
 usage(import.meta.url);
 
-function arg(name: string, fallback: number): number {
-  const i = process.argv.indexOf(`--${name}`);
-  return i >= 0 ? Number(process.argv[i + 1]) : fallback;
-}
-
-const REQUESTS = arg('requests', 20_000);
-const WARMUP = arg('warmup', 5_000);
-const IN_FLIGHT = arg('in-flight', 32);
-const WORKERS = arg('workers', 8);
-const TOKENS = arg('tokens', 2048);
-const FRESH = arg('fresh', 512);
-const CAPACITY = arg('capacity', 16_384);
+const REQUESTS = numArg('requests', 20_000);
+const WARMUP = numArg('warmup', 5_000);
+const IN_FLIGHT = numArg('in-flight', 32);
+const WORKERS = numArg('workers', 8);
+const TOKENS = numArg('tokens', 2048);
+const FRESH = numArg('fresh', 512);
+const CAPACITY = numArg('capacity', 16_384);
 const FAMILIES = 64;
 const ONLY = (() => {
   const i = process.argv.indexOf('--only');

@@ -10,7 +10,7 @@
  *
  *   npm run bench:epp [-- --requests 2000 --concurrency 32 --tokens 2048]
  */
-import { usage } from '../scripts/usage.ts';
+import { numArg, usage } from '../scripts/usage.ts';
 import { spawn } from 'node:child_process';
 import { loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
@@ -19,14 +19,9 @@ import { EnvoySide } from '../test/epp/envoy-side.ts';
 
 usage(import.meta.url);
 
-const args = process.argv.slice(2);
-function arg(name: string, def: number): number {
-  const i = args.indexOf(`--${name}`);
-  return i >= 0 ? Number(args[i + 1]) : def;
-}
-const REQUESTS = arg('requests', 2000);
-const CONCURRENCY = arg('concurrency', 32);
-const TOKENS = arg('tokens', 2048);
+const REQUESTS = numArg('requests', 2000);
+const CONCURRENCY = numArg('concurrency', 32);
+const TOKENS = numArg('tokens', 2048);
 const CLI = fileURLToPath(new URL('../bin/kvroute.mjs', import.meta.url));
 
 function tokens(n: number, seed: number): number[] {

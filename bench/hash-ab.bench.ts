@@ -14,7 +14,7 @@
  * Here the prompts are built once (32 of them, plain arrays) and hashed in turn. Run at two N and take the difference:
  * start-up and the prompts cancel out, and (N2 - N1) calls remain.
  */
-import { usage } from '../scripts/usage.ts';
+import { numArg, strArg, usage } from '../scripts/usage.ts';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
@@ -25,15 +25,10 @@ import * as here from '../src/core/wasm/blocks.ts';
 
 usage(import.meta.url);
 
-function arg(name: string, fallback: string): string {
-  const i = process.argv.indexOf(`--${name}`);
-  return i >= 0 ? process.argv[i + 1] : fallback;
-}
-
-const CALLS = Number(arg('calls', '3000'));
-const TOKENS = Number(arg('tokens', '32768'));
-const AGAINST = arg('against', 'HEAD');
-const ONLY = arg('only', '');
+const CALLS = numArg('calls', 3000);
+const TOKENS = numArg('tokens', 32768);
+const AGAINST = strArg('against', 'HEAD');
+const ONLY = strArg('only', '');
 const BS = 16;
 const SEED = 1337n;
 

@@ -5,7 +5,7 @@
  *
  *   npm run bench:hash [-- --calls 1000 --tokens 32768]
  */
-import { usage } from '../scripts/usage.ts';
+import { numArg, usage } from '../scripts/usage.ts';
 import { loadavg } from 'node:os';
 import { hashBlocksNapi } from '../src/core/hashing.ts';
 import { hashBlocksWasm } from '../src/core/wasm/blocks.ts';
@@ -13,13 +13,8 @@ import { latency, type Latency } from './lib/measure.ts';
 
 usage(import.meta.url);
 
-function arg(name: string, fallback: number): number {
-  const i = process.argv.indexOf(`--${name}`);
-  return i >= 0 ? Number(process.argv[i + 1]) : fallback;
-}
-
-const CALLS = arg('calls', 1000);
-const TOKENS = arg('tokens', 32768);
+const CALLS = numArg('calls', 1000);
+const TOKENS = numArg('tokens', 32768);
 
 type Hasher = typeof hashBlocksNapi;
 const impls: ReadonlyArray<readonly [string, Hasher]> = [

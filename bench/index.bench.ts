@@ -23,16 +23,12 @@ import { NaiveIndex } from './lib/naive-index.ts';
 import { cpuLatency, GcLog, heapBytes, latencyRounds, type Latency } from './lib/measure.ts';
 import { BLOCK, buildWorkload, chunkBounds, loadTrace, materialize, requestSeqHashes, type Workload } from './lib/workload.ts';
 import type { SourceSnapshot } from '../src/core/index/snapshot.ts';
+import { numArg, strArg } from '../scripts/usage.ts';
 
 interface Target {
   addSource(s: number): void;
   apply(source: number, ev: KvEvent): { applied: number; rejected: number };
   findMatches(seq: BigUint64Array): Int32Array;
-}
-
-function arg(name: string, fallback: string): string {
-  const i = process.argv.indexOf(`--${name}`);
-  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : fallback;
 }
 
 const HELP = `usage: npm run bench:index -- [--trace PATH] [options]
@@ -49,17 +45,17 @@ if (process.argv.includes('--help') || process.argv.includes('-h')) {
   console.log(HELP);
   process.exit(0);
 }
-const TRACE = arg(
+const TRACE = strArg(
   'trace',
   process.env.KVROUTE_TRACE ?? new URL('../data/traces/mooncake_conversation_trace.jsonl.gz', import.meta.url).pathname,
 );
-const SOURCES = Number(arg('sources', '64'));
-const CAPACITY = Number(arg('capacity', '36000'));
+const SOURCES = numArg('sources', 64);
+const CAPACITY = numArg('capacity', 36000);
 const BASELINE = !process.argv.includes('--no-baseline');
 const SNAPSHOT = !process.argv.includes('--no-snapshot');
 const JSON_OUT = process.argv.includes('--json');
-const SWEEP = arg('sweep', '');
-const REPEAT = Number(arg('repeat', '1'));
+const SWEEP = strArg('sweep', '');
+const REPEAT = numArg('repeat', 1);
 const LONG_TOKENS = 131_072;
 const SHORT_TOKENS = 8_192;
 const CHUNK_BLOCKS = 250_000;

@@ -15,7 +15,7 @@
  *
  * Options: --batches N (default 16000), --format array|map|both (default both), --runs R (default 2, best reported).
  */
-import { usage } from '../scripts/usage.ts';
+import { numArg, strArg, usage } from '../scripts/usage.ts';
 import { fork } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { loadavg } from 'node:os';
@@ -32,11 +32,6 @@ usage(import.meta.url);
 
 const BLOCK_SIZE = 16;
 const TOPIC = 'kv-events';
-
-function arg(name: string, fallback: string): string {
-  const i = process.argv.indexOf(`--${name}`);
-  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : fallback;
-}
 
 /** The seeded dice (mulberry32), so a run replays. */
 const rng = createRng;
@@ -91,8 +86,8 @@ export function workload(batches: number, format: WireFormat): { payloads: Buffe
 // ------------------------------------------------------------------------------------------------ publisher process
 
 async function publisherMain(): Promise<void> {
-  const format = arg('format', 'array') as WireFormat;
-  const batches = Number(arg('batches', '16000'));
+  const format = strArg('format', 'array') as WireFormat;
+  const batches = numArg('batches', 16000);
   const { payloads } = workload(batches, format);
   const pub = new Publisher({ linger: 2000, sendHighWaterMark: 0 });
   await pub.bind('tcp://127.0.0.1:*');
@@ -229,9 +224,9 @@ function inProcess(format: WireFormat, payloads: Buffer[], events: number, block
 }
 
 async function main(): Promise<void> {
-  const batches = Number(arg('batches', '16000'));
-  const runs = Number(arg('runs', '2'));
-  const which = arg('format', 'both');
+  const batches = numArg('batches', 16000);
+  const runs = numArg('runs', 2);
+  const which = strArg('format', 'both');
   const formats: WireFormat[] = which === 'both' ? ['array', 'map'] : [which as WireFormat];
   console.log(
     `# ingest bench: ${batches} batches per run, block size ${BLOCK_SIZE}, node ${process.version}, load avg ${loadavg()

@@ -11,7 +11,7 @@
  *
  *   npm run bench:nats [-- --blocks 1000000 --after 100000 --per-batch 32]
  */
-import { usage } from '../scripts/usage.ts';
+import { numArg, strArg, usage } from '../scripts/usage.ts';
 import { spawn } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { loadavg } from 'node:os';
@@ -28,22 +28,17 @@ import { jetstreamManager } from '@nats-io/jetstream';
 
 usage(import.meta.url);
 
-function arg(name: string, fallback: string): string {
-  const i = process.argv.indexOf(`--${name}`);
-  return i >= 0 ? process.argv[i + 1] : fallback;
-}
-
 const BS = 16;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 // ------------------------------------------------------------------------------------------ child: engine + relay
 
 async function relaySide(): Promise<void> {
-  const url = arg('nats', '');
-  const worker = arg('worker', 'bench0');
-  const blocks = Number(arg('blocks', '1000000'));
-  const perBatch = Number(arg('per-batch', '32'));
-  const idBase = BigInt(arg('id-base', '1'));
+  const url = strArg('nats', '');
+  const worker = strArg('worker', 'bench0');
+  const blocks = numArg('blocks', 1000000);
+  const perBatch = numArg('per-batch', 32);
+  const idBase = BigInt(strArg('id-base', '1'));
   const pub = new XPublisher({ linger: 0, sendHighWaterMark: 1_000_000 });
   await pub.bind('tcp://127.0.0.1:*');
   const relay = new NatsRelay({ servers: url, workerId: worker, events: pub.lastEndpoint!, replay: null, blockSize: BS, log: quietLog });
@@ -187,9 +182,9 @@ async function routingGaps<T>(
 }
 
 async function main(): Promise<void> {
-  const blocks = Number(arg('blocks', '1000000'));
-  const after = Number(arg('after', '100000'));
-  const perBatch = Number(arg('per-batch', '32'));
+  const blocks = numArg('blocks', 1000000);
+  const after = numArg('after', 100000);
+  const perBatch = numArg('per-batch', 32);
   const nats = new NatsServer();
   await nats.start();
   try {
@@ -294,5 +289,5 @@ async function main(): Promise<void> {
   }
 }
 
-if (arg('role', 'main') === 'relay') await relaySide();
+if (strArg('role', 'main') === 'relay') await relaySide();
 else await main();

@@ -11,7 +11,7 @@
  * (10 ms between tokens is already faster than most engines under load). The latency probe asks it for no delay, so
  * the difference is the proxy's own work.
  */
-import { usage } from '../scripts/usage.ts';
+import { numArg, usage } from '../scripts/usage.ts';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -22,19 +22,15 @@ import autocannon from 'autocannon';
 import { Agent, request } from 'undici';
 import { waitForLine } from './lib/child.ts';
 
-usage(import.meta.url);
-
 const args = process.argv.slice(2);
-function arg(name: string, def: number): number {
-  const i = args.indexOf(`--${name}`);
-  return i >= 0 ? Number(args[i + 1]) : def;
-}
+
+usage(import.meta.url);
 
 // ------------------------------------------------------------------ role: upstream (child process)
 
 async function runUpstream(): Promise<void> {
-  const chunks = arg('chunks', 16);
-  const delay = arg('chunk-delay-ms', 10);
+  const chunks = numArg('chunks', 16);
+  const delay = numArg('chunk-delay-ms', 10);
   const payload = (i: number) =>
     `data: {"id":"b","object":"text_completion","model":"bench","choices":[{"index":0,"text":" tok${i}","finish_reason":null}]}\n\n`;
   const usage =
@@ -176,10 +172,10 @@ function rssMiB(pid: number | undefined): number {
 
 async function main(): Promise<void> {
   const self = fileURLToPath(import.meta.url);
-  const duration = arg('duration', 5);
-  const connections = arg('connections', 64);
-  const streams = arg('streams', 1000);
-  const passArgs = ['--chunks', String(arg('chunks', 16)), '--chunk-delay-ms', String(arg('chunk-delay-ms', 10))];
+  const duration = numArg('duration', 5);
+  const connections = numArg('connections', 64);
+  const streams = numArg('streams', 1000);
+  const passArgs = ['--chunks', String(numArg('chunks', 16)), '--chunk-delay-ms', String(numArg('chunk-delay-ms', 10))];
   const children: ChildProcess[] = [];
   const cleanup = () => {
     for (const c of children) c.kill('SIGTERM');
@@ -207,14 +203,14 @@ async function main(): Promise<void> {
         .join(' ')}`,
     );
     console.log(
-      `upstream: ${arg('chunks', 16)} chunks, ${arg('chunk-delay-ms', 10)} ms apart; autocannon ${connections} connections x ${duration} s`,
+      `upstream: ${numArg('chunks', 16)} chunks, ${numArg('chunk-delay-ms', 10)} ms apart; autocannon ${connections} connections x ${duration} s`,
     );
 
     if (!args.includes('--streams-only')) {
       // Warm both paths, then alternate direct/proxy twice so drift in machine load hits both alike.
       await cannon(upstream, connections, 2);
       await cannon(kvUrl, connections, 2);
-      const rounds = arg('rounds', 3);
+      const rounds = numArg('rounds', 3);
       const direct: Awaited<ReturnType<typeof cannon>>[] = [];
       const proxied: Awaited<ReturnType<typeof cannon>>[] = [];
       for (let r = 0; r < rounds; r++) {
@@ -240,7 +236,7 @@ async function main(): Promise<void> {
       );
 
       const agent = new Agent({ connections: 1 });
-      const seqN = arg('sequential', 1000);
+      const seqN = numArg('sequential', 1000);
       const dSeq = await sequentialMedian(upstream, seqN, agent);
       const pSeq = await sequentialMedian(kvUrl, seqN, agent);
       const dSeq2 = await sequentialMedian(upstream, seqN, agent);
@@ -253,7 +249,7 @@ async function main(): Promise<void> {
       );
     }
 
-    const hold = arg('hold-ms', 3000);
+    const hold = numArg('hold-ms', 3000);
     const rssBefore = rssMiB(kv.pid);
     let rssPeak = rssBefore;
     const sampler = setInterval(() => {

@@ -18,18 +18,15 @@ import { KvRouter } from '../src/core/router.ts';
 import { createRng } from '../src/core/rng.ts';
 import type { SourceSnapshot } from '../src/core/index/snapshot.ts';
 import { runSteps } from '../src/transport/nats/snapshot-store.ts';
+import { numArg } from '../scripts/usage.ts';
 
-function arg(name: string, fallback: string): string {
-  const i = process.argv.indexOf(`--${name}`);
-  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : fallback;
-}
 if (process.argv.includes('--help') || process.argv.includes('-h')) {
   console.log('usage: npm run bench:restore -- [--blocks N (1000000)] [--rounds R (3)] [--budget BLOCKS_PER_STEP (4096)]');
   process.exit(0);
 }
-const BLOCKS = Number(arg('blocks', '1000000'));
-const ROUNDS = Number(arg('rounds', '3'));
-const BUDGET = Number(arg('budget', '4096'));
+const BLOCKS = numArg('blocks', 1_000_000);
+const ROUNDS = numArg('rounds', 3);
+const BUDGET = numArg('budget', 4096);
 const BS = 16;
 /** Blocks per conversation; each shares a random prefix of an earlier one (a prefix tree, as engines' caches are). */
 const CONV = 256;

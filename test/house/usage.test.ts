@@ -48,4 +48,14 @@ describe('--help of the benchmarks and scripts', () => {
     expect(r.stdout).toContain(words);
     expect(r.stdout).not.toMatch(/verdict:|over 400 lines: \d/);
   });
+
+  it.each([
+    [['--calls', 'abc'], '--calls needs a number, got "abc"'],
+    [['--tokens'], '--tokens needs a number, got nothing'],
+  ])('a bad option value (%j) is refused in one line with exit 2 before anything runs', (args, message) => {
+    const r = spawnSync(process.execPath, ['--import', 'tsx', join(ROOT, 'bench/hash.bench.ts'), ...args], { encoding: 'utf8', cwd: ROOT });
+    expect(r.status).toBe(2);
+    expect(r.stderr.trim()).toBe(`error: ${message} (--help lists the options)`);
+    expect(r.stdout).toBe('');
+  });
 });
