@@ -384,14 +384,47 @@ export class TtlIndex {
     this.tailSeq -= shift;
   }
 
+  /** Deletes every dropped entry in one pass (a deletion pulls later cells back, so the cell is read again). */
   private scanAll(): void {
-    this.cursor = 0;
-    while (this.doomed > 0) {
-      const before = this.table.size;
-      this.scan(this.table.capacity, 0);
-      if (this.table.size === before) break;
+    const table = this.table;
+    const cap = table.capacity;
+    const stride = table.stride;
+    for (let i = 0; i < cap; i++) {
+      for (;;) {
+        const at = i * stride;
+        const v = table.cells[at + 2];
+        if (v === 0 || v - 1 > this.floorOf(table.cells[at + 3])) break;
+        table.deleteAt(i);
+      }
     }
     this.doomed = 0;
+  }
+
+  /**
+   * Checks the counts against the table (tests): dropped entries, each live group's and each source's entries.
+   * A full scan; returns the first mismatch, or undefined.
+   */
+  audit(): string | undefined {
+    const perGroup = new Map<number, number>();
+    const perSource = new Map<number, number>();
+    let doomed = 0;
+    this.table.forEach((_lo, _hi, seq, source) => {
+      if (seq <= this.floorOf(source)) doomed++;
+      else {
+        perGroup.set(seq, (perGroup.get(seq) ?? 0) + 1);
+        perSource.set(source, (perSource.get(source) ?? 0) + 1);
+      }
+    });
+    if (doomed !== this.doomed) return `dropped entries: counted ${this.doomed}, found ${doomed}`;
+    for (let seq = this.headSeq; seq < this.tailSeq; seq++) {
+      const s = this.gSource[seq & this.mask];
+      if (seq <= this.floorOf(s)) continue;
+      if ((perGroup.get(seq) ?? 0) !== this.gCount[seq & this.mask])
+        return `group ${seq}: counted ${this.gCount[seq & this.mask]}, found ${perGroup.get(seq) ?? 0}`;
+    }
+    for (let s = 0; s < this.held.length; s++)
+      if ((this.held[s] ?? 0) !== (perSource.get(s) ?? 0)) return `source ${s}: counted ${this.held[s]}, found ${perSource.get(s) ?? 0}`;
+    return undefined;
   }
 
   /** Live blocks of a source (expired ones count until their group is dropped at the next record or sweep). */
