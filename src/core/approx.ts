@@ -101,6 +101,7 @@ export class TtlIndex {
       // Start small under a small budget; the table then grows through a fixed sequence of capacities.
       this.table = new U64Map(Math.max(1, Math.min(1024, Math.floor((tableBytes / CELL_BYTES) * MAX_LOAD) >> 1)), true, {
         maxLoad: MAX_LOAD,
+        hashedKeys: true,
       });
       let cap = this.table.capacity;
       for (let next = capacityAfterGrowth(cap); next > cap && next * CELL_BYTES <= tableBytes; next = capacityAfterGrowth(cap)) cap = next;
@@ -108,7 +109,7 @@ export class TtlIndex {
       this.maxEntries = Math.max(1, Math.floor(cap * MAX_LOAD) - 1);
       this.maxGroups = Math.max(64, 2 ** Math.floor(Math.log2((this.maxBytes * RING_SHARE) / GROUP_BYTES)));
     } else {
-      this.table = new U64Map(1024, true, { maxLoad: MAX_LOAD });
+      this.table = new U64Map(1024, true, { maxLoad: MAX_LOAD, hashedKeys: true });
       this.maxEntries = Infinity;
       this.maxGroups = Infinity;
     }
