@@ -226,8 +226,8 @@ function recordTimes(idx: ApproxLike, full: () => boolean): number[] {
     const { source, chain } = next();
     idx.record(source, chain, t++);
   }
-  // Past the first evictions: twice the table's entries recorded again before timing.
-  const warm = t + 2 * Math.ceil(idx.size / 32);
+  // Past the first evictions: half the table's entries recorded again before timing.
+  const warm = t + Math.ceil(idx.size / 64);
   while (t < warm) {
     const { source, chain } = next();
     idx.record(source, chain, t++);
