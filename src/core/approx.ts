@@ -87,6 +87,8 @@ export class TtlIndex {
   private lastExpiry = 0;
   /** Expiries are stored as int32 ms relative to `base`, rebased when they would overflow. */
   private base = NaN;
+  /** Cells the deletion scan read, in all and at most within one record() (bench:memory reports them). */
+  readonly scanned = { total: 0, worstRecord: 0 };
   /** Sequence number limit before renumbering (a constructor argument for tests). */
   private readonly seqLimit: number;
 
@@ -145,6 +147,7 @@ export class TtlIndex {
     const expiry = Math.max(nowRel + this.ttlMs, this.lastExpiry);
     this.lastExpiry = expiry;
     // A chain longer than the table keeps its leading blocks (still prefix-closed).
+    const scannedBefore = this.scanned.total;
     let n = Math.min(seqHashes.length, this.maxEntries);
     n = this.makeRoom(n);
     if (n === 0) return;
@@ -182,6 +185,7 @@ export class TtlIndex {
     this.held[source] = (this.held[source] ?? 0) + gained;
     this.limitSource(source, seq);
     if (this.doomed > 0) this.scan(SCAN_PER_BLOCK * n + 16, 0);
+    this.scanned.worstRecord = Math.max(this.scanned.worstRecord, this.scanned.total - scannedBefore);
   }
 
   /** The last dropped group's sequence number for a source: entries at or before it are gone. */
@@ -312,7 +316,8 @@ export class TtlIndex {
     let i = this.cursor;
     const head = this.headSeq - 1;
     const cut = this.srcCut;
-    for (let k = 0; k < cells && this.doomed > 0 && table.size > stopAt; k++) {
+    let k = 0;
+    for (; k < cells && this.doomed > 0 && table.size > stopAt; k++) {
       const data = table.cells;
       const at = i * stride;
       const v = data[at + 2];
@@ -328,6 +333,7 @@ export class TtlIndex {
       if (++i === cap) i = 0;
     }
     this.cursor = i;
+    this.scanned.total += k;
   }
 
   /** Holds a source within its capacity (configured, or its engine's): its oldest groups go, never `keep`. */
