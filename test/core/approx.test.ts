@@ -113,6 +113,24 @@ describe('TtlIndex: the byte budget', () => {
     expect(idx.blocks(0) + idx.blocks(1) + idx.blocks(2) + idx.blocks(3)).toBeLessThanOrEqual(idx.size);
   });
 
+  it("a record() at a full table reads a bounded number of cells, whatever the table's size", () => {
+    for (const maxBytes of [64 * 1024, 1024 * 1024]) {
+      const idx = new TtlIndex({ ttlMs: 1e9, maxBytes });
+      const gen = hashes(21);
+      const last = Array.from({ length: 8 }, () => gen(64));
+      // 64-block chains, 32 shared with the source's previous one: three table turnovers.
+      for (let t = 0; t < (3 * idx.maxEntries) / 32; t++) {
+        const s = t % 8;
+        last[s] = extend(last[s].subarray(0, 32), gen(32));
+        idx.record(s, last[s], t);
+      }
+      expect(idx.size).toBeGreaterThan(0.85 * idx.maxEntries);
+      // The old eviction read every cell (twice) per eviction: ~10^5 cells at 1 MiB.
+      expect(idx.scanned.worstRecord).toBeLessThan(40 * 64);
+      expect(idx.audit()).toBeUndefined();
+    }
+  });
+
   it('a chain longer than the whole table keeps its leading blocks', () => {
     const idx = new TtlIndex({ ttlMs: 1e9, maxBytes: 4096 });
     const chain = hashes(3)(idx.maxEntries + 50);
