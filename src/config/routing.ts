@@ -103,7 +103,7 @@ export const ROUTING = {
     flag: '--approx-table-mb <mb>',
     env: 'KVROUTE_APPROX_TABLE_MB',
     help:
-      'memory budget (MiB: the table and its record ring, measured ~27 bytes per block) of approximate mode, which ' +
+      'memory budget (MiB, the table and its record ring: ~27 bytes of budget per block, 64 MiB hold ~2.5 M) of approximate mode, which ' +
       'remembers the blocks routed to workers without KV events; the least recently routed dropped beyond (a worker ' +
       'also never holds more than its KV capacity, blocks=, when known)',
     group: GROUPS.routing,
