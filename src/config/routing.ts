@@ -95,6 +95,19 @@ export const ROUTING = {
       'store; 0 = never (docs/engines.md)',
     group: GROUPS.routing,
   }),
+  // 64 MiB: ~2.5 M blocks (~27 bytes of budget per block: 16-byte cells at 50-80% load, the group ring's eighth), the
+  // full KV caches of 25-125 engines of 20k-100k blocks; past it the least recently routed blocks fleet-wide go first,
+  // as the engines evict too. Unbounded, 3,000 req/s x 32 new blocks per request for the 120 s TTL would be ~11 M
+  // entries (~300 MiB).
+  approxTableMb: withDefault(number({ min: 1, max: 1_048_576 }), 64, {
+    flag: '--approx-table-mb <mb>',
+    env: 'KVROUTE_APPROX_TABLE_MB',
+    help:
+      'memory budget (MiB, the table and its record ring: ~27 bytes of budget per block, 64 MiB hold ~2.5 M) of approximate mode, which ' +
+      'remembers the blocks routed to workers without KV events; the least recently routed dropped beyond (a worker ' +
+      'also never holds more than its KV capacity, blocks=, when known)',
+    group: GROUPS.routing,
+  }),
   // 1,024: the largest threshold whose decode-side prefill step (≈ 32 ms in the timing model, plus the batch's decode
   // step) stays within a 50 ms per-token ITL SLO; the simulator's sweep behind it is in bench/RESULTS.md (P/D).
   disaggMinUncachedTokens: withDefault(integer({ min: 0 }), 1024, {
@@ -278,6 +291,7 @@ export function routerOptionsFrom(s: RoutingSettings): KvRouterOptions {
       ...(s.tierRemoteCredit > 0 ? { remoteTierCredit: s.tierRemoteCredit } : {}),
     },
     storeOnlyTtlMs: s.storeOnlyTtlMs,
+    approxTableBytes: Math.floor(s.approxTableMb * 2 ** 20),
     seed: s.seed,
     selection: s.selection,
     busy: { activeBlockFraction: s.busyKvFraction, activePrefillTokens: s.busyPrefillTokens },

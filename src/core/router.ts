@@ -90,8 +90,10 @@ export interface KvRouterOptions {
   readonly storeOnlyTtlMs?: number;
   /** TTL of approximate-mode entries (sources without events), in ms. Default 120 s. */
   readonly approxTtlMs?: number;
-  /** Per-source block capacity of approximate mode. */
+  /** Per-source block capacity of approximate mode (a source's learned KV capacity caps it too). */
   readonly approxCapacityBlocks?: number;
+  /** Byte budget of approximate mode's table (--approx-table-mb); the oldest decisions fleet-wide go first beyond. */
+  readonly approxTableBytes?: number;
   /** Cap on distinct blocks in the event index. */
   readonly maxIndexedBlocks?: number;
   readonly busy?: BusyThresholds;
@@ -244,7 +246,12 @@ export class KvRouter {
     this.overlay = options.overlay ?? true;
     this.active = new ActiveLoad({ graceMs: this.overlay ? (options.overlayGraceMs ?? 2_000) : 0 });
     this.tiers = new TierIndex({ storeOnlyTtlMs: options.storeOnlyTtlMs });
-    this.approx = new TtlIndex({ ttlMs: options.approxTtlMs ?? 120_000, capacityPerSource: options.approxCapacityBlocks });
+    this.approx = new TtlIndex({
+      ttlMs: options.approxTtlMs ?? 120_000,
+      capacityPerSource: options.approxCapacityBlocks,
+      capacityOf: (s) => this.byIndex[s]?.capacityBlocks,
+      maxBytes: options.approxTableBytes,
+    });
     this.factStores = {
       index: this.index,
       active: this.active,
@@ -264,6 +271,11 @@ export class KvRouter {
     this.selection = options.selection ?? 'auto';
     this.exhaustiveLimit = options.exhaustiveLimit ?? 256;
     this.coldCandidates = options.coldCandidates ?? 16;
+  }
+
+  /** Approximate mode's table memory and budget, bytes (router_table_bytes{table="approximate"}). */
+  get approxTable(): { readonly bytes: number; readonly maxBytes: number } {
+    return this.approx;
   }
 
   // ---------------------------------------------------------------- sources

@@ -2,7 +2,7 @@
  * The memory of the router's bounded tables, as the estimates their byte budgets count (docs/operations.md "Memory
  * model"): the tokenizer cache (--tokenizer-cache-mb; read at scrape time from the local tokenizer, whose worker thread
  * answers info(), or the engine-tokenizer answer cache), the session table (--session-table-mb) and the response pins
- * (--response-pin-table-mb). The event index has its own gauge (router_kv_index_bytes, worker-gauges.ts).
+ * (--response-pin-table-mb), and approximate mode's table (--approx-table-mb). The event index has its own gauge (router_kv_index_bytes, worker-gauges.ts).
  */
 import { Counter, Gauge, type Registry } from 'prom-client';
 
@@ -72,17 +72,20 @@ export function registerTokenizerGauges(registry: Registry, p: string, read: () 
   });
 }
 
-/** What the table gauges read: the dispatcher's session table and pin table. */
+/** What the table gauges read: the dispatcher's session table and pin table, and its router's approximate table. */
 export interface TableBytesSource {
   readonly sessions: { readonly bytes: number; readonly maxBytes: number };
   readonly pins: { readonly bytes: number; readonly options: { readonly maxBytes?: number } };
+  readonly router?: { readonly approxTable: { readonly bytes: number; readonly maxBytes: number } };
 }
 
 export function registerTableGauges(registry: Registry, p: string, from: TableBytesSource): void {
   const registers = [registry];
   new Gauge({
     name: `${p}router_table_bytes`,
-    help: 'Estimated memory of a bounded routing table, bytes (table: sessions, response_pins): what its budget counts.',
+    help:
+      'Estimated memory of a bounded routing table, bytes (table: sessions, response_pins, approximate): what its budget ' +
+      "counts (approximate: the arrays' bytes).",
     labelNames: ['table'] as const,
     registers,
     collect() {
@@ -90,11 +93,15 @@ export function registerTableGauges(registry: Registry, p: string, from: TableBy
       this.set({ table: 'response_pins' }, from.pins.bytes);
       limit.set({ table: 'sessions' }, from.sessions.maxBytes);
       limit.set({ table: 'response_pins' }, from.pins.options.maxBytes ?? Number.POSITIVE_INFINITY);
+      if (from.router) {
+        this.set({ table: 'approximate' }, from.router.approxTable.bytes);
+        limit.set({ table: 'approximate' }, from.router.approxTable.maxBytes);
+      }
     },
   });
   const limit = new Gauge({
     name: `${p}router_table_limit_bytes`,
-    help: "A bounded routing table's byte budget (--session-table-mb, --response-pin-table-mb).",
+    help: "A bounded routing table's byte budget (--session-table-mb, --response-pin-table-mb, --approx-table-mb).",
     labelNames: ['table'] as const,
     registers,
   });

@@ -167,6 +167,7 @@ describe('one mapping from settings to the core', () => {
       bands: [],
       tenantWeights: { a: 2 },
       sessionTableMb: 1.5,
+      approxTableMb: 2.5,
     };
     const r = routerOptionsFrom(s);
     expect(r).toEqual({
@@ -174,6 +175,7 @@ describe('one mapping from settings to the core', () => {
       policy: DEFAULT_POLICY,
       knobs: { prefillLoadScale: 1, overlapCredit: 1, temperature: 0, decodeOverlapCredit: 0, ...TIER_CREDIT_ON, remoteTierCredit: 0.5 },
       storeOnlyTtlMs: DEFAULT_STORE_ONLY_TTL_MS,
+      approxTableBytes: 2.5 * 2 ** 20,
       seed: 0,
       selection: 'auto',
       busy: { activeBlockFraction: 0.9, activePrefillTokens: 4096 },

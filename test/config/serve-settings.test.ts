@@ -7,7 +7,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Command } from 'commander';
 import { describe, expect, it } from 'vitest';
-import { ADMISSION_SETTINGS } from '../../src/config/routing.ts';
+import { ADMISSION_SETTINGS, routerOptionsFrom } from '../../src/config/routing.ts';
+import { KvRouter } from '../../src/core/router.ts';
 import { addServeOptions, DEFAULTS, loadConfigFile, resolveServeConfig, serveSchema, serveSettingsFrom } from '../../src/config/serve.ts';
 import { longFlag, SettingError, settingsOf } from '../../src/config/settings.ts';
 import { parseWorkerSpec, workerFromUnknown } from '../../src/config/worker-spec.ts';
@@ -88,14 +89,21 @@ describe('precedence', () => {
 });
 
 describe('memory budgets', () => {
-  it('are in --help, default to 64 / 32 / 32 MiB, and refuse what is not a size', async () => {
+  it('are in --help, default to 64 / 32 / 32 / 64 MiB, and refuse what is not a size', async () => {
     const cmd = new Command('serve').exitOverride();
     addServeOptions(cmd);
     const help = cmd.helpInformation();
-    for (const flag of ['--tokenizer-cache-mb <mb>', '--session-table-mb <mb>', '--response-pin-table-mb <mb>'])
+    for (const flag of ['--tokenizer-cache-mb <mb>', '--session-table-mb <mb>', '--response-pin-table-mb <mb>', '--approx-table-mb <mb>'])
       expect(help).toContain(flag);
     const { config } = await resolveServeConfig({});
-    expect([config.tokenizerCacheMb, config.sessionTableMb, config.responsePinTableMb]).toEqual([64, 32, 32]);
+    expect([config.tokenizerCacheMb, config.sessionTableMb, config.responsePinTableMb, config.approxTableMb]).toEqual([64, 32, 32, 64]);
+    // The approximate table's budget reaches the router in bytes.
+    const approx = await resolveServeConfig({ env: { KVROUTE_APPROX_TABLE_MB: '8' } });
+    expect(routerOptionsFrom(approx.config).approxTableBytes).toBe(8 * 2 ** 20);
+    expect(new KvRouter(routerOptionsFrom(approx.config)).approxTable.maxBytes).toBe(8 * 2 ** 20);
+    expect(await refusal(resolveServeConfig({ flags: { approxTableMb: '0' } }))).toMatch(
+      /^--approx-table-mb \(KVROUTE_APPROX_TABLE_MB\) must be a number/,
+    );
     expect((await resolveServeConfig({ env: { KVROUTE_TOKENIZER_CACHE_MB: '0.5' } })).config.tokenizerCacheMb).toBe(0.5);
     expect(await refusal(resolveServeConfig({ env: { KVROUTE_TOKENIZER_CACHE_MB: '-1' } }))).toMatch(
       /^--tokenizer-cache-mb \(KVROUTE_TOKENIZER_CACHE_MB\) must be a number/,

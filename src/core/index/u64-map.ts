@@ -27,6 +27,14 @@ function sizeFor(n: number): [number, number, number] {
   return [7 * 2 ** k, 7, k + 3];
 }
 
+/**
+ * The capacity a map of `cap` cells grows to at its next growth (the same arithmetic as U64Map's growth), for owners
+ * that bound a map in bytes by never letting it grow past a limit (the approximate index, core/approx.ts).
+ */
+export function capacityAfterGrowth(cap: number): number {
+  return cap >= MAX_CAPACITY ? cap : sizeFor(Math.min(MAX_CAPACITY, Math.ceil(cap * GROWTH)))[0];
+}
+
 /** Both halves mixed (engine ids may be small or sequential, so the low bits alone would cluster); a u32. */
 function mixOf(lo: number, hi: number): number {
   return Math.imul(lo ^ Math.imul(hi, 0x85ebca6b), 0x9e3779b1) >>> 0;
