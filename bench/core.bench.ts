@@ -19,7 +19,8 @@
  * (so ~32 new blocks per request once the families are cached), 8 workers.
  *
  *   npm run bench:core [-- --requests 20000 --warmup 5000 --in-flight 32 --workers 8 --tokens 2048 --fresh 512
- *                          --capacity 16384 --only approximate|events|replicas]
+ *                          --capacity 16384 --approx-table-mb 64 --only approximate|events|replicas]
+ *     --approx-table-mb  approximate mode's budget (serve's setting; a small one keeps the table full, evicting)
  *
  * Prints the time inside the core's calls per request (performance.now around them; the prompt, its hashes and the
  * engine's bookkeeping are made outside the timed calls, as the shells and the engines make them), on an idle machine
@@ -50,6 +51,7 @@ const WORKERS = numArg('workers', 8);
 const TOKENS = numArg('tokens', 2048);
 const FRESH = numArg('fresh', 512);
 const CAPACITY = numArg('capacity', 16_384);
+const APPROX_MB = numArg('approx-table-mb', DEFAULTS.approxTableMb);
 const FAMILIES = 64;
 const ONLY = (() => {
   const i = process.argv.indexOf('--only');
@@ -95,6 +97,7 @@ async function run(fleet: Fleet): Promise<Row> {
     remoteTokenize: false,
     engineMetricsIntervalMs: 0,
     logLevel: 'silent',
+    approxTableMb: APPROX_MB,
     // Never connected to: the decisions are made, no request is sent. A ZMQ endpoint nobody binds makes the worker an
     // event-fed one (the subscriber waits quietly).
     workers: Array.from({ length: WORKERS }, (_, w) => ({
