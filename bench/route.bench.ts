@@ -132,7 +132,7 @@ function faultReport(hash: number[], hashSpans: number[], hashFaults: number[], 
   const faulted = hash.filter((_, i) => hashFaults[i] > 0);
   const clean = hash.filter((_, i) => hashFaults[i] === 0);
   const p99 = pct(hash, 99);
-  const slow = hash.map((h, i) => i).filter((i) => hash[i] >= p99);
+  const slow = hash.map((_, i) => i).filter((i) => hash[i] >= p99);
   const kinds = new Map<number, number>();
   let slowGc = 0;
   for (const i of slow) {
