@@ -125,7 +125,7 @@ function run(SOURCES: number, selection: 'auto' | 'exhaustive' | 'sampled', prom
 
 /**
  * --faults: the hash phase's minor page faults, its times split by whether it took any, and the calls over the hash p99
- * that overlapped a collection (by kind: 1 scavenge, 2 mark-compact, 4 incremental marking, 8 weak callbacks).
+ * that overlapped a collection (by perf_hooks kind: 1 scavenge, 4 mark-compact, 8 incremental marking, 16 weak callbacks).
  */
 function faultReport(hash: number[], hashSpans: number[], hashFaults: number[], restFaults: number[]): string[] {
   const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
