@@ -92,6 +92,7 @@ function run(SOURCES: number, selection: 'auto' | 'exhaustive' | 'sampled', prom
   const hashSpans: number[] = []; // [start, end] of each timed call's hash phase
   const hashFaults: number[] = [];
   const restFaults: number[] = [];
+  const held: BigUint64Array[] = []; // the in-flight requests' hashes, by i % 64
   const WARMUP = Math.min(200, calls / 4);
   for (let i = 0; i < calls + WARMUP; i++) {
     const fam = families[i % families.length];
@@ -105,8 +106,13 @@ function run(SOURCES: number, selection: 'auto' | 'exhaustive' | 'sampled', prom
     const t1 = performance.now();
     if (d.kind !== 'routed') throw new Error('refused');
     const f = faultMarks;
-    // Keep in-flight load realistic: about 64 requests in flight.
-    if (i >= 64) router.finish(`r${i - 64}`, { cachedTokens: 0 }, i);
+    // Keep in-flight load realistic: about 64 requests in flight. A finished request's hashes are given back as the
+    // dispatcher gives them back in serve (KvRouter.releaseHashes), so the router may reuse their memory.
+    if (i >= 64) {
+      router.finish(`r${i - 64}`, { cachedTokens: 0 }, i);
+      router.releaseHashes(held[i % 64]);
+    }
+    held[i % 64] = d.seqHashes;
     if (i < WARMUP) continue;
     total.push(t1 - t0);
     spans.push(t0, t1);
