@@ -27,7 +27,7 @@ export class HashBuffers {
   private freeBytes = 0;
 
   /** `maxFreeBytes`: the free list's bound; buffers given back beyond it are left to the collector. */
-  constructor(private readonly maxFreeBytes = 32 * 1024 * 1024) {}
+  constructor(private readonly maxFreeBytes = 16 * 1024 * 1024) {}
 
   /** A zero-length-or-more view for `blocks` hashes, held by the caller (and by nothing else yet). */
   take(blocks: number): BigUint64Array {
