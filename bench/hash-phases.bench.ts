@@ -6,8 +6,8 @@
  * flight plus 2,000 calls of finished chains). `--out slab:<bytes>` carves the outputs out of shared ArrayBuffers of
  * that size instead of one fresh BigUint64Array each (an alternative measured for issue 29 and not adopted),
  * `--out unsafe` uses Buffer.allocUnsafeSlow (no zero fill), `--out recycled` takes views of keep + 1 buffers allocated
- * and touched before the timed calls, in turn (never one still kept): what an output the router could recycle would
- * cost (issue 29, "the hash phase's tail"; the router cannot today, see bench/RESULTS.md).
+ * and touched before the timed calls, in turn (never one still kept): the steady state of route()'s recycled outputs
+ * (src/core/hash-buffers.ts; bench/RESULTS.md, "Issue 29: the hash phase's tail").
  *
  *   npm run bench:hash-phases [-- --calls 4000 --tokens 32768 --keep 64 --out fresh|unsafe|recycled|slab:65536]
  */
