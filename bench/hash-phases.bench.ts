@@ -1,12 +1,15 @@
 /**
  * bench:hash-phases — the hash phase of route() split into its parts, on bench:route's prompts (a family prefix plus a
  * fresh 1,024-token turn, built fresh every call as a plain array): the copy of the prompt into wasm memory, the
- * output array's allocation, the wasm call, the copy of the hashes out. 64 outputs are kept alive (bench:route keeps
- * 64 requests in flight). `--out slab:<bytes>` carves the outputs out of shared ArrayBuffers of that size instead of
- * one fresh BigUint64Array each (an alternative measured for issue 29 and not adopted), `--out unsafe` uses
- * Buffer.allocUnsafeSlow (no zero fill).
+ * output array's allocation, the wasm call, the copy of the hashes out. The last `--keep` outputs are kept alive
+ * (default 64: bench:route's requests in flight; 2,100 is what bench:route's active load and overlay ring hold, 64 in
+ * flight plus 2,000 calls of finished chains). `--out slab:<bytes>` carves the outputs out of shared ArrayBuffers of
+ * that size instead of one fresh BigUint64Array each (an alternative measured for issue 29 and not adopted),
+ * `--out unsafe` uses Buffer.allocUnsafeSlow (no zero fill), `--out recycled` takes views of keep + 1 buffers allocated
+ * and touched before the timed calls, in turn (never one still kept): the steady state of route()'s recycled outputs
+ * (src/core/hash-buffers.ts; bench/RESULTS.md, "Issue 29: the hash phase's tail").
  *
- *   npm run bench:hash-phases [-- --calls 4000 --tokens 32768 --out fresh|unsafe|slab:65536]
+ *   npm run bench:hash-phases [-- --calls 4000 --tokens 32768 --keep 64 --out fresh|unsafe|recycled|slab:65536]
  */
 import { usage } from '../scripts/usage.ts';
 import { loadavg } from 'node:os';
@@ -23,6 +26,7 @@ function arg(name: string, fallback: string): string {
 const CALLS = Number(arg('calls', '4000'));
 const TOKENS = Number(arg('tokens', '32768'));
 const OUT = arg('out', 'fresh');
+const KEEP = Number(arg('keep', '64'));
 const SLAB = OUT.startsWith('slab:') ? Number(OUT.slice(5)) : 0;
 const BS = 16;
 const N = Math.floor(TOKENS / BS);
@@ -40,6 +44,17 @@ const families = Array.from({ length: 16 }, (_, f) => Array.from({ length: TOKEN
 const prompt = (i: number): number[] =>
   families[i % families.length].slice(0, TOKENS - 1024).concat(Array.from({ length: 1024 }, (_, j) => (i * 1_003 + j) % 151_000));
 
+// --out recycled: one more buffer than are kept, so the one handed out is never still kept.
+const recycled =
+  OUT === 'recycled'
+    ? Array.from({ length: KEEP + 1 }, () => {
+        const b = new ArrayBuffer(N * 8);
+        new Uint8Array(b).fill(1);
+        return b;
+      })
+    : [];
+let recycledAt = 0;
+
 let slab = new ArrayBuffer(8);
 let slabOff = Number.POSITIVE_INFINITY;
 function output(): BigUint64Array {
@@ -50,6 +65,11 @@ function output(): BigUint64Array {
     }
     const out = new BigUint64Array(slab, slabOff, N);
     slabOff += N * 8;
+    return out;
+  }
+  if (OUT === 'recycled') {
+    const out = new BigUint64Array(recycled[recycledAt], 0, N);
+    recycledAt = (recycledAt + 1) % recycled.length;
     return out;
   }
   if (OUT === 'unsafe') {
@@ -73,7 +93,7 @@ for (let i = 0; i < CALLS + WARMUP; i++) {
   out.set(u64.subarray(seqPtr / 8, seqPtr / 8 + N));
   const t4 = performance.now();
   kept.push(out);
-  if (kept.length > 64) kept.shift();
+  if (kept.length > KEEP) kept.shift();
   if (i >= WARMUP) {
     parts.copy.push(t1 - t0);
     parts.alloc.push(t2 - t1);
@@ -88,7 +108,7 @@ const q = (a: number[], p: number): string => {
   return (s[Math.floor(p * (s.length - 1))] * 1000).toFixed(1);
 };
 console.log(
-  `bench:hash-phases  ${TOKENS} tokens bs ${BS}, ${CALLS} calls, output ${OUT}, node ${process.version}, load average ${loadavg()[0].toFixed(1)}`,
+  `bench:hash-phases  ${TOKENS} tokens bs ${BS}, ${CALLS} calls, output ${OUT}, ${KEEP} kept, node ${process.version}, load average ${loadavg()[0].toFixed(1)}`,
 );
 for (const [name, a] of Object.entries(parts))
   console.log(`${name.padEnd(6)} p50 ${q(a, 0.5).padStart(7)} us   p99 ${q(a, 0.99).padStart(7)} us`);

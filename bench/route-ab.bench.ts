@@ -85,6 +85,7 @@ const times: Record<Side, Record<(typeof phases)[number], number[]>> = {
   against: { total: [], hash: [], find: [], select: [] },
 };
 const diff: number[] = [];
+const held: Record<Side, BigUint64Array[]> = { this: [], against: [] }; // each side's in-flight hashes, by i % 64
 const WARMUP = Math.min(200, ITER / 4);
 const load0 = loadavg()[0];
 for (let i = 0; i < ITER + WARMUP; i++) {
@@ -98,7 +99,13 @@ for (let i = 0; i < ITER + WARMUP; i++) {
     const d = router.route({ requestId: `r${i}`, tokens: p }, i);
     const t1 = performance.now();
     if (d.kind !== 'routed') throw new Error('refused');
-    if (i >= 64) router.finish(`r${i - 64}`, { cachedTokens: 0 }, i);
+    if (i >= 64) {
+      router.finish(`r${i - 64}`, { cachedTokens: 0 }, i);
+      // As the dispatcher does when a request finishes (a tree without KvRouter.releaseHashes skips it).
+      const done = held[side][i % 64];
+      if (done && 'releaseHashes' in router) (router as { releaseHashes(h: BigUint64Array): void }).releaseHashes(done);
+    }
+    held[side][i % 64] = d.seqHashes;
     got[side] = d;
     took[side] = t1 - t0;
     if (i < WARMUP) continue;

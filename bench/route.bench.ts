@@ -4,8 +4,12 @@
  * p99 <= 250 us. The verdict line judges both (on an idle machine: on a loaded one the p99 is the scheduler's).
  *
  *   npm run bench:route [-- --iterations 2000 --tokens 32768 --sources 64 --selection auto|exhaustive|sampled]
- *                          [--cold]
+ *                          [--cold] [--faults]
  *     --cold           prompts share no prefix with each other or with the cached families (fresh tokens each)
+ *     --faults         also count minor page faults per phase (the router's clock reads process.resourceUsage() at each
+ *                      phase boundary, a system call that adds ~1-5 us to every phase) and print the hash phase's
+ *                      times split by whether it faulted, and which calls over the hash p99 overlapped a collection.
+ *                      The malloc setting the run used (GLIBC_TUNABLES) is printed either way.
  *   After the verdict, the same workload 8 tokens shorter (a partial last block, as most real prompts end) is timed
  *   with half the calls and printed beside it.
  *   npm run bench:route -- --sweep [--tokens 8192]     fleet sizes 64, 256, 1,024, 4,096: exhaustive vs auto (sampled
@@ -34,6 +38,7 @@ const SELECTION = (() => {
 })();
 const SWEEP = process.argv.includes('--sweep');
 const COLD = process.argv.includes('--cold');
+const FAULTS = process.argv.includes('--faults');
 const BS = 16;
 const rng = createRng(42);
 
@@ -44,13 +49,26 @@ const pct = (xs: number[], p: number) => {
 
 // The observer's callback runs only when the event loop does (after the synchronous loop below): the entries are
 // collected then, and matched against the timed calls' intervals.
-const gcs: { start: number; end: number }[] = [];
+const gcs: { start: number; end: number; kind: number }[] = [];
 new PerformanceObserver((list) => {
-  for (const e of list.getEntries()) gcs.push({ start: e.startTime, end: e.startTime + e.duration });
+  for (const e of list.getEntries()) {
+    const kind = (e as unknown as { detail?: { kind?: number } }).detail?.kind ?? 0;
+    gcs.push({ start: e.startTime, end: e.startTime + e.duration, kind });
+  }
 }).observe({ entryTypes: ['gc'] });
 
+// --faults: route() reads its clock at the start and at the end of each phase (hash, find, select); the clock then also
+// records the process's minor page faults, so each call's faults split by phase.
+const faultMarks: number[] = [];
+const clock = FAULTS
+  ? () => {
+      faultMarks.push(process.resourceUsage().minorPageFault);
+      return performance.now();
+    }
+  : () => performance.now();
+
 function run(SOURCES: number, selection: 'auto' | 'exhaustive' | 'sampled', promptLen: number = TOKENS, calls: number = ITER) {
-  const router = new KvRouter({ blockSize: BS, seed: 1, selection, clock: () => performance.now() });
+  const router = new KvRouter({ blockSize: BS, seed: 1, selection, clock });
   for (let s = 0; s < SOURCES; s++) router.addSource({ workerId: `w${s}`, dpRank: 0 });
 
   // 16 conversation families, each a 32k-token prompt; each family cached (to a random depth) on 3 sources.
@@ -71,6 +89,10 @@ function run(SOURCES: number, selection: 'auto' | 'exhaustive' | 'sampled', prom
   const find: number[] = [];
   const select: number[] = [];
   const spans: number[] = []; // [t0, t1] of each timed call
+  const hashSpans: number[] = []; // [start, end] of each timed call's hash phase
+  const hashFaults: number[] = [];
+  const restFaults: number[] = [];
+  const held: BigUint64Array[] = []; // the in-flight requests' hashes, by i % 64
   const WARMUP = Math.min(200, calls / 4);
   for (let i = 0; i < calls + WARMUP; i++) {
     const fam = families[i % families.length];
@@ -78,21 +100,59 @@ function run(SOURCES: number, selection: 'auto' | 'exhaustive' | 'sampled', prom
     const prompt = COLD
       ? Array.from({ length: promptLen }, (_, j) => (i * 7_777 + j * 13 + ((j * j) % 977)) % 151_000)
       : fam.slice(0, promptLen - 1024).concat(Array.from({ length: 1024 }, (_, j) => (i * 1_003 + j) % 151_000));
+    faultMarks.length = 0;
     const t0 = performance.now();
     const d = router.route({ requestId: `r${i}`, tokens: prompt }, i);
     const t1 = performance.now();
     if (d.kind !== 'routed') throw new Error('refused');
-    // Keep in-flight load realistic: about 64 requests in flight.
-    if (i >= 64) router.finish(`r${i - 64}`, { cachedTokens: 0 }, i);
+    const f = faultMarks;
+    // Keep in-flight load realistic: about 64 requests in flight. A finished request's hashes are given back as the
+    // dispatcher gives them back in serve (KvRouter.releaseHashes), so the router may reuse their memory.
+    if (i >= 64) {
+      router.finish(`r${i - 64}`, { cachedTokens: 0 }, i);
+      router.releaseHashes(held[i % 64]);
+    }
+    held[i % 64] = d.seqHashes;
     if (i < WARMUP) continue;
     total.push(t1 - t0);
     spans.push(t0, t1);
+    hashSpans.push(t0, t0 + d.timingsMs!.hash);
+    if (FAULTS) {
+      hashFaults.push(f[1] - f[0]);
+      restFaults.push(f[3] - f[1]);
+    }
     hash.push(d.timingsMs!.hash);
     find.push(d.timingsMs!.find);
     select.push(d.timingsMs!.select);
   }
 
-  return { total, hash, find, select, spans };
+  return { total, hash, find, select, spans, hashSpans, hashFaults, restFaults };
+}
+
+/**
+ * --faults: the hash phase's minor page faults, its times split by whether it took any, and the calls over the hash p99
+ * that overlapped a collection (by perf_hooks kind: 1 scavenge, 4 mark-compact, 8 incremental marking, 16 weak callbacks).
+ */
+function faultReport(hash: number[], hashSpans: number[], hashFaults: number[], restFaults: number[]): string[] {
+  const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
+  const faulted = hash.filter((_, i) => hashFaults[i] > 0);
+  const clean = hash.filter((_, i) => hashFaults[i] === 0);
+  const p99 = pct(hash, 99);
+  const slow = hash.map((_, i) => i).filter((i) => hash[i] >= p99);
+  const kinds = new Map<number, number>();
+  let slowGc = 0;
+  for (const i of slow) {
+    const over = gcs.filter((g) => g.start < hashSpans[2 * i + 1] && g.end > hashSpans[2 * i]);
+    if (over.length > 0) slowGc++;
+    for (const g of over) kinds.set(g.kind, (kinds.get(g.kind) ?? 0) + 1);
+  }
+  const side = (xs: number[]) => (xs.length > 0 ? `${xs.length} calls, p50 ${us(xs, 50)} / p99 ${us(xs, 99)} us` : 'none');
+  return [
+    `  page faults: hash phase ${mean(hashFaults).toFixed(2)} a call (${((100 * faulted.length) / hash.length).toFixed(0)}% of calls took any), find + select ${mean(restFaults).toFixed(2)}`,
+    `    hash with faults    ${side(faulted)}`,
+    `    hash without        ${side(clean)}`,
+    `    hash >= its p99: ${slow.length} calls, ${slowGc} overlapped a collection${kinds.size > 0 ? ` (kinds ${[...kinds].map(([k, n]) => `${k}: ${n}`).join(', ')})` : ''}, mean faults ${mean(slow.map((i) => hashFaults[i])).toFixed(1)}`,
+  ];
 }
 
 /** Calls slower than the p99, and how many of them overlapped a garbage collection (the event loop must have run). */
@@ -126,17 +186,18 @@ if (SWEEP) {
     }
   }
 } else {
-  const { total, hash, find, select, spans } = run(SOURCES, SELECTION);
+  const { total, hash, find, select, spans, hashSpans, hashFaults, restFaults } = run(SOURCES, SELECTION);
   await new Promise((resolve) => setTimeout(resolve, 50)); // let the GC observer's callback run
   console.log(
     `bench:route  ${TOKENS}-token prompts (${TOKENS / BS} blocks of ${BS}), ${SOURCES} sources, selection ${SELECTION}, ${ITER} calls, node ${process.version}` +
-      `${COLD ? ', cold (no shared prefixes)' : ''}`,
+      `${COLD ? ', cold (no shared prefixes)' : ''}, GLIBC_TUNABLES=${process.env.GLIBC_TUNABLES ?? '(unset)'}`,
   );
   console.log(`  route() total   ${fmt(total)}   (target p99 <= 500 us, issue 2; goal p99 <= 250 us, issue 29)`);
   console.log(`    hash          ${fmt(hash)}`);
   console.log(`    find matches  ${fmt(find)}`);
   console.log(`    select        ${fmt(select)}`);
   console.log(`  GC: ${tailGc(total, spans)}`);
+  if (FAULTS) for (const line of faultReport(hash, hashSpans, hashFaults, restFaults)) console.log(line);
   const p99 = pct(total, 99);
   const judge = (limitMs: number) => (p99 <= limitMs ? 'PASS' : 'MISS');
   console.log(

@@ -131,6 +131,11 @@ export interface ActiveLoadOptions {
   readonly graceMs?: number;
   /** Finished chains remembered per source for the grace period. */
   readonly recentPerSource?: number;
+  /**
+   * Called with a chain's hash view when the active load stops holding it (freed without a grace entry, or its grace
+   * entry expired, was replaced or cleared): the router counts its recycled hash buffers' holders with it.
+   */
+  readonly onRelease?: (view: Uint32Array) => void;
 }
 
 export class ActiveLoad {
@@ -143,10 +148,12 @@ export class ActiveLoad {
   private readonly byFirstBlock = new Map<number, Map<number, number>>();
   private readonly graceMs: number;
   private readonly recentPerSource: number;
+  private readonly onRelease: (view: Uint32Array) => void;
 
   constructor(options: ActiveLoadOptions = {}) {
     this.graceMs = options.graceMs ?? 0;
     this.recentPerSource = options.recentPerSource ?? 32;
+    this.onRelease = options.onRelease ?? (() => {});
   }
 
   private load(source: number): SourceLoad {
@@ -249,12 +256,14 @@ export class ActiveLoad {
       };
       if (s.recent.length < this.recentPerSource) s.recent.push(chain);
       else {
-        this.indexChain(req.source, s.recent[s.recentNext], -1);
+        const old = s.recent[s.recentNext];
+        this.indexChain(req.source, old, -1);
         s.recent[s.recentNext] = chain;
+        this.onRelease(old.view);
       }
       this.indexChain(req.source, chain, 1);
       s.recentNext = (s.recentNext + 1) % this.recentPerSource;
-    }
+    } else this.onRelease(req.view);
     return req;
   }
 
@@ -283,7 +292,10 @@ export class ActiveLoad {
   clearRecent(source: number): void {
     const s = this.sources.get(source);
     if (!s) return;
-    for (const c of s.recent) this.indexChain(source, c, -1);
+    for (const c of s.recent) {
+      this.indexChain(source, c, -1);
+      this.onRelease(c.view);
+    }
     s.recent.length = 0;
     s.recentNext = 0;
   }
@@ -297,6 +309,7 @@ export class ActiveLoad {
       for (let i = s.recent.length - 1; i >= 0; i--) {
         if (s.recent[i].expiresAt > now) continue;
         this.indexChain(source, s.recent[i], -1);
+        this.onRelease(s.recent[i].view);
         s.recent.splice(i, 1);
       }
       s.recentNext = s.recent.length % this.recentPerSource;
@@ -311,7 +324,10 @@ export class ActiveLoad {
 
   removeSource(source: number): void {
     for (const id of this.requestsOn(source)) this.free(id);
-    for (const c of this.sources.get(source)?.recent ?? []) this.indexChain(source, c, -1);
+    for (const c of this.sources.get(source)?.recent ?? []) {
+      this.indexChain(source, c, -1);
+      this.onRelease(c.view);
+    }
     this.sources.delete(source);
   }
 

@@ -199,11 +199,23 @@ export function computeBlockHashes(tokens: ArrayLike<number>, blockSize: number,
   return { local, seq };
 }
 
-/** Sequence hashes only: what routing needs. */
-export function computeSeqHashes(tokens: ArrayLike<number>, blockSize: number, seed: bigint = BASE_SEED): BigUint64Array {
-  const seq = new BigUint64Array(fullBlocks(tokens.length, blockSize));
+/** Sequence hashes only: what routing needs. `out`, when given, receives them (its length must be the full blocks'). */
+export function computeSeqHashes(
+  tokens: ArrayLike<number>,
+  blockSize: number,
+  seed: bigint = BASE_SEED,
+  out?: BigUint64Array,
+): BigUint64Array {
+  const seq = outFor(out, fullBlocks(tokens.length, blockSize));
   hashBlocksInto({ tokens, from: 0, count: tokens.length, blockSize, seed, parentSeq: null, outSeq: seq, outOffset: 0 });
   return seq;
+}
+
+/** `out` when given (checked to hold exactly `blocks` hashes), else a new array. */
+export function outFor(out: BigUint64Array | undefined, blocks: number): BigUint64Array {
+  if (!out) return new BigUint64Array(blocks);
+  if (out.length !== blocks) throw new RangeError(`output for ${blocks} block hashes has ${out.length} slots`);
+  return out;
 }
 
 /**

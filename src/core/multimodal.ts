@@ -12,7 +12,7 @@
  * block after the first image block differs too, as in the engine's chain (hashing.ts: hashBlocksWithKeys).
  */
 export { hashBlocksWithKeys };
-import { computeSeqHashes, hashBlocksInto, hashBlocksWithKeys, hashSeed } from './hashing.ts';
+import { computeSeqHashes, hashBlocksInto, hashBlocksWithKeys, hashSeed, outFor } from './hashing.ts';
 import type { MmBlockKey, MmItem } from './types.ts';
 
 /**
@@ -65,9 +65,15 @@ export function mmItemsError(items: readonly MmItem[], promptTokens: number): st
 }
 
 /** A prompt's sequence hashes (full blocks) with its multimodal items in the block identities. */
-export function computeSeqHashesMm(tokens: ArrayLike<number>, blockSize: number, seed: bigint, items: readonly MmItem[]): BigUint64Array {
+export function computeSeqHashesMm(
+  tokens: ArrayLike<number>,
+  blockSize: number,
+  seed: bigint,
+  items: readonly MmItem[],
+  into?: BigUint64Array,
+): BigUint64Array {
   const n = Math.floor(tokens.length / blockSize);
-  const out = new BigUint64Array(n);
+  const out = outFor(into, n);
   const keys = mmBlockKeys(items, 0, n, blockSize);
   if (!keys) hashBlocksInto({ tokens, from: 0, count: n * blockSize, blockSize, seed, parentSeq: null, outSeq: out, outOffset: 0 });
   else hashBlocksWithKeys({ tokens, from: 0, blocks: n, blockSize, seed, parentSeq: null, keys, outSeq: out, outOffset: 0 });
@@ -77,7 +83,8 @@ export function computeSeqHashesMm(tokens: ArrayLike<number>, blockSize: number,
 /**
  * A request's sequence hashes (full blocks) as the router computes them: its adapter and salt in the seed, its
  * multimodal items in the block identities. The one definition for KvRouter.route and for the HTTP shells of
- * `serve --processes`, which hash ahead of the primary (src/server/cluster/shell.ts).
+ * `serve --processes`, which hash ahead of the primary (src/server/cluster/shell.ts). `out`, when given, receives
+ * them (exactly floor(tokens / blockSize) long; the router's recycled buffers, hash-buffers.ts).
  */
 export function requestSeqHashes(
   tokens: ArrayLike<number>,
@@ -85,8 +92,9 @@ export function requestSeqHashes(
   loraName?: string | null,
   cacheSalt?: string | null,
   mmItems?: readonly MmItem[],
+  out?: BigUint64Array,
 ): BigUint64Array {
   const seed = hashSeed(loraName, cacheSalt);
-  if (mmItems && mmItems.length > 0) return computeSeqHashesMm(tokens, blockSize, seed, mmItems);
-  return computeSeqHashes(tokens, blockSize, seed);
+  if (mmItems && mmItems.length > 0) return computeSeqHashesMm(tokens, blockSize, seed, mmItems, out);
+  return computeSeqHashes(tokens, blockSize, seed, out);
 }

@@ -9,8 +9,9 @@
  *   applyEvents(source, ev)  engine KV events into the index
  */
 import { ActiveLoad, type RecentChain } from './active-load.ts';
+import { HashBuffers } from './hash-buffers.ts';
 import { TtlIndex } from './approx.ts';
-import { islBlocks as islBlocksOf } from './hashing.ts';
+import { fullBlocks as fullBlocksOf, islBlocks as islBlocksOf } from './hashing.ts';
 import { CacheGroups, hashStoredEvent } from './index/groups.ts';
 import { KvIndex, type IndexApplyResult } from './index/kv-index.ts';
 import { type IndexCapture, RouterSnapshot, type RouterSnapshotData, type SourceSnapshot } from './index/snapshot.ts';
@@ -213,6 +214,8 @@ export class KvRouter {
   readonly index: KvIndex;
   readonly ledger = new ReuseLedger();
   readonly active: ActiveLoad;
+  /** Recycled memory for the hashes route() computes (hash-buffers.ts); `releaseHashes` gives the caller's hold back. */
+  private readonly hashBuffers = new HashBuffers();
   readonly tiers: TierIndex;
   /** Hybrid models' cache groups besides the main index's (index/groups.ts). */
   readonly groups: CacheGroups;
@@ -244,7 +247,10 @@ export class KvRouter {
     this.index = new KvIndex({ blockSize: options.blockSize, maxBlocks: options.maxIndexedBlocks });
     this.groups = new CacheGroups(options.blockSize);
     this.overlay = options.overlay ?? true;
-    this.active = new ActiveLoad({ graceMs: this.overlay ? (options.overlayGraceMs ?? 2_000) : 0 });
+    this.active = new ActiveLoad({
+      graceMs: this.overlay ? (options.overlayGraceMs ?? 2_000) : 0,
+      onRelease: (view) => this.hashBuffers.drop(view),
+    });
     this.tiers = new TierIndex({ storeOnlyTtlMs: options.storeOnlyTtlMs });
     this.approx = new TtlIndex({
       ttlMs: options.approxTtlMs ?? 120_000,
@@ -531,6 +537,17 @@ export class KvRouter {
     return requestSeqHashes(tokens, this.blockSize, loraName, cacheSalt, mmItems);
   }
 
+  /**
+   * The caller is done with the `seqHashes` route() computed for it (a decision's or a refusal's): the router may
+   * reuse their memory for a later request once the active load and the overlay no longer hold them either. Call it
+   * only when nothing of the caller's will read them again (the dispatcher does when the request's task ends); never
+   * calling it is safe (the array is then ordinary garbage). No-op for arrays route() did not compute, and after the
+   * first call.
+   */
+  releaseHashes(seqHashes: BigUint64Array): void {
+    this.hashBuffers.releaseCaller(seqHashes);
+  }
+
   route(req: RouteRequest, now: number): RouteResult {
     this.lastNow = now;
     if (this.records.has(req.requestId)) {
@@ -539,7 +556,16 @@ export class KvRouter {
     const policyName = req.policy ?? this.defaultPolicy;
     if (!this.policies.has(policyName) && !isPolicyName(policyName)) throw new RangeError(unknownPolicyMessage(policyName));
     const t0 = this.clock?.() ?? 0;
-    const seqHashes = req.seqHashes ?? this.hashRequest(req.tokens ?? [], req.loraName, req.cacheSalt, req.mmItems);
+    const seqHashes =
+      req.seqHashes ??
+      requestSeqHashes(
+        req.tokens ?? [],
+        this.blockSize,
+        req.loraName,
+        req.cacheSalt,
+        req.mmItems,
+        this.hashBuffers.take(fullBlocksOf(req.tokens?.length ?? 0, this.blockSize)),
+      );
     const t1 = this.clock?.() ?? 0;
     const promptTokens = req.promptTokens ?? req.tokens?.length ?? seqHashes.length * this.blockSize;
     const requestBlocks = islBlocksOf(promptTokens, this.blockSize);
@@ -622,6 +648,7 @@ export class KvRouter {
     bestOverlap: number,
     now: number,
   ): void {
+    this.hashBuffers.retain(seqHashes);
     this.active.add({
       requestId: req.requestId,
       source: chosen.source,
@@ -655,6 +682,7 @@ export class KvRouter {
   ): boolean {
     const entry = this.sources.get(remote.sourceKey);
     if (!entry || this.records.has(remote.requestId)) return false;
+    this.hashBuffers.retain(remote.seqHashes);
     this.active.add({
       requestId: remote.requestId,
       source: entry.index,

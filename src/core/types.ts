@@ -190,6 +190,11 @@ export interface RouteDecision {
   readonly bestOverlapBlocks: number;
   /** Candidates ordered best first by the policy's preference. */
   readonly candidates: readonly CandidateScore[];
+  /**
+   * The prompt's sequence hashes. When route() computed them they live in memory the router recycles: give them back
+   * with `KvRouter.releaseHashes` once nothing of the caller's reads them again (the dispatcher does on finish), or
+   * never (then they are ordinary garbage); copy them to keep them past a release.
+   */
   readonly seqHashes: BigUint64Array;
   /** With `prefer`: kept (the preferred source was picked), overloaded or unavailable (it was not). */
   readonly affinity?: 'kept' | 'overloaded' | 'unavailable';

@@ -108,7 +108,9 @@ export class TrafficRecorder {
     if (a.attempt !== 0) return;
     const p = this.pending.get(a.requestId);
     if (!p) return;
-    p.seqHashes = a.decision.seqHashes;
+    // A copy: the router may reuse the decision's memory once the dispatcher's task ends (KvRouter.releaseHashes),
+    // and a request that leaves without a finish keeps its entry here until the pending bound drops it.
+    p.seqHashes = a.decision.seqHashes.slice();
     p.promptTokens = a.decision.promptTokens;
   }
 

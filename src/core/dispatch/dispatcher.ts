@@ -658,6 +658,9 @@ export class Dispatcher {
     }
     const path = t.path ?? 'aggregated';
     this.pdStats.paths[path]++;
+    // The task ends: nothing of the dispatcher's reads its hashes again (the lifecycle's finish listeners, the
+    // recorder's among them, ran before this call), so the router may reuse their memory once its own holds end.
+    if (t.seqHashes) this.router.releaseHashes(t.seqHashes);
     return this.drain(now, out);
   }
 
