@@ -256,8 +256,10 @@ export async function runRequest<W>(ctx: FlowContext<W>, req: FlowRequest, port:
 
   const tTok = performance.now();
   const tokStartMs = trace.enabled ? Date.now() : 0;
-  const media = await mediaTokensFor(ctx, parsed);
-  const tokens = media?.ids ?? (await tokensFor(ctx, parsed));
+  // Token ids given by the client are the routing tokens as they are: no tokenizer, and no promise to wait for.
+  const given = parsed.prompt.kind === 'ids' ? parsed.prompt.ids : null;
+  const media = given === null ? await mediaTokensFor(ctx, parsed) : null;
+  const tokens = given ?? media?.ids ?? (await tokensFor(ctx, parsed));
   const tokenizeS = (performance.now() - tTok) / 1000;
   if (trace.enabled) {
     trace.span('tokenize', tokStartMs, Date.now(), {
