@@ -6,24 +6,26 @@
  * collectors' pauses. Survivors are what an in-flight request keeps alive; they, not the allocation, make a scavenge
  * dear. Bytes are counted by V8 and do not depend on the machine's load; the pauses (µs) do.
  *
- *   node --import tsx bench/lib/gc-survivors.ts [--bin <dir>/bin/kvroute.mjs | --rung bare|parse|route] [--stream]
- *       [--warmup 4] [--seconds 5] [--connections 32]
+ *   node --import tsx bench/lib/gc-survivors.ts [--bin <dir>/bin/kvroute.mjs | --rung bare|parse|route]
+ *       [--stream | --chat] [--warmup 4] [--seconds 5] [--connections 32]
  *
- * --bin: `kvroute serve` of that build (default this checkout's); --rung: the floor ladder's proxies instead.
+ * --bin: `kvroute serve` of that build (default this checkout's), with the Qwen3 tokenizer; --rung: the floor ladder's
+ * proxies instead (token ids only); --chat: bench:capacity's warm chat (a ~7k-token system prompt, distinct user turns).
  */
 import type { ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import autocannon from 'autocannon';
 import { usage } from '../../scripts/usage.ts';
 import { waitForLine } from './child.ts';
-import { idsWorkload } from './http-workloads.ts';
-import { benchArgs, KVROUTE_BIN, listeningUrl, serveArgs, startUpstreamProcess, stopChild, track } from './proxy-run.ts';
+import { chatWorkload, idsWorkload, prose } from './http-workloads.ts';
+import { benchArgs, KVROUTE_BIN, listeningUrl, QWEN3_DIR, serveArgs, startUpstreamProcess, stopChild, track } from './proxy-run.ts';
 
 usage(import.meta.url);
 const { argv, opt, num } = benchArgs('gc-survivors', '');
 const RUNG = opt('rung');
 const BIN = opt('bin') ?? KVROUTE_BIN;
 const STREAM = argv.includes('--stream');
+const CHAT = argv.includes('--chat');
 const WARMUP = num('warmup', 4);
 const SECONDS = num('seconds', 5);
 const CONNECTIONS = num('connections', 32, true);
@@ -32,7 +34,7 @@ const { url: upstream, child: up } = await startUpstreamProcess(4);
 let child: ChildProcess;
 let url: string;
 if (RUNG === undefined) {
-  child = track(process.execPath, ['--trace-gc-nvp', ...serveArgs(BIN, [upstream])]);
+  child = track(process.execPath, ['--trace-gc-nvp', ...serveArgs(BIN, [upstream], ['--tokenizer', QWEN3_DIR])]);
   url = await listeningUrl(child);
 } else {
   const file = RUNG === 'bare' ? './bare-proxy.ts' : './floor-proxy.ts';
@@ -43,7 +45,7 @@ if (RUNG === undefined) {
 let lines: string[] = [];
 child.stdout?.on('data', (d: Buffer) => lines.push(...String(d).split('\n')));
 
-const w = idsWorkload(2048, 4, STREAM);
+const w = CHAT ? chatWorkload(prose(8192, 12345), 4) : idsWorkload(2048, 4, STREAM);
 const load = async (seconds: number): Promise<number> => {
   let n = 0;
   const r = await autocannon({
