@@ -11,6 +11,8 @@
  *
  *   kvroute   bin/kvroute.mjs serve (or --compare's build, rows "before"), one worker, the Qwen3 tokenizer loaded
  *   bare      bench/lib/bare-proxy.ts: node:http + one undici Pool, the body passed unread (the floor of a Node proxy)
+ *   parse     bench/lib/floor-proxy.ts --rung parse: bare + the body JSON.parse'd (the floor ladder, token-id workloads)
+ *   route     bench/lib/floor-proxy.ts --rung route: parse + block hashes + KvRouter.route() + usage + finish
  *
  * Workloads as bench:capacity: completions with --ids token ids (64 distinct prompts, cycled), streamed or not; chat
  * with a shared ~--system-tokens system prompt and a distinct user turn (warm).
@@ -44,7 +46,8 @@ usage: npm run bench:callgrind -- [options]
   --system-tokens <n>    approximate tokens of the chat system prompt (default 8192)
   --chunks <n>           SSE chunks per streamed answer (default 4)
   --only <list>          workloads: ids,ids-stream,chat (default all)
-  --targets <list>       kvroute,bare (default both)
+  --targets <list>       kvroute,bare,parse,route (default kvroute,bare; parse and route: the floor ladder's rungs,
+                         bench/lib/floor-proxy.ts, token-id workloads only)
   --bin <path>           kvroute's bin/kvroute.mjs (default this checkout's)
   --compare <bin>        also count another kvroute build (rows "before")
   --label <name>         the name of --bin's rows (default "kvroute")
@@ -77,8 +80,8 @@ for (const w of ONLY) {
   }
 }
 for (const t of TARGETS) {
-  if (!['kvroute', 'bare'].includes(t)) {
-    console.error(`bench:callgrind: unknown target "${t}" (kvroute, bare)`);
+  if (!['kvroute', 'bare', 'parse', 'route'].includes(t)) {
+    console.error(`bench:callgrind: unknown target "${t}" (kvroute, bare, parse, route)`);
     process.exit(2);
   }
 }
@@ -100,25 +103,36 @@ function startTarget(target: string, bin: string, upstream: string, outFile: str
   const args =
     target === 'bare'
       ? [process.execPath, ...NODE_FLAGS, '--import', 'tsx', fileURLToPath(new URL('./lib/bare-proxy.ts', import.meta.url)), upstream]
-      : [
-          process.execPath,
-          ...NODE_FLAGS,
-          // Under valgrind the first instrumented requests crawl (every code path is translated again): no client
-          // timeout may cut them.
-          ...serveArgs(
-            bin,
-            [upstream],
-            [
-              '--tokenizer',
-              QWEN3_DIR,
-              '--header-timeout-ms',
-              '600000',
-              '--body-timeout-ms',
-              '0',
-              ...(multi ? ['--processes', String(PROCESSES)] : []),
-            ],
-          ),
-        ];
+      : target === 'parse' || target === 'route'
+        ? [
+            process.execPath,
+            ...NODE_FLAGS,
+            '--import',
+            'tsx',
+            fileURLToPath(new URL('./lib/floor-proxy.ts', import.meta.url)),
+            upstream,
+            '--rung',
+            target,
+          ]
+        : [
+            process.execPath,
+            ...NODE_FLAGS,
+            // Under valgrind the first instrumented requests crawl (every code path is translated again): no client
+            // timeout may cut them.
+            ...serveArgs(
+              bin,
+              [upstream],
+              [
+                '--tokenizer',
+                QWEN3_DIR,
+                '--header-timeout-ms',
+                '600000',
+                '--body-timeout-ms',
+                '0',
+                ...(multi ? ['--processes', String(PROCESSES)] : []),
+              ],
+            ),
+          ];
   // With --processes, valgrind follows the forked shells (node:cluster forks and execs node): one dump file per pid.
   const out = multi ? ['--trace-children=yes', `--callgrind-out-file=${outFile}.%p`] : [`--callgrind-out-file=${outFile}`];
   return track('valgrind', [...VALGRIND, ...out, ...args]);
@@ -168,7 +182,7 @@ async function count(target: string, bin: string, label: string, upstream: strin
   const multi = target === 'kvroute' && PROCESSES > 1;
   const child = startTarget(target, bin, upstream, outFile);
   const url =
-    target === 'bare' ? `http://127.0.0.1:${(await waitForLine(child, /PORT (\d+)/, 300_000))[1]}` : await listeningUrl(child, 900_000);
+    target !== 'kvroute' ? `http://127.0.0.1:${(await waitForLine(child, /PORT (\d+)/, 300_000))[1]}` : await listeningUrl(child, 900_000);
   progress(`${label} ${w.name}: warming up (${WARMUP} requests)`);
   const badWarm = await send(url, w, 0, WARMUP);
   if (badWarm > 0) throw new Error(`${label} ${w.name}: ${badWarm} warm-up requests failed`);
@@ -240,6 +254,8 @@ async function main() {
   for (const w of workloads) {
     const targets: { target: string; bin: string; label: string }[] = [];
     if (TARGETS.includes('bare') && w.name !== 'chat warm') targets.push({ target: 'bare', bin: '', label: 'bare node' });
+    for (const rung of ['parse', 'route'])
+      if (TARGETS.includes(rung) && w.name !== 'chat warm') targets.push({ target: rung, bin: '', label: `${rung} node` });
     if (TARGETS.includes('kvroute') && COMPARE) targets.push({ target: 'kvroute', bin: COMPARE, label: 'kvroute before' });
     if (TARGETS.includes('kvroute')) targets.push({ target: 'kvroute', bin: BIN, label: LABEL });
     for (const t of targets) {

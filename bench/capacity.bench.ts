@@ -5,6 +5,9 @@
  *   direct          the load generator straight at the upstream
  *   nginx           Debian's nginx as a plain reverse proxy (proxy_pass, upstream keepalive, one process)
  *   bare node       the cheapest Node proxy (bench/lib/bare-proxy.ts): the floor under anything on Node's HTTP stack
+ *   parse node      the floor ladder (bench/lib/floor-proxy.ts): bare + the body JSON.parse'd, its bytes forwarded
+ *   route node      parse + block hashes + KvRouter.route() + the answer's usage from its tail + the router's finish:
+ *                   the least a JavaScript router of token ids does (kvroute's own work is the gap above this rung)
  *   kvroute ids     completions given as token ids: parse, hash, match, select, proxy
  *   kvroute chat    chat through the tokenizer: a shared ~8k-token system prompt with distinct user turns (warm), and
  *                   distinct ~8k-token prompts (cold)
@@ -43,7 +46,8 @@ usage: npm run bench:capacity -- [options]
   --rounds <n>           saturation runs per proxy, alternating between proxies; the median is reported (default 1)
   --processes <list>     kvroute --processes values to run, comma-separated (default 1)
   --compare <bin>        also run another kvroute build (its bin/kvroute.mjs), rows marked "before"
-  --only <list>          rows to run: direct,nginx,bare,ids,chat,cold (default all; bare: the cheapest Node proxy)
+  --only <list>          rows to run: direct,nginx,bare,parse,route,ids,chat,cold (default all; bare: the cheapest
+                         Node proxy; parse, route: the floor ladder's rungs above it, bench/lib/floor-proxy.ts)
   --nginx <path>         the nginx binary (default: found in ${'/usr/sbin'} and similar)
   --json                 print the results as JSON after the table
   -h, --help             this text
@@ -60,7 +64,21 @@ const CHUNKS = num('chunks', 4);
 const ROUNDS = num('rounds', 1);
 const PROCESSES = (opt('processes') ?? '1').split(',').map(Number);
 const COMPARE = opt('compare');
-const ONLY = new Set((opt('only') ?? 'direct,nginx,bare,ids,chat,cold').split(','));
+const ONLY = new Set((opt('only') ?? 'direct,nginx,bare,parse,route,ids,chat,cold').split(','));
+/** The floor ladder: the bare proxy and the rungs asked for, run together (rounds alternate between them). */
+const LADDER = [
+  { key: 'bare', proxy: 'bare node', args: (up: string) => [fileURLToPath(new URL('./lib/bare-proxy.ts', import.meta.url)), up] },
+  {
+    key: 'parse',
+    proxy: 'parse node',
+    args: (up: string) => [fileURLToPath(new URL('./lib/floor-proxy.ts', import.meta.url)), up, '--rung', 'parse'],
+  },
+  {
+    key: 'route',
+    proxy: 'route node',
+    args: (up: string) => [fileURLToPath(new URL('./lib/floor-proxy.ts', import.meta.url)), up, '--rung', 'route'],
+  },
+].filter((r) => ONLY.has(r.key));
 const JSON_OUT = argv.includes('--json');
 
 const progress = (s: string) => process.stderr.write(`[capacity] ${s}\n`);
@@ -207,7 +225,7 @@ async function main(): Promise<void> {
     if (ONLY.has('cold')) workloads.push({ key: 'cold', w: chatWorkload(system, CHUNKS, true) });
   }
   const selected = workloads.filter(
-    (x) => ONLY.has(x.key) || (x.key === 'ids' && (ONLY.has('direct') || ONLY.has('nginx') || ONLY.has('bare'))),
+    (x) => ONLY.has(x.key) || (x.key === 'ids' && (ONLY.has('direct') || ONLY.has('nginx') || LADDER.length > 0)),
   );
 
   // Direct: the baseline each proxy's latency is compared with (measured again at each probed rate).
@@ -286,15 +304,23 @@ async function main(): Promise<void> {
     }
   }
 
-  if (ONLY.has('bare')) {
-    const bare = track(process.execPath, ['--import', 'tsx', fileURLToPath(new URL('./lib/bare-proxy.ts', import.meta.url)), upstream]);
-    const bareUrl = `http://127.0.0.1:${(await waitForLine(bare, /PORT (\d+)/))[1]}`;
-    notes.push('bare node proxy: bench/lib/bare-proxy.ts (node:http + one undici Pool, body passed unread): the floor of a Node proxy');
+  if (LADDER.length > 0) {
+    const ladder: { proxy: string; url: string; pid: number; child: ChildProcess }[] = [];
     try {
-      for (const { w } of selected.filter((x) => x.key === 'ids'))
-        await probeAll([{ proxy: 'bare node', url: bareUrl, pid: bare.pid as number }], w);
+      for (const r of LADDER) {
+        const child = track(process.execPath, ['--import', 'tsx', ...r.args(upstream)]);
+        const url = `http://127.0.0.1:${(await waitForLine(child, /PORT (\d+)/))[1]}`;
+        ladder.push({ proxy: r.proxy, url, pid: child.pid as number, child });
+      }
+      if (ONLY.has('bare'))
+        notes.push('bare node proxy: bench/lib/bare-proxy.ts (node:http + one undici Pool, body passed unread): the floor of a Node proxy');
+      if (ONLY.has('parse') || ONLY.has('route'))
+        notes.push(
+          "floor ladder: bench/lib/floor-proxy.ts; parse node = bare + JSON.parse of the body; route node = parse + block hashes + KvRouter.route() + the answer's usage from its tail + the router's finish",
+        );
+      for (const { w } of selected.filter((x) => x.key === 'ids')) await probeAll(ladder, w);
     } finally {
-      await stopChild(bare, 10_000);
+      for (const r of ladder) await stopChild(r.child, 10_000);
     }
   }
 
@@ -326,6 +352,9 @@ async function main(): Promise<void> {
   // ------------------------------------------------------------------ report
   const nginxCpu = new Map(rows.filter((r) => r.proxy === 'nginx').map((r) => [r.workload, r]));
   const idsNginx = (workload: string) => nginxCpu.get(workload) ?? nginxCpu.get(`ids ${IDS} stream`);
+  // The bare proxy's figure for the same workload (chat rows: the non-streamed token-id completions').
+  const bareCpu = new Map(rows.filter((r) => r.proxy === 'bare node').map((r) => [r.workload, r.proxyCpuMsPerReq]));
+  const idsBare = (workload: string) => bareCpu.get(workload) ?? bareCpu.get(`ids ${IDS}`) ?? null;
   const f = (x: number | null, d = 3) => (x === null || Number.isNaN(x) ? '-' : x.toFixed(d));
   console.log(
     `# bench:capacity  node ${process.version}, ${cpus().length} cores, loadavg ${loadavg()
@@ -338,19 +367,23 @@ async function main(): Promise<void> {
   for (const n of notes) console.log(`- ${n}`);
   console.log('');
   console.log(
-    '| proxy | workload | req/s | CPU ms/req (proxy) | × nginx CPU | req/s ÷ nginx | added p50 ms | added p99 ms | at req/s | loadgen CPU ms/req | errors | CPU ms/req by round | of which top process |',
+    '| proxy | workload | req/s | CPU ms/req (proxy) | × bare CPU | × nginx CPU | req/s ÷ nginx | added p50 ms | added p99 ms | at req/s | loadgen CPU ms/req | errors | CPU ms/req by round | of which top process |',
   );
-  console.log('|---|---|---|---|---|---|---|---|---|---|---|---|---|');
+  console.log('|---|---|---|---|---|---|---|---|---|---|---|---|---|---|');
   for (const r of rows) {
     const ng = r.proxy === 'direct' ? undefined : idsNginx(r.workload);
     const cpuRatio = ng?.proxyCpuMsPerReq && r.proxyCpuMsPerReq ? r.proxyCpuMsPerReq / ng.proxyCpuMsPerReq : null;
     const rpsRatio = ng ? r.rps / ng.rps : null;
+    const bare = r.proxy === 'direct' ? null : idsBare(r.workload);
+    const bareRatio = bare && r.proxyCpuMsPerReq ? r.proxyCpuMsPerReq / bare : null;
     console.log(
-      `| ${r.proxy} | ${r.workload} | ${r.rps.toFixed(0)} | ${f(r.proxyCpuMsPerReq)} | ${f(cpuRatio, 1)} | ${f(rpsRatio, 2)} | ${f(r.addedP50Ms)} | ${f(r.addedP99Ms)} | ${r.rateProbed ?? '-'} | ${f(r.loadgenCpuMsPerReq)} | ${r.errors} | ${r.cpuRounds?.map((x) => f(x)).join(', ') ?? '-'} | ${f(r.topCpuMsPerReq ?? null)} |`,
+      `| ${r.proxy} | ${r.workload} | ${r.rps.toFixed(0)} | ${f(r.proxyCpuMsPerReq)} | ${f(bareRatio, 2)} | ${f(cpuRatio, 1)} | ${f(rpsRatio, 2)} | ${f(r.addedP50Ms)} | ${f(r.addedP99Ms)} | ${r.rateProbed ?? '-'} | ${f(r.loadgenCpuMsPerReq)} | ${r.errors} | ${r.cpuRounds?.map((x) => f(x)).join(', ') ?? '-'} | ${f(r.topCpuMsPerReq ?? null)} |`,
     );
   }
   if (rows.some((r) => r.workload.startsWith('chat'))) {
-    console.log('\n(chat rows are compared with nginx on the same-sized token-id completions: nginx parses no JSON either way)');
+    console.log(
+      '\n(chat rows are compared with nginx and the bare proxy on the same-sized token-id completions: neither parses JSON either way)',
+    );
   }
   if (JSON_OUT)
     console.log(

@@ -62,22 +62,24 @@ export function fastHistogram<T extends string>(h: Histogram<T>): Histogram<T> {
   const slow = h.observe.bind(h) as (labels: LabelValues<T> | number, value?: number) => void;
   const slots = new WeakMap<object, Slot<HistogramSeries>>();
   const has = Object.prototype.hasOwnProperty;
+  // The buckets' property keys, made once: a bound used as a key is turned into its string on every access otherwise
+  // (prom-client's own path does that; the series are the same either way).
+  const bounds = m.upperBounds;
+  const keys = bounds.map(String);
   h.observe = ((labels: LabelValues<T> | number, value?: number): void => {
     if (typeof labels === 'object' && labels !== null && typeof value === 'number' && Number.isFinite(value)) {
       const slot = slots.get(labels);
-      if (slot !== undefined && m.hashMap[slot.key] === slot.series) {
+      if (slot !== undefined && m.hashMap[slot.key] === slot.series && m.upperBounds === bounds) {
         const s = slot.series;
-        const bounds = m.upperBounds;
-        let b = -1;
+        s.sum += value;
+        s.count += 1;
         for (let i = 0; i < bounds.length; i++) {
           if (value <= bounds[i]) {
-            b = bounds[i];
+            const k = keys[i];
+            if (has.call(s.bucketValues, k)) s.bucketValues[k as unknown as number] += 1;
             break;
           }
         }
-        s.sum += value;
-        s.count += 1;
-        if (has.call(s.bucketValues, b)) s.bucketValues[b] += 1;
         return;
       }
       slow(labels, value);

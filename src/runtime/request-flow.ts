@@ -83,6 +83,55 @@ export interface SubmittedRequest {
   readonly tokenizeS: number;
   /** Epoch ms of the submission. */
   readonly submittedAt: number;
+  /**
+   * The front end has taken what its attempts need (serve: the upstream bytes): the parsed body and its text are let
+   * go, so a request whose answer is under way holds no copy of its prompt (the body's text, a 2,048-id array) for the
+   * garbage collector to copy and promote. A later read of `parsed`, `json` or `text` parses `raw` again (same bytes,
+   * same result).
+   */
+  release(): void;
+}
+
+/** SubmittedRequest: the parsed body kept until released, parsed again from the bytes if read after that. */
+class Submitted implements SubmittedRequest {
+  private body: { text: string; json: Record<string, unknown>; parsed: RoutedRequest } | null;
+
+  constructor(
+    readonly requestId: string,
+    readonly api: ApiAdapter,
+    readonly raw: Buffer,
+    readonly clientRequestId: string | null,
+    readonly tokenizeS: number,
+    readonly submittedAt: number,
+    body: { text: string; json: Record<string, unknown>; parsed: RoutedRequest },
+    private readonly maxJsonDepth: number,
+  ) {
+    this.body = body;
+  }
+
+  get parsed(): RoutedRequest {
+    return this.parsedBody().parsed;
+  }
+
+  get json(): Record<string, unknown> {
+    return this.parsedBody().json;
+  }
+
+  get text(): string {
+    return this.parsedBody().text;
+  }
+
+  release(): void {
+    this.body = null;
+  }
+
+  private parsedBody(): { text: string; json: Record<string, unknown>; parsed: RoutedRequest } {
+    if (this.body === null) {
+      const { text, body } = parseBody(this.raw, this.maxJsonDepth);
+      this.body = { text, json: body as Record<string, unknown>, parsed: this.api.parse(body) };
+    }
+    return this.body;
+  }
 }
 
 /** How one attempt ended: answered (whatever the answer), or failed before answering and may be retried. */
@@ -207,8 +256,10 @@ export async function runRequest<W>(ctx: FlowContext<W>, req: FlowRequest, port:
 
   const tTok = performance.now();
   const tokStartMs = trace.enabled ? Date.now() : 0;
-  const media = await mediaTokensFor(ctx, parsed);
-  const tokens = media?.ids ?? (await tokensFor(ctx, parsed));
+  // Token ids given by the client are the routing tokens as they are: no tokenizer, and no promise to wait for.
+  const given = parsed.prompt.kind === 'ids' ? parsed.prompt.ids : null;
+  const media = given === null ? await mediaTokensFor(ctx, parsed) : null;
+  const tokens = given ?? media?.ids ?? (await tokensFor(ctx, parsed));
   const tokenizeS = (performance.now() - tTok) / 1000;
   if (trace.enabled) {
     trace.span('tokenize', tokStartMs, Date.now(), {
@@ -217,19 +268,18 @@ export async function runRequest<W>(ctx: FlowContext<W>, req: FlowRequest, port:
     });
   }
 
-  const request: SubmittedRequest = {
-    requestId: ctx.nextRequestId(),
+  const request: SubmittedRequest = new Submitted(
+    ctx.nextRequestId(),
     api,
-    parsed,
-    json,
-    text,
-    raw: req.body,
+    req.body,
     // The client's own id, if any, travels upstream and back for tracing; the router keys its state by its own id,
     // which is unique even when clients reuse theirs.
-    clientRequestId: sanitizeRequestId(req.headers['x-request-id']),
+    sanitizeRequestId(req.headers['x-request-id']),
     tokenizeS,
-    submittedAt: Date.now(),
-  };
+    Date.now(),
+    { text, json, parsed },
+    ctx.config.maxJsonDepth,
+  );
   const { requestId } = request;
   let step = await lifecycle.submit(
     {

@@ -20,7 +20,7 @@ import { refusalError } from '../runtime/refusals.ts';
 import { type AttemptOutcome, type AttemptPort, type FlowContext, runRequest, type SubmittedRequest } from '../runtime/request-flow.ts';
 import type { RequestTrace } from '../runtime/tracing.ts';
 import { type PdContext, pdAttempt } from './disagg-attempt.ts';
-import { proxyAttempt } from './proxy.ts';
+import { type AttemptParsed, proxyAttempt } from './proxy.ts';
 
 export interface RecentDecision {
   requestId: string;
@@ -59,6 +59,8 @@ export interface InferenceContext extends FlowContext<PdWorker> {
 class Exchange implements AttemptPort<PdWorker> {
   /** A client that leaves (while queued, tokenized or answered) aborts its request; a finished answer is not a leaving. */
   readonly abort = new ClientCancel();
+  /** What an attempt on one worker sends, the same for every attempt (the first one's, kept for retries). */
+  private direct: DirectRequest | null = null;
 
   constructor(
     private readonly ctx: InferenceContext,
@@ -110,21 +112,16 @@ class Exchange implements AttemptPort<PdWorker> {
         upstreamBody: r.parsed.upstreamBody(r.text),
       });
     }
-    // Built from the client's bytes where the adapter can (no second UTF-8 encoding of the body); the client's bytes
-    // unchanged when the adapter left the text as it was. Bytes that are not valid UTF-8 go as their decoded text
-    // (invalid sequences replaced), as they always did.
-    const utf8 = isUtf8(r.raw);
-    let body: string | Buffer | null = utf8 ? (r.parsed.upstreamBytes?.(r.raw) ?? null) : null;
-    if (body === null) {
-      const text = r.parsed.upstreamBody(r.text);
-      body = utf8 && text === r.text ? r.raw : text;
-    }
+    if (this.direct === null) this.direct = directRequest(r);
+    const { direct } = this;
+    // Every attempt on one worker sends these bytes: the parsed body is let go while the answer is under way.
+    r.release();
     return proxyAttempt(attemptCtx, {
       attempt,
       worker,
       api: r.api,
-      parsed: r.parsed,
-      body,
+      parsed: direct.parsed,
+      body: direct.body,
       path: this.path,
       res: this.res,
       // An attempt on one worker goes through undici's dispatch() (proxy.ts DirectAttempt), which reads `aborted` only
@@ -136,6 +133,26 @@ class Exchange implements AttemptPort<PdWorker> {
       trace: this.trace,
     });
   }
+}
+
+/** An attempt on one worker: the upstream body, and what the proxy reads of the parsed request. */
+interface DirectRequest {
+  readonly body: string | Buffer;
+  readonly parsed: AttemptParsed;
+}
+
+function directRequest(r: SubmittedRequest): DirectRequest {
+  const { parsed } = r;
+  // Built from the client's bytes where the adapter can (no second UTF-8 encoding of the body); the client's bytes
+  // unchanged when the adapter left the text as it was. Bytes that are not valid UTF-8 go as their decoded text
+  // (invalid sequences replaced), as they always did.
+  const utf8 = isUtf8(r.raw);
+  let body: string | Buffer | null = utf8 ? (parsed.upstreamBytes?.(r.raw) ?? null) : null;
+  if (body === null) {
+    const text = parsed.upstreamBody(r.text);
+    body = utf8 && text === r.text ? r.raw : text;
+  }
+  return { body, parsed: { stream: parsed.stream, stripUsage: parsed.stripUsage, pinsAnswer: parsed.pinsAnswer } };
 }
 
 export async function handleInference(
@@ -181,7 +198,7 @@ function dispatched(ctx: InferenceContext, a: DispatchAttempt, r: SubmittedReque
     requestId: a.requestId,
     api: r.api.name,
     at: routedAt,
-    model: r.parsed.model,
+    model: a.model,
     worker: d.sourceKey,
     policy: d.policy,
     promptTokens: d.promptTokens,

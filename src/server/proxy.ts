@@ -39,11 +39,14 @@ export interface AttemptContext {
   readonly clientStallTimeoutMs: number;
 }
 
+/** What an attempt reads of the parsed request (a small copy: the parsed body need not stay alive for the answer). */
+export type AttemptParsed = Pick<RoutedRequest, 'stream' | 'stripUsage' | 'pinsAnswer'>;
+
 export interface AttemptRequest {
   readonly attempt: DispatchAttempt;
   readonly worker: AttemptWorker;
   readonly api: ApiAdapter;
-  readonly parsed: RoutedRequest;
+  readonly parsed: AttemptParsed;
   /** The body sent upstream (the client's bytes when nothing was rewritten). */
   readonly body: string | Buffer;
   readonly path: string;

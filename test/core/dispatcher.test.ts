@@ -1,4 +1,6 @@
 import { describe, expect, it } from 'vitest';
+import { setFlagsFromString } from 'node:v8';
+import { runInNewContext } from 'node:vm';
 import { type DispatchAttempt, type DispatchEffect, Dispatcher, type DispatchRefusal } from '../../src/core/dispatch/dispatcher.ts';
 import { KvRouter } from '../../src/core/router.ts';
 import { storedEvent, toks } from '../fixtures/routing.ts';
@@ -261,5 +263,30 @@ describe('Dispatcher.servedElsewhere: a gateway proxy served the attempt on a fa
     expect(gone.code).toBe('upstream_failed');
     expect(d.pending).toBe(0);
     expect(d.worker(a.workerId)?.inFlight).toBe(0);
+  });
+});
+
+describe('Dispatcher: a request in flight holds its hashes, not its prompt', () => {
+  it('lets the token ids go once routed; a retry routes on the same hashes and prompt length', async () => {
+    setFlagsFromString('--expose-gc');
+    const gc = runInNewContext('gc') as () => void;
+    const { d } = setup();
+    d.addWorker({ id: 'A', mode: 'approx', models: ['m'] }, 0);
+    d.addWorker({ id: 'B', mode: 'approx', models: ['m'] }, 0);
+    let ref: WeakRef<number[]> | undefined;
+    const first = (() => {
+      const tokens = Array.from({ length: 66 }, (_, i) => i + 1);
+      ref = new WeakRef(tokens);
+      return dispatches(d.submit({ requestId: 'r', model: 'm', tokens }, 0))[0];
+    })();
+    // A WeakRef keeps its target until the job that made it has ended.
+    await new Promise((r) => setTimeout(r, 0));
+    gc();
+    expect(ref?.deref()).toBeUndefined();
+    const next = dispatches(d.failed('r', 'boom', 1))[0];
+    expect(next.workerId).not.toBe(first.workerId);
+    expect(next.decision.seqHashes).toEqual(first.decision.seqHashes);
+    expect(next.decision.promptTokens).toBe(66);
+    expect(next.decision.islBlocks).toBe(first.decision.islBlocks);
   });
 });

@@ -208,7 +208,8 @@ export interface FinishReport {
 }
 
 interface Tracked extends LegTracked {
-  readonly sub: Submission;
+  /** Without its token ids once the first routing hashed them (keepHashes). */
+  sub: Submission;
   /** Attempts dispatched so far. */
   attempts: number;
   readonly excluded: Set<string>;
@@ -245,6 +246,18 @@ interface Tracked extends LegTracked {
   pinned?: boolean;
   /** Source keys one try is restricted to (the worker a gateway's proxy really sent the request to). */
   only?: ReadonlySet<string>;
+}
+
+/**
+ * The first routing's hashes stand for the prompt in every later try (queued, retried, a prefill leg): the token ids
+ * are let go, so a request in flight or queued holds no copy of its prompt (a 2,048-id array, or a long chat's ids) for
+ * the garbage collector to copy and promote while its answer is under way.
+ */
+function keepHashes(t: Tracked, seqHashes: BigUint64Array, promptTokens: number | undefined): void {
+  t.seqHashes = seqHashes;
+  t.promptTokens = promptTokens;
+  // (The queue's cost falls back to the ids' count without a prompt length: they stay then.)
+  if (t.sub.tokens !== undefined && promptTokens !== undefined) t.sub = { ...t.sub, tokens: undefined };
 }
 
 type TryResult =
@@ -867,10 +880,7 @@ export class Dispatcher {
       now,
     );
     if (result.kind === 'refused') {
-      if (result.seqHashes) {
-        t.seqHashes = result.seqHashes;
-        t.promptTokens = result.promptTokens;
-      }
+      if (result.seqHashes) keepHashes(t, result.seqHashes, result.promptTokens);
       if (result.reason === 'all_busy') return { kind: 'busy' };
       if (result.reason === 'duplicate_request')
         return { kind: 'refused', code: 'duplicate_request', message: 'request id already routed' };
@@ -878,8 +888,7 @@ export class Dispatcher {
       return { kind: 'refused', code: 'upstream_failed', message: `upstream failure: ${t.lastError ?? 'no source left to try'}` };
     }
     const w = el.workers.get(result.source.workerId)!;
-    t.seqHashes = result.seqHashes;
-    t.promptTokens = result.promptTokens;
+    keepHashes(t, result.seqHashes, result.promptTokens);
     let path: PdPath = 'aggregated';
     if (pd) {
       const p = this.legs.decodePath(t, result, w.engine, now);

@@ -1,0 +1,109 @@
+/**
+ * The rungs of bench:capacity's floor ladder (issue 29): the bare Node proxy (bare-proxy.ts) plus, rung by rung, the
+ * work any router of token-id completions must do, so the rows between the bare proxy and kvroute show how much of
+ * kvroute's CPU per request is the least a JavaScript router pays and how much is kvroute's own.
+ *
+ *   parse   bare + the body decoded and JSON.parse'd (model and prompt read and checked), its bytes forwarded as
+ *           received (a stream's with `stream_options.include_usage` appended, as kvroute asks for the usage)
+ *   route   parse + the prompt's block hashes (requestSeqHashes, serve's default block size 16) + KvRouter.route()
+ *           over the bench's one worker (an approximate-mode source, as serve makes a worker without events) + the
+ *           answer's usage read from its tail (tailUsage, kvroute's own reader) + the router told the first token
+ *           and the finish with the cached tokens (so its active load does not grow)
+ *
+ * Same node:http server and one undici Pool (`pool.request`, 4,096 connections) as the bare proxy, the answer
+ * streamed back chunk by chunk with the upstream's content type only. No metrics, no headers of the router's own, no
+ * queue, no retries, no usage stripped from a stream: those are kvroute's, and the gap between the top rung and
+ * kvroute is what they cost (with kvroute's HTTP handling around them).
+ *
+ *   node --import tsx bench/lib/floor-proxy.ts <upstream-url> --rung parse|route
+ *       prints "PORT <n>" when listening on 127.0.0.1
+ */
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { Pool } from 'undici';
+import { tailUsage } from '../../src/apis/sse.ts';
+import { requestSeqHashes } from '../../src/core/multimodal.ts';
+import { KvRouter } from '../../src/core/router.ts';
+import { usage } from '../../scripts/usage.ts';
+
+usage(import.meta.url);
+
+const upstream = process.argv[2];
+const rungAt = process.argv.indexOf('--rung');
+const RUNG = rungAt > 0 ? process.argv[rungAt + 1] : 'parse';
+if (RUNG !== 'parse' && RUNG !== 'route') {
+  console.error(`floor-proxy: --rung must be parse or route, got "${RUNG}"`);
+  process.exit(2);
+}
+const ROUTE = RUNG === 'route';
+
+/** serve's default --block-size. */
+const BLOCK_SIZE = 16;
+const router = new KvRouter({ blockSize: BLOCK_SIZE });
+router.addSource({ workerId: 'w0', dpRank: 0 }, { mode: 'approx' });
+
+/** What kvroute appends to a stream's body to have the engine send the usage (src/apis/openai-request.ts). */
+const USAGE_FIELD_AFTER = Buffer.from(',"stream_options":{"include_usage":true}}');
+
+let next = 0;
+const pool = new Pool(upstream, { connections: 4096, pipelining: 1 });
+
+function fail(res: import('node:http').ServerResponse, status: number): void {
+  res.writeHead(status);
+  res.end();
+}
+
+const server = createServer((req, res) => {
+  const parts: Buffer[] = [];
+  req.on('data', (c: Buffer) => parts.push(c));
+  req.on('end', () => {
+    let raw = Buffer.concat(parts);
+    let body: { model?: unknown; prompt?: unknown; stream?: unknown };
+    try {
+      body = JSON.parse(raw.toString('utf8'));
+    } catch {
+      return fail(res, 400);
+    }
+    const prompt = body.prompt;
+    if (typeof body.model !== 'string' || !Array.isArray(prompt)) return fail(res, 400);
+    const stream = body.stream === true;
+    if (stream) raw = Buffer.concat([raw.subarray(0, raw.lastIndexOf(0x7d)), USAGE_FIELD_AFTER]);
+    let requestId = '';
+    if (ROUTE) {
+      requestId = `r${next++}`;
+      const seqHashes = requestSeqHashes(prompt as number[], BLOCK_SIZE);
+      const d = router.route({ requestId, seqHashes, promptTokens: prompt.length }, Date.now());
+      if (d.kind === 'refused') return fail(res, 503);
+    }
+    pool
+      .request({ method: 'POST', path: req.url ?? '/', headers: { 'content-type': 'application/json' }, body: raw })
+      .then((up) => {
+        res.writeHead(up.statusCode, { 'content-type': String(up.headers['content-type'] ?? 'application/json') });
+        let first = true;
+        let last: Buffer | undefined;
+        up.body.on('data', (c: Buffer) => {
+          if (ROUTE) {
+            if (first) router.firstToken(requestId, Date.now());
+            first = false;
+            last = c;
+          }
+          res.write(c);
+        });
+        up.body.on('end', () => {
+          if (ROUTE) {
+            const u = last ? (tailUsage(last) as { prompt_tokens_details?: { cached_tokens?: number } } | undefined) : undefined;
+            router.finish(requestId, { outcome: 'ok', cachedTokens: u?.prompt_tokens_details?.cached_tokens }, Date.now());
+          }
+          res.end();
+        });
+      })
+      .catch(() => {
+        if (ROUTE) router.finish(requestId, { outcome: 'error' }, Date.now());
+        fail(res, 502);
+      });
+  });
+});
+server.keepAliveTimeout = 65_000;
+server.listen({ port: 0, host: '127.0.0.1', backlog: 4096 }, () => {
+  process.stdout.write(`PORT ${(server.address() as AddressInfo).port}\n`);
+});
