@@ -203,18 +203,3 @@ describe('Outbox and Unpacker', () => {
     expect(() => new Unpacker().unpack(new Uint8Array([0xc1, 0xff, 0x00]))).toThrow();
   });
 });
-
-describe('Outbox packFrom', () => {
-  it('sends fewer messages than packFrom as they are, more packed', () => {
-    const sent: { k: string }[] = [];
-    const box = new Outbox<{ readonly k: string; readonly id: string }>((m) => sent.push(m), SHELL_PACKED, 2);
-    const first = { k: 'kvr.firstToken', id: 'r1' };
-    box.push(first);
-    box.flush();
-    expect(sent.shift()).toBe(first);
-    box.push(first);
-    box.push({ k: 'kvr.cancel', id: 'r2' });
-    box.flush();
-    expect(new Unpacker().unpack((sent.shift() as unknown as { b: Uint8Array }).b)).toEqual([first, { k: 'kvr.cancel', id: 'r2' }]);
-  });
-});

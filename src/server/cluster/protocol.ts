@@ -1,11 +1,8 @@
 /**
  * The IPC between the primary (the routing core: KvRouter, Dispatcher, workers, events, metrics) and its HTTP shells
  * under `kvroute serve --processes N`. Messages go over node:cluster's channel with the 'advanced' serialization
- * (structured clone: typed arrays, Sets and bigints arrive as sent); the per-request ones of one event-loop turn as one
- * msgpackr pack (kvr.packed, below). A shell asks, the primary decides and answers: every routing decision is the one
- * dispatcher's, in the order the primary receives the submissions. Per request a shell sends kvr.submit and kvr.finish
- * (a streamed answer's first token as kvr.firstToken between them) and receives kvr.step; the primary notes the
- * decisions it dispatches itself (/debug/state, blindness accounting).
+ * (structured clone: typed arrays, Sets and bigints arrive as sent). A shell asks, the primary decides and answers:
+ * every routing decision is the one dispatcher's, in the order the primary receives the submissions.
  */
 import { Packr, Unpackr } from 'msgpackr';
 import type { FinishReport, PrefillReport, Submission } from '../../core/dispatch/dispatcher.ts';
@@ -145,24 +142,16 @@ export class Unpacker {
 /**
  * Messages for one peer, sent together at the end of the event-loop turn (each IPC message is a write and a
  * deserialisation on the other side: batching them is most of the channel's cost under load). A turn's messages whose
- * kinds are all `packed` go as one kvr.packed (from `packFrom` messages); a turn with any other kind (start-up, scrape
- * time, a stop) goes as they are.
+ * kinds are all `packed` go as one kvr.packed; a turn with any other (start-up, scrape time, a stop) goes as they are.
  */
 export class Outbox<M extends { readonly k: string }> {
   private queued: M[] = [];
   private scheduled = false;
   private readonly packr = new Packr(packOptions());
 
-  /**
-   * `packFrom`: the fewest messages a turn packs (fewer go as they are). One message alone is cheaper for the peer to
-   * read through the channel's own deserializer when it is a submission or a finish (msgpackr reads a 2,048-id
-   * submission's hashes in JavaScript), and cheaper to write packed when it is a step: the shells pack from 2, the
-   * primary from 1 (bench/RESULTS.md "The primary's messages per request").
-   */
   constructor(
     private readonly write: (m: M | { readonly k: 'kvr.batch'; readonly msgs: readonly M[] } | PackedMessages) => void,
     private readonly packed: ReadonlySet<string> = new Set(),
-    private readonly packFrom = 1,
   ) {}
 
   push(m: M): void {
@@ -188,7 +177,7 @@ export class Outbox<M extends { readonly k: string }> {
     const q = this.queued;
     if (q.length === 0) return;
     this.queued = [];
-    if (this.packed.size > 0 && q.length >= this.packFrom && q.every((m) => this.packed.has(m.k))) {
+    if (this.packed.size > 0 && q.every((m) => this.packed.has(m.k))) {
       let b: Uint8Array | null = null;
       try {
         b = this.packr.pack(q);

@@ -37,13 +37,9 @@ import { Outbox, type PrimaryMessage, SHELL_PACKED, type ShellMessage, type Shel
 
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'transfer-encoding', 'upgrade', 'proxy-connection', 'te', 'trailer', 'host']);
 
-const outbox = new Outbox<ShellMessage>(
-  (m) => {
-    if (process.connected) process.send?.(m);
-  },
-  SHELL_PACKED,
-  2,
-);
+const outbox = new Outbox<ShellMessage>((m) => {
+  if (process.connected) process.send?.(m);
+}, SHELL_PACKED);
 /** The primary's kvr.packed messages, unpacked in the order sent. */
 const inbox = new Unpacker();
 const send = (m: ShellMessage) => outbox.push(m);
