@@ -25,8 +25,6 @@ import {
   isShellMessage,
   shellMessageProblem,
   Outbox,
-  PRIMARY_PACKED,
-  Unpacker,
   type PrimaryMessage,
   type ShellMessage,
   type ShellWorkerInfo,
@@ -74,8 +72,6 @@ interface ShellState {
    */
   readonly active: Map<string, string>;
   readonly outbox: Outbox<PrimaryMessage>;
-  /** The shell's kvr.packed messages, unpacked in the order sent. */
-  readonly inbox: Unpacker;
   /** kvr.start has been sent: until then the shell runs nothing of its own (a replacement still booting). */
   started: boolean;
   listening: boolean;
@@ -180,7 +176,6 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
     const lc = server.lifecycle;
     switch (m.k) {
       case 'kvr.batch':
-      case 'kvr.packed':
         return; // unpacked by the listener
       case 'kvr.submit':
         // Hashed in the shell: with the adapter routing uses now, or the shell hashes again (a model became an adapter,
@@ -339,14 +334,13 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
     const worker = cluster.fork();
     const outbox = new Outbox<PrimaryMessage>((m) => {
       if (worker.isConnected()) worker.send(m);
-    }, PRIMARY_PACKED);
+    });
     const s: ShellState = {
       worker,
       waiting: new Map(),
       active: new Map(),
       told: new WeakSet(),
       outbox,
-      inbox: new Unpacker(),
       started: false,
       listening: false,
       metrics: null,
@@ -354,16 +348,7 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
     shells.set(worker.id, s);
     worker.on('message', (m: unknown) => {
       if (!isShellMessage(m)) return;
-      let msgs: readonly unknown[];
-      if (m.k === 'kvr.packed') {
-        try {
-          msgs = s.inbox.unpack(m.b);
-        } catch (err) {
-          if (shells.has(worker.id)) drop(s, m, `a kvr.packed that does not unpack (${(err as Error).message})`);
-          return;
-        }
-      } else msgs = m.k === 'kvr.batch' ? (Array.isArray(m.msgs) ? m.msgs : [null]) : [m];
-      for (const one of msgs) {
+      for (const one of m.k === 'kvr.batch' ? (Array.isArray(m.msgs) ? m.msgs : [null]) : [m]) {
         // After the shell's exit the channel may still hand over what it wrote before it died: its requests were
         // finished as cancelled at the exit (exactly once), and its metrics were retired with the report it had made.
         if (!shells.has(worker.id)) continue;
@@ -372,11 +357,10 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
           drop(s, one, problem);
           continue;
         }
-        const valid = one as ShellMessage;
         try {
-          onMessage(s, valid);
+          onMessage(s, one);
         } catch (err) {
-          log.error({ err, message: valid.k }, 'HTTP shell message failed');
+          log.error({ err, message: one.k }, 'HTTP shell message failed');
         }
       }
     });

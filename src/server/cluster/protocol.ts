@@ -4,7 +4,6 @@
  * (structured clone: typed arrays, Sets and bigints arrive as sent). A shell asks, the primary decides and answers:
  * every routing decision is the one dispatcher's, in the order the primary receives the submissions.
  */
-import { Packr, Unpackr } from 'msgpackr';
 import type { FinishReport, PrefillReport, Submission } from '../../core/dispatch/dispatcher.ts';
 import type { ServeConfig } from '../../config/serve.ts';
 import type { RouteDecision } from '../../core/types.ts';
@@ -81,8 +80,7 @@ export type ShellMessage =
   /** The shell could not start (its listener, its tokenizer): the primary fails start-up with this message. */
   | { readonly k: 'kvr.startFailed'; readonly message: string }
   /** Messages of one event-loop turn, in order: one IPC write instead of several. */
-  | { readonly k: 'kvr.batch'; readonly msgs: readonly ShellMessage[] }
-  | PackedMessages;
+  | { readonly k: 'kvr.batch'; readonly msgs: readonly ShellMessage[] };
 
 /** Primary → shell. */
 export type PrimaryMessage =
@@ -93,66 +91,17 @@ export type PrimaryMessage =
   | { readonly k: 'kvr.rehash'; readonly id: string; readonly lora: string | null }
   | { readonly k: 'kvr.close'; readonly graceMs: number }
   | { readonly k: 'kvr.cacheInfo'; readonly id: number }
-  | { readonly k: 'kvr.batch'; readonly msgs: readonly PrimaryMessage[] }
-  | PackedMessages;
-
-/**
- * The per-request messages of one event-loop turn (`kvr.batch`'s), packed with msgpackr: node's 'advanced' channel
- * then serialises one small object and a byte string instead of walking every message (its serializer and
- * deserializer cost several times what msgpackr's do: bench/RESULTS.md "The primary's messages per request"). Objects
- * go as plain msgpack maps (no record extension: its shapes are state shared between packer and unpacker, and its
- * sequential mode lost track past 32 shapes), typed arrays and Sets as msgpackr's extensions: each pack stands alone.
- */
-export interface PackedMessages {
-  readonly k: 'kvr.packed';
-  readonly b: Uint8Array;
-}
-
-/** A fresh options object for each packer and unpacker (msgpackr writes into the one it is given). */
-const packOptions = () => ({ moreTypes: true, useRecords: false });
-
-/** Kinds a shell packs (the per-request ones; the rest, rare, go as they are). */
-export const SHELL_PACKED: ReadonlySet<string> = new Set([
-  'kvr.submit',
-  'kvr.failed',
-  'kvr.prefillFailed',
-  'kvr.cancel',
-  'kvr.target',
-  'kvr.prefillDone',
-  'kvr.firstToken',
-  'kvr.finish',
-]);
-
-/** Kinds the primary packs (never kvr.start or kvr.close: a shell not started yet reads those alone). */
-export const PRIMARY_PACKED: ReadonlySet<string> = new Set(['kvr.step', 'kvr.rehash', 'kvr.target']);
-
-/** kvr.packed messages unpacked. */
-export class Unpacker {
-  private readonly unpackr = new Unpackr(packOptions());
-
-  /** The messages of one kvr.packed (throws when its bytes do not unpack to a list). */
-  unpack(b: unknown): unknown[] {
-    if (!(b instanceof Uint8Array)) throw new Error('kvr.packed without its bytes');
-    const msgs = this.unpackr.unpack(b) as unknown;
-    if (!Array.isArray(msgs)) throw new Error('kvr.packed that is not a list');
-    return msgs;
-  }
-}
+  | { readonly k: 'kvr.batch'; readonly msgs: readonly PrimaryMessage[] };
 
 /**
  * Messages for one peer, sent together at the end of the event-loop turn (each IPC message is a write and a
- * deserialisation on the other side: batching them is most of the channel's cost under load). A turn's messages whose
- * kinds are all `packed` go as one kvr.packed; a turn with any other (start-up, scrape time, a stop) goes as they are.
+ * deserialisation on the other side: batching them is most of the channel's cost under load).
  */
-export class Outbox<M extends { readonly k: string }> {
+export class Outbox<M> {
   private queued: M[] = [];
   private scheduled = false;
-  private readonly packr = new Packr(packOptions());
 
-  constructor(
-    private readonly write: (m: M | { readonly k: 'kvr.batch'; readonly msgs: readonly M[] } | PackedMessages) => void,
-    private readonly packed: ReadonlySet<string> = new Set(),
-  ) {}
+  constructor(private readonly write: (m: M | { readonly k: 'kvr.batch'; readonly msgs: readonly M[] }) => void) {}
 
   push(m: M): void {
     this.queued.push(m);
@@ -177,18 +126,6 @@ export class Outbox<M extends { readonly k: string }> {
     const q = this.queued;
     if (q.length === 0) return;
     this.queued = [];
-    if (this.packed.size > 0 && q.every((m) => this.packed.has(m.k))) {
-      let b: Uint8Array | null = null;
-      try {
-        b = this.packr.pack(q);
-      } catch {
-        // A value msgpackr cannot write (a symbol, an object whose keys throw): sent as it is.
-      }
-      if (b) {
-        this.write({ k: 'kvr.packed', b });
-        return;
-      }
-    }
     this.write(q.length === 1 ? q[0] : { k: 'kvr.batch', msgs: q });
   }
 }

@@ -33,15 +33,13 @@ import type { PdWorker } from '../../runtime/prefill-leg.ts';
 import { LOG_REDACT_PATHS, toHttpError } from '../../runtime/security/index.ts';
 import { NO_TRACE } from '../../runtime/tracing.ts';
 import { workerPool } from '../../runtime/workers.ts';
-import { Outbox, type PrimaryMessage, SHELL_PACKED, type ShellMessage, type ShellWorkerInfo, Unpacker } from './protocol.ts';
+import { Outbox, type PrimaryMessage, type ShellMessage, type ShellWorkerInfo } from './protocol.ts';
 
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'transfer-encoding', 'upgrade', 'proxy-connection', 'te', 'trailer', 'host']);
 
 const outbox = new Outbox<ShellMessage>((m) => {
   if (process.connected) process.send?.(m);
-}, SHELL_PACKED);
-/** The primary's kvr.packed messages, unpacked in the order sent. */
-const inbox = new Unpacker();
+});
 const send = (m: ShellMessage) => outbox.push(m);
 
 const EMPTY_HASHES = new BigUint64Array(0);
@@ -415,8 +413,7 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
   });
 
   const onMessage = (m: PrimaryMessage) => {
-    if (m.k === 'kvr.packed') for (const one of inbox.unpack(m.b)) onMessage(one as PrimaryMessage);
-    else if (m.k === 'kvr.batch') for (const one of m.msgs) onMessage(one);
+    if (m.k === 'kvr.batch') for (const one of m.msgs) onMessage(one);
     else if (m.k === 'kvr.step') lifecycle.step(m.id, m.step, m.workers);
     else if (m.k === 'kvr.rehash') lifecycle.rehash(m.id, m.lora);
     else if (m.k === 'kvr.target') {
