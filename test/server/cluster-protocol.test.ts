@@ -4,7 +4,7 @@
  * and a request it names is refused, never left waiting and never a crash.
  */
 import { describe, expect, it } from 'vitest';
-import { shellMessageProblem } from '../../src/server/cluster/protocol.ts';
+import { Outbox, shellMessageProblem } from '../../src/server/cluster/protocol.ts';
 
 /** The primary's check at the default block size. */
 const problem = (m: unknown) => shellMessageProblem(m, 16);
@@ -100,5 +100,33 @@ describe('shellMessageProblem', () => {
     const noRegistry = 'a shell metrics snapshot without its registry';
     expect(problem({ k: 'kvr.cacheInfo', id: 3, cache: null })).toBe(noRegistry);
     expect(problem({ k: 'kvr.snapshot', metrics: { json: [], totals: {} } })).toBe(noRegistry);
+  });
+});
+
+describe('Outbox', () => {
+  it("sends a turn's messages as one batch; a finish takes the place of the message queued last", () => {
+    const sent: unknown[] = [];
+    const box = new Outbox<{ readonly k: string; readonly id: string } & Record<string, unknown>>((m) => sent.push(m));
+    const first = { k: 'kvr.firstToken', id: 'r1' };
+    box.push({ k: 'kvr.submit', id: 'r2' });
+    box.push(first);
+    expect(box.last()).toBe(first);
+    // A whole answer: its first token and its end, one message.
+    box.replaceLast({ k: 'kvr.finish', id: 'r1', report: { outcome: 'ok' }, firstToken: true });
+    box.flush();
+    expect(sent).toEqual([
+      {
+        k: 'kvr.batch',
+        msgs: [
+          { k: 'kvr.submit', id: 'r2' },
+          { k: 'kvr.finish', id: 'r1', report: { outcome: 'ok' }, firstToken: true },
+        ],
+      },
+    ]);
+    expect(box.last()).toBeUndefined();
+    // Nothing queued: the replacement is sent as a message of its own.
+    box.replaceLast(first);
+    box.flush();
+    expect(sent[1]).toBe(first);
   });
 });

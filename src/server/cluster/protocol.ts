@@ -2,7 +2,9 @@
  * The IPC between the primary (the routing core: KvRouter, Dispatcher, workers, events, metrics) and its HTTP shells
  * under `kvroute serve --processes N`. Messages go over node:cluster's channel with the 'advanced' serialization
  * (structured clone: typed arrays, Sets and bigints arrive as sent). A shell asks, the primary decides and answers:
- * every routing decision is the one dispatcher's, in the order the primary receives the submissions.
+ * every routing decision is the one dispatcher's, in the order the primary receives the submissions. Per request a shell
+ * sends kvr.submit and kvr.finish (a streamed answer's first token as kvr.firstToken between them) and receives
+ * kvr.step; the primary notes the decisions it dispatches itself (/debug/state, the blindness accounting).
  */
 import type { FinishReport, PrefillReport, Submission } from '../../core/dispatch/dispatcher.ts';
 import type { ServeConfig } from '../../config/serve.ts';
