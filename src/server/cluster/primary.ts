@@ -152,20 +152,24 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
       // What one process notes as its handler takes the attempt (src/server/inference.ts dispatched): the event-stream
       // blindness accounting and /debug/state's recent decisions. The primary made the decision: no message back.
       const d = step.decision;
-      noteRouted({
-        requestId: id,
-        api: s.active.get(id) ?? 'unknown',
-        at: Date.now(),
-        model: step.model,
-        worker: d.sourceKey,
-        policy: d.policy,
-        promptTokens: d.promptTokens,
-        islBlocks: d.islBlocks,
-        overlapBlocks: d.overlapBlocks,
-        bestOverlapBlocks: d.bestOverlapBlocks,
-        attempt: step.attempt,
-        queuedMs: step.queuedMs,
-      });
+      try {
+        noteRouted({
+          requestId: id,
+          api: s.active.get(id) ?? 'unknown',
+          at: Date.now(),
+          model: step.model,
+          worker: d.sourceKey,
+          policy: d.policy,
+          promptTokens: d.promptTokens,
+          islBlocks: d.islBlocks,
+          overlapBlocks: d.overlapBlocks,
+          bestOverlapBlocks: d.bestOverlapBlocks,
+          attempt: step.attempt,
+          queuedMs: step.queuedMs,
+        });
+      } catch (err) {
+        log.error({ err, requestId: id }, 'noting a routed request failed'); // the step still goes: the client waits for it
+      }
       // The shell needs the decision's numbers, not its hashes or every candidate's scores: a smaller message; and a
       // worker's connection details only the first time.
       const workers = [...infoOf(step.workerId, s), ...infoOf(step.prefill?.workerId, s)];
