@@ -140,7 +140,7 @@ async function decisions(
   processes: number,
   prompts: number[][],
   streamed = false,
-): Promise<{ picks: string[]; requestIds: string[]; metrics: string }> {
+): Promise<{ picks: string[]; requestIds: string[]; metrics: string; recent: Record<string, unknown>[]; state: Record<string, unknown> }> {
   const es = await fleet(3);
   const s = await serve([...es.flatMap((e) => ['--worker', e.url]), '--seed', '7', '--processes', String(processes)]);
   const index = new Map(es.map((e, i) => [new URL(e.url).host, i]));
@@ -158,8 +158,13 @@ async function decisions(
   // Workers named by their position, as the picks are (each run's engines listen on other ports).
   let metrics = await (await fetch(`${s.url}/metrics`)).text();
   for (const [host, i] of index) metrics = metrics.replaceAll(host, `w${i}`);
+  // /debug/state: its recent decisions (each request's id and time are its run's own) and the dispatcher's counts.
+  let stateText = await (await fetch(`${s.url}/debug/state`, { headers: { authorization: `Bearer ${ADMIN}` } })).text();
+  for (const [host, i] of index) stateText = stateText.replaceAll(host, `w${i}`);
+  const state = JSON.parse(stateText) as { recentDecisions: Record<string, unknown>[] } & Record<string, unknown>;
+  const recent = state.recentDecisions.map(({ requestId: _r, at: _a, ...rest }) => rest);
   await s.stop();
-  return { picks, requestIds, metrics };
+  return { picks, requestIds, metrics, recent, state };
 }
 
 /** Series of a /metrics text (name and labels) with their values. */
@@ -210,6 +215,12 @@ describe('serve --processes', () => {
     // Both shells served (each names its requests with its own prefix).
     const shellsUsed = new Set(two.requestIds.map((id) => id.split('-')[1]));
     expect(shellsUsed.size).toBe(2);
+    // /debug/state's recent decisions, noted by the primary as it dispatches (no message from the shells), are the ones
+    // one process lists: API, model, worker, policy, blocks, attempt, queueing.
+    expect(two.recent).toEqual(one.recent);
+    expect(one.recent).toHaveLength(30);
+    expect(new Set(one.recent.map((d) => d.api))).toEqual(new Set(['completions']));
+    expect(new Set(one.recent.map((d) => d.worker)).size).toBeGreaterThan(1);
   }, 120_000);
 
   it("the shells' block hashes are the ones the routing core computes: block sizes, partial blocks, a chat, an adapter, a salt", async () => {

@@ -66,8 +66,11 @@ interface ShellState {
   readonly waiting: Map<string, ClientCancel>;
   /** Workers whose connection details this shell has been sent (each is sent once, with the first step to it). */
   readonly told: WeakSet<object>;
-  /** Requests dispatched and not yet finished. */
-  readonly active: Set<string>;
+  /**
+   * Requests submitted and not yet finished, with the API each came in on (what /debug/state's recent decisions show of
+   * the attempts the primary dispatches).
+   */
+  readonly active: Map<string, string>;
   readonly outbox: Outbox<PrimaryMessage>;
   /** kvr.start has been sent: until then the shell runs nothing of its own (a replacement still booting). */
   started: boolean;
@@ -132,18 +135,40 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
       : [];
   };
   const send = (s: ShellState, m: PrimaryMessage) => s.outbox.push(m);
+  const noteRouted = server.inference.noteRouted;
   const answer = (s: ShellState, id: string, wait: (signal: AbortSignal) => Promise<NextStep>) => {
     // What Lifecycle.wait reads of an AbortSignal, without an AbortController and its AbortSignal per submission:
     // nearly every step is decided at once (issue 29: the two objects were ~2% of the primary's CPU).
     const cancel = new ClientCancel();
     s.waiting.set(id, cancel);
-    s.active.add(id);
+    if (!s.active.has(id)) s.active.set(id, 'unknown');
     void wait(cancel.flowSignal).then((step) => {
       s.waiting.delete(id);
-      if (step.kind !== 'dispatch') s.active.delete(id); // refused or aborted: nothing left to finish
       if (step.kind !== 'dispatch') {
+        s.active.delete(id); // refused or aborted: nothing left to finish
         send(s, { k: 'kvr.step', id, step, workers: [] });
         return;
+      }
+      // What one process notes as its handler takes the attempt (src/server/inference.ts dispatched): the event-stream
+      // blindness accounting and /debug/state's recent decisions. The primary made the decision: no message back.
+      const d = step.decision;
+      try {
+        noteRouted({
+          requestId: id,
+          api: s.active.get(id) ?? 'unknown',
+          at: Date.now(),
+          model: step.model,
+          worker: d.sourceKey,
+          policy: d.policy,
+          promptTokens: d.promptTokens,
+          islBlocks: d.islBlocks,
+          overlapBlocks: d.overlapBlocks,
+          bestOverlapBlocks: d.bestOverlapBlocks,
+          attempt: step.attempt,
+          queuedMs: step.queuedMs,
+        });
+      } catch (err) {
+        log.error({ err, requestId: id }, 'noting a routed request failed'); // the step still goes: the client waits for it
       }
       // The shell needs the decision's numbers, not its hashes or every candidate's scores: a smaller message; and a
       // worker's connection details only the first time.
@@ -167,6 +192,7 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
             return;
           }
         }
+        s.active.set(m.id, m.api);
         answer(s, m.id, (signal) => lc.submit(m.sub, signal));
         return;
       case 'kvr.failed':
@@ -194,11 +220,9 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
         lc.firstToken(m.id);
         return;
       case 'kvr.finish':
+        if (m.firstToken) lc.firstToken(m.id);
         s.active.delete(m.id);
         lc.finish(m.id, m.report, m.outputTokens);
-        return;
-      case 'kvr.routed':
-        server.inference.noteRouted(m.decision);
         return;
       case 'kvr.snapshot':
         s.metrics = m.metrics;
@@ -318,7 +342,7 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
     const s: ShellState = {
       worker,
       waiting: new Map(),
-      active: new Set(),
+      active: new Map(),
       told: new WeakSet(),
       outbox,
       started: false,
@@ -349,7 +373,7 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
       retire(s);
       // What it had in flight is over: its clients lost their connections with it.
       for (const ac of s.waiting.values()) ac.abort();
-      for (const id of s.active) if (!s.waiting.has(id)) server.lifecycle.finish(id, { outcome: 'cancelled' });
+      for (const id of s.active.keys()) if (!s.waiting.has(id)) server.lifecycle.finish(id, { outcome: 'cancelled' });
       s.active.clear();
       if (closing) return;
       if (!up) {

@@ -2,14 +2,15 @@
  * The IPC between the primary (the routing core: KvRouter, Dispatcher, workers, events, metrics) and its HTTP shells
  * under `kvroute serve --processes N`. Messages go over node:cluster's channel with the 'advanced' serialization
  * (structured clone: typed arrays, Sets and bigints arrive as sent). A shell asks, the primary decides and answers:
- * every routing decision is the one dispatcher's, in the order the primary receives the submissions.
+ * every routing decision is the one dispatcher's, in the order the primary receives the submissions. Per request a shell
+ * sends kvr.submit and kvr.finish (a streamed answer's first token as kvr.firstToken between them) and receives
+ * kvr.step; the primary notes the decisions it dispatches itself (/debug/state, the blindness accounting).
  */
 import type { FinishReport, PrefillReport, Submission } from '../../core/dispatch/dispatcher.ts';
 import type { ServeConfig } from '../../config/serve.ts';
 import type { RouteDecision } from '../../core/types.ts';
 import type { TokenizerCacheGauges } from '../../metrics/memory.ts';
 import type { ShellMetricsSnapshot } from '../../metrics/shell-metrics.ts';
-import type { RecentDecision } from '../inference.ts';
 import type { NextStep } from '../../runtime/lifecycle.ts';
 
 /** Where a shell sends an attempt: what it needs of a worker to open its own connection pool. */
@@ -34,18 +35,35 @@ export type ShellMessage =
    * `lora` names the adapter it seeded them with (null: none), which the primary checks against the one routing would
    * use (a model becomes an adapter when a worker lists it): a mismatch is answered with kvr.rehash, not routed.
    * Token ids instead of hashes (the primary hashes) when the shell could not hash them, or after a second kvr.rehash.
+   * `api` names the API the request came in on (what /debug/state's recent decisions show; the primary notes each
+   * attempt it dispatches there itself, and in the event-stream blindness accounting).
    */
-  | { readonly k: 'kvr.submit'; readonly id: string; readonly sub: Submission; readonly lora?: string | null }
+  | {
+      readonly k: 'kvr.submit';
+      readonly id: string;
+      readonly api: string;
+      readonly sub: Submission;
+      readonly lora?: string | null;
+    }
   | { readonly k: 'kvr.failed'; readonly id: string; readonly error: string }
   | { readonly k: 'kvr.prefillFailed'; readonly id: string; readonly error: string }
   | { readonly k: 'kvr.cancel'; readonly id: string }
   /** Which worker tokenizes for `model` (remote and render tokenizer modes); answered with kvr.target. */
   | { readonly k: 'kvr.target'; readonly id: string; readonly model: string }
   | { readonly k: 'kvr.prefillDone'; readonly id: string; readonly report: PrefillReport }
+  /** A streamed answer's first token (a whole answer's comes with its kvr.finish: `firstToken`). */
   | { readonly k: 'kvr.firstToken'; readonly id: string }
-  | { readonly k: 'kvr.finish'; readonly id: string; readonly report: FinishReport; readonly outputTokens?: number }
-  /** A request was routed: the primary's blindness accounting and /debug/state's recent decisions. */
-  | { readonly k: 'kvr.routed'; readonly decision: RecentDecision }
+  /**
+   * The request ended. `firstToken`: its first token came just before (a whole answer, whose first token is not
+   * observable apart from its end): the primary applies it first, as it would a kvr.firstToken sent before this.
+   */
+  | {
+      readonly k: 'kvr.finish';
+      readonly id: string;
+      readonly report: FinishReport;
+      readonly outputTokens?: number;
+      readonly firstToken?: true;
+    }
   /**
    * Asked at scrape time: the shell's tokenizer cache (router_tokenizer_cache_*; null: the shell has none) and its
    * request metrics (the registry the shell records them in, summed into the primary's /metrics).
@@ -94,6 +112,17 @@ export class Outbox<M> {
     setImmediate(() => this.flush());
   }
 
+  /** The newest message queued and not yet sent (undefined: none). */
+  last(): M | undefined {
+    return this.queued[this.queued.length - 1];
+  }
+
+  /** `m` in place of the newest message queued (nothing queued: sent as a message of its own). */
+  replaceLast(m: M): void {
+    if (this.queued.length === 0) this.push(m);
+    else this.queued[this.queued.length - 1] = m;
+  }
+
   flush(): void {
     this.scheduled = false;
     const q = this.queued;
@@ -121,6 +150,7 @@ export function shellMessageProblem(m: unknown, blockSize: number): string | nul
       if (typeof sub !== 'object' || sub === null) return 'kvr.submit without a submission';
       if (sub.requestId !== o.id) return 'kvr.submit whose submission names another request';
       if (typeof sub.model !== 'string') return 'kvr.submit without a model';
+      if (typeof o.api !== 'string') return 'kvr.submit without an api';
       if (sub.tokens !== undefined) {
         const tokensOk = sub.tokens instanceof Uint32Array || Array.isArray(sub.tokens);
         return tokensOk && sub.seqHashes === undefined ? null : 'kvr.submit without token ids';
@@ -137,14 +167,11 @@ export function shellMessageProblem(m: unknown, blockSize: number): string | nul
     case 'kvr.target':
       return id() ?? (typeof o.model === 'string' ? null : 'kvr.target without a model');
     case 'kvr.prefillDone':
-    case 'kvr.finish':
       return id() ?? (typeof o.report === 'object' && o.report !== null ? null : `${o.k} without a report`);
-    case 'kvr.routed': {
-      const d = o.decision as Record<string, unknown> | null | undefined;
-      return typeof d === 'object' && d !== null && typeof d.requestId === 'string' && typeof d.worker === 'string'
-        ? null
-        : 'kvr.routed without a decision';
-    }
+    case 'kvr.finish':
+      if (id()) return id();
+      if (typeof o.report !== 'object' || o.report === null) return 'kvr.finish without a report';
+      return o.firstToken === undefined || o.firstToken === true ? null : 'kvr.finish whose firstToken is not true';
     case 'kvr.cacheInfo':
       if (typeof o.id !== 'number') return 'kvr.cacheInfo without an id';
       return snapshotProblem(o.metrics);

@@ -132,10 +132,12 @@ function withTokens(sub: Submission): Submission {
 }
 
 /** The primary's Lifecycle seen from a shell: each step is the primary dispatcher's answer. */
-class ForwardedLifecycle implements LifecyclePort {
+class ForwardedLifecycle {
   private readonly waiters = new Map<string, (step: NextStep) => void>();
-  /** Submissions waiting for their first step, kept for a kvr.rehash (how many they had). */
-  private readonly submitted = new Map<string, { sub: Submission; rehashes: number }>();
+  /** Submissions waiting for their first step, kept for a kvr.rehash (how many they had, the API they came in on). */
+  private readonly submitted = new Map<string, { sub: Submission; api: string; rehashes: number }>();
+  /** The last kvr.firstToken queued: a kvr.finish of the same request right after it takes its place. */
+  private lastFirst: { readonly k: 'kvr.firstToken'; readonly id: string } | null = null;
 
   constructor(
     private readonly workers: ShellWorkers,
@@ -152,7 +154,7 @@ class ForwardedLifecycle implements LifecyclePort {
     entry.rehashes++;
     this.hasher.learn(entry.sub.model, lora);
     const wire = entry.rehashes > 1 ? { sub: withTokens(entry.sub) } : this.hasher.wire(entry.sub);
-    if (this.waiters.has(id)) send({ k: 'kvr.submit', id, ...wire });
+    if (this.waiters.has(id)) send({ k: 'kvr.submit', id, api: entry.api, ...wire });
   }
 
   /** A step from the primary (its decisions without hashes and candidates: empty ones put back). */
@@ -191,10 +193,10 @@ class ForwardedLifecycle implements LifecyclePort {
     });
   }
 
-  submit(sub: Submission, signal: AbortSignal): Promise<NextStep> {
+  submit(api: string, sub: Submission, signal: AbortSignal): Promise<NextStep> {
     const id = sub.requestId;
-    if (!signal.aborted) this.submitted.set(id, { sub, rehashes: 0 });
-    return this.wait(id, signal, { k: 'kvr.submit', id, ...this.hasher.wire(sub) });
+    if (!signal.aborted) this.submitted.set(id, { sub, api, rehashes: 0 });
+    return this.wait(id, signal, { k: 'kvr.submit', id, api, ...this.hasher.wire(sub) });
   }
 
   failed(requestId: string, error: string, signal: AbortSignal): Promise<NextStep> {
@@ -210,11 +212,28 @@ class ForwardedLifecycle implements LifecyclePort {
   }
 
   firstToken(requestId: string): void {
-    send({ k: 'kvr.firstToken', id: requestId });
+    const m = { k: 'kvr.firstToken', id: requestId } as const;
+    this.lastFirst = m;
+    send(m);
   }
 
+  /**
+   * Right after its kvr.firstToken, with nothing queued between (a whole answer: its first token is not observable apart
+   * from its end), one kvr.finish with `firstToken` takes that message's place: the primary applies both, in that order.
+   */
   finish(requestId: string, report: FinishReport, outputTokens?: number): void {
-    send({ k: 'kvr.finish', id: requestId, report, ...(outputTokens === undefined ? {} : { outputTokens }) });
+    const first = this.lastFirst;
+    this.lastFirst = null;
+    const fold = first !== null && first.id === requestId && outbox.last() === first;
+    const m: ShellMessage = {
+      k: 'kvr.finish',
+      id: requestId,
+      report,
+      ...(outputTokens === undefined ? {} : { outputTokens }),
+      ...(fold ? { firstToken: true as const } : {}),
+    };
+    if (fold) outbox.replaceLast(m);
+    else send(m);
   }
 
   /** The primary is gone: nothing will answer. */
@@ -233,6 +252,38 @@ class ForwardedLifecycle implements LifecyclePort {
         band: 'default',
       });
     }
+  }
+}
+
+/** The forwarded lifecycle as one API's requests use it: each submission names that API to the primary. */
+class ApiLifecycle implements LifecyclePort {
+  constructor(
+    private readonly api: string,
+    private readonly lc: ForwardedLifecycle,
+  ) {}
+
+  submit(sub: Submission, signal: AbortSignal): Promise<NextStep> {
+    return this.lc.submit(this.api, sub, signal);
+  }
+
+  failed(requestId: string, error: string, signal: AbortSignal): Promise<NextStep> {
+    return this.lc.failed(requestId, error, signal);
+  }
+
+  prefillFailed(requestId: string, error: string, signal: AbortSignal): Promise<NextStep> {
+    return this.lc.prefillFailed(requestId, error, signal);
+  }
+
+  prefillDone(requestId: string, report: PrefillReport): void {
+    this.lc.prefillDone(requestId, report);
+  }
+
+  firstToken(requestId: string): void {
+    this.lc.firstToken(requestId);
+  }
+
+  finish(requestId: string, report: FinishReport, outputTokens?: number): void {
+    this.lc.finish(requestId, report, outputTokens);
   }
 }
 
@@ -283,12 +334,13 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
         targets.set(id, (info) => resolve(info ? workers.learn(info) : undefined));
         send({ k: 'kvr.target', id, model });
       }),
-    lifecycle,
+    lifecycle: new ApiLifecycle('unknown', lifecycle),
     workers,
     metrics,
     tokenizer,
     remote,
-    noteRouted: (decision) => send({ k: 'kvr.routed', decision }),
+    // The primary notes each attempt it dispatches (recent decisions, blindness accounting): nothing to send.
+    noteRouted: () => {},
     nextRequestId: () => `kvr-${idPrefix}-${++seq}`,
     guard,
     sessionHeaders: sessionHeaderNames(config),
@@ -296,6 +348,17 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
     // TensorRT-LLM's disagg_request_id must be unique across every process: each shell takes the next machine id after
     // the router's (cluster worker ids count from 1), so shells of one router never share one.
     disaggIds: new DisaggRequestIds(((config.disaggMachineId ?? disaggMachineIdOf(config.replicaId)) + (cluster.worker?.id ?? 0)) & 1023),
+  };
+
+  /** The context of one API's requests (made once per API): its lifecycle names the API in each submission. */
+  const apiContexts = new Map<string, InferenceContext>();
+  const contextOf = (api: string): InferenceContext => {
+    let c = apiContexts.get(api);
+    if (!c) {
+      c = { ...ctx, lifecycle: new ApiLifecycle(api, lifecycle) };
+      apiContexts.set(api, c);
+    }
+    return c;
   };
 
   const primary = new Pool(primaryUrl, { connections: 256, pipelining: 1 });
@@ -334,7 +397,7 @@ export async function runShell(config: ServeConfig, primaryUrl: string): Promise
       throw new HttpError(503, 'the router is shutting down', 'service_unavailable', 'shutting_down', null, { 'retry-after': '1' });
     }
     metrics.apiRequest(api.name);
-    await handleInference(ctx, api, path, req, res, t0, NO_TRACE);
+    await handleInference(contextOf(api.name), api, path, req, res, t0, NO_TRACE);
   }
 
   const listener = createListener(config, (req, res) => {
