@@ -39,6 +39,7 @@ import type { KvEvent } from '../src/core/types.ts';
 import { ClientCancel } from '../src/runtime/cancel.ts';
 import { attachToServer } from '../src/runtime/nats.ts';
 import { startServer } from '../src/server/app.ts';
+import { recentDecisionOf } from '../src/server/inference.ts';
 import { PeerLoad } from '../src/transport/nats/peer-load.ts';
 import { NatsServer } from '../test/nats/nats-server.ts';
 
@@ -150,20 +151,7 @@ async function run(fleet: Fleet): Promise<Row> {
     );
     if (step.kind !== 'dispatch') throw new Error(`request ${i} was not routed: ${JSON.stringify(step)}`);
     const d = step.decision;
-    server.inference.noteRouted({
-      requestId: id,
-      api: 'completions',
-      at: Date.now(),
-      model: 'bench',
-      worker: d.sourceKey,
-      policy: d.policy,
-      promptTokens: d.promptTokens,
-      islBlocks: d.islBlocks,
-      overlapBlocks: d.overlapBlocks,
-      bestOverlapBlocks: d.bestOverlapBlocks,
-      attempt: 0,
-      queuedMs: 0,
-    } as Parameters<typeof server.inference.noteRouted>[0]);
+    server.inference.noteRouted(recentDecisionOf(step, 'completions', Date.now()));
     lifecycle.firstToken(id);
     open.push(id);
     if (open.length > IN_FLIGHT) lifecycle.finish(open.shift() as string, { outcome: 'ok', cachedTokens: d.overlapBlocks * BS });

@@ -41,6 +41,25 @@ export interface RecentDecision {
 /** Decisions /debug/state lists, newest last. */
 export const RECENT_MAX = 64;
 
+/** The note of an attempt handed out (one process's handler, or the --processes primary as it sends the step). */
+export function recentDecisionOf(a: DispatchAttempt, api: string, at: number): RecentDecision {
+  const d = a.decision;
+  return {
+    requestId: a.requestId,
+    api,
+    at,
+    model: a.model,
+    worker: d.sourceKey,
+    policy: d.policy,
+    promptTokens: d.promptTokens,
+    islBlocks: d.islBlocks,
+    overlapBlocks: d.overlapBlocks,
+    bestOverlapBlocks: d.bestOverlapBlocks,
+    attempt: a.attempt,
+    queuedMs: a.queuedMs,
+  };
+}
+
 export interface InferenceContext extends FlowContext<PdWorker> {
   readonly config: ServeConfig;
   readonly log: Logger;
@@ -194,20 +213,7 @@ function dispatched(ctx: InferenceContext, a: DispatchAttempt, r: SubmittedReque
     );
   }
   const routedAt = Date.now();
-  ctx.noteRouted({
-    requestId: a.requestId,
-    api: r.api.name,
-    at: routedAt,
-    model: a.model,
-    worker: d.sourceKey,
-    policy: d.policy,
-    promptTokens: d.promptTokens,
-    islBlocks: d.islBlocks,
-    overlapBlocks: d.overlapBlocks,
-    bestOverlapBlocks: d.bestOverlapBlocks,
-    attempt: a.attempt,
-    queuedMs: a.queuedMs,
-  });
+  ctx.noteRouted(recentDecisionOf(a, r.api.name, routedAt));
   if (!trace.enabled) return;
   if (a.queuedMs > 0) trace.span('queue', routedAt - a.queuedMs, routedAt, { 'kvroute.queued_ms': a.queuedMs });
   const routeMs = d.timingsMs ? d.timingsMs.hash + d.timingsMs.find + d.timingsMs.select : 0;

@@ -14,6 +14,7 @@ import { AggregatorRegistry, Counter } from 'prom-client';
 import type { Logger } from 'pino';
 import type { ServeConfig } from '../../config/serve.ts';
 import type { RunningServer } from '../app.ts';
+import { recentDecisionOf } from '../inference.ts';
 import type { RouteDecision } from '../../core/types.ts';
 import { sumCaches, type TokenizerCacheGauges } from '../../metrics/memory.ts';
 import type { MetricJson } from '../../metrics/registry.ts';
@@ -151,22 +152,8 @@ export async function startCluster(config: ServeConfig, server: RunningServer, l
       }
       // What one process notes as its handler takes the attempt (src/server/inference.ts dispatched): the event-stream
       // blindness accounting and /debug/state's recent decisions. The primary made the decision: no message back.
-      const d = step.decision;
       try {
-        noteRouted({
-          requestId: id,
-          api: s.active.get(id) ?? 'unknown',
-          at: Date.now(),
-          model: step.model,
-          worker: d.sourceKey,
-          policy: d.policy,
-          promptTokens: d.promptTokens,
-          islBlocks: d.islBlocks,
-          overlapBlocks: d.overlapBlocks,
-          bestOverlapBlocks: d.bestOverlapBlocks,
-          attempt: step.attempt,
-          queuedMs: step.queuedMs,
-        });
+        noteRouted(recentDecisionOf(step, s.active.get(id) ?? 'unknown', Date.now()));
       } catch (err) {
         log.error({ err, requestId: id }, 'noting a routed request failed'); // the step still goes: the client waits for it
       }
