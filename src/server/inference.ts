@@ -192,28 +192,11 @@ export async function handleInference(
 /** An attempt handed out: logged, traced (queue wait, the decision), and noted for /debug/state. */
 function dispatched(ctx: InferenceContext, a: DispatchAttempt, r: SubmittedRequest, trace: RequestTrace): void {
   const d = a.decision;
-  // Nothing per request is built for a level or a tracer that is off.
-  if (ctx.log.isLevelEnabled('debug')) {
-    ctx.log.debug(
-      {
-        requestId: a.requestId,
-        api: r.api.name,
-        clientRequestId: r.clientRequestId,
-        worker: d.sourceKey,
-        policy: d.policy,
-        promptTokens: d.promptTokens,
-        islBlocks: d.islBlocks,
-        overlapBlocks: d.overlapBlocks,
-        bestOverlapBlocks: d.bestOverlapBlocks,
-        attempt: a.attempt,
-        queuedMs: a.queuedMs,
-        trial: a.trial,
-      },
-      'routed',
-    );
-  }
   const routedAt = Date.now();
-  ctx.noteRouted(recentDecisionOf(a, r.api.name, routedAt));
+  const note = recentDecisionOf(a, r.api.name, routedAt);
+  ctx.noteRouted(note);
+  // Nothing more per request is built for a level or a tracer that is off.
+  if (ctx.log.isLevelEnabled('debug')) ctx.log.debug({ ...note, clientRequestId: r.clientRequestId, trial: a.trial }, 'routed');
   if (!trace.enabled) return;
   if (a.queuedMs > 0) trace.span('queue', routedAt - a.queuedMs, routedAt, { 'kvroute.queued_ms': a.queuedMs });
   const routeMs = d.timingsMs ? d.timingsMs.hash + d.timingsMs.find + d.timingsMs.select : 0;
