@@ -153,4 +153,27 @@ describe('KvRouter: route() reuses hash memory only when nobody holds it', () =>
     if (next?.kind !== 'dispatch') throw new Error('not dispatched');
     expect(next.decision.seqHashes.buffer).toBe(hashes.buffer);
   });
+
+  it('a request refused or cancelled while queued gives its hold back too (queue timeout, queue full, client left)', () => {
+    const router = new KvRouter({ blockSize: BS, seed: 1, overlay: false, busy: { activePrefillTokens: 0 } });
+    const released: BigUint64Array[] = [];
+    const release = router.releaseHashes.bind(router);
+    router.releaseHashes = (h) => {
+      released.push(h);
+      release(h);
+    };
+    const d = new Dispatcher(router, { queueLimit: 2, queueTimeoutMs: 100, retries: 2, breaker: { threshold: 3, cooldownMs: 1500 } });
+    d.addWorker({ id: 'w0', mode: 'events', models: ['m'] }, 0);
+    expect(d.submit({ requestId: 'a', model: 'm', tokens: toks(40, 1) }, 0).map((e) => e.kind)).toEqual(['dispatch']);
+    // w0 is busy: b and c wait, d finds the queue full.
+    expect(d.submit({ requestId: 'b', model: 'm', tokens: toks(40, 100) }, 0)).toEqual([]);
+    expect(d.submit({ requestId: 'c', model: 'm', tokens: toks(40, 200) }, 0)).toEqual([]);
+    expect(d.submit({ requestId: 'd', model: 'm', tokens: toks(40, 300) }, 0).map((e) => e.kind)).toEqual(['reject']);
+    expect(released.map((h) => [...h])).toEqual([[...expected(toks(40, 300))]]);
+    d.cancel('c', 1);
+    expect(released.slice(1).map((h) => [...h])).toEqual([[...expected(toks(40, 200))]]);
+    d.tick(1); // the first sweep
+    expect(d.tick(100).map((e) => (e.kind === 'reject' ? e.code : e.kind))).toEqual(['queue_timeout']);
+    expect(released.slice(2).map((h) => [...h])).toEqual([[...expected(toks(40, 100))]]);
+  });
 });

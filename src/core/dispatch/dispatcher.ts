@@ -483,24 +483,24 @@ export class Dispatcher {
       const late = this.lateBy(t, r.effect, now);
       if (late === undefined) return [r.effect];
       this.takeBack(t, now);
-      this.tracked.delete(id);
+      this.untrack(t);
       return refuse('deadline_unmeetable', `the TTFT objective of ${sub.sloTtftMs} ms cannot be met (about ${Math.round(late)} ms late)`);
     }
     if (r.kind === 'refused') {
-      this.tracked.delete(id);
+      this.untrack(t);
       return refuse(r.code, r.message, r.retryAfterMs);
     }
     // Saturated: shed, refuse a deadline that waiting cannot meet, or wait.
     if (band.sheddable) {
-      this.tracked.delete(id);
+      this.untrack(t);
       return refuse('shed', `the fleet is saturated and band "${band.name}" is sheddable; retry later`, 1000);
     }
     if (this.unmeetable(t, now)) {
-      this.tracked.delete(id);
+      this.untrack(t);
       return refuse('deadline_unmeetable', `the TTFT objective of ${sub.sloTtftMs} ms cannot be met: every worker is busy`);
     }
     if (this.queue.length >= this.options.queueLimit) {
-      this.tracked.delete(id);
+      this.untrack(t);
       return refuse('queue_full', 'all workers are busy and the queue is full', 1000);
     }
     this.enqueue(t, now, false);
@@ -684,6 +684,7 @@ export class Dispatcher {
     if (t.worker) return this.finish(requestId, { outcome: 'cancelled' }, now);
     this.queue.remove(requestId);
     this.tracked.delete(requestId);
+    if (t.seqHashes) this.router.releaseHashes(t.seqHashes);
     return [];
   }
 
@@ -808,7 +809,15 @@ export class Dispatcher {
     this.queue.push(item, retry);
   }
 
+  /** A request refused at submission leaves: the router may reuse its hashes' memory (route() may have computed them). */
+  private untrack(t: Tracked): void {
+    this.tracked.delete(t.sub.requestId);
+    if (t.seqHashes) this.router.releaseHashes(t.seqHashes);
+  }
+
+  /** Every refusal ends the request's task (its entry already left `tracked`): the router may reuse its hashes' memory. */
   private reject(t: Tracked, code: RefusalCode, message: string, now: number, retryAfterMs?: number): DispatchRefusal {
+    if (t.seqHashes) this.router.releaseHashes(t.seqHashes);
     return {
       kind: 'reject',
       requestId: t.sub.requestId,
