@@ -88,10 +88,15 @@ export class NatsServer {
   }
 }
 
-export async function until(cond: () => boolean | Promise<boolean>, ms = 10_000, what = 'condition'): Promise<void> {
+/** `what` names the condition in the timeout's message; a function is read at the timeout (a child's stderr so far). */
+export async function until(
+  cond: () => boolean | Promise<boolean>,
+  ms = 10_000,
+  what: string | (() => string) = 'condition',
+): Promise<void> {
   const end = Date.now() + ms;
   while (!(await cond())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    if (Date.now() > end) throw new Error(`timed out waiting for ${typeof what === 'function' ? what() : what}`);
     await new Promise((r) => setTimeout(r, 20));
   }
 }

@@ -21,6 +21,29 @@ function spawnCli(args: string[]): ChildProcess {
   return p;
 }
 
+/** `kvroute serve --nats` as a replica on a free port, its stderr kept for the failure message. */
+async function spawnReplica(id: string, extra: string[] = []) {
+  const port = await freePort();
+  const p = spawnCli([
+    'serve',
+    '--nats',
+    nats.url,
+    ...extra,
+    '--port',
+    String(port),
+    '--replica-id',
+    id,
+    '--log-level',
+    'warn',
+    '--health-interval-ms',
+    '0',
+    '--no-remote-tokenize',
+  ]);
+  let stderr = '';
+  p.stderr!.on('data', (d) => (stderr += d));
+  return { p, url: `http://127.0.0.1:${port}`, stderr: () => stderr };
+}
+
 async function health(url: string): Promise<number> {
   try {
     return (await fetch(`${url}/health`)).status;
@@ -63,26 +86,13 @@ describe('kvroute serve --nats', () => {
         'warn',
       ]);
     });
-    const port = await freePort();
-    const url = `http://127.0.0.1:${port}`;
-    const router = spawnCli([
-      'serve',
-      '--nats',
-      nats.url,
-      '--port',
-      String(port),
-      '--replica-id',
-      'r1',
-      '--log-level',
-      'warn',
-      '--health-interval-ms',
-      '0',
-      '--no-remote-tokenize',
-    ]);
-    let stderr = '';
-    router.stderr!.on('data', (d) => (stderr += d));
+    const { p: router, url, stderr } = await spawnReplica('r1');
 
-    await until(async () => (await health(url)) === 200, 40_000, `router ready (stderr: ${stderr})`);
+    await until(
+      async () => (await health(url)) === 200,
+      40_000,
+      () => `router ready (stderr: ${stderr()})`,
+    );
     await until(
       async () => {
         const state = (await (await fetch(`${url}/debug/state`)).json()) as { router: { sources: unknown[] } };
@@ -127,32 +137,13 @@ describe('kvroute serve --nats', () => {
 
   it('runs as several --processes replicas: the primaries share the index and the load, the shells route', async () => {
     // The relays of the test above still feed JetStream (they stop in afterAll); a prompt of its own here.
-    const replicas = await Promise.all(
-      ['pa', 'pb'].map(async (id) => {
-        const port = await freePort();
-        const p = spawnCli([
-          'serve',
-          '--nats',
-          nats.url,
-          '--processes',
-          '2',
-          '--port',
-          String(port),
-          '--replica-id',
-          id,
-          '--log-level',
-          'warn',
-          '--health-interval-ms',
-          '0',
-          '--no-remote-tokenize',
-        ]);
-        let stderr = '';
-        p.stderr!.on('data', (d) => (stderr += d));
-        return { p, url: `http://127.0.0.1:${port}`, stderr: () => stderr };
-      }),
-    );
+    const replicas = await Promise.all(['pa', 'pb'].map((id) => spawnReplica(id, ['--processes', '2'])));
     for (const r of replicas) {
-      await until(async () => (await health(r.url)) === 200, 60_000, `replica ready (stderr: ${r.stderr()})`);
+      await until(
+        async () => (await health(r.url)) === 200,
+        60_000,
+        () => `replica ready (stderr: ${r.stderr()})`,
+      );
       await until(
         async () =>
           ((await (await fetch(`${r.url}/debug/state`)).json()) as { router: { sources: unknown[] } }).router.sources.length === 2,
