@@ -4,7 +4,11 @@
  * p99 <= 250 us. The verdict line judges both (on an idle machine: on a loaded one the p99 is the scheduler's).
  *
  *   npm run bench:route [-- --iterations 2000 --tokens 32768 --sources 64 --selection auto|exhaustive|sampled]
- *                          [--cold] [--faults]
+ *                          [--cold] [--faults] [--warmup N]
+ *     --warmup N       untimed calls first (default: 64 + 32 per source, the calls a new router takes to fill the
+ *                      overlay's rings of recently finished requests, 32 a source; until then every call hashes into
+ *                      fresh memory, since nothing it handed out has come back yet). That warm-up's own times are
+ *                      printed on a line of their own: a new router's first requests.
  *     --cold           prompts share no prefix with each other or with the cached families (fresh tokens each)
  *     --faults         also count minor page faults per phase (the router's clock reads process.resourceUsage() at each
  *                      phase boundary, a system call that adds ~1-5 us to every phase) and print the hash phase's
@@ -16,26 +20,25 @@
  *                                                       above 256 sources), one table
  */
 import { loadavg } from 'node:os';
-import { usage } from '../scripts/usage.ts';
+import { numArg, strArg, usage } from '../scripts/usage.ts';
 import { performance, PerformanceObserver } from 'node:perf_hooks';
+import { RECENT_PER_SOURCE } from '../src/core/active-load.ts';
 import { KvRouter } from '../src/core/router.ts';
 import { createRng } from '../src/core/rng.ts';
 import type { KvEvent } from '../src/core/types.ts';
 
 usage(import.meta.url);
 
-function arg(name: string, fallback: number): number {
-  const i = process.argv.indexOf(`--${name}`);
-  return i >= 0 ? Number(process.argv[i + 1]) : fallback;
+const ITER = numArg('iterations', 2000);
+const TOKENS = numArg('tokens', 32768);
+const SOURCES = numArg('sources', 64);
+const SELECTION = strArg('selection', 'auto') as 'auto' | 'exhaustive' | 'sampled';
+if (!['auto', 'exhaustive', 'sampled'].includes(SELECTION)) {
+  console.error(`--selection must be auto, exhaustive or sampled (got "${SELECTION}")`);
+  process.exit(2);
 }
-
-const ITER = arg('iterations', 2000);
-const TOKENS = arg('tokens', 32768);
-const SOURCES = arg('sources', 64);
-const SELECTION = (() => {
-  const i = process.argv.indexOf('--selection');
-  return (i >= 0 ? process.argv[i + 1] : 'auto') as 'auto' | 'exhaustive' | 'sampled';
-})();
+const IN_FLIGHT = 64;
+const WARMUP_ARG = numArg('warmup', -1);
 const SWEEP = process.argv.includes('--sweep');
 const COLD = process.argv.includes('--cold');
 const FAULTS = process.argv.includes('--faults');
@@ -92,8 +95,11 @@ function run(SOURCES: number, selection: 'auto' | 'exhaustive' | 'sampled', prom
   const hashSpans: number[] = []; // [start, end] of each timed call's hash phase
   const hashFaults: number[] = [];
   const restFaults: number[] = [];
-  const held: BigUint64Array[] = []; // the in-flight requests' hashes, by i % 64
-  const WARMUP = Math.min(200, calls / 4);
+  const held: BigUint64Array[] = []; // the in-flight requests' hashes, by i % IN_FLIGHT
+  // The sweep's fleets (up to 4,096 sources) would take 131k calls to fill: it keeps a short warm-up (its figures are
+  // comparisons between layouts, all in the same state).
+  const WARMUP = WARMUP_ARG >= 0 ? WARMUP_ARG : SWEEP ? Math.min(200, calls / 4) : IN_FLIGHT + RECENT_PER_SOURCE * SOURCES;
+  const warm: number[] = [];
   for (let i = 0; i < calls + WARMUP; i++) {
     const fam = families[i % families.length];
     // A new last turn: the family prefix plus a fresh tail of ~1k tokens, so the full prompt is ~32k.
@@ -108,12 +114,15 @@ function run(SOURCES: number, selection: 'auto' | 'exhaustive' | 'sampled', prom
     const f = faultMarks;
     // Keep in-flight load realistic: about 64 requests in flight. A finished request's hashes are given back as the
     // dispatcher gives them back in serve (KvRouter.releaseHashes), so the router may reuse their memory.
-    if (i >= 64) {
-      router.finish(`r${i - 64}`, { cachedTokens: 0 }, i);
-      router.releaseHashes(held[i % 64]);
+    if (i >= IN_FLIGHT) {
+      router.finish(`r${i - IN_FLIGHT}`, { cachedTokens: 0 }, i);
+      router.releaseHashes(held[i % IN_FLIGHT]);
     }
-    held[i % 64] = d.seqHashes;
-    if (i < WARMUP) continue;
+    held[i % IN_FLIGHT] = d.seqHashes;
+    if (i < WARMUP) {
+      warm.push(t1 - t0);
+      continue;
+    }
     total.push(t1 - t0);
     spans.push(t0, t1);
     hashSpans.push(t0, t0 + d.timingsMs!.hash);
@@ -126,7 +135,7 @@ function run(SOURCES: number, selection: 'auto' | 'exhaustive' | 'sampled', prom
     select.push(d.timingsMs!.select);
   }
 
-  return { total, hash, find, select, spans, hashSpans, hashFaults, restFaults };
+  return { total, hash, find, select, spans, hashSpans, hashFaults, restFaults, warm };
 }
 
 /**
@@ -186,12 +195,14 @@ if (SWEEP) {
     }
   }
 } else {
-  const { total, hash, find, select, spans, hashSpans, hashFaults, restFaults } = run(SOURCES, SELECTION);
+  const { total, hash, find, select, spans, hashSpans, hashFaults, restFaults, warm } = run(SOURCES, SELECTION);
   await new Promise((resolve) => setTimeout(resolve, 50)); // let the GC observer's callback run
   console.log(
     `bench:route  ${TOKENS}-token prompts (${TOKENS / BS} blocks of ${BS}), ${SOURCES} sources, selection ${SELECTION}, ${ITER} calls, node ${process.version}` +
       `${COLD ? ', cold (no shared prefixes)' : ''}, GLIBC_TUNABLES=${process.env.GLIBC_TUNABLES ?? '(unset)'}`,
   );
+  if (warm.length > 0)
+    console.log(`  warm-up         ${fmt(warm)}   (the first ${warm.length} calls, untimed below: a new router's first requests)`);
   console.log(`  route() total   ${fmt(total)}   (target p99 <= 500 us, issue 2; goal p99 <= 250 us, issue 29)`);
   console.log(`    hash          ${fmt(hash)}`);
   console.log(`    find matches  ${fmt(find)}`);

@@ -138,6 +138,9 @@ export interface ActiveLoadOptions {
   readonly onRelease?: (view: Uint32Array) => void;
 }
 
+/** Recently finished requests the overlay keeps per source, by default (the oldest is replaced by the next). */
+export const RECENT_PER_SOURCE = 32;
+
 export class ActiveLoad {
   private readonly requests = new Map<string, ActiveRequest & Chain>();
   private readonly sources = new Map<number, SourceLoad>();
@@ -152,7 +155,7 @@ export class ActiveLoad {
 
   constructor(options: ActiveLoadOptions = {}) {
     this.graceMs = options.graceMs ?? 0;
-    this.recentPerSource = options.recentPerSource ?? 32;
+    this.recentPerSource = options.recentPerSource ?? RECENT_PER_SOURCE;
     this.onRelease = options.onRelease ?? (() => {});
   }
 
