@@ -44,6 +44,10 @@ usage: npm run bench:capacity -- [options]
   --system-tokens <n>    approximate tokens of the chat system prompt (default 8192)
   --chunks <n>           SSE chunks per streamed answer (default 4)
   --rounds <n>           saturation runs per proxy, alternating between proxies; the median is reported (default 1)
+  --warmup <s>           seconds of unmeasured saturation per proxy and workload before its rounds (default 1). kvroute
+                         is still tiering up its code (V8's optimizing compiler, on a thread counted in its CPU) for
+                         its first ~10,000 requests, and its first workload's rounds fall in that: a longer warm-up
+                         measures every workload warm
   --processes <list>     kvroute --processes values to run, comma-separated (default 1)
   --compare <bin>        also run another kvroute build (its bin/kvroute.mjs), rows marked "before"
   --only <list>          rows to run: direct,nginx,bare,parse,route,ids,chat,cold (default all; bare: the cheapest
@@ -57,6 +61,7 @@ Progress goes to stderr, the table to stdout. Compare figures only within one ru
 const { argv, opt, num } = benchArgs('bench:capacity', HELP);
 const DURATION = num('duration', 5);
 const LAT_DURATION = num('latency-duration', 3);
+const WARMUP = num('warmup', 1);
 const CONNECTIONS = num('connections', 32);
 const IDS = num('ids', 2048);
 const SYSTEM_TOKENS = num('system-tokens', 8192);
@@ -255,7 +260,7 @@ async function main(): Promise<void> {
    * the median round per target; then each target's latency at half of its median rate. */
   const probeAll = async (targets: { proxy: string; url: string; pid: number }[], w: Workload) => {
     const runs = new Map<string, Saturation[]>(targets.map((t) => [t.proxy, []]));
-    for (const t of targets) await saturate(t.url, w, 1, null); // warm-up (JIT, connections)
+    for (const t of targets) await saturate(t.url, w, WARMUP, null); // warm-up (JIT, connections)
     for (let r = 0; r < ROUNDS; r++) {
       for (const t of targets) {
         progress(`${t.proxy} ${w.name}: saturation ${DURATION} s${ROUNDS > 1 ? ` (round ${r + 1}/${ROUNDS})` : ''}`);
@@ -362,7 +367,7 @@ async function main(): Promise<void> {
       .join(' ')}`,
   );
   console.log(
-    `saturation: autocannon ${CONNECTIONS} connections x ${DURATION} s; added latency: open loop at half of saturation, ${LAT_DURATION} s, proxy minus direct`,
+    `saturation: autocannon ${CONNECTIONS} connections x ${DURATION} s after ${WARMUP} s of warm-up per proxy and workload; added latency: open loop at half of saturation, ${LAT_DURATION} s, proxy minus direct`,
   );
   for (const n of notes) console.log(`- ${n}`);
   console.log('');

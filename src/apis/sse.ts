@@ -43,14 +43,23 @@ export interface AnswerReader {
  * The usage of a whole JSON answer (as the API's adapter reads it) and the bytes to pass on. An OpenAI-style answer
  * carries its `usage` object near its end: the last `"usage":` key of the answer's last 4 kB is found, its object
  * delimited (strings and nesting honoured) and parsed alone, so reading the usage costs the same for an answer of any
- * size. (The key's quotes cannot come from inside a JSON string, where a quote is escaped.) The whole answer is parsed
- * instead when the adapter needs more than the usage (answerNeedsWhole), the usage is to be rewritten (`override`: a
- * disaggregated request's cached tokens), or no usage object is in the tail. Not JSON: no usage, the bytes as they are.
+ * size. (The key's quotes cannot come from inside a JSON string, where a quote is escaped.) A disaggregated request's
+ * cached tokens (`override`) are rewritten in that object alone: it is serialised again and put back in its place, every
+ * other byte of the answer as the engine wrote it. The whole answer is parsed (and, with `override`, serialised again)
+ * instead when the adapter needs more than the usage (answerNeedsWhole) or no usage object is in the tail. Not JSON: no
+ * usage, the bytes as they are.
  */
 export function answerUsage(api: AnswerReader, body: Buffer, override?: number | null): { usage: StreamUsage | undefined; body: Buffer } {
-  if (override === undefined && !api.answerNeedsWhole) {
-    const usage = tailUsage(body);
-    if (usage !== undefined) return { usage: api.readAnswer({ usage }), body };
+  if (!api.answerNeedsWhole) {
+    const tail = tailUsageAt(body);
+    if (tail !== undefined) {
+      const usage = api.readAnswer({ usage: tail.value });
+      if (override === undefined) return { usage, body };
+      // An object: its bytes start with `{`.
+      rewriteCachedTokens(tail.value as Record<string, unknown>, override);
+      const rewritten = Buffer.from(JSON.stringify(tail.value));
+      return { usage, body: Buffer.concat([body.subarray(0, tail.start), rewritten, body.subarray(tail.end)]) };
+    }
   }
   let usage: StreamUsage | undefined;
   try {
@@ -68,6 +77,11 @@ export function answerUsage(api: AnswerReader, body: Buffer, override?: number |
 
 /** The object after the last `"usage":` key in a buffer's last ANSWER_TAIL_BYTES, parsed; undefined when there is none. */
 export function tailUsage(buf: Buffer): unknown {
+  return tailUsageAt(buf)?.value;
+}
+
+/** tailUsage's object and where its bytes are in the buffer (`start` its `{`, `end` just past its `}`). */
+export function tailUsageAt(buf: Buffer): { value: unknown; start: number; end: number } | undefined {
   const at = buf.lastIndexOf(USAGE);
   if (at < 0 || at < buf.length - ANSWER_TAIL_BYTES) return undefined;
   let i = skipSpace(buf, at + USAGE.length);
@@ -77,7 +91,7 @@ export function tailUsage(buf: Buffer): unknown {
   const end = valueEnd(buf, i);
   if (end < 0) return undefined;
   try {
-    return JSON.parse(buf.toString('utf8', i, end));
+    return { value: JSON.parse(buf.toString('utf8', i, end)), start: i, end };
   } catch {
     return undefined;
   }

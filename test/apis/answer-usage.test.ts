@@ -69,4 +69,39 @@ describe('answerUsage', () => {
     const removed = answerUsage(chatApi, body, null);
     expect(JSON.parse(removed.body.toString()).usage.prompt_tokens_details).toEqual({});
   });
+
+  it('rewrites the cached tokens in the usage object alone: every other byte of a pretty-printed answer as it came', () => {
+    const answer = {
+      id: 'cmpl-9',
+      choices: [{ index: 0, text: 'a "usage": {"prompt_tokens": 1} and é ✓ in the text', finish_reason: 'stop' }],
+      usage,
+      kv_transfer_params: null,
+    };
+    const text = JSON.stringify(answer, null, 2);
+    const body = Buffer.from(text);
+    const start = text.lastIndexOf('"usage": {') + '"usage": '.length;
+    const end = text.indexOf('\n  }', start) + '\n  }'.length;
+    for (const override of [16, null]) {
+      const r = answerUsage(chatApi, body, override);
+      // The engine's figures are the ones read (the routing learns what the decode engine reported).
+      expect(r.usage).toEqual({ promptTokens: 64, completionTokens: 4, cachedTokens: 48 });
+      const out = r.body.toString('utf8');
+      const details = override === null ? {} : { cached_tokens: override };
+      const usageOut = JSON.stringify({ ...usage, prompt_tokens_details: details });
+      expect(out).toBe(text.slice(0, start) + usageOut + text.slice(end));
+      expect(JSON.parse(out)).toEqual({ ...answer, usage: { ...usage, prompt_tokens_details: details } });
+    }
+    expect(body.toString('utf8')).toBe(text); // the engine's buffer is not written to
+  });
+
+  it('rewrites the cached tokens of an answer whose usage is not in its tail by parsing it whole', () => {
+    const answer = { id: 'cmpl-3', usage, choices: [{ text: 'x'.repeat(10_000) }] };
+    const body = Buffer.from(JSON.stringify(answer));
+    const r = answerUsage(chatApi, body, 7);
+    expect(r.usage).toEqual({ promptTokens: 64, completionTokens: 4, cachedTokens: 48 });
+    expect(JSON.parse(r.body.toString())).toEqual({ ...answer, usage: { ...usage, prompt_tokens_details: { cached_tokens: 7 } } });
+    // Not JSON and no usage: passed on as it is.
+    const junk = Buffer.from('not json');
+    expect(answerUsage(chatApi, junk, 7)).toEqual({ usage: undefined, body: junk });
+  });
 });
