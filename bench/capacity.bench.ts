@@ -8,6 +8,9 @@
  *   parse node      the floor ladder (bench/lib/floor-proxy.ts): bare + the body JSON.parse'd, its bytes forwarded
  *   route node      parse + block hashes + KvRouter.route() + the answer's usage from its tail + the router's finish:
  *                   the least a JavaScript router of token ids does (kvroute's own work is the gap above this rung)
+ *   chat node       the chat rungs (warm chat): parse + the messages read + kvroute's tokenizer (template, segment
+ *                   cache) in the event loop's thread (chat node) or kvroute's tokenizer thread (chat node (thread))
+ *                   + what route node does: the least a JavaScript chat router does
  *   kvroute ids     completions given as token ids: parse, hash, match, select, proxy
  *   kvroute chat    chat through the tokenizer: a shared ~8k-token system prompt with distinct user turns (warm), and
  *                   distinct ~8k-token prompts (cold)
@@ -46,8 +49,10 @@ usage: npm run bench:capacity -- [options]
   --rounds <n>           saturation runs per proxy, alternating between proxies; the median is reported (default 1)
   --processes <list>     kvroute --processes values to run, comma-separated (default 1)
   --compare <bin>        also run another kvroute build (its bin/kvroute.mjs), rows marked "before"
-  --only <list>          rows to run: direct,nginx,bare,parse,route,ids,chat,cold (default all; bare: the cheapest
-                         Node proxy; parse, route: the floor ladder's rungs above it, bench/lib/floor-proxy.ts)
+  --only <list>          rows to run: direct,nginx,bare,parse,route,chatnode,chatthread,ids,chat,cold (default all;
+                         bare: the cheapest Node proxy; parse, route: the floor ladder's token-id rungs above it;
+                         chatnode, chatthread: its chat rungs, tokenizing in the event loop's thread or in kvroute's
+                         tokenizer thread, run on the warm chat with the bare proxy: bench/lib/floor-proxy.ts)
   --nginx <path>         the nginx binary (default: found in ${'/usr/sbin'} and similar)
   --json                 print the results as JSON after the table
   -h, --help             this text
@@ -64,21 +69,24 @@ const CHUNKS = num('chunks', 4);
 const ROUNDS = num('rounds', 1);
 const PROCESSES = (opt('processes') ?? '1').split(',').map(Number);
 const COMPARE = opt('compare');
-const ONLY = new Set((opt('only') ?? 'direct,nginx,bare,parse,route,ids,chat,cold').split(','));
-/** The floor ladder: the bare proxy and the rungs asked for, run together (rounds alternate between them). */
+const ONLY = new Set((opt('only') ?? 'direct,nginx,bare,parse,route,chatnode,chatthread,ids,chat,cold').split(','));
+/** The floor ladder: the bare proxy and the rungs asked for, run together (rounds alternate between them). The token-id
+ * rungs run the token-id workloads, the chat rungs the warm chat (and the bare proxy both, when chat rungs run). */
+const floorRung = (rung: string) => (up: string) => [fileURLToPath(new URL('./lib/floor-proxy.ts', import.meta.url)), up, '--rung', rung];
 const LADDER = [
-  { key: 'bare', proxy: 'bare node', args: (up: string) => [fileURLToPath(new URL('./lib/bare-proxy.ts', import.meta.url)), up] },
   {
-    key: 'parse',
-    proxy: 'parse node',
-    args: (up: string) => [fileURLToPath(new URL('./lib/floor-proxy.ts', import.meta.url)), up, '--rung', 'parse'],
+    key: 'bare',
+    proxy: 'bare node',
+    on: ['ids', 'chat'],
+    args: (up: string) => [fileURLToPath(new URL('./lib/bare-proxy.ts', import.meta.url)), up],
   },
-  {
-    key: 'route',
-    proxy: 'route node',
-    args: (up: string) => [fileURLToPath(new URL('./lib/floor-proxy.ts', import.meta.url)), up, '--rung', 'route'],
-  },
+  { key: 'parse', proxy: 'parse node', on: ['ids'], args: floorRung('parse') },
+  { key: 'route', proxy: 'route node', on: ['ids'], args: floorRung('route') },
+  { key: 'chatnode', proxy: 'chat node', on: ['chat'], args: floorRung('chat') },
+  { key: 'chatthread', proxy: 'chat node (thread)', on: ['chat'], args: floorRung('chatthread') },
 ].filter((r) => ONLY.has(r.key));
+/** A chat rung asked for: the warm chat is built, and the bare proxy runs it too. */
+const CHAT_RUNGS = LADDER.some((r) => r.key !== 'bare' && r.on.includes('chat'));
 const JSON_OUT = argv.includes('--json');
 
 const progress = (s: string) => process.stderr.write(`[capacity] ${s}\n`);
@@ -216,16 +224,19 @@ async function main(): Promise<void> {
     { key: 'ids', w: idsWorkload(IDS, CHUNKS, false) },
     { key: 'ids', w: idsWorkload(IDS, CHUNKS, true) },
   ];
-  if (ONLY.has('chat') || ONLY.has('cold')) {
+  if (ONLY.has('chat') || ONLY.has('cold') || CHAT_RUNGS) {
     const system = prose(SYSTEM_TOKENS, 12345);
     const tok = await LocalTokenizer.load(QWEN3_DIR);
     const n = tok.encodeCold(system).length;
     notes.push(`chat system prompt: ${n} tokens (Qwen3 tokenizer), ${system.length} characters`);
-    if (ONLY.has('chat')) workloads.push({ key: 'chat', w: chatWorkload(system, CHUNKS, false) });
+    if (ONLY.has('chat') || CHAT_RUNGS) workloads.push({ key: 'chat', w: chatWorkload(system, CHUNKS, false) });
     if (ONLY.has('cold')) workloads.push({ key: 'cold', w: chatWorkload(system, CHUNKS, true) });
   }
   const selected = workloads.filter(
-    (x) => ONLY.has(x.key) || (x.key === 'ids' && (ONLY.has('direct') || ONLY.has('nginx') || LADDER.length > 0)),
+    (x) =>
+      ONLY.has(x.key) ||
+      (x.key === 'ids' && (ONLY.has('direct') || ONLY.has('nginx') || LADDER.length > 0)) ||
+      (x.key === 'chat' && CHAT_RUNGS),
   );
 
   // Direct: the baseline each proxy's latency is compared with (measured again at each probed rate).
@@ -318,7 +329,13 @@ async function main(): Promise<void> {
         notes.push(
           "floor ladder: bench/lib/floor-proxy.ts; parse node = bare + JSON.parse of the body; route node = parse + block hashes + KvRouter.route() + the answer's usage from its tail + the router's finish",
         );
-      for (const { w } of selected.filter((x) => x.key === 'ids')) await probeAll(ladder, w);
+      if (CHAT_RUNGS)
+        notes.push(
+          "chat rungs: bench/lib/floor-proxy.ts; chat node = parse + parseChatInput + kvroute's LocalTokenizer (template, segment cache) in the event loop's thread + block hashes + KvRouter.route() + usage + finish; chat node (thread) = the same through kvroute's tokenizer thread (threadTokenizer)",
+        );
+      const on = (key: string) => ladder.filter((_, i) => LADDER[i].on.includes(key));
+      for (const { w } of selected.filter((x) => x.key === 'ids')) if (on('ids').length > 0) await probeAll(on('ids'), w);
+      if (CHAT_RUNGS) for (const { w } of selected.filter((x) => x.key === 'chat')) await probeAll(on('chat'), w);
     } finally {
       for (const r of ladder) await stopChild(r.child, 10_000);
     }
@@ -327,7 +344,7 @@ async function main(): Promise<void> {
   const builds: { label: string; bin: string }[] = [];
   if (COMPARE) builds.push({ label: 'before', bin: COMPARE });
   builds.push({ label: '', bin: KVROUTE_BIN });
-  const kvWorkloads = selected.filter((x) => x.key !== 'ids' || ONLY.has('ids'));
+  const kvWorkloads = selected.filter((x) => ONLY.has(x.key));
   if (kvWorkloads.length > 0) {
     // Every kvroute variant runs at once (an idle one costs nothing: no health probes, no metrics scrapes), so rounds
     // can alternate between them.
@@ -352,9 +369,11 @@ async function main(): Promise<void> {
   // ------------------------------------------------------------------ report
   const nginxCpu = new Map(rows.filter((r) => r.proxy === 'nginx').map((r) => [r.workload, r]));
   const idsNginx = (workload: string) => nginxCpu.get(workload) ?? nginxCpu.get(`ids ${IDS} stream`);
-  // The bare proxy's figure for the same workload (chat rows: the non-streamed token-id completions').
+  // The bare proxy's figure for the same workload; chat rows: its non-streamed token-id completions' (issue 29's measure;
+  // the bare proxy's own chat warm row, when the chat rungs ran, is in the table beside them).
   const bareCpu = new Map(rows.filter((r) => r.proxy === 'bare node').map((r) => [r.workload, r.proxyCpuMsPerReq]));
-  const idsBare = (workload: string) => bareCpu.get(workload) ?? bareCpu.get(`ids ${IDS}`) ?? null;
+  const idsBare = (workload: string) =>
+    (workload.startsWith('chat') ? undefined : bareCpu.get(workload)) ?? bareCpu.get(`ids ${IDS}`) ?? null;
   const f = (x: number | null, d = 3) => (x === null || Number.isNaN(x) ? '-' : x.toFixed(d));
   console.log(
     `# bench:capacity  node ${process.version}, ${cpus().length} cores, loadavg ${loadavg()
@@ -382,7 +401,7 @@ async function main(): Promise<void> {
   }
   if (rows.some((r) => r.workload.startsWith('chat'))) {
     console.log(
-      '\n(chat rows are compared with nginx and the bare proxy on the same-sized token-id completions: neither parses JSON either way)',
+      '\n(chat rows are compared with nginx and the bare proxy on the same-sized token-id completions, issue 29\'s measure; the bare proxy\'s own chat warm row, when the chat rungs ran, is the floor of forwarding the chat\'s bytes)',
     );
   }
   if (JSON_OUT)
