@@ -401,7 +401,7 @@ async function main(): Promise<void> {
   }
   if (rows.some((r) => r.workload.startsWith('chat'))) {
     console.log(
-      '\n(chat rows are compared with nginx and the bare proxy on the same-sized token-id completions, issue 29\'s measure; the bare proxy\'s own chat warm row, when the chat rungs ran, is the floor of forwarding the chat\'s bytes)',
+      "\n(chat rows are compared with nginx and the bare proxy on the same-sized token-id completions, issue 29's measure; the bare proxy's own chat warm row, when the chat rungs ran, is the floor of forwarding the chat's bytes)",
     );
   }
   if (JSON_OUT)
