@@ -48,6 +48,9 @@ usage: npm run bench:capacity -- [options]
   --chunks <n>           SSE chunks per streamed answer (default 4)
   --rounds <n>           saturation runs per proxy, alternating between proxies; the median is reported (default 1)
   --processes <list>     kvroute --processes values to run, comma-separated (default 1)
+  --tokenizer-threads <list>
+                         kvroute --tokenizer-threads values to run, comma-separated (default 1: the tokenizer in its
+                         thread; 0: in the event loop's thread, rows "inline tokenizer")
   --compare <bin>        also run another kvroute build (its bin/kvroute.mjs), rows marked "before"
   --only <list>          rows to run: direct,nginx,bare,parse,route,chatnode,chatthread,ids,chat,cold (default all;
                          bare: the cheapest Node proxy; parse, route: the floor ladder's token-id rungs above it;
@@ -68,6 +71,7 @@ const SYSTEM_TOKENS = num('system-tokens', 8192);
 const CHUNKS = num('chunks', 4);
 const ROUNDS = num('rounds', 1);
 const PROCESSES = (opt('processes') ?? '1').split(',').map(Number);
+const TOKENIZER_THREADS = (opt('tokenizer-threads') ?? '1').split(',').map(Number);
 const COMPARE = opt('compare');
 const ONLY = new Set((opt('only') ?? 'direct,nginx,bare,parse,route,chatnode,chatthread,ids,chat,cold').split(','));
 /** The floor ladder: the bare proxy and the rungs asked for, run together (rounds alternate between them). The token-id
@@ -93,10 +97,24 @@ const progress = (s: string) => process.stderr.write(`[capacity] ${s}\n`);
 
 // ------------------------------------------------------------------ processes
 
-async function startKvroute(bin: string, upstream: string, processes: number): Promise<{ url: string; child: ChildProcess }> {
+async function startKvroute(
+  bin: string,
+  upstream: string,
+  processes: number,
+  tokenizerThreads = 1,
+): Promise<{ url: string; child: ChildProcess }> {
   const child = track(
     process.execPath,
-    serveArgs(bin, [upstream], ['--tokenizer', QWEN3_DIR, ...(processes > 1 ? ['--processes', String(processes)] : [])]),
+    serveArgs(
+      bin,
+      [upstream],
+      [
+        '--tokenizer',
+        QWEN3_DIR,
+        ...(processes > 1 ? ['--processes', String(processes)] : []),
+        ...(tokenizerThreads === 1 ? [] : ['--tokenizer-threads', String(tokenizerThreads)]),
+      ],
+    ),
   );
   return { url: await listeningUrl(child), child };
 }
@@ -353,10 +371,12 @@ async function main(): Promise<void> {
       for (const b of builds) {
         // An earlier build may predate --processes: it runs as one process.
         for (const p of b.label ? [1] : PROCESSES) {
-          const proxy = `kvroute${p > 1 ? ` x${p}` : ''}${b.label ? ` (${b.label})` : ''}`;
-          const kv = await startKvroute(b.bin, upstream, p);
-          progress(`${proxy}: ${kv.url} (pid ${kv.child.pid})`);
-          running.push({ proxy, url: kv.url, pid: kv.child.pid as number, child: kv.child });
+          for (const tt of TOKENIZER_THREADS) {
+            const proxy = `kvroute${p > 1 ? ` x${p}` : ''}${tt === 0 ? ' (inline tokenizer)' : ''}${b.label ? ` (${b.label})` : ''}`;
+            const kv = await startKvroute(b.bin, upstream, p, tt);
+            progress(`${proxy}: ${kv.url} (pid ${kv.child.pid})`);
+            running.push({ proxy, url: kv.url, pid: kv.child.pid as number, child: kv.child });
+          }
         }
       }
       for (const { w } of kvWorkloads) await probeAll(running, w);
