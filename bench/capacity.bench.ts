@@ -333,41 +333,32 @@ async function main(): Promise<void> {
     }
   }
 
-  if (LADDER.length > 0) {
-    const ladder: { proxy: string; url: string; pid: number; child: ChildProcess }[] = [];
-    try {
-      for (const r of LADDER) {
-        const child = track(process.execPath, ['--import', 'tsx', ...r.args(upstream)]);
-        const url = `http://127.0.0.1:${(await waitForLine(child, /PORT (\d+)/))[1]}`;
-        ladder.push({ proxy: r.proxy, url, pid: child.pid as number, child });
-      }
-      if (ONLY.has('bare'))
-        notes.push('bare node proxy: bench/lib/bare-proxy.ts (node:http + one undici Pool, body passed unread): the floor of a Node proxy');
-      if (ONLY.has('parse') || ONLY.has('route'))
-        notes.push(
-          "floor ladder: bench/lib/floor-proxy.ts; parse node = bare + JSON.parse of the body; route node = parse + block hashes + KvRouter.route() + the answer's usage from its tail + the router's finish",
-        );
-      if (CHAT_RUNGS)
-        notes.push(
-          "chat rungs: bench/lib/floor-proxy.ts; chat node = parse + parseChatInput + kvroute's LocalTokenizer (template, segment cache) in the event loop's thread + block hashes + KvRouter.route() + usage + finish; chat node (thread) = the same through kvroute's tokenizer thread (threadTokenizer)",
-        );
-      const on = (key: string) => ladder.filter((_, i) => LADDER[i].on.includes(key));
-      for (const { w } of selected.filter((x) => x.key === 'ids')) if (on('ids').length > 0) await probeAll(on('ids'), w);
-      if (CHAT_RUNGS) for (const { w } of selected.filter((x) => x.key === 'chat')) await probeAll(on('chat'), w);
-    } finally {
-      for (const r of ladder) await stopChild(r.child, 10_000);
-    }
-  }
-
+  // The floor ladder's proxies and every kvroute variant run at once (an idle one costs nothing: no health probes, no
+  // metrics scrapes), and each workload's rounds alternate between all the proxies that run it: the rungs and kvroute
+  // side by side in the same minutes of a shared machine.
+  const ladder: { proxy: string; url: string; pid: number; child: ChildProcess; on: string[] }[] = [];
+  const running: { proxy: string; url: string; pid: number; child: ChildProcess }[] = [];
   const builds: { label: string; bin: string }[] = [];
   if (COMPARE) builds.push({ label: 'before', bin: COMPARE });
   builds.push({ label: '', bin: KVROUTE_BIN });
   const kvWorkloads = selected.filter((x) => ONLY.has(x.key));
-  if (kvWorkloads.length > 0) {
-    // Every kvroute variant runs at once (an idle one costs nothing: no health probes, no metrics scrapes), so rounds
-    // can alternate between them.
-    const running: { proxy: string; url: string; pid: number; child: ChildProcess }[] = [];
-    try {
+  try {
+    for (const r of LADDER) {
+      const child = track(process.execPath, ['--import', 'tsx', ...r.args(upstream)]);
+      const url = `http://127.0.0.1:${(await waitForLine(child, /PORT (\d+)/))[1]}`;
+      ladder.push({ proxy: r.proxy, url, pid: child.pid as number, child, on: r.on });
+    }
+    if (ONLY.has('bare'))
+      notes.push('bare node proxy: bench/lib/bare-proxy.ts (node:http + one undici Pool, body passed unread): the floor of a Node proxy');
+    if (ONLY.has('parse') || ONLY.has('route'))
+      notes.push(
+        "floor ladder: bench/lib/floor-proxy.ts; parse node = bare + JSON.parse of the body; route node = parse + block hashes + KvRouter.route() + the answer's usage from its tail + the router's finish",
+      );
+    if (CHAT_RUNGS)
+      notes.push(
+        "chat rungs: bench/lib/floor-proxy.ts; chat node = parse + parseChatInput + kvroute's LocalTokenizer (template, segment cache) in the event loop's thread + block hashes + KvRouter.route() + usage + finish; chat node (thread) = the same through kvroute's tokenizer thread (threadTokenizer)",
+      );
+    if (kvWorkloads.length > 0) {
       for (const b of builds) {
         // An earlier build may predate --processes: it runs as one process.
         for (const p of b.label ? [1] : PROCESSES) {
@@ -379,10 +370,15 @@ async function main(): Promise<void> {
           }
         }
       }
-      for (const { w } of kvWorkloads) await probeAll(running, w);
-    } finally {
-      for (const r of running) await stopChild(r.child, 10_000);
     }
+    for (const { key, w } of selected) {
+      // The bare proxy runs the warm chat only beside a chat rung (CHAT_RUNGS), the token-id rungs only token ids.
+      const rungs = ladder.filter((r) => r.on.includes(key) && (key !== 'chat' || CHAT_RUNGS));
+      const kv = ONLY.has(key) ? running : [];
+      if (rungs.length + kv.length > 0) await probeAll([...rungs, ...kv], w);
+    }
+  } finally {
+    for (const r of [...ladder, ...running]) await stopChild(r.child, 10_000);
   }
   await stopChild(up, 10_000);
 
