@@ -13,6 +13,9 @@
  *   bare      bench/lib/bare-proxy.ts: node:http + one undici Pool, the body passed unread (the floor of a Node proxy)
  *   parse     bench/lib/floor-proxy.ts --rung parse: bare + the body JSON.parse'd (the floor ladder, token-id workloads)
  *   route     bench/lib/floor-proxy.ts --rung route: parse + block hashes + KvRouter.route() + usage + finish
+ *   chatnode  bench/lib/floor-proxy.ts --rung chat: the chat rung (warm chat only): parse + kvroute's tokenizer
+ *             (template, segment cache) in the event loop's thread + what route does
+ *   chatthread  the same through kvroute's tokenizer thread (--rung chatthread; its thread is counted too)
  *
  * Workloads as bench:capacity: completions with --ids token ids (64 distinct prompts, cycled), streamed or not; chat
  * with a shared ~--system-tokens system prompt and a distinct user turn (warm).
@@ -46,8 +49,9 @@ usage: npm run bench:callgrind -- [options]
   --system-tokens <n>    approximate tokens of the chat system prompt (default 8192)
   --chunks <n>           SSE chunks per streamed answer (default 4)
   --only <list>          workloads: ids,ids-stream,chat (default all)
-  --targets <list>       kvroute,bare,parse,route (default kvroute,bare; parse and route: the floor ladder's rungs,
-                         bench/lib/floor-proxy.ts, token-id workloads only)
+  --targets <list>       kvroute,bare,parse,route,chatnode,chatthread (default kvroute,bare; parse and route: the
+                         floor ladder's rungs, bench/lib/floor-proxy.ts, token-id workloads only; chatnode,
+                         chatthread: its chat rungs, the chat workload only)
   --bin <path>           kvroute's bin/kvroute.mjs (default this checkout's)
   --compare <bin>        also count another kvroute build (rows "before")
   --label <name>         the name of --bin's rows (default "kvroute")
@@ -80,8 +84,8 @@ for (const w of ONLY) {
   }
 }
 for (const t of TARGETS) {
-  if (!['kvroute', 'bare', 'parse', 'route'].includes(t)) {
-    console.error(`bench:callgrind: unknown target "${t}" (kvroute, bare, parse, route)`);
+  if (!['kvroute', 'bare', 'parse', 'route', 'chatnode', 'chatthread'].includes(t)) {
+    console.error(`bench:callgrind: unknown target "${t}" (kvroute, bare, parse, route, chatnode, chatthread)`);
     process.exit(2);
   }
 }
@@ -103,7 +107,7 @@ function startTarget(target: string, bin: string, upstream: string, outFile: str
   const args =
     target === 'bare'
       ? [process.execPath, ...NODE_FLAGS, '--import', 'tsx', fileURLToPath(new URL('./lib/bare-proxy.ts', import.meta.url)), upstream]
-      : target === 'parse' || target === 'route'
+      : target === 'parse' || target === 'route' || target === 'chatnode' || target === 'chatthread'
         ? [
             process.execPath,
             ...NODE_FLAGS,
@@ -112,7 +116,7 @@ function startTarget(target: string, bin: string, upstream: string, outFile: str
             fileURLToPath(new URL('./lib/floor-proxy.ts', import.meta.url)),
             upstream,
             '--rung',
-            target,
+            target === 'chatnode' ? 'chat' : target,
           ]
         : [
             process.execPath,
@@ -256,6 +260,9 @@ async function main() {
     if (TARGETS.includes('bare') && w.name !== 'chat warm') targets.push({ target: 'bare', bin: '', label: 'bare node' });
     for (const rung of ['parse', 'route'])
       if (TARGETS.includes(rung) && w.name !== 'chat warm') targets.push({ target: rung, bin: '', label: `${rung} node` });
+    if (TARGETS.includes('chatnode') && w.name === 'chat warm') targets.push({ target: 'chatnode', bin: '', label: 'chat node' });
+    if (TARGETS.includes('chatthread') && w.name === 'chat warm')
+      targets.push({ target: 'chatthread', bin: '', label: 'chat node (thread)' });
     if (TARGETS.includes('kvroute') && COMPARE) targets.push({ target: 'kvroute', bin: COMPARE, label: 'kvroute before' });
     if (TARGETS.includes('kvroute')) targets.push({ target: 'kvroute', bin: BIN, label: LABEL });
     for (const t of targets) {

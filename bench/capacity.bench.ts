@@ -8,6 +8,9 @@
  *   parse node      the floor ladder (bench/lib/floor-proxy.ts): bare + the body JSON.parse'd, its bytes forwarded
  *   route node      parse + block hashes + KvRouter.route() + the answer's usage from its tail + the router's finish:
  *                   the least a JavaScript router of token ids does (kvroute's own work is the gap above this rung)
+ *   chat node       the chat rungs (warm chat): parse + the messages read + kvroute's tokenizer (template, segment
+ *                   cache) in the event loop's thread (chat node) or kvroute's tokenizer thread (chat node (thread))
+ *                   + what route node does: the least a JavaScript chat router does
  *   kvroute ids     completions given as token ids: parse, hash, match, select, proxy
  *   kvroute chat    chat through the tokenizer: a shared ~8k-token system prompt with distinct user turns (warm), and
  *                   distinct ~8k-token prompts (cold)
@@ -49,9 +52,14 @@ usage: npm run bench:capacity -- [options]
                          its first ~10,000 requests, and its first workload's rounds fall in that: a longer warm-up
                          measures every workload warm
   --processes <list>     kvroute --processes values to run, comma-separated (default 1)
+  --tokenizer-threads <list>
+                         kvroute --tokenizer-threads values to run, comma-separated (default 1: the tokenizer in its
+                         thread; 0: in the event loop's thread, rows "inline tokenizer")
   --compare <bin>        also run another kvroute build (its bin/kvroute.mjs), rows marked "before"
-  --only <list>          rows to run: direct,nginx,bare,parse,route,ids,chat,cold (default all; bare: the cheapest
-                         Node proxy; parse, route: the floor ladder's rungs above it, bench/lib/floor-proxy.ts)
+  --only <list>          rows to run: direct,nginx,bare,parse,route,chatnode,chatthread,ids,chat,cold (default all;
+                         bare: the cheapest Node proxy; parse, route: the floor ladder's token-id rungs above it;
+                         chatnode, chatthread: its chat rungs, tokenizing in the event loop's thread or in kvroute's
+                         tokenizer thread, run on the warm chat with the bare proxy: bench/lib/floor-proxy.ts)
   --nginx <path>         the nginx binary (default: found in ${'/usr/sbin'} and similar)
   --json                 print the results as JSON after the table
   -h, --help             this text
@@ -68,32 +76,50 @@ const SYSTEM_TOKENS = num('system-tokens', 8192);
 const CHUNKS = num('chunks', 4);
 const ROUNDS = num('rounds', 1);
 const PROCESSES = (opt('processes') ?? '1').split(',').map(Number);
+const TOKENIZER_THREADS = (opt('tokenizer-threads') ?? '1').split(',').map(Number);
 const COMPARE = opt('compare');
-const ONLY = new Set((opt('only') ?? 'direct,nginx,bare,parse,route,ids,chat,cold').split(','));
-/** The floor ladder: the bare proxy and the rungs asked for, run together (rounds alternate between them). */
+const ONLY = new Set((opt('only') ?? 'direct,nginx,bare,parse,route,chatnode,chatthread,ids,chat,cold').split(','));
+/** The floor ladder: the bare proxy and the rungs asked for, run together (rounds alternate between them). The token-id
+ * rungs run the token-id workloads, the chat rungs the warm chat (and the bare proxy both, when chat rungs run). */
+const floorRung = (rung: string) => (up: string) => [fileURLToPath(new URL('./lib/floor-proxy.ts', import.meta.url)), up, '--rung', rung];
 const LADDER = [
-  { key: 'bare', proxy: 'bare node', args: (up: string) => [fileURLToPath(new URL('./lib/bare-proxy.ts', import.meta.url)), up] },
   {
-    key: 'parse',
-    proxy: 'parse node',
-    args: (up: string) => [fileURLToPath(new URL('./lib/floor-proxy.ts', import.meta.url)), up, '--rung', 'parse'],
+    key: 'bare',
+    proxy: 'bare node',
+    on: ['ids', 'chat'],
+    args: (up: string) => [fileURLToPath(new URL('./lib/bare-proxy.ts', import.meta.url)), up],
   },
-  {
-    key: 'route',
-    proxy: 'route node',
-    args: (up: string) => [fileURLToPath(new URL('./lib/floor-proxy.ts', import.meta.url)), up, '--rung', 'route'],
-  },
+  { key: 'parse', proxy: 'parse node', on: ['ids'], args: floorRung('parse') },
+  { key: 'route', proxy: 'route node', on: ['ids'], args: floorRung('route') },
+  { key: 'chatnode', proxy: 'chat node', on: ['chat'], args: floorRung('chat') },
+  { key: 'chatthread', proxy: 'chat node (thread)', on: ['chat'], args: floorRung('chatthread') },
 ].filter((r) => ONLY.has(r.key));
+/** A chat rung asked for: the warm chat is built, and the bare proxy runs it too. */
+const CHAT_RUNGS = LADDER.some((r) => r.key !== 'bare' && r.on.includes('chat'));
 const JSON_OUT = argv.includes('--json');
 
 const progress = (s: string) => process.stderr.write(`[capacity] ${s}\n`);
 
 // ------------------------------------------------------------------ processes
 
-async function startKvroute(bin: string, upstream: string, processes: number): Promise<{ url: string; child: ChildProcess }> {
+async function startKvroute(
+  bin: string,
+  upstream: string,
+  processes: number,
+  tokenizerThreads = 1,
+): Promise<{ url: string; child: ChildProcess }> {
   const child = track(
     process.execPath,
-    serveArgs(bin, [upstream], ['--tokenizer', QWEN3_DIR, ...(processes > 1 ? ['--processes', String(processes)] : [])]),
+    serveArgs(
+      bin,
+      [upstream],
+      [
+        '--tokenizer',
+        QWEN3_DIR,
+        ...(processes > 1 ? ['--processes', String(processes)] : []),
+        ...(tokenizerThreads === 1 ? [] : ['--tokenizer-threads', String(tokenizerThreads)]),
+      ],
+    ),
   );
   return { url: await listeningUrl(child), child };
 }
@@ -221,16 +247,19 @@ async function main(): Promise<void> {
     { key: 'ids', w: idsWorkload(IDS, CHUNKS, false) },
     { key: 'ids', w: idsWorkload(IDS, CHUNKS, true) },
   ];
-  if (ONLY.has('chat') || ONLY.has('cold')) {
+  if (ONLY.has('chat') || ONLY.has('cold') || CHAT_RUNGS) {
     const system = prose(SYSTEM_TOKENS, 12345);
     const tok = await LocalTokenizer.load(QWEN3_DIR);
     const n = tok.encodeCold(system).length;
     notes.push(`chat system prompt: ${n} tokens (Qwen3 tokenizer), ${system.length} characters`);
-    if (ONLY.has('chat')) workloads.push({ key: 'chat', w: chatWorkload(system, CHUNKS, false) });
+    if (ONLY.has('chat') || CHAT_RUNGS) workloads.push({ key: 'chat', w: chatWorkload(system, CHUNKS, false) });
     if (ONLY.has('cold')) workloads.push({ key: 'cold', w: chatWorkload(system, CHUNKS, true) });
   }
   const selected = workloads.filter(
-    (x) => ONLY.has(x.key) || (x.key === 'ids' && (ONLY.has('direct') || ONLY.has('nginx') || LADDER.length > 0)),
+    (x) =>
+      ONLY.has(x.key) ||
+      (x.key === 'ids' && (ONLY.has('direct') || ONLY.has('nginx') || LADDER.length > 0)) ||
+      (x.key === 'chat' && CHAT_RUNGS),
   );
 
   // Direct: the baseline each proxy's latency is compared with (measured again at each probed rate).
@@ -309,57 +338,63 @@ async function main(): Promise<void> {
     }
   }
 
-  if (LADDER.length > 0) {
-    const ladder: { proxy: string; url: string; pid: number; child: ChildProcess }[] = [];
-    try {
-      for (const r of LADDER) {
-        const child = track(process.execPath, ['--import', 'tsx', ...r.args(upstream)]);
-        const url = `http://127.0.0.1:${(await waitForLine(child, /PORT (\d+)/))[1]}`;
-        ladder.push({ proxy: r.proxy, url, pid: child.pid as number, child });
-      }
-      if (ONLY.has('bare'))
-        notes.push('bare node proxy: bench/lib/bare-proxy.ts (node:http + one undici Pool, body passed unread): the floor of a Node proxy');
-      if (ONLY.has('parse') || ONLY.has('route'))
-        notes.push(
-          "floor ladder: bench/lib/floor-proxy.ts; parse node = bare + JSON.parse of the body; route node = parse + block hashes + KvRouter.route() + the answer's usage from its tail + the router's finish",
-        );
-      for (const { w } of selected.filter((x) => x.key === 'ids')) await probeAll(ladder, w);
-    } finally {
-      for (const r of ladder) await stopChild(r.child, 10_000);
-    }
-  }
-
+  // The floor ladder's proxies and every kvroute variant run at once (an idle one costs nothing: no health probes, no
+  // metrics scrapes), and each workload's rounds alternate between all the proxies that run it: the rungs and kvroute
+  // side by side in the same minutes of a shared machine.
+  const ladder: { proxy: string; url: string; pid: number; child: ChildProcess; on: string[] }[] = [];
+  const running: { proxy: string; url: string; pid: number; child: ChildProcess }[] = [];
   const builds: { label: string; bin: string }[] = [];
   if (COMPARE) builds.push({ label: 'before', bin: COMPARE });
   builds.push({ label: '', bin: KVROUTE_BIN });
-  const kvWorkloads = selected.filter((x) => x.key !== 'ids' || ONLY.has('ids'));
-  if (kvWorkloads.length > 0) {
-    // Every kvroute variant runs at once (an idle one costs nothing: no health probes, no metrics scrapes), so rounds
-    // can alternate between them.
-    const running: { proxy: string; url: string; pid: number; child: ChildProcess }[] = [];
-    try {
+  const kvWorkloads = selected.filter((x) => ONLY.has(x.key));
+  try {
+    for (const r of LADDER) {
+      const child = track(process.execPath, ['--import', 'tsx', ...r.args(upstream)]);
+      const url = `http://127.0.0.1:${(await waitForLine(child, /PORT (\d+)/))[1]}`;
+      ladder.push({ proxy: r.proxy, url, pid: child.pid as number, child, on: r.on });
+    }
+    if (ONLY.has('bare'))
+      notes.push('bare node proxy: bench/lib/bare-proxy.ts (node:http + one undici Pool, body passed unread): the floor of a Node proxy');
+    if (ONLY.has('parse') || ONLY.has('route'))
+      notes.push(
+        "floor ladder: bench/lib/floor-proxy.ts; parse node = bare + JSON.parse of the body; route node = parse + block hashes + KvRouter.route() + the answer's usage from its tail + the router's finish",
+      );
+    if (CHAT_RUNGS)
+      notes.push(
+        "chat rungs: bench/lib/floor-proxy.ts; chat node = parse + parseChatInput + kvroute's LocalTokenizer (template, segment cache) in the event loop's thread + block hashes + KvRouter.route() + usage + finish; chat node (thread) = the same through kvroute's tokenizer thread (threadTokenizer)",
+      );
+    if (kvWorkloads.length > 0) {
       for (const b of builds) {
         // An earlier build may predate --processes: it runs as one process.
         for (const p of b.label ? [1] : PROCESSES) {
-          const proxy = `kvroute${p > 1 ? ` x${p}` : ''}${b.label ? ` (${b.label})` : ''}`;
-          const kv = await startKvroute(b.bin, upstream, p);
-          progress(`${proxy}: ${kv.url} (pid ${kv.child.pid})`);
-          running.push({ proxy, url: kv.url, pid: kv.child.pid as number, child: kv.child });
+          for (const tt of TOKENIZER_THREADS) {
+            const proxy = `kvroute${p > 1 ? ` x${p}` : ''}${tt === 0 ? ' (inline tokenizer)' : ''}${b.label ? ` (${b.label})` : ''}`;
+            const kv = await startKvroute(b.bin, upstream, p, tt);
+            progress(`${proxy}: ${kv.url} (pid ${kv.child.pid})`);
+            running.push({ proxy, url: kv.url, pid: kv.child.pid as number, child: kv.child });
+          }
         }
       }
-      for (const { w } of kvWorkloads) await probeAll(running, w);
-    } finally {
-      for (const r of running) await stopChild(r.child, 10_000);
     }
+    for (const { key, w } of selected) {
+      // The bare proxy runs the warm chat only beside a chat rung (CHAT_RUNGS), the token-id rungs only token ids.
+      const rungs = ladder.filter((r) => r.on.includes(key) && (key !== 'chat' || CHAT_RUNGS));
+      const kv = ONLY.has(key) ? running : [];
+      if (rungs.length + kv.length > 0) await probeAll([...rungs, ...kv], w);
+    }
+  } finally {
+    for (const r of [...ladder, ...running]) await stopChild(r.child, 10_000);
   }
   await stopChild(up, 10_000);
 
   // ------------------------------------------------------------------ report
   const nginxCpu = new Map(rows.filter((r) => r.proxy === 'nginx').map((r) => [r.workload, r]));
   const idsNginx = (workload: string) => nginxCpu.get(workload) ?? nginxCpu.get(`ids ${IDS} stream`);
-  // The bare proxy's figure for the same workload (chat rows: the non-streamed token-id completions').
+  // The bare proxy's figure for the same workload; chat rows: its non-streamed token-id completions' (issue 29's measure;
+  // the bare proxy's own chat warm row, when the chat rungs ran, is in the table beside them).
   const bareCpu = new Map(rows.filter((r) => r.proxy === 'bare node').map((r) => [r.workload, r.proxyCpuMsPerReq]));
-  const idsBare = (workload: string) => bareCpu.get(workload) ?? bareCpu.get(`ids ${IDS}`) ?? null;
+  const idsBare = (workload: string) =>
+    (workload.startsWith('chat') ? undefined : bareCpu.get(workload)) ?? bareCpu.get(`ids ${IDS}`) ?? null;
   const f = (x: number | null, d = 3) => (x === null || Number.isNaN(x) ? '-' : x.toFixed(d));
   console.log(
     `# bench:capacity  node ${process.version}, ${cpus().length} cores, loadavg ${loadavg()
@@ -387,7 +422,7 @@ async function main(): Promise<void> {
   }
   if (rows.some((r) => r.workload.startsWith('chat'))) {
     console.log(
-      '\n(chat rows are compared with nginx and the bare proxy on the same-sized token-id completions: neither parses JSON either way)',
+      "\n(chat rows are compared with nginx and the bare proxy on the same-sized token-id completions, issue 29's measure; the bare proxy's own chat warm row, when the chat rungs ran, is the floor of forwarding the chat's bytes)",
     );
   }
   if (JSON_OUT)

@@ -6,11 +6,12 @@
  * collectors' pauses. Survivors are what an in-flight request keeps alive; they, not the allocation, make a scavenge
  * dear. Bytes are counted by V8 and do not depend on the machine's load; the pauses (µs) do.
  *
- *   node --import tsx bench/lib/gc-survivors.ts [--bin <dir>/bin/kvroute.mjs | --rung bare|parse|route]
+ *   node --import tsx bench/lib/gc-survivors.ts [--bin <dir>/bin/kvroute.mjs | --rung bare|parse|route|chat|chatthread]
  *       [--stream | --chat] [--warmup 4] [--seconds 5] [--connections 32]
  *
  * --bin: `kvroute serve` of that build (default this checkout's), with the Qwen3 tokenizer; --rung: the floor ladder's
- * proxies instead (token ids only); --chat: bench:capacity's warm chat (a ~7k-token system prompt, distinct user turns).
+ * proxies instead (bare, parse, route: token ids; chat, chatthread: with --chat); --chat: bench:capacity's warm chat (a
+ * ~7k-token system prompt, distinct user turns).
  */
 import type { ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
