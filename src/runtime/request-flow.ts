@@ -234,8 +234,25 @@ export function handoffOf(api: ApiAdapter, body: Record<string, unknown>): { seq
 /**
  * One request, parse to answer. Bad input throws an HttpError (400) before anything is counted or submitted; every
  * other end is the result, refusals counted.
+ *
+ * Two frames: `admit` parses, tokenizes and submits; `attempts` waits for the dispatcher and sends. An async function's
+ * suspended frame keeps every local it ever set, used again or not (V8 saves the whole register file at an await), so
+ * the client's text, its parsed body and the token ids live in `admit`'s frame alone, which ends at the submission: a
+ * request waiting for its answer holds none of them for the young-generation collector to copy and promote
+ * (bench/RESULTS.md, "a request's frame").
  */
 export async function runRequest<W>(ctx: FlowContext<W>, req: FlowRequest, port: AttemptPort<W>): Promise<FlowResult> {
+  const admitted = await admit(ctx, req);
+  return admitted.kind === 'refused' ? admitted : attempts(ctx, admitted.request, admitted.step, req.signal, port);
+}
+
+type Step = Awaited<ReturnType<LifecyclePort['submit']>>;
+
+/** Parse, tokenize, submit: the request and its first step (a promise: not awaited here), or the precheck's refusal. */
+async function admit<W>(
+  ctx: FlowContext<W>,
+  req: FlowRequest,
+): Promise<{ kind: 'admitted'; request: SubmittedRequest; step: Promise<Step> } | (FlowResult & { kind: 'refused' })> {
   const { api, signal } = req;
   const trace = req.trace ?? NO_TRACE;
   const { lifecycle, metrics } = ctx;
@@ -280,10 +297,9 @@ export async function runRequest<W>(ctx: FlowContext<W>, req: FlowRequest, port:
     { text, json, parsed },
     ctx.config.maxJsonDepth,
   );
-  const { requestId } = request;
-  let step = await lifecycle.submit(
+  const step = lifecycle.submit(
     {
-      requestId,
+      requestId: request.requestId,
       model: parsed.model,
       tokens,
       ...(media ? { mmItems: media.items } : {}),
@@ -297,6 +313,20 @@ export async function runRequest<W>(ctx: FlowContext<W>, req: FlowRequest, port:
     },
     signal,
   );
+  return { kind: 'admitted', request, step };
+}
+
+/** The dispatcher's steps for a submitted request: each attempt sent, retried or refused, until one answers. */
+async function attempts<W>(
+  ctx: FlowContext<W>,
+  request: SubmittedRequest,
+  first: Promise<Step>,
+  signal: AbortSignal,
+  port: AttemptPort<W>,
+): Promise<FlowResult> {
+  const { lifecycle, metrics } = ctx;
+  const { requestId } = request;
+  let step = await first;
   for (;;) {
     if (step.kind === 'aborted') {
       metrics.outcome('cancelled');
