@@ -41,6 +41,7 @@ import { attachToServer } from '../src/runtime/nats.ts';
 import { startServer } from '../src/server/app.ts';
 import { recentDecisionOf } from '../src/server/inference.ts';
 import { PeerLoad } from '../src/transport/nats/peer-load.ts';
+import type { NatsReplica } from '../src/transport/nats/replica.ts';
 import { NatsServer } from '../test/nats/nats-server.ts';
 
 usage(import.meta.url);
@@ -68,6 +69,9 @@ interface Row {
   foldUs: number;
   newBlocks: number;
   overlap: number;
+  /** replicas: NATS messages the routing replica published per request, and lifecycle steps in them. */
+  messages: number;
+  steps: number;
 }
 
 function prompt(i: number): number[] {
@@ -113,12 +117,14 @@ async function run(fleet: Fleet): Promise<Row> {
   // replicas: this router and a peer (same workers), both NATS replicas; only this one routes.
   const nats = fleet === 'replicas' ? new NatsServer() : null;
   const peer = nats ? await startServer(config, { logger: pino({ level: 'silent' }) }) : null;
-  const attached: { close(): Promise<void> }[] = [];
+  const attached: NatsReplica[] = [];
   if (nats && peer) {
     await nats.start();
     for (const [i, s] of [server, peer].entries()) {
-      attached.push(await attachToServer(s, { servers: nats.url, replicaId: `bench-${i}`, snapshotIntervalMs: 0 }));
+      // Heartbeats every 100 ms: a replica sends frames once it has heard every peer's version (two heartbeat periods).
+      attached.push(await attachToServer(s, { servers: nats.url, replicaId: `bench-${i}`, snapshotIntervalMs: 0, heartbeatMs: 100 }));
     }
+    await new Promise((resolve) => setTimeout(resolve, 400));
   }
   // Per worker, the engine: the block id of each block hash it holds, and the order it stored them in (oldest first).
   const engines = new Map<string, { ids: Map<bigint, bigint>; order: bigint[]; head: number }>();
@@ -129,8 +135,12 @@ async function run(fleet: Fleet): Promise<Row> {
   let newBlocks = 0;
   let overlap = 0;
   let cpu0 = process.cpuUsage();
+  let published0 = 0;
+  let steps0 = 0;
   for (let i = 0; i < total; i++) {
     if (i === WARMUP) {
+      published0 = attached[0]?.stats().lifecyclePublished ?? 0;
+      steps0 = attached[0]?.stats().lifecycleSteps ?? 0;
       coreMs = 0;
       applyMs = 0;
       foldMs = 0;
@@ -210,6 +220,8 @@ async function run(fleet: Fleet): Promise<Row> {
     }
   }
   const cpu = process.cpuUsage(cpu0);
+  const published = (attached[0]?.stats().lifecyclePublished ?? 0) - published0;
+  const steps = (attached[0]?.stats().lifecycleSteps ?? 0) - steps0;
   for (const a of attached) await a.close();
   await server.close();
   await peer?.close();
@@ -222,6 +234,8 @@ async function run(fleet: Fleet): Promise<Row> {
     foldUs: (foldMs * 1000) / REQUESTS,
     newBlocks: newBlocks / REQUESTS,
     overlap: overlap / REQUESTS,
+    messages: published / REQUESTS,
+    steps: steps / REQUESTS,
   };
 }
 
@@ -238,13 +252,14 @@ console.log(
 console.log('');
 console.log(
   '| fleet | µs in submit + routed + first token + finish | µs applying KV events | routing core µs/request | ' +
-    'process CPU µs/request | peer: µs folding in | new blocks/request | overlap blocks/request |',
+    'process CPU µs/request | peer: µs folding in | load messages (steps)/request | new blocks/request | overlap blocks/request |',
 );
-console.log('|---|---:|---:|---:|---:|---:|---:|---:|');
+console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|');
 for (const r of rows) {
   console.log(
     `| ${r.fleet} | ${r.coreUs.toFixed(1)} | ${r.fleet === 'events' ? r.applyUs.toFixed(1) : '-'} | ${(r.coreUs + r.applyUs).toFixed(1)} | ` +
       `${r.cpuUs.toFixed(1)} | ${r.fleet === 'replicas' ? r.foldUs.toFixed(1) : '-'} | ` +
+      `${r.fleet === 'replicas' ? `${r.messages.toFixed(3)} (${r.steps.toFixed(2)})` : '-'} | ` +
       `${r.fleet === 'events' ? r.newBlocks.toFixed(1) : '-'} | ${r.overlap.toFixed(1)} |`,
   );
 }

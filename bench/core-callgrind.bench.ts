@@ -1,0 +1,86 @@
+/**
+ * bench:core-callgrind — bench:core's fleets counted in instructions (valgrind's callgrind), so that a change to the
+ * routing core or to the replicas' sharing can be compared on a shared machine whose wall and CPU times swing 2x.
+ *
+ * bench:core (its own process, the whole of it instrumented) is run twice per fleet, with `--requests n` and
+ * `--requests 2n` after the same `--warmup`: the difference of the two totals divided by n is the instructions per
+ * request of the steady state, start-up, warm-up and the end's waits cancelled. In the `replicas` fleet that is the
+ * routing replica and its peer together (both in the process; the nats-server is another process, not counted): what
+ * sharing a request costs is the difference between the `replicas` and `approximate` rows. With --compare, another
+ * checkout's bench:core (its own code) is counted the same way, alternating with this one's.
+ *
+ *   npm run bench:core-callgrind [-- --requests 1000 --warmup 1000 --only approximate,replicas --compare <checkout dir>]
+ *
+ * Counts are split as bench:callgrind's are (bench/lib/callgrind-counts.ts): V8's garbage collector, its optimizing
+ * compilers, and the rest.
+ */
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { loadavg, tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { numArg, usage } from '../scripts/usage.ts';
+import { type Counts, countsOf } from './lib/callgrind-counts.ts';
+
+usage(import.meta.url);
+
+const REQUESTS = numArg('requests', 1000);
+const WARMUP = numArg('warmup', 1000);
+const arg = (name: string): string | null => {
+  const i = process.argv.indexOf(`--${name}`);
+  return i >= 0 ? (process.argv[i + 1] ?? null) : null;
+};
+const FLEETS = (arg('only') ?? 'approximate,replicas').split(',');
+const HERE = resolve(fileURLToPath(new URL('..', import.meta.url)));
+const trees: [string, string][] = [['this checkout', HERE]];
+const other = arg('compare');
+if (other) trees.unshift(['before', resolve(other)]);
+
+const dir = mkdtempSync(join(tmpdir(), 'kvroute-core-callgrind-'));
+
+function count(root: string, fleet: string, requests: number): Counts {
+  const out = join(dir, `out.${Date.now()}`);
+  execFileSync(
+    'valgrind',
+    [
+      '--tool=callgrind',
+      '--smc-check=all-non-file',
+      `--callgrind-out-file=${out}`,
+      process.execPath,
+      '--import',
+      'tsx',
+      'bench/core.bench.ts',
+      '--only',
+      fleet,
+      '--requests',
+      String(requests),
+      '--warmup',
+      String(WARMUP),
+    ],
+    { cwd: root, stdio: ['ignore', 'ignore', 'ignore'] },
+  );
+  return countsOf(out);
+}
+
+const load0 = loadavg()[0].toFixed(1);
+const rows: string[] = [];
+for (const fleet of FLEETS) {
+  for (const [label, root] of trees) {
+    console.error(`[core-callgrind] ${label}, ${fleet}: ${REQUESTS} and ${2 * REQUESTS} requests`);
+    const a = count(root, fleet, REQUESTS);
+    const b = count(root, fleet, 2 * REQUESTS);
+    const per = (k: keyof Counts) => (b[k] - a[k]) / REQUESTS / 1000;
+    const total = per('total');
+    rows.push(
+      `| ${fleet} | ${label} | ${total.toFixed(0)} | ${per('gc').toFixed(0)} | ${per('jit').toFixed(0)} | ${(total - per('gc') - per('jit')).toFixed(0)} |`,
+    );
+  }
+}
+rmSync(dir, { recursive: true, force: true });
+console.log(
+  `# bench:core-callgrind  node ${process.version}, bench:core --requests ${REQUESTS} vs ${2 * REQUESTS} after --warmup ${WARMUP}, loadavg ${load0} -> ${loadavg()[0].toFixed(1)}`,
+);
+console.log('');
+console.log('| fleet | tree | k instructions/request | of which GC | optimizing compilers | the rest |');
+console.log('|---|---|---:|---:|---:|---:|');
+for (const r of rows) console.log(r);
