@@ -6,10 +6,12 @@
  * `--requests 2n` after the same `--warmup`: the difference of the two totals divided by n is the instructions per
  * request of the steady state, start-up, warm-up and the end's waits cancelled. In the `replicas` fleet that is the
  * routing replica and its peer together (both in the process; the nats-server is another process, not counted): what
- * sharing a request costs is the difference between the `replicas` and `approximate` rows. With --compare, another
+ * sharing a request costs is the difference between the `replicas` and `approximate` rows, and one more peer's share
+ * the difference between `--peers 2` and `--peers 1` (passed on to bench:core). With --compare, another
  * checkout's bench:core (its own code) is counted the same way, alternating with this one's.
  *
- *   npm run bench:core-callgrind [-- --requests 1000 --warmup 1000 --only approximate,replicas --compare <checkout dir>]
+ *   npm run bench:core-callgrind [-- --requests 1000 --warmup 1000 --only approximate,replicas --peers 1
+ *                                 --compare <checkout dir>]
  *
  * Counts are split as bench:callgrind's are (bench/lib/callgrind-counts.ts): V8's garbage collector, its optimizing
  * compilers, and the rest.
@@ -31,6 +33,7 @@ const arg = (name: string): string | null => {
   return i >= 0 ? (process.argv[i + 1] ?? null) : null;
 };
 const FLEETS = (arg('only') ?? 'approximate,replicas').split(',');
+const PEERS = numArg('peers', 1);
 const HERE = resolve(fileURLToPath(new URL('..', import.meta.url)));
 const trees: [string, string][] = [['this checkout', HERE]];
 const other = arg('compare');
@@ -56,6 +59,8 @@ function count(root: string, fleet: string, requests: number): Counts {
       String(requests),
       '--warmup',
       String(WARMUP),
+      '--peers',
+      String(PEERS),
     ],
     { cwd: root, stdio: ['ignore', 'ignore', 'ignore'] },
   );
@@ -78,7 +83,7 @@ for (const fleet of FLEETS) {
 }
 rmSync(dir, { recursive: true, force: true });
 console.log(
-  `# bench:core-callgrind  node ${process.version}, bench:core --requests ${REQUESTS} vs ${2 * REQUESTS} after --warmup ${WARMUP}, loadavg ${load0} -> ${loadavg()[0].toFixed(1)}`,
+  `# bench:core-callgrind  node ${process.version}, bench:core --requests ${REQUESTS} vs ${2 * REQUESTS} after --warmup ${WARMUP} --peers ${PEERS}, loadavg ${load0} -> ${loadavg()[0].toFixed(1)}`,
 );
 console.log('');
 console.log('| fleet | tree | k instructions/request | of which GC | optimizing compilers | the rest |');

@@ -14,12 +14,13 @@
  *                 event), so the index stays the size of the fleet's caches.
  *   replicas      the approximate fleet with the router a NATS replica (a nats-server started on a free port) and a
  *                 second replica in the same process: every request the first routes is announced on NATS and folded
- *                 into the second's active load (what `--nats` adds per request, both sides).
+ *                 into the second's active load (what `--nats` adds per request, both sides). `--peers n`: n such peers,
+ *                 each folding everything in (a peer more costs its fold: the difference between --peers 1 and 2).
  * The workload: 2,048-token prompts, each a 1,536-token prefix of one of 64 conversation families and 512 fresh tokens
  * (so ~32 new blocks per request once the families are cached), 8 workers.
  *
  *   npm run bench:core [-- --requests 20000 --warmup 5000 --in-flight 32 --workers 8 --tokens 2048 --fresh 512
- *                          --capacity 16384 --approx-table-mb 64 --only approximate|events|replicas]
+ *                          --capacity 16384 --approx-table-mb 64 --only approximate|events|replicas --peers 1]
  *     --approx-table-mb  approximate mode's budget (serve's setting; a small one keeps the table full, evicting)
  *
  * Prints the time inside the core's calls per request (performance.now around them; the prompt, its hashes and the
@@ -54,6 +55,7 @@ const TOKENS = numArg('tokens', 2048);
 const FRESH = numArg('fresh', 512);
 const CAPACITY = numArg('capacity', 16_384);
 const APPROX_MB = numArg('approx-table-mb', DEFAULTS.approxTableMb);
+const PEERS = numArg('peers', 1);
 const FAMILIES = 64;
 const ONLY = (() => {
   const i = process.argv.indexOf('--only');
@@ -84,7 +86,7 @@ function prompt(i: number): number[] {
 
 type Fleet = 'approximate' | 'events' | 'replicas';
 
-// The peer's side of `replicas`: time in PeerLoad.onMessage (decode + fold into the active load), summed here.
+// The peers' side of `replicas`: time in PeerLoad.onMessage (decode + fold into the active load), summed over them here.
 let foldMs = 0;
 const onMessage = PeerLoad.prototype.onMessage;
 PeerLoad.prototype.onMessage = function (this: PeerLoad, data: Uint8Array): void {
@@ -114,13 +116,14 @@ async function run(fleet: Fleet): Promise<Row> {
   };
   const server = await startServer(config, { logger: pino({ level: 'silent' }) });
   const { lifecycle, router } = server;
-  // replicas: this router and a peer (same workers), both NATS replicas; only this one routes.
+  // replicas: this router and --peers peers (same workers), all NATS replicas; only this one routes.
   const nats = fleet === 'replicas' ? new NatsServer() : null;
-  const peer = nats ? await startServer(config, { logger: pino({ level: 'silent' }) }) : null;
+  const peers = [];
+  for (let i = 0; nats && i < PEERS; i++) peers.push(await startServer(config, { logger: pino({ level: 'silent' }) }));
   const attached: NatsReplica[] = [];
-  if (nats && peer) {
+  if (nats) {
     await nats.start();
-    for (const [i, s] of [server, peer].entries()) {
+    for (const [i, s] of [server, ...peers].entries()) {
       // Heartbeats every 100 ms: a replica sends frames once it has heard every peer's version (two heartbeat periods).
       attached.push(await attachToServer(s, { servers: nats.url, replicaId: `bench-${i}`, snapshotIntervalMs: 0, heartbeatMs: 100 }));
     }
@@ -211,8 +214,8 @@ async function run(fleet: Fleet): Promise<Row> {
     applyMs += performance.now() - t1;
   }
   for (const id of open) lifecycle.finish(id, { outcome: 'ok' });
-  // Until the peer has folded every announced request in (its remote-request count stops moving).
-  if (peer) {
+  // Until every peer has folded every announced request in (their remote-request counts stop moving).
+  for (const peer of peers) {
     for (let last = -1, now = 0; now !== last; ) {
       await new Promise((resolve) => setTimeout(resolve, 200));
       last = now;
@@ -224,7 +227,7 @@ async function run(fleet: Fleet): Promise<Row> {
   const steps = (attached[0]?.stats().lifecycleSteps ?? 0) - steps0;
   for (const a of attached) await a.close();
   await server.close();
-  await peer?.close();
+  for (const peer of peers) await peer.close();
   await nats?.dispose();
   return {
     fleet,
