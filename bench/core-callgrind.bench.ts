@@ -67,8 +67,13 @@ function count(root: string, fleet: string, requests: number): Counts {
   return countsOf(out);
 }
 
-const load0 = loadavg()[0].toFixed(1);
-const rows: string[] = [];
+console.log(
+  `# bench:core-callgrind  node ${process.version}, bench:core --requests ${REQUESTS} vs ${2 * REQUESTS} after --warmup ${WARMUP} --peers ${PEERS}, loadavg ${loadavg()[0].toFixed(1)} at the start`,
+);
+console.log('');
+console.log('| fleet | tree | k instructions/request | of which GC | optimizing compilers | the rest |');
+console.log('|---|---|---:|---:|---:|---:|');
+// Each row as soon as it is counted (a row takes minutes).
 for (const fleet of FLEETS) {
   for (const [label, root] of trees) {
     console.error(`[core-callgrind] ${label}, ${fleet}: ${REQUESTS} and ${2 * REQUESTS} requests`);
@@ -76,16 +81,9 @@ for (const fleet of FLEETS) {
     const b = count(root, fleet, 2 * REQUESTS);
     const per = (k: keyof Counts) => (b[k] - a[k]) / REQUESTS / 1000;
     const total = per('total');
-    rows.push(
+    console.log(
       `| ${fleet} | ${label} | ${total.toFixed(0)} | ${per('gc').toFixed(0)} | ${per('jit').toFixed(0)} | ${(total - per('gc') - per('jit')).toFixed(0)} |`,
     );
   }
 }
 rmSync(dir, { recursive: true, force: true });
-console.log(
-  `# bench:core-callgrind  node ${process.version}, bench:core --requests ${REQUESTS} vs ${2 * REQUESTS} after --warmup ${WARMUP} --peers ${PEERS}, loadavg ${load0} -> ${loadavg()[0].toFixed(1)}`,
-);
-console.log('');
-console.log('| fleet | tree | k instructions/request | of which GC | optimizing compilers | the rest |');
-console.log('|---|---|---:|---:|---:|---:|');
-for (const r of rows) console.log(r);
