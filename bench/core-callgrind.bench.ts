@@ -4,7 +4,8 @@
  *
  * bench:core (its own process, the whole of it instrumented) is run twice per fleet, with `--requests n` and
  * `--requests 2n` after the same `--warmup`: the difference of the two totals divided by n is the instructions per
- * request of the steady state, start-up, warm-up and the end's waits cancelled. In the `replicas` fleet that is the
+ * request of the steady state, start-up, warm-up and the end's waits cancelled (tsx's transpile cache is filled by a
+ * run outside valgrind first, or the first counted run would pay for it). In the `replicas` fleet that is the
  * routing replica and its peer together (both in the process; the nats-server is another process, not counted): what
  * sharing a request costs is the difference between the `replicas` and `approximate` rows, and one more peer's share
  * the difference between `--peers 2` and `--peers 1` (passed on to bench:core). With --compare, another
@@ -40,6 +41,15 @@ const other = arg('compare');
 if (other) trees.unshift(['before', resolve(other)]);
 
 const dir = mkdtempSync(join(tmpdir(), 'kvroute-core-callgrind-'));
+
+/** One run outside valgrind first: tsx caches what it transpiles, so that neither counted run pays for it. */
+function warmCache(root: string, fleet: string): void {
+  execFileSync(
+    process.execPath,
+    ['--import', 'tsx', 'bench/core.bench.ts', '--only', fleet, '--requests', '50', '--warmup', '50', '--peers', String(PEERS)],
+    { cwd: root, stdio: ['ignore', 'ignore', 'ignore'] },
+  );
+}
 
 function count(root: string, fleet: string, requests: number): Counts {
   const out = join(dir, `out.${Date.now()}`);
@@ -77,6 +87,7 @@ console.log('|---|---|---:|---:|---:|---:|');
 for (const fleet of FLEETS) {
   for (const [label, root] of trees) {
     console.error(`[core-callgrind] ${label}, ${fleet}: ${REQUESTS} and ${2 * REQUESTS} requests`);
+    warmCache(root, fleet);
     const a = count(root, fleet, REQUESTS);
     const b = count(root, fleet, 2 * REQUESTS);
     const per = (k: keyof Counts) => (b[k] - a[k]) / REQUESTS / 1000;
