@@ -187,6 +187,12 @@ describe('load frames (protocol 2)', () => {
     expect(decodeLoad(sent[sent.length - 1])).toMatchObject({ kind: 'added', requestId: 'a' });
     p.tick();
     expect(p.framesOk()).toBe(true);
+    // A reconnect says hello again: two more ticks before frames (a protocol-1 replica may have started meanwhile).
+    p.hello();
+    expect(p.framesOk()).toBe(false);
+    p.tick();
+    p.tick();
+    expect(p.framesOk()).toBe(true);
     // A protocol-1 replica's heartbeat says no version: back to single messages, which protocol 1 reads.
     p.onMessage(packr.pack(['h', 'old']));
     expect(p.framesOk()).toBe(false);
@@ -194,7 +200,7 @@ describe('load frames (protocol 2)', () => {
     p.routed(decision('b'));
     p.finished('a');
     await turn();
-    expect(sent.map((d) => decodeLoad(d)).filter((m) => m?.kind !== 'heartbeat')).toMatchObject([
+    expect(sent.map((d) => decodeLoad(d)).filter((m) => m?.kind !== 'heartbeat' && m?.kind !== 'hello')).toMatchObject([
       { kind: 'added', requestId: 'b' },
       { kind: 'finished', requestId: 'a' },
     ]);

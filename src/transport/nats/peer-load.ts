@@ -8,7 +8,8 @@
  * (added, first token, finished, session) go in one frame (protocol 2, protocol.ts `encodeLoadFrame`): a busy replica
  * pays one publish, one socket write and, on every peer, one NATS message per turn, not one per step (bench:core's
  * `replicas` fleet measures it). Frames are sent only while every live peer has said protocol 2 in its heartbeat or
- * hello, and not before this replica has ticked twice (heard every peer's heartbeat once): until then, or while a
+ * hello, and not before this replica has ticked twice since its hello (heard every peer's heartbeat once, at start
+ * and after a reconnect: peers may have come and gone meanwhile): until then, or while a
  * protocol-1 replica is around (a rolling upgrade), each step is its own message, as protocol 1 reads them. A message
  * or frame that cannot be decoded is dropped and counted (`lifecycleDropped`).
  */
@@ -117,7 +118,9 @@ export class PeerLoad {
     this.publish(m);
   }
 
+  /** At start and after a reconnect: single messages again until two ticks have heard every peer (see the header). */
   hello(): void {
+    this.ticks = 0;
     this.publish({ kind: 'hello', replica: this.d.replicaId });
   }
 
