@@ -14,6 +14,10 @@
  *   npm run bench:core-callgrind [-- --requests 1000 --warmup 1000 --only approximate,replicas --peers 1
  *                                 --compare <checkout dir>]
  *
+ * Caution: at 1,000 requests a row swings by ±100 k instructions per request between runs (where V8 optimizes a
+ * function, in the n-request run or the 2n one, moves more than the replicas' sharing costs; bench/RESULTS.md
+ * "Replicas' sharing cost per request"): use many more requests before comparing rows.
+ *
  * Counts are split as bench:callgrind's are (bench/lib/callgrind-counts.ts): V8's garbage collector, its optimizing
  * compilers, and the rest.
  */
