@@ -14,12 +14,13 @@
  *                 event), so the index stays the size of the fleet's caches.
  *   replicas      the approximate fleet with the router a NATS replica (a nats-server started on a free port) and a
  *                 second replica in the same process: every request the first routes is announced on NATS and folded
- *                 into the second's active load (what `--nats` adds per request, both sides).
+ *                 into the second's active load (what `--nats` adds per request, both sides). `--peers n`: n such peers,
+ *                 each folding everything in (a peer more costs its fold: the difference between --peers 1 and 2).
  * The workload: 2,048-token prompts, each a 1,536-token prefix of one of 64 conversation families and 512 fresh tokens
  * (so ~32 new blocks per request once the families are cached), 8 workers.
  *
  *   npm run bench:core [-- --requests 20000 --warmup 5000 --in-flight 32 --workers 8 --tokens 2048 --fresh 512
- *                          --capacity 16384 --approx-table-mb 64 --only approximate|events|replicas]
+ *                          --capacity 16384 --approx-table-mb 64 --only approximate|events|replicas --peers 1]
  *     --approx-table-mb  approximate mode's budget (serve's setting; a small one keeps the table full, evicting)
  *
  * Prints the time inside the core's calls per request (performance.now around them; the prompt, its hashes and the
@@ -41,6 +42,7 @@ import { attachToServer } from '../src/runtime/nats.ts';
 import { startServer } from '../src/server/app.ts';
 import { recentDecisionOf } from '../src/server/inference.ts';
 import { PeerLoad } from '../src/transport/nats/peer-load.ts';
+import type { NatsReplica } from '../src/transport/nats/replica.ts';
 import { NatsServer } from '../test/nats/nats-server.ts';
 
 usage(import.meta.url);
@@ -53,6 +55,7 @@ const TOKENS = numArg('tokens', 2048);
 const FRESH = numArg('fresh', 512);
 const CAPACITY = numArg('capacity', 16_384);
 const APPROX_MB = numArg('approx-table-mb', DEFAULTS.approxTableMb);
+const PEERS = numArg('peers', 1);
 const FAMILIES = 64;
 const ONLY = (() => {
   const i = process.argv.indexOf('--only');
@@ -68,6 +71,9 @@ interface Row {
   foldUs: number;
   newBlocks: number;
   overlap: number;
+  /** replicas: NATS messages the routing replica published per request, and lifecycle steps in them. */
+  messages: number;
+  steps: number;
 }
 
 function prompt(i: number): number[] {
@@ -80,7 +86,7 @@ function prompt(i: number): number[] {
 
 type Fleet = 'approximate' | 'events' | 'replicas';
 
-// The peer's side of `replicas`: time in PeerLoad.onMessage (decode + fold into the active load), summed here.
+// The peers' side of `replicas`: time in PeerLoad.onMessage (decode + fold into the active load), summed over them here.
 let foldMs = 0;
 const onMessage = PeerLoad.prototype.onMessage;
 PeerLoad.prototype.onMessage = function (this: PeerLoad, data: Uint8Array): void {
@@ -110,15 +116,18 @@ async function run(fleet: Fleet): Promise<Row> {
   };
   const server = await startServer(config, { logger: pino({ level: 'silent' }) });
   const { lifecycle, router } = server;
-  // replicas: this router and a peer (same workers), both NATS replicas; only this one routes.
+  // replicas: this router and --peers peers (same workers), all NATS replicas; only this one routes.
   const nats = fleet === 'replicas' ? new NatsServer() : null;
-  const peer = nats ? await startServer(config, { logger: pino({ level: 'silent' }) }) : null;
-  const attached: { close(): Promise<void> }[] = [];
-  if (nats && peer) {
+  const peers = [];
+  for (let i = 0; nats && i < PEERS; i++) peers.push(await startServer(config, { logger: pino({ level: 'silent' }) }));
+  const attached: NatsReplica[] = [];
+  if (nats) {
     await nats.start();
-    for (const [i, s] of [server, peer].entries()) {
-      attached.push(await attachToServer(s, { servers: nats.url, replicaId: `bench-${i}`, snapshotIntervalMs: 0 }));
+    for (const [i, s] of [server, ...peers].entries()) {
+      // Heartbeats every 100 ms: a replica sends frames once it has heard every peer's version (two heartbeat periods).
+      attached.push(await attachToServer(s, { servers: nats.url, replicaId: `bench-${i}`, snapshotIntervalMs: 0, heartbeatMs: 100 }));
     }
+    await new Promise((resolve) => setTimeout(resolve, 400));
   }
   // Per worker, the engine: the block id of each block hash it holds, and the order it stored them in (oldest first).
   const engines = new Map<string, { ids: Map<bigint, bigint>; order: bigint[]; head: number }>();
@@ -129,8 +138,12 @@ async function run(fleet: Fleet): Promise<Row> {
   let newBlocks = 0;
   let overlap = 0;
   let cpu0 = process.cpuUsage();
+  let published0 = 0;
+  let steps0 = 0;
   for (let i = 0; i < total; i++) {
     if (i === WARMUP) {
+      published0 = attached[0]?.stats().lifecyclePublished ?? 0;
+      steps0 = attached[0]?.stats().lifecycleSteps ?? 0;
       coreMs = 0;
       applyMs = 0;
       foldMs = 0;
@@ -201,8 +214,8 @@ async function run(fleet: Fleet): Promise<Row> {
     applyMs += performance.now() - t1;
   }
   for (const id of open) lifecycle.finish(id, { outcome: 'ok' });
-  // Until the peer has folded every announced request in (its remote-request count stops moving).
-  if (peer) {
+  // Until every peer has folded every announced request in (their remote-request counts stop moving).
+  for (const peer of peers) {
     for (let last = -1, now = 0; now !== last; ) {
       await new Promise((resolve) => setTimeout(resolve, 200));
       last = now;
@@ -210,9 +223,11 @@ async function run(fleet: Fleet): Promise<Row> {
     }
   }
   const cpu = process.cpuUsage(cpu0);
+  const published = (attached[0]?.stats().lifecyclePublished ?? 0) - published0;
+  const steps = (attached[0]?.stats().lifecycleSteps ?? 0) - steps0;
   for (const a of attached) await a.close();
   await server.close();
-  await peer?.close();
+  for (const peer of peers) await peer.close();
   await nats?.dispose();
   return {
     fleet,
@@ -222,6 +237,8 @@ async function run(fleet: Fleet): Promise<Row> {
     foldUs: (foldMs * 1000) / REQUESTS,
     newBlocks: newBlocks / REQUESTS,
     overlap: overlap / REQUESTS,
+    messages: published / REQUESTS,
+    steps: steps / REQUESTS,
   };
 }
 
@@ -238,13 +255,14 @@ console.log(
 console.log('');
 console.log(
   '| fleet | µs in submit + routed + first token + finish | µs applying KV events | routing core µs/request | ' +
-    'process CPU µs/request | peer: µs folding in | new blocks/request | overlap blocks/request |',
+    'process CPU µs/request | peer: µs folding in | load messages (steps)/request | new blocks/request | overlap blocks/request |',
 );
-console.log('|---|---:|---:|---:|---:|---:|---:|---:|');
+console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|');
 for (const r of rows) {
   console.log(
     `| ${r.fleet} | ${r.coreUs.toFixed(1)} | ${r.fleet === 'events' ? r.applyUs.toFixed(1) : '-'} | ${(r.coreUs + r.applyUs).toFixed(1)} | ` +
       `${r.cpuUs.toFixed(1)} | ${r.fleet === 'replicas' ? r.foldUs.toFixed(1) : '-'} | ` +
+      `${r.fleet === 'replicas' ? `${r.messages.toFixed(3)} (${r.steps.toFixed(2)})` : '-'} | ` +
       `${r.fleet === 'events' ? r.newBlocks.toFixed(1) : '-'} | ${r.overlap.toFixed(1)} |`,
   );
 }

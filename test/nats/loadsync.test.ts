@@ -126,8 +126,10 @@ describe('load sharing', () => {
       async () => {},
     );
 
-    const a = await replica('a');
-    const b = await replica('b');
+    // Heartbeats every 100 ms: after two of them both replicas send their steps in frames (protocol 2).
+    const a = await replica('a', { heartbeatMs: 100 });
+    const b = await replica('b', { heartbeatMs: 100 });
+    await new Promise((resolve) => setTimeout(resolve, 400));
     const both = [a, b];
     const inFlight = (r: KvRouter) => r.state().inFlight;
     const shared = await run(
@@ -138,6 +140,10 @@ describe('load sharing', () => {
     );
     expect(a.replica.stats().remoteAdded).toBe(150);
     expect(b.replica.stats().remoteAdded).toBe(150);
+    for (const r of [a, b]) {
+      expect(r.replica.stats().lifecycleDropped).toBe(0);
+      expect(r.replica.stats().lifecycleFrames).toBeGreaterThan(100);
+    }
 
     // Control: two routers that do not share load.
     const c = newRouter();

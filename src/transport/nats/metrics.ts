@@ -41,7 +41,22 @@ const COUNTERS: ReadonlyArray<readonly [string, CounterKey, string]> = [
   [
     'router_nats_lifecycle_published_total',
     'lifecyclePublished',
-    'Request lifecycle messages (and heartbeats) published to peer replicas.',
+    'Messages published to peer replicas on the load subject: frames of lifecycle steps, single steps, heartbeats.',
+  ],
+  [
+    'router_nats_lifecycle_frames_total',
+    'lifecycleFrames',
+    'Frames published to peer replicas (one message carrying a turn\u2019s lifecycle steps).',
+  ],
+  [
+    'router_nats_lifecycle_steps_total',
+    'lifecycleSteps',
+    'Request lifecycle steps (routed, first token, finished, session pin) published to peer replicas, in frames or alone.',
+  ],
+  [
+    'router_nats_lifecycle_dropped_total',
+    'lifecycleDropped',
+    'Load messages or frames from peer replicas that could not be decoded (dropped).',
   ],
   ['router_nats_lifecycle_publish_errors_total', 'lifecyclePublishErrors', 'Lifecycle messages that could not be published.'],
   ['router_nats_remote_requests_total', 'remoteAdded', 'Requests routed by peer replicas folded into this replica\u2019s active load.'],

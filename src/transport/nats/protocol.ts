@@ -375,6 +375,17 @@ export type LoadMessage =
       readonly expiresAt: number;
     };
 
+/**
+ * The load protocol this build speaks. 1: one message per lifecycle step (`encodeLoad`). 2: a turn's steps in one
+ * frame (`encodeLoadFrame`), and heartbeat / hello / bye say the sender's version as a trailing element (protocol 1
+ * decoders ignore it). A replica sends frames only while every live peer has said version 2: a protocol-1 replica drops
+ * a frame (its decoder answers null for the unknown kind) and would not see that replica's load.
+ */
+export const LOAD_PROTOCOL = 2;
+
+/** The lifecycle steps a frame carries (heartbeat, hello and bye stay single messages). */
+export type LoadStep = Extract<LoadMessage, { kind: 'added' | 'first_token' | 'finished' | 'session' }>;
+
 export function encodeLoad(m: LoadMessage): Uint8Array {
   switch (m.kind) {
     case 'added':
@@ -386,11 +397,56 @@ export function encodeLoad(m: LoadMessage): Uint8Array {
     case 'session':
       return packr.pack(['s', m.replica, m.sessionId, m.sourceKey, m.expiresAt]);
     default:
-      return packr.pack([m.kind === 'heartbeat' ? 'h' : m.kind === 'hello' ? 'hi' : 'bye', m.replica]);
+      return packr.pack([m.kind === 'heartbeat' ? 'h' : m.kind === 'hello' ? 'hi' : 'bye', m.replica, LOAD_PROTOCOL]);
   }
 }
 
-export function decodeLoad(data: Uint8Array): LoadMessage | null {
+/**
+ * Wire: ['B', replica, 2, steps] with steps the msgpack of one flat array, step after step:
+ *   0, requestId, sourceKey, seqHashes (u64 bytes), promptTokens, overlapBlocks     added
+ *   1, requestId                                                                     first token
+ *   2, requestId                                                                     finished
+ *   3, sessionId, sourceKey, expiresAt                                               session
+ * The steps are a nested byte string so that a replica reading its own frame (NATS echoes it) stops at the sender.
+ * Protocol 1 decoders answer null for the unknown kind 'B' (dropped, never thrown).
+ */
+export function encodeLoadFrame(replica: string, steps: readonly LoadStep[]): Uint8Array {
+  const flat: unknown[] = [];
+  for (const m of steps) {
+    switch (m.kind) {
+      case 'added':
+        flat.push(0, m.requestId, m.sourceKey, u64Bytes(m.seqHashes), m.promptTokens, m.overlapBlocks);
+        break;
+      case 'first_token':
+        flat.push(1, m.requestId);
+        break;
+      case 'finished':
+        flat.push(2, m.requestId);
+        break;
+      case 'session':
+        flat.push(3, m.sessionId, m.sourceKey, m.expiresAt);
+        break;
+    }
+  }
+  return packr.pack(['B', replica, LOAD_PROTOCOL, packr.pack(flat)]);
+}
+
+/** Bytes a step adds to a frame, roughly (frames are split to stay well under NATS's max payload). */
+export function loadStepBytes(m: LoadStep): number {
+  return m.kind === 'added' ? m.seqHashes.byteLength + m.requestId.length + m.sourceKey.length + 32 : 64;
+}
+
+export type DecodedLoad =
+  | { readonly kind: 'single'; readonly message: LoadMessage; readonly version: number }
+  | { readonly kind: 'frame'; readonly replica: string; readonly steps: LoadStep[] | null };
+
+/**
+ * A message of the load subject: a single message (protocol 1's, or a heartbeat / hello / bye with its version) or a
+ * frame of steps. A frame's steps are decoded only when `self` is not its sender; `steps` is null when they cannot be
+ * used (malformed, truncated, another frame version): the whole frame is dropped, counted by the caller. Null: not a
+ * load message at all.
+ */
+export function decodeLoadMessage(data: Uint8Array, self: string): DecodedLoad | null {
   let w: unknown;
   try {
     w = unpackr.unpack(data);
@@ -398,6 +454,67 @@ export function decodeLoad(data: Uint8Array): LoadMessage | null {
     return null;
   }
   if (!Array.isArray(w) || typeof w[1] !== 'string') return null;
+  if (w[0] !== 'B') {
+    const message = loadOf(w);
+    if (!message) return null;
+    return { kind: 'single', message, version: Number.isInteger(w[2]) && (w[2] as number) > 1 ? (w[2] as number) : 1 };
+  }
+  const replica = w[1];
+  if (replica === self) return { kind: 'frame', replica, steps: [] };
+  if (w[2] !== 2 || !(w[3] instanceof Uint8Array)) return { kind: 'frame', replica, steps: null };
+  return { kind: 'frame', replica, steps: stepsOf(replica, w[3]) };
+}
+
+function stepsOf(replica: string, data: Uint8Array): LoadStep[] | null {
+  let f: unknown;
+  try {
+    f = unpackr.unpack(data);
+  } catch {
+    return null;
+  }
+  if (!Array.isArray(f)) return null;
+  const steps: LoadStep[] = [];
+  let i = 0;
+  while (i < f.length) {
+    const kind = f[i];
+    const id = f[i + 1];
+    if (typeof id !== 'string') return null;
+    if (kind === 0) {
+      const sourceKey = f[i + 2];
+      const seqHashes = bytesU64(f[i + 3]);
+      const promptTokens = f[i + 4];
+      const overlapBlocks = f[i + 5];
+      if (typeof sourceKey !== 'string' || !seqHashes || typeof promptTokens !== 'number' || typeof overlapBlocks !== 'number') return null;
+      if (!(promptTokens >= 0) || !(overlapBlocks >= 0)) return null;
+      steps.push({ kind: 'added', replica, requestId: id, sourceKey, seqHashes, promptTokens, overlapBlocks });
+      i += 6;
+    } else if (kind === 1 || kind === 2) {
+      steps.push({ kind: kind === 1 ? 'first_token' : 'finished', replica, requestId: id });
+      i += 2;
+    } else if (kind === 3) {
+      const sourceKey = f[i + 2];
+      const expiresAt = f[i + 3];
+      if (typeof sourceKey !== 'string' || typeof expiresAt !== 'number' || !Number.isFinite(expiresAt)) return null;
+      steps.push({ kind: 'session', replica, sessionId: id, sourceKey, expiresAt });
+      i += 4;
+    } else return null;
+  }
+  return steps;
+}
+
+/** A single (protocol 1) message; null for anything else, frames included. */
+export function decodeLoad(data: Uint8Array): LoadMessage | null {
+  let w: unknown;
+  try {
+    w = unpackr.unpack(data);
+  } catch {
+    return null;
+  }
+  return Array.isArray(w) ? loadOf(w) : null;
+}
+
+function loadOf(w: unknown[]): LoadMessage | null {
+  if (typeof w[1] !== 'string') return null;
   const replica = w[1];
   switch (w[0]) {
     case 'a': {

@@ -140,6 +140,9 @@ export class NatsReplica {
         maxReconnectAttempts: -1,
         reconnectTimeWait: 250,
         waitOnFirstConnect: true,
+        // Its own lifecycle frames are not delivered back to it (a frame's bytes read and parsed only to be dropped).
+        // Nothing else on this connection needs its own publishes: JetStream, KV and replies come from the server.
+        noEcho: true,
         name: `kvroute-replica-${this.replicaId}`,
       });
       this.ownsConnection = true;
