@@ -532,9 +532,15 @@ export class KvRouter {
     };
   }
 
-  /** Sequence hashes of a request, with its adapter and salt in the seed. */
-  hashRequest(tokens: ArrayLike<number>, loraName?: string | null, cacheSalt?: string | null, mmItems?: readonly MmItem[]): BigUint64Array {
-    return requestSeqHashes(tokens, this.blockSize, loraName, cacheSalt, mmItems);
+  /** Sequence hashes of a request, with its adapter and salt in the seed (`out`: where to put them, as requestSeqHashes). */
+  hashRequest(
+    tokens: ArrayLike<number>,
+    loraName?: string | null,
+    cacheSalt?: string | null,
+    mmItems?: readonly MmItem[],
+    out?: BigUint64Array,
+  ): BigUint64Array {
+    return requestSeqHashes(tokens, this.blockSize, loraName, cacheSalt, mmItems, out);
   }
 
   /**
@@ -556,15 +562,15 @@ export class KvRouter {
     const policyName = req.policy ?? this.defaultPolicy;
     if (!this.policies.has(policyName) && !isPolicyName(policyName)) throw new RangeError(unknownPolicyMessage(policyName));
     const t0 = this.clock?.() ?? 0;
+    const tokens = req.tokens ?? [];
     const seqHashes =
       req.seqHashes ??
-      requestSeqHashes(
-        req.tokens ?? [],
-        this.blockSize,
+      this.hashRequest(
+        tokens,
         req.loraName,
         req.cacheSalt,
         req.mmItems,
-        this.hashBuffers.take(fullBlocksOf(req.tokens?.length ?? 0, this.blockSize)),
+        this.hashBuffers.take(fullBlocksOf(tokens.length, this.blockSize)),
       );
     const t1 = this.clock?.() ?? 0;
     const promptTokens = req.promptTokens ?? req.tokens?.length ?? seqHashes.length * this.blockSize;
