@@ -94,7 +94,7 @@ export interface SubmittedRequest {
 
 /** SubmittedRequest: the parsed body kept until released, parsed again from the bytes if read after that. */
 class Submitted implements SubmittedRequest {
-  private body: { text: string; json: Record<string, unknown>; parsed: RoutedRequest } | null;
+  private body: ReadBody | null;
 
   constructor(
     readonly requestId: string,
@@ -103,7 +103,7 @@ class Submitted implements SubmittedRequest {
     readonly clientRequestId: string | null,
     readonly tokenizeS: number,
     readonly submittedAt: number,
-    body: { text: string; json: Record<string, unknown>; parsed: RoutedRequest },
+    body: ReadBody,
     private readonly maxJsonDepth: number,
   ) {
     this.body = body;
@@ -125,11 +125,8 @@ class Submitted implements SubmittedRequest {
     this.body = null;
   }
 
-  private parsedBody(): { text: string; json: Record<string, unknown>; parsed: RoutedRequest } {
-    if (this.body === null) {
-      const { text, body } = parseBody(this.raw, this.maxJsonDepth);
-      this.body = { text, json: body as Record<string, unknown>, parsed: this.api.parse(body) };
-    }
+  private parsedBody(): ReadBody {
+    if (this.body === null) this.body = readBody(this.api, this.raw, this.maxJsonDepth);
     return this.body;
   }
 }
@@ -219,6 +216,20 @@ export function parseBody(raw: Buffer, maxJsonDepth: number): { text: string; bo
   return { text, body: parseJsonBody(text) };
 }
 
+/** A client's body as the flow reads it: its text, its JSON object and the adapter's parse. */
+interface ReadBody {
+  readonly text: string;
+  readonly json: Record<string, unknown>;
+  readonly parsed: RoutedRequest;
+}
+
+/** Reads a client's body (parseBody, then the adapter's parse, which checks it is a JSON object); bad input: a 400. */
+function readBody(api: ApiAdapter, raw: Buffer, maxJsonDepth: number): ReadBody {
+  const { text, body } = parseBody(raw, maxJsonDepth);
+  const parsed = api.parse(body);
+  return { text, json: body as Record<string, unknown>, parsed };
+}
+
 /**
  * Sequences a request asks for (n × prompts): more than one cannot share one P/D handoff. Only chat and completions
  * are handed over between a prefill and a decode worker; every other API is served by one worker.
@@ -256,14 +267,12 @@ async function admit<W>(
   const { api, signal } = req;
   const trace = req.trace ?? NO_TRACE;
   const { lifecycle, metrics } = ctx;
-  const { text, body } = parseBody(req.body, ctx.config.maxJsonDepth);
-  const parsed = api.parse(body);
+  const read = readBody(api, req.body, ctx.config.maxJsonDepth);
+  const { parsed, json } = read;
   if (trace.enabled) trace.set({ 'gen_ai.request.model': parsed.model, 'kvroute.stream': parsed.stream });
   if (parsed.policy && !isSelectablePolicy(parsed.policy)) {
     throw badRequest(unknownPolicyMessage(parsed.policy), 'kvroute.policy');
   }
-  // Every adapter has checked the body is a JSON object.
-  const json = body as Record<string, unknown>;
   const identity = requestIdentity({ headers: req.headers }, json, ctx.guard, ctx.sessionHeaders);
   const pre = ctx.precheck(parsed.model);
   if (pre) {
@@ -294,7 +303,7 @@ async function admit<W>(
     sanitizeRequestId(req.headers['x-request-id']),
     tokenizeS,
     Date.now(),
-    { text, json, parsed },
+    read,
     ctx.config.maxJsonDepth,
   );
   const step = lifecycle.submit(
