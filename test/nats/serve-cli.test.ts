@@ -44,6 +44,18 @@ async function spawnReplica(id: string, extra: string[] = []) {
   return { p, url: `http://127.0.0.1:${port}`, stderr: () => stderr };
 }
 
+/** A 2-token completion of `prompt` through a replica: the worker and overlap it was routed with, and the body. */
+async function complete(url: string, prompt: number[]) {
+  const r = await fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'mock-model', prompt, max_tokens: 2 }),
+  });
+  expect(r.status).toBe(200);
+  const body = (await r.json()) as { usage: { prompt_tokens_details?: { cached_tokens?: number } } };
+  return { worker: r.headers.get('x-kvroute-worker'), overlap: Number(r.headers.get('x-kvroute-overlap-blocks')), body };
+}
+
 async function health(url: string): Promise<number> {
   try {
     return (await fetch(`${url}/health`)).status;
@@ -103,16 +115,7 @@ describe('kvroute serve --nats', () => {
     );
 
     const prompt = Array.from({ length: 640 }, (_, i) => (i * 7919) % 50_000);
-    const ask = async () => {
-      const r = await fetch(`${url}/v1/completions`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ model: 'mock-model', prompt, max_tokens: 2 }),
-      });
-      expect(r.status).toBe(200);
-      const body = (await r.json()) as { usage: { prompt_tokens_details?: { cached_tokens?: number } } };
-      return { worker: r.headers.get('x-kvroute-worker'), overlap: Number(r.headers.get('x-kvroute-overlap-blocks')), body };
-    };
+    const ask = () => complete(url, prompt);
     const first = await ask();
     expect(first.overlap).toBe(0);
     // Wait until the engine's Stored events have crossed relay -> JetStream -> replica.
@@ -153,16 +156,7 @@ describe('kvroute serve --nats', () => {
     }
     const [a, b] = replicas;
     const prompt = Array.from({ length: 640 }, (_, i) => (i * 104_729 + 17) % 50_000);
-    const ask = async (url: string) => {
-      const r = await fetch(`${url}/v1/completions`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ model: 'mock-model', prompt, max_tokens: 2 }),
-      });
-      expect(r.status).toBe(200);
-      await r.arrayBuffer();
-      return { worker: r.headers.get('x-kvroute-worker'), overlap: Number(r.headers.get('x-kvroute-overlap-blocks')) };
-    };
+    const ask = (url: string) => complete(url, prompt);
     const counter = async (url: string, name: string) => {
       const text = await (await fetch(`${url}/metrics`)).text();
       const line = text.split('\n').find((l) => l.startsWith(`${name} `));
