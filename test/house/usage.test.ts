@@ -58,4 +58,18 @@ describe('--help of the benchmarks and scripts', () => {
     expect(r.stderr.trim()).toBe(`error: ${message} (--help lists the options)`);
     expect(r.stdout).toBe('');
   });
+
+  it.each([
+    [['--duration', 'x'], 'error: --duration needs a number, got "x" (--help lists the options)'],
+    [['--rounds', '-1'], 'bench:capacity: --rounds must be a positive number, got -1'],
+    [['--compare'], 'error: --compare needs a value (--help lists the options)'],
+  ])('the proxy benches (benchArgs) refuse %j in one line with exit 2 before starting anything', (args, message) => {
+    const r = spawnSync(process.execPath, ['--import', 'tsx', join(ROOT, 'bench/capacity.bench.ts'), ...args], {
+      encoding: 'utf8',
+      cwd: ROOT,
+    });
+    expect(r.status).toBe(2);
+    expect(r.stderr.trim()).toBe(message);
+    expect(r.stdout).toBe('');
+  });
 });
